@@ -1,0 +1,63 @@
+#include "model/model_file.h"
+
+#include <filesystem>
+
+#include "support/error.h"
+
+namespace mk {
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+void ModelFile::add_tensor(WeightTensor t) {
+  if (index_.count(t.name)) fail("{}: duplicate tensor name {}", path, t.name);
+  index_[t.name] = tensors_.size();
+  tensors_.push_back(std::move(t));
+}
+
+const WeightTensor* ModelFile::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const WeightTensor& ModelFile::get(const std::string& name) const {
+  const WeightTensor* t = find(name);
+  if (!t) fail("{}: missing tensor {}", path, name);
+  return *t;
+}
+
+const WeightTensor& ModelFile::get(const std::string& name, const std::vector<int64_t>& expected) const {
+  const WeightTensor& t = get(name);
+  if (t.shape != expected) fail("{}: expected {}, got {}", name, shape_str(expected), shape_str(t.shape));
+  return t;
+}
+
+int64_t ModelFile::get_int(const std::string& key) const {
+  if (!metadata.contains(key)) fail("{}: missing metadata key {}", path, key);
+  const auto& v = metadata.at(key);
+  if (!v.is_number_integer()) fail("{}: metadata key {} is not an integer", path, key);
+  return v.get<int64_t>();
+}
+
+int64_t ModelFile::get_int(const std::string& key, int64_t def) const {
+  return metadata.contains(key) ? get_int(key) : def;
+}
+
+double ModelFile::get_float(const std::string& key, double def) const {
+  if (!metadata.contains(key)) return def;
+  const auto& v = metadata.at(key);
+  if (!v.is_number()) fail("{}: metadata key {} is not a number", path, key);
+  return v.get<double>();
+}
+
+std::string ModelFile::get_str(const std::string& key) const {
+  if (!metadata.contains(key)) fail("{}: missing metadata key {}", path, key);
+  const auto& v = metadata.at(key);
+  if (!v.is_string()) fail("{}: metadata key {} is not a string", path, key);
+  return v.get<std::string>();
+}
+
+}  // namespace mk

@@ -1,0 +1,79 @@
+// A loaded model file: metadata plus named weight tensors, independent of the on-disk format.
+//
+// Loaders (gguf.cpp, llama2c.cpp, safetensors/hf) fill a ModelFile. Tensor shapes are written
+// outermost first, row-major (a linear layer's weight is [n_out, n_in], as in PyTorch; GGUF's
+// ne[] order is reversed on load). Tensor data points into the mmap'd file, which the ModelFile
+// keeps alive, or into `owned` buffers for converted data.
+//
+// Metadata uses GGUF key names (`general.architecture`, `llama.embedding_length`, ...): the
+// llama2.c loader synthesises them, so architecture descriptions read one vocabulary of keys.
+// HF directories keep config.json under `hf.config`.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/dtype.h"
+#include "support/mmap.h"
+
+namespace mk {
+
+struct WeightTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;  // outermost first
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+  uint64_t file_offset = 0;  // offset of the data in its file (for `info`)
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+
+std::string shape_str(const std::vector<int64_t>& shape);  // "[64, 512]"
+
+class ModelFile {
+ public:
+  std::string path;
+  std::string format;  // "gguf", "llama2c", "hf"
+  nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+
+  void add_tensor(WeightTensor t);  // throws on a duplicate name
+  const std::vector<WeightTensor>& tensors() const { return tensors_; }
+  const WeightTensor* find(const std::string& name) const;
+  // Throws mk::Error "<path>: missing tensor <name>" when absent.
+  const WeightTensor& get(const std::string& name) const;
+  // Throws mk::Error "<name>: expected [a, b], got [c, d]" on mismatch.
+  const WeightTensor& get(const std::string& name, const std::vector<int64_t>& expected_shape) const;
+
+  // Metadata helpers: throw mk::Error naming the key when missing or of the wrong type.
+  bool has(const std::string& key) const { return metadata.contains(key); }
+  int64_t get_int(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t def) const;
+  double get_float(const std::string& key, double def) const;
+  std::string get_str(const std::string& key) const;
+
+  std::vector<std::shared_ptr<MappedFile>> files;        // keep mappings alive
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;  // converted tensor data
+
+ private:
+  std::vector<WeightTensor> tensors_;
+  std::map<std::string, size_t> index_;
+};
+
+// Opens any supported model: a GGUF file (magic "GGUF"), a Hugging Face directory (config.json),
+// or a llama2.c checkpoint (anything else). Throws mk::Error naming the problem.
+ModelFile load_model(const std::string& path);
+
+ModelFile load_gguf(const std::string& path);
+ModelFile load_gguf(std::shared_ptr<MappedFile> file);
+ModelFile load_llama2c(const std::string& path);
+ModelFile load_llama2c(std::shared_ptr<MappedFile> file);
+
+}  // namespace mk

@@ -1,0 +1,63 @@
+// Tokenizers: text <-> token ids.
+//
+// Implementations: SentencePiece-style BPE with scores and byte fallback (llama2.c tokenizer.bin,
+// GGUF `tokenizer.ggml.model == "llama"`), and Hugging Face tokenizer.json (byte-level BPE and
+// SentencePiece-style BPE). Decoding goes through token_bytes(): the raw bytes a token stands for
+// (byte-fallback tokens give one byte, which may be part of a UTF-8 sequence); Utf8Stream turns a
+// stream of such bytes into valid UTF-8 text.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mk {
+
+class ModelFile;
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Encodes text; prepends BOS when add_bos and the tokenizer has one.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
+  // Raw bytes of one token in context: `prev` is the token before it (-1 at the start); SentencePiece
+  // drops the dummy-prefix space of the first piece after BOS.
+  virtual std::string token_bytes(int32_t prev, int32_t id) const = 0;
+  virtual int32_t n_vocab() const = 0;
+  int32_t bos_id = -1;
+  int32_t eos_id = -1;
+  int32_t unk_id = -1;
+  std::vector<int32_t> extra_eos_ids;  // e.g. generation_config.json lists several
+  bool is_eos(int32_t id) const;
+
+  // Decodes a whole id sequence to valid UTF-8 (invalid bytes become U+FFFD).
+  std::string decode(const std::vector<int32_t>& ids) const;
+};
+
+// Buffers bytes until they form complete UTF-8 sequences; invalid sequences become U+FFFD.
+class Utf8Stream {
+ public:
+  std::string push(std::string_view bytes);  // returns the complete text so far not yet returned
+  std::string flush();                       // ends the stream; a dangling partial sequence -> U+FFFD
+ private:
+  std::string pending_;
+};
+
+// SentencePiece-style BPE over scored pieces (llama2.c tokenizer.bin and GGUF "llama" vocab).
+// Pieces use U+2581 or plain spaces; byte-fallback pieces are "<0xXX>".
+struct SpmVocab {
+  std::vector<std::string> pieces;
+  std::vector<float> scores;
+  std::vector<int32_t> types;  // GGUF token types (1 normal, 2 unknown, 3 control, 6 byte); empty = unknown
+  int32_t bos_id = 1, eos_id = 2, unk_id = 0;
+  bool add_dummy_prefix = true;
+};
+std::unique_ptr<Tokenizer> make_spm_tokenizer(SpmVocab vocab);
+
+// llama2.c tokenizer.bin: int32 max_token_length, then per token: f32 score, int32 len, bytes.
+std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int32_t n_vocab);
+// Tokenizer stored in a model (GGUF tokenizer.ggml.* keys, or tokenizer.json of an HF directory).
+std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model);
+
+}  // namespace mk

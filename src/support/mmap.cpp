@@ -1,0 +1,57 @@
+#include "support/mmap.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "support/error.h"
+
+namespace mk {
+
+std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    fail("{}: cannot stat: {}", path, std::strerror(e));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    fail("{}: is a directory, expected a file", path);
+  }
+  auto f = std::shared_ptr<MappedFile>(new MappedFile());
+  f->path_ = path;
+  f->size_ = static_cast<size_t>(st.st_size);
+  if (f->size_ == 0) {
+    ::close(fd);
+    fail("{}: file is empty", path);
+  }
+  void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) fail("{}: mmap failed: {}", path, std::strerror(e));
+  f->data_ = static_cast<const uint8_t*>(p);
+  f->mapped_ = true;
+  return f;
+}
+
+std::shared_ptr<MappedFile> MappedFile::from_bytes(std::string bytes, std::string name) {
+  auto f = std::shared_ptr<MappedFile>(new MappedFile());
+  f->owned_ = std::move(bytes);
+  f->data_ = reinterpret_cast<const uint8_t*>(f->owned_.data());
+  f->size_ = f->owned_.size();
+  f->path_ = std::move(name);
+  return f;
+}
+
+MappedFile::~MappedFile() {
+  if (mapped_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+}  // namespace mk
