@@ -1,0 +1,47 @@
+// A backend executes one model Graph step by step, keeping the KV cache between steps.
+//
+// forward() runs the tokens at positions n_past .. n_past+n_tokens-1 and returns the graph output
+// named "logits" as float32, row-major [rows, n_vocab] (rows = 1 when the graph keeps only the last
+// position, n_tokens when built with all_logits). Errors (context overflow, device failures) throw
+// mk::Error.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "model/model_file.h"
+
+namespace mk {
+
+struct BackendOptions {
+  int threads = 0;                    // CPU workers; 0 = hardware concurrency
+  std::string schedule = "dynamic";   // dynamic | static-rr | static-cp
+  std::string trace_path;             // write a Chrome/Perfetto trace here when set
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_past) = 0;
+  // Forgets the KV cache contents (the next forward must start at n_past = 0).
+  virtual void reset() {}
+  // Called once after the last step (writes traces, prints summaries).
+  virtual void finish() {}
+};
+
+// Names: "reference", "cpu", later "cuda", "cuda-perop", "cuda-graph". Throws mk::Error listing the
+// available backends for an unknown name.
+std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,
+                                      const BackendOptions& options);
+std::vector<std::string> backend_names();
+std::string default_backend_name();
+
+// Registration: each backend file defines a factory and registers it in registry.cpp.
+using BackendFactory = std::unique_ptr<Backend> (*)(const Graph&, const ModelFile&, const BackendOptions&);
+std::unique_ptr<Backend> make_reference_backend(const Graph&, const ModelFile&, const BackendOptions&);
+
+}  // namespace mk
