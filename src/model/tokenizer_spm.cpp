@@ -127,8 +127,7 @@ class SpmTokenizer final : public Tokenizer {
     std::vector<int32_t> ids;
     if (add_bos && bos_id >= 0) ids.push_back(bos_id);
     if (text.empty()) return ids;
-    std::string prefixed;
-    if (vocab_.add_dummy_prefix) prefixed = " ";
+    std::string prefixed(vocab_.add_dummy_prefix ? 1 : 0, ' ');
     prefixed += text;
     const std::string normalized = spaces_from_markers(prefixed);
     const std::string_view s = normalized;

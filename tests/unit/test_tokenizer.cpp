@@ -51,55 +51,65 @@ SpmVocab parse_tokenizer_bin(const std::string& bytes, int32_t n_vocab) {
 
 // llama2.c run.c's encoder, transcribed literally as the oracle: quadratic, one merge per full scan.
 // Pieces with ids < 3 (control) and byte pieces are not looked up as text.
-std::vector<int32_t> naive_encode(const SpmVocab& v, const std::string& text) {
-  std::map<std::string, int32_t> ids;
-  for (int32_t i = static_cast<int32_t>(v.pieces.size()) - 1; i >= 3; --i)
-    if (!(v.pieces[i].size() == 6 && v.pieces[i].rfind("<0x", 0) == 0)) ids[v.pieces[i]] = i;
-  auto byte_id = [&](uint8_t b) {
-    for (int32_t i = 0; i < static_cast<int32_t>(v.pieces.size()); ++i)
-      if (v.pieces[i] == fmt::format("<0x{:02X}>", b)) return i;
-    return -1;
-  };
-  std::vector<int32_t> out = {1};
-  if (text.empty()) return out;
-  std::vector<std::string> sym;
-  std::vector<int32_t> tok;
-  const std::string s = " " + text;
-  for (size_t i = 0; i < s.size();) {
-    size_t n = 1;
-    while (i + n < s.size() && (static_cast<uint8_t>(s[i + n]) & 0xC0) == 0x80 && n < 4) ++n;
-    std::string cp = s.substr(i, n);
-    if (auto it = ids.find(cp); it != ids.end()) {
-      tok.push_back(it->second);
-      sym.push_back(cp);
-    } else {
-      for (char c : cp) {
-        tok.push_back(byte_id(static_cast<uint8_t>(c)));
-        sym.push_back(std::string("\x01") + c);  // never part of a merge
-      }
+class NaiveRunCEncoder {
+ public:
+  explicit NaiveRunCEncoder(const SpmVocab& v) : scores_(v.scores) {
+    for (int32_t i = static_cast<int32_t>(v.pieces.size()) - 1; i >= 3; --i) {
+      const std::string& p = v.pieces[i];
+      if (p.size() == 6 && p.rfind("<0x", 0) == 0)
+        byte_ids_[std::stoi(p.substr(3, 2), nullptr, 16)] = i;
+      else
+        ids_[p] = i;
     }
-    i += n;
   }
-  for (;;) {
-    float best = -1e30f;
-    int best_i = -1, best_id = -1;
-    for (size_t i = 0; i + 1 < tok.size(); ++i) {
-      auto it = ids.find(sym[i] + sym[i + 1]);
-      if (it != ids.end() && v.scores[it->second] > best) {
-        best = v.scores[it->second];
-        best_i = static_cast<int>(i);
-        best_id = it->second;
+
+  std::vector<int32_t> encode(const std::string& text) const {
+    std::vector<int32_t> out = {1};
+    if (text.empty()) return out;
+    std::vector<std::string> sym;
+    std::vector<int32_t> tok;
+    const std::string s = " " + text;
+    for (size_t i = 0; i < s.size();) {
+      size_t n = 1;
+      while (i + n < s.size() && (static_cast<uint8_t>(s[i + n]) & 0xC0) == 0x80 && n < 4) ++n;
+      std::string cp = s.substr(i, n);
+      if (auto it = ids_.find(cp); it != ids_.end()) {
+        tok.push_back(it->second);
+        sym.push_back(cp);
+      } else {
+        for (char c : cp) {
+          tok.push_back(byte_ids_.at(static_cast<uint8_t>(c)));
+          sym.push_back(std::string("\x01") + c);  // never part of a merge
+        }
       }
+      i += n;
     }
-    if (best_i < 0) break;
-    tok[best_i] = best_id;
-    sym[best_i] += sym[best_i + 1];
-    tok.erase(tok.begin() + best_i + 1);
-    sym.erase(sym.begin() + best_i + 1);
+    for (;;) {
+      float best = -1e30f;
+      int best_i = -1, best_id = -1;
+      for (size_t i = 0; i + 1 < tok.size(); ++i) {
+        auto it = ids_.find(sym[i] + sym[i + 1]);
+        if (it != ids_.end() && scores_[it->second] > best) {
+          best = scores_[it->second];
+          best_i = static_cast<int>(i);
+          best_id = it->second;
+        }
+      }
+      if (best_i < 0) break;
+      tok[best_i] = best_id;
+      sym[best_i] += sym[best_i + 1];
+      tok.erase(tok.begin() + best_i + 1);
+      sym.erase(sym.begin() + best_i + 1);
+    }
+    out.insert(out.end(), tok.begin(), tok.end());
+    return out;
   }
-  out.insert(out.end(), tok.begin(), tok.end());
-  return out;
-}
+
+ private:
+  std::vector<float> scores_;
+  std::map<std::string, int32_t> ids_;
+  std::map<int, int32_t> byte_ids_;
+};
 
 // Random valid UTF-8 text from fragments that exercise merges, spaces, newlines and byte fallback.
 std::string random_text(std::mt19937& rng, int n_fragments) {
@@ -204,11 +214,11 @@ TEST_F(TokenizerTok512, TokenBytes) {
 }
 
 TEST_F(TokenizerTok512, MatchesNaiveRunCEncoder) {
-  const SpmVocab v = parse_tokenizer_bin(read_file(kTok512), 512);
+  const NaiveRunCEncoder naive(parse_tokenizer_bin(read_file(kTok512), 512));
   std::mt19937 rng(1234);
   for (int trial = 0; trial < 300; ++trial) {
     const std::string s = random_text(rng, 1 + trial % 40);
-    ASSERT_EQ(tok_->encode(s, true), naive_encode(v, s)) << "text: " << s;
+    ASSERT_EQ(tok_->encode(s, true), naive.encode(s)) << "text: " << s;
   }
 }
 
@@ -233,17 +243,17 @@ TEST_F(TokenizerLlama2, KnownEncodings) {
 }
 
 TEST_F(TokenizerLlama2, RoundTripsAndMatchesNaiveEncoder) {
-  const SpmVocab v = parse_tokenizer_bin(read_file(kLlama2Tok), 32000);
+  const NaiveRunCEncoder naive(parse_tokenizer_bin(read_file(kLlama2Tok), 32000));
   for (const std::string s : {"Hello world", "héllo wörld 🙂", "The quick brown fox jumps over the lazy dog.",
                               "  indented\n\tcode();", "日本語のテキスト", "Здравствуй, мир!", "emoji 🦙🦙"}) {
     const auto ids = tok_->encode(s, true);
-    EXPECT_EQ(ids, naive_encode(v, s)) << s;
+    EXPECT_EQ(ids, naive.encode(s)) << s;
     EXPECT_EQ(tok_->decode(ids), s);
   }
   std::mt19937 rng(99);
   for (int trial = 0; trial < 40; ++trial) {
     const std::string s = random_text(rng, 1 + trial);
-    ASSERT_EQ(tok_->encode(s, true), naive_encode(v, s)) << "text: " << s;
+    ASSERT_EQ(tok_->encode(s, true), naive.encode(s)) << "text: " << s;
   }
 }
 
