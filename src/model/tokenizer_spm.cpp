@@ -121,6 +121,10 @@ class SpmTokenizer final : public Tokenizer {
       if (kinds_[i] == PieceKind::kNormal) piece_ids_.emplace(vocab_.pieces[i], static_cast<int32_t>(i));
   }
 
+  // piece_ids_ views the strings in vocab_: copying would leave the copy's views dangling.
+  SpmTokenizer(const SpmTokenizer&) = delete;
+  SpmTokenizer& operator=(const SpmTokenizer&) = delete;
+
   int32_t n_vocab() const override { return static_cast<int32_t>(vocab_.pieces.size()); }
 
   std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
@@ -131,6 +135,7 @@ class SpmTokenizer final : public Tokenizer {
     prefixed += text;
     const std::string normalized = spaces_from_markers(prefixed);
     const std::string_view s = normalized;
+    if (s.size() >= UINT32_MAX) fail("tokenizer: text of {} bytes is too long to encode", text.size());
 
     // Initial symbols: one per UTF-8 character (an ill-formed byte run is one symbol and ends up
     // as byte-fallback pieces, so any byte string round-trips).
