@@ -1,2 +1,26 @@
+// megakernel: compile a language model into one persistent kernel and run it.
 #include <cstdio>
-int main() { std::puts("megakernel"); return 0; }
+
+#include "cli/commands.h"
+#include "support/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"megakernel: compiles a language model into one persistent GPU kernel (CPU interpreter included)"};
+  app.require_subcommand(1);
+  mk::cli::add_run_command(app);
+  mk::cli::add_info_command(app);
+  mk::cli::add_logits_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const mk::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
+  }
+  return 0;
+}

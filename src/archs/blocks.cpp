@@ -1,0 +1,133 @@
+#include "archs/blocks.h"
+
+#include <cmath>
+
+#include "support/error.h"
+
+namespace mk {
+
+namespace {
+
+class DecoderBuilder {
+ public:
+  DecoderBuilder(const ModelFile& m, const DecoderSpec& s) : m_(m), s_(s), hp_(s.hp) {}
+
+  // Adds a weight node, shape-checked; returns -1 when optional and absent.
+  int weight(const std::string& canonical, std::vector<int64_t> shape, bool required = true) {
+    std::string file_name = s_.resolve ? s_.resolve(canonical) : canonical;
+    const WeightTensor* t = file_name.empty() ? nullptr : m_.find(file_name);
+    if (!t) {
+      if (required) fail("{}: missing tensor {}", m_.path, file_name.empty() ? canonical : file_name);
+      return -1;
+    }
+    if (t->shape != shape)
+      fail("{}: expected {}, got {}", t->name, shape_str(shape), shape_str(t->shape));
+    if (t->dtype == DType::I32) fail("{}: integer tensors cannot be weights", t->name);
+    return g_.add_weight(t->name, t->dtype, shape);
+  }
+
+  int norm(int x, const std::string& prefix, int64_t width, const std::string& name) {
+    int w = weight(prefix + ".weight", {width});
+    if (s_.norm == DecoderSpec::Norm::rms)
+      return g_.add(Op::rms_norm, {x, w}, {{"eps", hp_.norm_eps}, {"weight_offset", s_.norm_weight_offset}}, name);
+    int b = weight(prefix + ".bias", {width}, false);
+    std::vector<int> in = {x, w};
+    if (b >= 0) in.push_back(b);
+    return g_.add(Op::layer_norm, in, {{"eps", hp_.norm_eps}}, name);
+  }
+
+  int linear(int x, const std::string& prefix, int64_t n_out, int64_t n_in, const std::string& name) {
+    int w = weight(prefix + ".weight", {n_out, n_in});
+    int y = g_.add(Op::matmul, {x, w}, {}, name);
+    int b = weight(prefix + ".bias", {n_out}, false);
+    if (b >= 0) y = g_.add(Op::add, {y, b}, {}, name + "_b");
+    return y;
+  }
+
+  int rope(int x, int pos, const std::string& name) {
+    Attrs a = s_.rope_scaling;
+    a["head_dim"] = hp_.head_dim;
+    a["n_rot"] = s_.n_rot == 0 ? hp_.head_dim : s_.n_rot;
+    a["theta"] = s_.rope_theta;
+    a["mode"] = s_.rope_mode;
+    return g_.add(Op::rope, {x, pos}, a, name);
+  }
+
+  Graph build() {
+    const int64_t n_embd = hp_.n_embd, hd = hp_.head_dim, q_dim = hp_.n_head * hd, kv_dim = hp_.n_head_kv * hd;
+    if (hp_.n_vocab <= 0 || n_embd <= 0 || hp_.n_layer <= 0 || hp_.n_head <= 0 || hp_.n_head_kv <= 0 || hd <= 0 ||
+        hp_.n_ff <= 0)
+      fail("{}: invalid hyperparameters (n_vocab {}, n_embd {}, n_layer {}, n_head {}, n_head_kv {}, head_dim {}, n_ff {})",
+           m_.path, hp_.n_vocab, n_embd, hp_.n_layer, hp_.n_head, hp_.n_head_kv, hd, hp_.n_ff);
+    if (hp_.n_head % hp_.n_head_kv) fail("{}: n_head {} is not a multiple of n_head_kv {}", m_.path, hp_.n_head, hp_.n_head_kv);
+    if (s_.n_ctx <= 0) fail("{}: context length must be positive", m_.path);
+
+    int tokens = g_.add_input("tokens");
+    int pos = g_.add_input("positions");
+    int emb = weight("token_embd.weight", {hp_.n_vocab, n_embd});
+    int x = g_.add(Op::embed, {emb, tokens}, {}, "inp_embd");
+    if (s_.embed_scale) x = g_.add(Op::scale, {x}, {{"s", std::sqrt(static_cast<double>(n_embd))}}, "inp_scaled");
+    if (s_.learned_positions) {
+      int pe = weight("position_embd.weight", {hp_.n_ctx_train, n_embd});
+      x = g_.add(Op::add, {x, g_.add(Op::embed, {pe, pos}, {}, "inp_pos_embd")}, {}, "inp_embd_pos");
+    }
+    double scale = s_.attn_scale > 0 ? s_.attn_scale : 1.0 / std::sqrt(static_cast<double>(hd));
+    for (int il = 0; il < hp_.n_layer; ++il) {
+      std::string b = "blk." + std::to_string(il);
+      int h = norm(x, b + ".attn_norm", n_embd, b + ".attn_norm");
+      int q = linear(h, b + ".attn_q", q_dim, n_embd, b + ".q");
+      int k = linear(h, b + ".attn_k", kv_dim, n_embd, b + ".k");
+      int v = linear(h, b + ".attn_v", kv_dim, n_embd, b + ".v");
+      if (s_.qk_norm) {
+        int qn = weight(b + ".attn_q_norm.weight", {hd});
+        int kn = weight(b + ".attn_k_norm.weight", {hd});
+        q = g_.add(Op::rms_norm, {q, qn}, {{"eps", hp_.norm_eps}, {"group", hd}, {"weight_offset", s_.norm_weight_offset}}, b + ".q_norm");
+        k = g_.add(Op::rms_norm, {k, kn}, {{"eps", hp_.norm_eps}, {"group", hd}, {"weight_offset", s_.norm_weight_offset}}, b + ".k_norm");
+      }
+      if (s_.n_rot >= 0) {
+        q = rope(q, pos, b + ".q_rope");
+        k = rope(k, pos, b + ".k_rope");
+      }
+      int kc = g_.add(Op::kv_store, {k, g_.add_kv_cache(il, "k", s_.n_ctx, kv_dim)}, {}, b + ".k_cache");
+      int vc = g_.add(Op::kv_store, {v, g_.add_kv_cache(il, "v", s_.n_ctx, kv_dim)}, {}, b + ".v_cache");
+      int a = g_.add(Op::attention, {q, kc, vc},
+                     {{"n_head", hp_.n_head}, {"n_head_kv", hp_.n_head_kv}, {"head_dim", hd}, {"scale", scale}},
+                     b + ".attn");
+      int o = linear(a, b + ".attn_output", n_embd, q_dim, b + ".attn_out");
+      x = g_.add(Op::add, {x, o}, {}, b + ".attn_residual");
+      h = norm(x, b + ".ffn_norm", n_embd, b + ".ffn_norm");
+      int up = linear(h, b + ".ffn_up", hp_.n_ff, n_embd, b + ".ffn_up");
+      int act_in = up;
+      if (s_.ffn_gated) act_in = linear(h, b + ".ffn_gate", hp_.n_ff, n_embd, b + ".ffn_gate");
+      Op act = s_.ffn_act == "silu" ? Op::silu : s_.ffn_act == "gelu" ? Op::gelu : s_.ffn_act == "gelu_tanh" ? Op::gelu_tanh
+                                                                                                              : (fail("unknown activation {}", s_.ffn_act), Op::silu);
+      int m = g_.add(act, {act_in}, {}, b + ".ffn_act");
+      if (s_.ffn_gated) m = g_.add(Op::mul, {m, up}, {}, b + ".ffn_gated");
+      int d = linear(m, b + ".ffn_down", n_embd, hp_.n_ff, b + ".ffn_down");
+      x = g_.add(Op::add, {x, d}, {}, b + ".ffn_residual");
+    }
+    x = norm(x, "output_norm", n_embd, "output_norm");
+    int cls = weight("output.weight", {hp_.n_vocab, n_embd}, false);
+    if (cls < 0) cls = emb;  // tied embeddings: the classifier is the token embedding
+    int logits = g_.add(Op::matmul, {x, cls}, {}, "logits_all");
+    int out = s_.all_logits ? logits : g_.add(Op::last_row, {logits}, {}, "logits");
+    g_.add_output(out, "logits");
+    return std::move(g_);
+  }
+
+ private:
+  const ModelFile& m_;
+  const DecoderSpec& s_;
+  const Hparams& hp_;
+  Graph g_;
+};
+
+}  // namespace
+
+Graph build_decoder(const ModelFile& model, const DecoderSpec& spec) {
+  Graph g = DecoderBuilder(model, spec).build();
+  verify_graph(g);
+  return g;
+}
+
+}  // namespace mk

@@ -1,0 +1,42 @@
+// Shared building blocks for decoder-only transformers. Family files (llama.cpp, gpt2.cpp, ...)
+// fill a DecoderSpec from their hyperparameters and weight names, then call build_decoder().
+//
+// Weight names are canonical GGUF names ("blk.3.attn_q.weight"); a family whose file uses other
+// names supplies `resolve` to map a canonical name to the file's name ("" = absent).
+#pragma once
+#include <functional>
+#include <string>
+
+#include "archs/arch.h"
+
+namespace mk {
+
+struct DecoderSpec {
+  Hparams hp;
+  int64_t n_ctx = 0;  // KV cache rows
+  bool all_logits = false;
+
+  enum class Norm { rms, layer } norm = Norm::rms;
+  double norm_weight_offset = 0.0;  // Gemma stores w and scales by (1 + w)
+  bool embed_scale = false;         // Gemma: embeddings * sqrt(n_embd)
+  bool learned_positions = false;   // GPT-2: + pos_embd[position]
+
+  std::string rope_mode = "adjacent";  // "adjacent" (GGUF/llama2.c) or "halves" (HF rotate_half)
+  double rope_theta = 10000.0;
+  int64_t n_rot = 0;  // rotated dims per head; 0 = head_dim; negative = no RoPE
+  Attrs rope_scaling;  // e.g. {scaling="llama3", factor, low_freq_factor, high_freq_factor, original_max_pos}
+
+  bool qk_norm = false;                // Qwen3: RMSNorm over each head of q and k
+  std::string ffn_act = "silu";        // silu | gelu | gelu_tanh
+  bool ffn_gated = true;               // act(gate(x)) * up(x), else act(up(x))
+  double attn_scale = 0.0;             // 0 = 1/sqrt(head_dim)
+
+  std::function<std::string(const std::string&)> resolve;  // canonical -> file name ("" = absent)
+};
+
+// Builds the graph; required weights are looked up and shape-checked against hp, optional ones
+// (biases, q/k norms, a separate classifier) are used when present. Output "logits":
+// [n_tokens, n_vocab] when all_logits, else [1, n_vocab] (the last position).
+Graph build_decoder(const ModelFile& model, const DecoderSpec& spec);
+
+}  // namespace mk

@@ -1,0 +1,38 @@
+#include "archs/registry.h"
+
+#include <fmt/ranges.h>
+
+namespace mk {
+
+namespace {
+struct ArchEntry {
+  const char* format;  // model file format the entry reads ("gguf" covers llama2c's synthesised keys)
+  const char* arch;    // general.architecture
+  Hparams (*hparams)(const ModelFile&);
+  Graph (*build)(const ModelFile&, const BuildOptions&);
+};
+
+const ArchEntry kArchs[] = {
+    {"gguf", "llama", read_gguf_llama_hparams, build_gguf_llama},
+};
+
+const ArchEntry& find_arch(const ModelFile& m) {
+  std::string fmt_name = m.format == "llama2c" ? "gguf" : m.format;
+  std::string arch = m.get_str("general.architecture");
+  for (const auto& e : kArchs)
+    if (fmt_name == e.format && arch == e.arch) return e;
+  fail("{}: unsupported architecture '{}' ({} file); supported: {}", m.path, arch, m.format,
+       fmt::join(supported_architectures(), ", "));
+}
+}  // namespace
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> r;
+  for (const auto& e : kArchs) r.push_back(std::string(e.format) + ":" + e.arch);
+  return r;
+}
+
+Hparams read_hparams(const ModelFile& model) { return find_arch(model).hparams(model); }
+Graph build_graph(const ModelFile& model, const BuildOptions& options) { return find_arch(model).build(model, options); }
+
+}  // namespace mk

@@ -1,0 +1,272 @@
+// The reference backend: executes the Graph op by op in float32 with float64 accumulation in
+// reductions. Simple and obviously right: the oracle every other backend is compared with.
+#include <cmath>
+#include <unordered_map>
+
+#include "backend/backend.h"
+#include "ir/ops.h"
+#include "support/error.h"
+
+namespace mk {
+
+namespace {
+
+class ReferenceBackend final : public Backend {
+ public:
+  ReferenceBackend(const Graph& g, const ModelFile& m) : g_(g), m_(m) {
+    verify_graph(g_);
+    last_use_.assign(static_cast<size_t>(g_.size()), -1);
+    for (const Node& n : g_.nodes)
+      for (int i : n.inputs) last_use_[static_cast<size_t>(i)] = n.id;
+    for (const Node& n : g_.nodes) {
+      if (n.op == Op::kv_cache) {
+        n_ctx_ = n.shape[0].c;
+        caches_[n.id].assign(static_cast<size_t>(n.shape[0].c * n.shape[1].c), 0.0f);
+      }
+      if (n.op == Op::weight) {
+        const WeightTensor& t = m_.get(n.weight);
+        if (t.dtype != n.dtype) fail("{}: graph expects {}, file has {}", n.weight, dtype_name(n.dtype), dtype_name(t.dtype));
+      }
+    }
+  }
+
+  std::string name() const override { return "reference"; }
+
+  void reset() override {
+    for (auto& [id, c] : caches_) std::fill(c.begin(), c.end(), 0.0f);
+  }
+
+  std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_past) override {
+    const int64_t n_tokens = static_cast<int64_t>(tokens.size());
+    if (n_tokens <= 0) fail("forward: no tokens");
+    if (n_ctx_ > 0 && n_past + n_tokens > n_ctx_)
+      fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, n_tokens, n_ctx_);
+    SymValues sym{n_tokens, n_past};
+    std::vector<std::vector<float>> val(static_cast<size_t>(g_.size()));  // owned results
+    std::vector<const float*> ptr(static_cast<size_t>(g_.size()), nullptr);   // what readers see
+    std::vector<size_t> len(static_cast<size_t>(g_.size()), 0);
+    std::vector<std::vector<int32_t>> ival(static_cast<size_t>(g_.size()));
+    for (const Node& n : g_.nodes) {
+      auto& out = val[static_cast<size_t>(n.id)];
+      auto in = [&](int i) -> const float* { return ptr[static_cast<size_t>(n.inputs[static_cast<size_t>(i)])]; };
+      auto in_len = [&](int i) { return len[static_cast<size_t>(n.inputs[static_cast<size_t>(i)])]; };
+      auto in_node = [&](int i) -> const Node& { return g_[n.inputs[static_cast<size_t>(i)]]; };
+      const int64_t rows = n.shape.empty() ? 0 : n.shape[0].eval(sym);
+      const int64_t cols = n.shape.size() > 1 ? n.shape[1].eval(sym) : 1;
+      switch (n.op) {
+        case Op::input: {
+          auto& iv = ival[static_cast<size_t>(n.id)];
+          iv.resize(static_cast<size_t>(n_tokens));
+          bool is_pos = n.attr_str("kind") == "positions";
+          for (int64_t i = 0; i < n_tokens; ++i) iv[static_cast<size_t>(i)] = is_pos ? static_cast<int32_t>(n_past + i) : tokens[static_cast<size_t>(i)];
+          break;
+        }
+        case Op::weight: {
+          const WeightTensor& t = m_.get(n.weight);
+          if (t.dtype == DType::F32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
+            ptr[static_cast<size_t>(n.id)] = reinterpret_cast<const float*>(t.data);
+            len[static_cast<size_t>(n.id)] = static_cast<size_t>(t.numel());
+            continue;
+          }
+          const std::vector<float>& w = weight_f32(n);
+          ptr[static_cast<size_t>(n.id)] = w.data();
+          len[static_cast<size_t>(n.id)] = w.size();
+          continue;
+        }
+        case Op::kv_cache: break;
+        case Op::embed: {
+          const float* table = in(0);
+          const auto& ids = ival[static_cast<size_t>(n.inputs[1])];
+          int64_t n_rows = in_node(0).shape[0].c;
+          out.resize(static_cast<size_t>(rows * cols));
+          for (int64_t r = 0; r < rows; ++r) {
+            int32_t id = ids[static_cast<size_t>(r)];
+            if (id < 0 || id >= n_rows) fail("{}: id {} out of range [0, {})", n.name.empty() ? "embed" : n.name, id, n_rows);
+            std::copy_n(table + id * cols, cols, out.begin() + r * cols);
+          }
+          break;
+        }
+        case Op::rms_norm: {
+          const float* x = in(0);
+          int64_t group = n.attr_int("group", cols);
+          double eps = n.attr_float("eps"), off = n.attr_float("weight_offset", 0.0);
+          const float* w = n.inputs.size() > 1 ? in(1) : nullptr;
+          out.resize(static_cast<size_t>(rows * cols));
+          for (int64_t base = 0; base < rows * cols; base += group) {
+            double ss = 0;
+            for (int64_t j = 0; j < group; ++j) ss += static_cast<double>(x[base + j]) * x[base + j];
+            double inv = 1.0 / std::sqrt(ss / static_cast<double>(group) + eps);
+            for (int64_t j = 0; j < group; ++j)
+              out[base + j] = static_cast<float>(x[base + j] * inv * (w ? w[j] + off : 1.0));
+          }
+          break;
+        }
+        case Op::layer_norm: {
+          const float* x = in(0);
+          double eps = n.attr_float("eps");
+          const float* w = n.inputs.size() > 1 ? in(1) : nullptr;
+          const float* b = n.inputs.size() > 2 ? in(2) : nullptr;
+          out.resize(static_cast<size_t>(rows * cols));
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* xr = &x[r * cols];
+            double mean = 0, var = 0;
+            for (int64_t j = 0; j < cols; ++j) mean += xr[j];
+            mean /= static_cast<double>(cols);
+            for (int64_t j = 0; j < cols; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+            var /= static_cast<double>(cols);
+            double inv = 1.0 / std::sqrt(var + eps);
+            for (int64_t j = 0; j < cols; ++j)
+              out[r * cols + j] = static_cast<float>((xr[j] - mean) * inv * (w ? w[j] : 1.0) + (b ? b[j] : 0.0));
+          }
+          break;
+        }
+        case Op::matmul: {
+          const float* x = in(0);
+          const float* w = in(1);
+          int64_t k = in_node(0).shape[1].eval(sym);
+          out.resize(static_cast<size_t>(rows * cols));
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) {
+              const float* xr = &x[r * k];
+              const float* wr = &w[c * k];
+              double acc = 0;
+              for (int64_t i = 0; i < k; ++i) acc += static_cast<double>(xr[i]) * wr[i];
+              out[r * cols + c] = static_cast<float>(acc);
+            }
+          break;
+        }
+        case Op::add:
+        case Op::mul: {
+          const float* a = in(0);
+          const float* b = in(1);
+          bool bias = in_node(1).shape.size() == 1;
+          out.resize(static_cast<size_t>(rows * cols));
+          for (int64_t i = 0; i < rows * cols; ++i) {
+            float bv = bias ? b[i % cols] : b[i];
+            out[i] = n.op == Op::add ? a[i] + bv : a[i] * bv;
+          }
+          break;
+        }
+        case Op::scale: {
+          float s = static_cast<float>(n.attr_float("s"));
+          out.assign(in(0), in(0) + in_len(0));
+          for (auto& v : out) v *= s;
+          break;
+        }
+        case Op::silu:
+        case Op::gelu:
+        case Op::gelu_tanh: {
+          out.assign(in(0), in(0) + in_len(0));
+          for (auto& v : out) v = n.op == Op::silu ? silu(v) : n.op == Op::gelu ? gelu_erf(v) : gelu_tanh_approx(v);
+          break;
+        }
+        case Op::rope: {
+          out.assign(in(0), in(0) + in_len(0));
+          const auto& pos = ival[static_cast<size_t>(n.inputs[1])];
+          int64_t hd = n.attr_int("head_dim"), n_rot = n.attr_int("n_rot", hd);
+          bool halves = n.attr_str("mode") == "halves";
+          std::vector<double> inv_freq = rope_inv_freq(n);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t h = 0; h < cols / hd; ++h) {
+              float* v = &out[r * cols + h * hd];
+              for (int64_t i = 0; i < n_rot / 2; ++i) {
+                double ang = static_cast<double>(pos[static_cast<size_t>(r)]) * inv_freq[static_cast<size_t>(i)];
+                double c = std::cos(ang), s = std::sin(ang);
+                int64_t i0 = halves ? i : 2 * i, i1 = halves ? i + n_rot / 2 : 2 * i + 1;
+                double x0 = v[i0], x1 = v[i1];
+                v[i0] = static_cast<float>(x0 * c - x1 * s);
+                v[i1] = static_cast<float>(x0 * s + x1 * c);
+              }
+            }
+          break;
+        }
+        case Op::kv_store: {
+          auto& cache = caches_.at(n.inputs[1]);
+          std::copy_n(in(0), in_len(0), cache.begin() + n_past * cols);
+          out.assign(cache.begin(), cache.begin() + (n_past + n_tokens) * cols);
+          break;
+        }
+        case Op::attention: {
+          const float* q = in(0);
+          const float* k = in(1);
+          const float* v = in(2);
+          int64_t nh = n.attr_int("n_head"), nkv = n.attr_int("n_head_kv"), hd = n.attr_int("head_dim");
+          double scale = n.attr_float("scale");
+          int64_t kv_cols = nkv * hd;
+          out.assign(static_cast<size_t>(rows * cols), 0.0f);
+          std::vector<double> score;
+          for (int64_t t = 0; t < rows; ++t) {
+            int64_t n_kv = n_past + t + 1;  // causal: this token sees the cache up to itself
+            score.resize(static_cast<size_t>(n_kv));
+            for (int64_t h = 0; h < nh; ++h) {
+              int64_t hk = h / (nh / nkv);
+              const float* qh = &q[t * cols + h * hd];
+              double mx = -INFINITY;
+              for (int64_t j = 0; j < n_kv; ++j) {
+                const float* kj = &k[j * kv_cols + hk * hd];
+                double d = 0;
+                for (int64_t i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kj[i];
+                score[j] = d * scale;
+                mx = std::max(mx, score[j]);
+              }
+              double sum = 0;
+              for (auto& s : score) sum += (s = std::exp(s - mx));
+              float* oh = &out[t * cols + h * hd];
+              for (int64_t i = 0; i < hd; ++i) {
+                double acc = 0;
+                for (int64_t j = 0; j < n_kv; ++j) acc += score[j] * v[j * kv_cols + hk * hd + i];
+                oh[i] = static_cast<float>(acc / sum);
+              }
+            }
+          }
+          break;
+        }
+        case Op::last_row: {
+          const float* x = in(0);
+          int64_t xr = in_node(0).shape[0].eval(sym);
+          out.assign(x + (xr - 1) * cols, x + xr * cols);
+          break;
+        }
+      }
+      ptr[static_cast<size_t>(n.id)] = out.data();
+      len[static_cast<size_t>(n.id)] = out.size();
+      // Free inputs nobody reads later: peak memory stays at a few activations.
+      for (int i : n.inputs)
+        if (last_use_[static_cast<size_t>(i)] == n.id && !is_output(i)) std::vector<float>().swap(val[static_cast<size_t>(i)]);
+    }
+    MK_CHECK(!g_.outputs.empty());
+    return val[static_cast<size_t>(g_.outputs[0].value)];
+  }
+
+ private:
+  const std::vector<float>& weight_f32_ref(const Node& n) {
+    auto it = wcache_.find(n.id);
+    if (it != wcache_.end()) return it->second;
+    const WeightTensor& t = m_.get(n.weight);
+    std::vector<float> f(static_cast<size_t>(t.numel()));
+    to_f32(t.dtype, t.data, f.data(), t.numel());
+    return wcache_.emplace(n.id, std::move(f)).first->second;
+  }
+  // Non-f32 (or unaligned) weights are converted once and kept.
+  const std::vector<float>& weight_f32(const Node& n) { return weight_f32_ref(n); }
+  bool is_output(int id) const {
+    for (const auto& o : g_.outputs)
+      if (o.value == id) return true;
+    return false;
+  }
+
+  const Graph& g_;
+  const ModelFile& m_;
+  int64_t n_ctx_ = 0;
+  std::unordered_map<int, std::vector<float>> caches_;
+  std::unordered_map<int, std::vector<float>> wcache_;
+  std::vector<int> last_use_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_reference_backend(const Graph& g, const ModelFile& m, const BackendOptions&) {
+  return std::make_unique<ReferenceBackend>(g, m);
+}
+
+}  // namespace mk

@@ -1,0 +1,32 @@
+#include <cstdio>
+
+#include "archs/arch.h"
+#include "cli/commands.h"
+#include "runtime/session.h"
+
+namespace mk::cli {
+
+void add_info_command(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("info", "print a model's architecture, hyperparameters and tensors");
+  cmd->add_option("-m,--model", *path, "model file or directory")->required();
+  cmd->callback([path] {
+    ModelFile m = open_model(*path);
+    Hparams hp = read_hparams(m);
+    std::printf("model:        %s (%s)\n", m.path.c_str(), m.format.c_str());
+    std::printf("architecture: %s\n", hp.arch.c_str());
+    std::printf("n_vocab %lld, n_embd %lld, n_layer %lld, n_head %lld, n_head_kv %lld, head_dim %lld, n_ff %lld, n_ctx_train %lld, norm_eps %g\n",
+                (long long)hp.n_vocab, (long long)hp.n_embd, (long long)hp.n_layer, (long long)hp.n_head,
+                (long long)hp.n_head_kv, (long long)hp.head_dim, (long long)hp.n_ff, (long long)hp.n_ctx_train, hp.norm_eps);
+    size_t total = 0;
+    std::printf("%zu tensors:\n", m.tensors().size());
+    for (const auto& t : m.tensors()) {
+      std::printf("  %-40s %-5s %-20s %zu bytes\n", t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
+                  shape_str(t.shape).c_str(), t.nbytes);
+      total += t.nbytes;
+    }
+    std::printf("total: %zu bytes of weights\n", total);
+  });
+}
+
+}  // namespace mk::cli

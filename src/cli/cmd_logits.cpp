@@ -1,0 +1,56 @@
+#include <charconv>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "runtime/session.h"
+#include "support/error.h"
+
+namespace mk::cli {
+
+static std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    int32_t v = 0;
+    auto [p, ec] = std::from_chars(s.data() + i, s.data() + j, v);
+    if (ec != std::errc() || p != s.data() + j) fail("--ids: '{}' is not a token id", s.substr(i, j - i));
+    ids.push_back(v);
+    i = j + 1;
+  }
+  if (ids.empty()) fail("--ids: no token ids given");
+  return ids;
+}
+
+void add_logits_command(CLI::App& app) {
+  auto o = std::make_shared<SessionOptions>();
+  auto ids = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("logits", "print the logits of a token sequence as JSON");
+  cmd->add_option("-m,--model", o->model_path, "model")->required();
+  cmd->add_option("--ids", *ids, "comma-separated token ids")->required();
+  cmd->add_option("--backend", o->backend, "backend");
+  cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads");
+  cmd->add_option("--schedule", o->backend_options.schedule, "CPU schedule");
+  cmd->callback([o, ids] {
+    o->all_logits = true;
+    o->need_tokenizer = false;
+    std::vector<int32_t> tok = parse_ids(*ids);
+    if (o->n_ctx == 0) o->n_ctx = static_cast<int64_t>(tok.size());
+    Session s(*o);
+    std::vector<float> logits = s.eval(tok);
+    int64_t n_vocab = s.hparams.n_vocab;
+    nlohmann::ordered_json j;
+    j["ids"] = tok;
+    std::vector<int32_t> am;
+    for (size_t r = 0; r < tok.size(); ++r)
+      am.push_back(argmax(std::span<const float>(logits.data() + r * static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab))));
+    j["argmax_all"] = am;
+    j["logits_last"] = std::vector<float>(logits.end() - n_vocab, logits.end());
+    j["backend"] = s.backend->name();
+    std::puts(j.dump().c_str());
+  });
+}
+
+}  // namespace mk::cli

@@ -1,0 +1,62 @@
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "runtime/session.h"
+
+namespace mk::cli {
+
+void add_run_command(CLI::App& app) {
+  struct Opts {
+    SessionOptions session;
+    GenerateOptions gen;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("run", "generate text from a prompt");
+  cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")->required();
+  cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
+  cmd->add_option("-p,--prompt", o->gen.prompt, "prompt text");
+  cmd->add_option("-n,--n-predict", o->gen.n_new, "number of tokens to generate")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temp", o->gen.sampler.temperature, "sampling temperature (0 = greedy)");
+  cmd->add_option("--top-k", o->gen.sampler.top_k, "top-k sampling (0 = off)");
+  cmd->add_option("--top-p", o->gen.sampler.top_p, "top-p (nucleus) sampling (1 = off)");
+  cmd->add_option("--seed", o->gen.sampler.seed, "random seed");
+  cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length (0 = the model's, at most 4096)");
+  cmd->add_option("--backend", o->session.backend, "backend: reference, cpu, ... (default: the fastest available)");
+  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores)");
+  cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");
+  cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file");
+  cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
+  cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");
+  cmd->callback([o] {
+    Session s(o->session);
+    GenerateResult r;
+    if (o->json) {
+      r = generate(s, o->gen);
+      nlohmann::ordered_json j;
+      j["prompt_ids"] = r.prompt_ids;
+      j["generated_ids"] = r.generated_ids;
+      j["text"] = r.text;
+      j["ms_per_token"] = r.ms_per_token();
+      j["prompt_ms_per_token"] = r.prompt_ms_per_token();
+      j["backend"] = s.backend->name();
+      j["stop_reason"] = r.stop_reason;
+      std::puts(j.dump().c_str());
+      return;
+    }
+    std::fputs(o->gen.prompt.c_str(), stdout);
+    std::fflush(stdout);
+    r = generate(s, o->gen, [](const std::string& t) {
+      std::fputs(t.c_str(), stdout);
+      std::fflush(stdout);
+    });
+    std::printf("\n");
+    if (r.stop_reason == "context") std::fprintf(stderr, "note: stopped: the context (%lld tokens) is full\n", static_cast<long long>(s.n_ctx));
+    std::fprintf(stderr, "[%s] prompt: %zu tokens, %.3f ms/token | generation: %zu tokens, %.3f ms/token (%.1f tokens/s)\n",
+                 s.backend->name().c_str(), r.prompt_ids.size(), r.prompt_ms_per_token(), r.generated_ids.size(),
+                 r.ms_per_token(), r.ms_per_token() > 0 ? 1000.0 / r.ms_per_token() : 0.0);
+  });
+}
+
+}  // namespace mk::cli

@@ -1,0 +1,59 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "support/error.h"
+
+namespace mk {
+
+int32_t argmax(std::span<const float> v) {
+  MK_CHECK(!v.empty());
+  size_t best = 0;
+  for (size_t i = 1; i < v.size(); ++i)
+    if (v[i] > v[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+Sampler::Sampler(SamplerOptions o) : o_(o), rng_(o.seed) {
+  if (!(o_.temperature >= 0)) fail("temperature must be >= 0, got {}", o_.temperature);
+  if (o_.top_k < 0) fail("top-k must be >= 0, got {}", o_.top_k);
+  if (!(o_.top_p > 0 && o_.top_p <= 1)) fail("top-p must be in (0, 1], got {}", o_.top_p);
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (o_.temperature == 0) return argmax(logits);
+  std::vector<int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  size_t k = logits.size();
+  if (o_.top_k > 0 && static_cast<size_t>(o_.top_k) < k) k = static_cast<size_t>(o_.top_k);
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(k), idx.end(), by_logit);
+  idx.resize(k);
+  std::vector<double> p(k);
+  double mx = logits[idx[0]], sum = 0;
+  for (size_t i = 0; i < k; ++i) sum += (p[i] = std::exp((logits[idx[i]] - mx) / o_.temperature));
+  for (auto& x : p) x /= sum;
+  size_t keep = k;
+  if (o_.top_p < 1) {
+    double cum = 0;
+    for (size_t i = 0; i < k; ++i) {
+      cum += p[i];
+      if (cum >= o_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double total = std::accumulate(p.begin(), p.begin() + static_cast<long>(keep), 0.0);
+  double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  for (size_t i = 0; i < keep; ++i) {
+    r -= p[i];
+    if (r < 0) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+}  // namespace mk

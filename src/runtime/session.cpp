@@ -1,0 +1,111 @@
+#include "runtime/session.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "support/error.h"
+
+namespace mk {
+
+namespace fs = std::filesystem;
+
+ModelFile open_model(const std::string& path) {
+  if (path.rfind("synth:", 0) == 0) fail("{}: synthetic models are not available in this build", path);
+  return load_model(path);
+}
+
+namespace {
+std::unique_ptr<Tokenizer> open_tokenizer(const ModelFile& m, const std::string& explicit_path, int64_t n_vocab) {
+  if (!explicit_path.empty()) return load_llama2c_tokenizer(explicit_path, static_cast<int32_t>(n_vocab));
+  if (m.format == "llama2c") {
+    // llama2.c convention: tokenizer.bin, or tok<vocab>.bin for custom vocabularies, beside the model.
+    fs::path dir = fs::path(m.path).parent_path();
+    for (const std::string name : {"tok" + std::to_string(n_vocab) + ".bin", std::string("tokenizer.bin")})
+      if (fs::exists(dir / name)) return load_llama2c_tokenizer((dir / name).string(), static_cast<int32_t>(n_vocab));
+    fail("{}: llama2.c checkpoints carry no tokenizer; pass one with -z (e.g. tokenizer.bin)", m.path);
+  }
+  return load_model_tokenizer(m);
+}
+}  // namespace
+
+Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
+  hparams = read_hparams(model);
+  n_ctx = o.n_ctx > 0 ? o.n_ctx : std::min(hparams.n_ctx_train > 0 ? hparams.n_ctx_train : kDefaultMaxCtx, kDefaultMaxCtx);
+  if (o.need_tokenizer) {
+    tokenizer = open_tokenizer(model, o.tokenizer_path, hparams.n_vocab);
+    if (tokenizer->n_vocab() > hparams.n_vocab)
+      fail("tokenizer has {} tokens but the model's vocabulary is {}", tokenizer->n_vocab(), hparams.n_vocab);
+  }
+  stop_at_bos = model.format == "llama2c";
+  graph = build_graph(model, BuildOptions{n_ctx, o.all_logits});
+  backend = make_backend(o.backend.empty() ? default_backend_name() : o.backend, graph, model, o.backend_options);
+}
+
+std::vector<float> Session::eval(std::span<const int32_t> tokens) {
+  if (n_past + static_cast<int64_t>(tokens.size()) > n_ctx)
+    fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, tokens.size(), n_ctx);
+  for (int32_t t : tokens)
+    if (t < 0 || t >= hparams.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, hparams.n_vocab);
+  auto logits = backend->forward(tokens, n_past);
+  n_past += static_cast<int64_t>(tokens.size());
+  return logits;
+}
+
+void Session::reset() {
+  backend->reset();
+  n_past = 0;
+}
+
+GenerateResult generate(Session& s, const GenerateOptions& o, const std::function<void(const std::string&)>& on_text) {
+  using clock = std::chrono::steady_clock;
+  auto ms_since = [](clock::time_point t0) { return std::chrono::duration<double, std::milli>(clock::now() - t0).count(); };
+  if (!s.tokenizer) fail("generate: the session has no tokenizer");
+  if (o.n_new < 0) fail("number of tokens to generate must be >= 0, got {}", o.n_new);
+  GenerateResult r;
+  r.prompt_ids = s.tokenizer->encode(o.prompt, true);
+  if (r.prompt_ids.empty()) fail("the prompt encodes to no tokens and the tokenizer has no BOS token");
+  if (static_cast<int64_t>(r.prompt_ids.size()) > s.n_ctx - s.n_past)
+    fail("prompt is {} tokens but only {} fit the context ({}); use a shorter prompt or a larger -c", r.prompt_ids.size(),
+         s.n_ctx - s.n_past, s.n_ctx);
+  Sampler sampler(o.sampler);
+  Utf8Stream utf8;
+  auto emit = [&](const std::string& bytes) {
+    std::string t = utf8.push(bytes);
+    r.text += t;
+    if (on_text && !t.empty()) on_text(t);
+  };
+  auto t0 = clock::now();
+  std::vector<float> logits = s.eval(r.prompt_ids);
+  r.prompt_ms = ms_since(t0);
+  int64_t n_vocab = s.hparams.n_vocab;
+  int32_t prev = r.prompt_ids.back();
+  r.stop_reason = "n_new";
+  auto t1 = clock::now();
+  for (int i = 0; i < o.n_new; ++i) {
+    std::span<const float> last(logits.data() + logits.size() - static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab));
+    int32_t next = sampler.sample(last);
+    if (!o.ignore_eos && (s.tokenizer->is_eos(next) || (s.stop_at_bos && next == s.tokenizer->bos_id))) {
+      r.stop_reason = "eos";
+      break;
+    }
+    r.generated_ids.push_back(next);
+    emit(s.tokenizer->token_bytes(prev, next));
+    prev = next;
+    if (i + 1 == o.n_new) break;
+    if (s.n_past >= s.n_ctx) {
+      r.stop_reason = "context";
+      break;
+    }
+    int32_t tok[1] = {next};
+    logits = s.eval(tok);
+    ++r.n_decode_steps;
+  }
+  r.generation_ms = ms_since(t1);
+  std::string tail = utf8.flush();
+  r.text += tail;
+  if (on_text && !tail.empty()) on_text(tail);
+  s.backend->finish();
+  return r;
+}
+
+}  // namespace mk
