@@ -48,13 +48,14 @@ void run_dce(PassContext& cx) {
   while (changed) {
     changed = false;
     auto users = ed.consumers();
+    auto alive = ed.live();
     std::map<int, int> last_of;  // value -> a last_row node reading it
     for (const Node& n : g.nodes)
       if (n.op == Op::last_row && !users[static_cast<size_t>(n.id)].empty()) last_of.emplace(n.inputs[0], n.id);
     for (const Node& n : g.nodes)
       if (n.op == Op::last_row && ed.is_output(n.id)) last_of.emplace(n.inputs[0], n.id);
     for (int id = 0; id < g.size() && !changed; ++id) {
-      if (g[id].op != Op::last_row) continue;
+      if (g[id].op != Op::last_row || !alive[static_cast<size_t>(id)]) continue;
       // A value that was already pruned to one row needs no last_row.
       const int src = g[id].inputs[0];
       const Node& s = g[src];

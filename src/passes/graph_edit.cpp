@@ -18,10 +18,26 @@ int GraphEditor::add(Node n, int after_key_of) {
   return g_.size() - 1;
 }
 
+std::vector<char> GraphEditor::live() const {
+  std::vector<char> live(g_.nodes.size(), 0);
+  std::vector<int> stack;
+  for (const auto& o : g_.outputs) stack.push_back(o.value);
+  while (!stack.empty()) {
+    int v = stack.back();
+    stack.pop_back();
+    if (live[static_cast<size_t>(v)]) continue;
+    live[static_cast<size_t>(v)] = 1;
+    for (int i : g_.nodes[static_cast<size_t>(v)].inputs) stack.push_back(i);
+  }
+  return live;
+}
+
 std::vector<std::vector<int>> GraphEditor::consumers() const {
   std::vector<std::vector<int>> c(static_cast<size_t>(g_.size()));
+  std::vector<char> alive = live();
   for (const Node& n : g_.nodes)
     for (int i : n.inputs) {
+      if (!alive[static_cast<size_t>(n.id)]) continue;
       auto& v = c[static_cast<size_t>(i)];
       if (v.empty() || v.back() != n.id) v.push_back(n.id);
     }
@@ -36,16 +52,7 @@ bool GraphEditor::is_output(int id) const {
 
 void GraphEditor::commit() {
   const size_t n = g_.nodes.size();
-  std::vector<char> live(n, 0);
-  std::vector<int> stack;
-  for (const auto& o : g_.outputs) stack.push_back(o.value);
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (live[static_cast<size_t>(v)]) continue;
-    live[static_cast<size_t>(v)] = 1;
-    for (int i : g_.nodes[static_cast<size_t>(v)].inputs) stack.push_back(i);
-  }
+  std::vector<char> live = this->live();
   // Kahn's algorithm over live nodes, smallest placement key first.
   std::vector<int> pending(n, 0);
   std::vector<std::vector<int>> users(n);

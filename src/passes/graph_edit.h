@@ -15,7 +15,9 @@ class GraphEditor {
   Node& node(int id) { return g_.nodes.at(static_cast<size_t>(id)); }
   // Appends a node placed, in the final order, as soon after `after_key_of` as its inputs allow.
   int add(Node n, int after_key_of);
-  // Consumers of every value (recomputed on each call; graphs are small).
+  // Values the outputs reach.
+  std::vector<char> live() const;
+  // Consumers of every value among live values (recomputed on each call; graphs are small).
   std::vector<std::vector<int>> consumers() const;
   bool is_output(int id) const;
   // Stable topological sort by placement keys, drops values the outputs do not reach, renumbers
