@@ -40,6 +40,9 @@ const std::vector<Pass>& default_pipeline();
 // naming the pass when a pass or the verifier fails.
 PassContext run_pipeline(const Graph& graph, const CompileOptions& options, const std::string& stop_after = "");
 Program compile_program(const Graph& graph, const CompileOptions& options);
+// How many programs compile_program has produced in this process (tests check that a generation
+// compiles once).
+uint64_t programs_compiled();
 
 // Individual passes (each in its own file).
 void run_dce(PassContext& cx);

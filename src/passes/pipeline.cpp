@@ -1,4 +1,5 @@
 // The whole compiler on one screen.
+#include <atomic>
 #include <cstdlib>
 #include <iostream>
 
@@ -59,7 +60,14 @@ PassContext run_pipeline(const Graph& graph, const CompileOptions& options, cons
   return cx;
 }
 
+namespace {
+std::atomic<uint64_t> g_compiled{0};
+}  // namespace
+
+uint64_t programs_compiled() { return g_compiled.load(); }
+
 Program compile_program(const Graph& graph, const CompileOptions& options) {
+  g_compiled.fetch_add(1);
   for (const auto& s : options.skip)
     if (s == "tile" || s == "deps" || s == "memplan" || s == "schedule" || s == "validate")
       fail("compile: pass {} cannot be skipped", s);
