@@ -21,9 +21,9 @@ void add_compile_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("compile", "compile a model and print its IR or instruction program");
   cmd->add_option("-m,--model", o->model, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")->required();
   cmd->add_option("--emit", o->emit,
-                  "ir: the graph after the graph passes; program: one line per instruction and a summary; "
+                  "graph: the architecture's graph before any pass; ir: the graph after the graph passes; program: one line per instruction and a summary; "
                   "program-full: weights, buffers, ops, counters, instructions, lists")
-      ->check(CLI::IsMember({"ir", "program", "program-full"}));
+      ->check(CLI::IsMember({"graph", "ir", "program", "program-full"}));
   cmd->add_option("-o,--output", o->out, "write to this file instead of stdout");
   cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores)");
   cmd->add_option("--schedule", o->schedule, "dynamic, static-rr or static-cp");
@@ -39,8 +39,8 @@ void add_compile_command(CLI::App& app) {
     co.workers = o->threads > 0 ? o->threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     co.schedule = schedule_from_name(o->schedule);
     co.max_tokens = std::min(o->max_tokens, n_ctx);
-    PassContext cx = run_pipeline(g, co);
-    std::string text = o->emit == "ir" ? cx.graph.str() : o->emit == "program" ? cx.program.listing() : cx.program.str();
+    PassContext cx = o->emit == "graph" ? PassContext{g, {}, co, false} : run_pipeline(g, co);
+    std::string text = o->emit == "graph" ? g.str() : o->emit == "ir" ? cx.graph.str() : o->emit == "program" ? cx.program.listing() : cx.program.str();
     if (o->out.empty()) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       return;

@@ -16,6 +16,7 @@ const SynthSpec kSpecs[] = {
     {"stories15m", 32000, 288, 6, 6, 6, 768, 256},
     {"stories260k", 512, 64, 5, 8, 4, 172, 512},
     {"tiny", 64, 32, 2, 4, 2, 48, 64},
+    {"micro", 16, 8, 1, 2, 1, 12, 8},  // golden IR tests: small enough to read
 };
 
 // splitmix64: a fast generator whose stream depends only on the seed.
