@@ -80,3 +80,45 @@ TEST(E2ECpuCli, RunDefaultsToCpuAndMatchesReference) {
   EXPECT_EQ(j["backend"], "cpu");
   EXPECT_EQ(j["generated_ids"], c["generated_ids"]);
 }
+
+namespace {
+std::string run_cli(const std::string& args, int* status) {
+  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t got;
+  while ((got = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), got);
+  *status = WEXITSTATUS(pclose(p.release()));
+  return out;
+}
+}  // namespace
+
+TEST(E2ECpuCli, CompileEmitsProgramAndIr) {
+  int st = 0;
+  std::string prog = run_cli("compile -m " + kDir + "stories260K.gguf --emit program -t 2", &st);
+  ASSERT_EQ(st, 0) << prog;
+  EXPECT_NE(prog.find("attention L4"), std::string::npos) << prog;
+  EXPECT_NE(prog.find("instructions per step"), std::string::npos) << prog;
+  EXPECT_NE(prog.find("arena"), std::string::npos) << prog;
+  std::string ir = run_cli("compile -m " + kDir + "stories260K.bin --emit ir", &st);
+  ASSERT_EQ(st, 0) << ir;
+  EXPECT_NE(ir.find("fused_matmul"), std::string::npos);
+  const std::string out = ::testing::TempDir() + "/mk_prog.txt";
+  std::string msg = run_cli("compile -m synth:micro --emit program-full -o " + out, &st);
+  ASSERT_EQ(st, 0) << msg;
+  EXPECT_NE(msg.find("wrote"), std::string::npos);
+  std::string bad = run_cli("compile -m synth:nosuch", &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(bad.find("unknown synthetic model"), std::string::npos) << bad;
+}
+
+TEST(E2ECpuCli, RunWritesATrace) {
+  int st = 0;
+  const std::string trace = ::testing::TempDir() + "/mk_cli_trace.json";
+  std::string out = run_cli("run --backend cpu -t 2 --temp 0 -n 5 -p 'Once' --trace " + trace + " -m " + kDir + "stories260K.bin", &st);
+  ASSERT_EQ(st, 0) << out;
+  EXPECT_NE(out.find("busy"), std::string::npos) << out;
+  std::ifstream f(trace);
+  EXPECT_TRUE(f.good());
+}

@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "archs/arch.h"
 #include "backend/backend.h"
@@ -191,4 +194,54 @@ TEST(CpuBackend, UnknownScheduleIsAnError) {
   ModelFile m = test::make_tiny_llama(cfg);
   Graph g = build_graph(m, BuildOptions{16, false});
   EXPECT_THROW(make_backend("cpu", g, m, cpu_opts(2, "random")), Error);
+}
+
+TEST(CpuBackend, TraceHasOneTrackPerWorkerAndASlicePerInstruction) {
+  ModelFile m = load_model(kStories + "stories260K.bin");
+  Graph g = build_graph(m, BuildOptions{64, false});
+  const std::string path = ::testing::TempDir() + "/mk_trace.json";
+  BackendOptions o = cpu_opts(3, "static-cp");
+  o.trace_path = path;
+  CompileOptions co;
+  co.workers = 3;
+  co.schedule = ScheduleKind::static_cp;
+  co.max_tokens = 64;
+  const size_t n_instrs = compile_program(g, co).instrs.size();
+  {
+    auto b = make_backend("cpu", g, m, o);
+    run_steps(*b, {1, 403, 407}, 4, 512);  // 5 steps
+    b->finish();
+  }
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good());
+  auto j = nlohmann::json::parse(f);
+  std::set<int> tracks;
+  size_t slices = 0, waits = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks.insert(e["tid"].get<int>());
+    if (e["ph"] != "X") continue;
+    if (e["name"] == "wait") {
+      ++waits;
+      continue;
+    }
+    ++slices;
+    EXPECT_TRUE(e["args"].contains("op") && e["args"].contains("layer") && e["args"].contains("tile")) << e.dump();
+  }
+  EXPECT_EQ(tracks, (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(slices, 5 * n_instrs);
+  EXPECT_GT(waits, 0u);
+}
+
+TEST(CpuBackend, TraceSummaryListsWorkersAndOpcodes) {
+  ModelFile m = load_model(kStories + "stories260K.bin");
+  Graph g = build_graph(m, BuildOptions{64, false});
+  CompileOptions co;
+  co.workers = 2;
+  cpu::Interpreter it(compile_program(g, co), m, true);
+  std::vector<int32_t> t = {1, 2, 3};
+  it.step(t, 0);
+  std::string s = cpu::trace_summary(it);
+  EXPECT_NE(s.find("busy"), std::string::npos) << s;
+  EXPECT_NE(s.find("attention"), std::string::npos) << s;
+  EXPECT_NE(s.find("matmul"), std::string::npos) << s;
 }
