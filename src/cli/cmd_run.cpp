@@ -52,6 +52,7 @@ void add_run_command(CLI::App& app) {
       std::fflush(stdout);
     });
     std::printf("\n");
+    std::fflush(stdout);
     if (r.stop_reason == "context") std::fprintf(stderr, "note: stopped: the context (%lld tokens) is full\n", static_cast<long long>(s.n_ctx));
     std::fprintf(stderr, "[%s] prompt: %zu tokens, %.3f ms/token | generation: %zu tokens, %.3f ms/token (%.1f tokens/s)\n",
                  s.backend->name().c_str(), r.prompt_ids.size(), r.prompt_ms_per_token(), r.generated_ids.size(),

@@ -75,5 +75,7 @@ ModelFile load_gguf(const std::string& path);
 ModelFile load_gguf(std::shared_ptr<MappedFile> file);
 ModelFile load_llama2c(const std::string& path);
 ModelFile load_llama2c(std::shared_ptr<MappedFile> file);
+// A Hugging Face model directory (config.json + safetensors weights); see model/hf.h.
+ModelFile load_hf_dir(const std::string& dir);
 
 }  // namespace mk

@@ -76,4 +76,24 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::shared_ptr<MappedFile> fi
 // .add_space_prefix (default true). llama2.c checkpoints carry none: throws, asking for -z.
 std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model);
 
+// Hugging Face tokenizer.json with model.type "BPE" (tokenizer_hf.cpp), in either form:
+//  - byte-level BPE (GPT-2, Llama 3, Qwen): ByteLevel and/or Split(regex) pre-tokenizers, every
+//    byte mapped to a printable character (GPT-2's bytes_to_unicode), merges by rank;
+//  - SentencePiece-style BPE (Llama 2, Mistral, Gemma): spaces become U+2581 (Prepend/Replace
+//    normalizers or a Metaspace pre-tokenizer), merges by rank, characters missing from the vocab
+//    become <0xXX> byte tokens (byte_fallback) or the unknown token.
+// added_tokens are matched first, as whole strings, and never split. BOS is the leading special
+// token of a TemplateProcessing post-processor (none otherwise, as with GPT-2). EOS is the first of
+// `eos_ids` inside the vocabulary, the others go to extra_eos_ids; without any, a special added
+// token with a conventional end name (</s>, <|endoftext|>, <eos>, ...). token_bytes() gives the raw
+// bytes; special added tokens give "" and ids past the vocabulary give "".
+// Errors (missing file, invalid JSON, unsupported model/normalizer/pre-tokenizer type, merges
+// naming tokens outside the vocabulary) throw mk::Error naming the file and the item.
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path, const std::vector<int32_t>& eos_ids = {});
+// The same from JSON text in memory; `source` names it in errors.
+std::unique_ptr<Tokenizer> parse_hf_tokenizer_json(std::string_view json_text, const std::string& source,
+                                                   const std::vector<int32_t>& eos_ids = {});
+// <model.path>/tokenizer.json of an HF directory, with EOS ids from its generation_config.json/config.json.
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const ModelFile& model);
+
 }  // namespace mk

@@ -49,7 +49,8 @@ void check_reference(const std::string& model, const std::string& backend) {
     go.prompt = c["prompt"].get<std::string>();
     go.sampler.temperature = 0;
     auto expected_prompt = c["prompt_ids"].get<std::vector<int32_t>>();
-    go.n_new = c["steps"].get<int>() - static_cast<int>(expected_prompt.size());
+    // run.c forwards positions 0..steps-1 and samples from the last prompt position on.
+    go.n_new = c["steps"].get<int>() - static_cast<int>(expected_prompt.size()) + 1;
     GenerateResult r = generate(s, go);
     EXPECT_EQ(r.prompt_ids, expected_prompt) << model << " prompt '" << go.prompt << "'";
     EXPECT_EQ(r.generated_ids, c["generated_ids"].get<std::vector<int32_t>>()) << model << " prompt '" << go.prompt << "'";
@@ -65,7 +66,7 @@ TEST(E2EStories, CliRunJsonMatchesReference) {
   auto cases = reference_cases();
   const auto& c = cases[1];
   auto prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
-  int n = c["steps"].get<int>() - static_cast<int>(prompt_ids.size());
+  int n = c["steps"].get<int>() - static_cast<int>(prompt_ids.size()) + 1;
   for (std::string model : {"stories260K.gguf", "stories260K.bin"}) {
     CmdResult r = run_cli("run --json --temp 0 --backend reference -m " + kDir + model + " -n " + std::to_string(n) +
                           " -p '" + c["prompt"].get<std::string>() + "'");
@@ -97,7 +98,7 @@ TEST(E2EStories, BadInputsExitNonZeroWithAMessage) {
   struct Case {
     std::string args, expect;
   } cases[] = {
-      {"run -m /nonexistent/model.gguf", "cannot open"},
+      {"run -m /nonexistent/model.gguf", "no such file"},
       {"run -m " + kDir + "stories260K.gguf --backend nosuch", "unknown backend 'nosuch'"},
       {"run -m " + kDir + "stories260K.gguf --top-p 0", "top-p"},
       {"run -m " + kDir + "tok512.bin", "error:"},

@@ -1,0 +1,207 @@
+#include "model/hf.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "model/safetensors.h"
+#include "support/error.h"
+
+namespace mk {
+
+namespace fs = std::filesystem;
+
+nlohmann::ordered_json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return nlohmann::ordered_json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+}
+
+namespace {
+
+// Loads the shards listed in model.safetensors.index.json, each mapped once, and checks that every
+// tensor of the weight_map is in the shard that the index names.
+void load_sharded(ModelFile& model, const fs::path& dir, const std::string& index_path) {
+  nlohmann::ordered_json index = read_json_file(index_path);
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+    fail("{}: missing weight_map object", index_path);
+  std::map<std::string, std::vector<std::string>> shard_tensors;  // sorted: deterministic load order
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    if (!shard.is_string()) fail("{}: weight_map entry {} is not a file name", index_path, name);
+    shard_tensors[shard.get<std::string>()].push_back(name);
+  }
+  for (const auto& [shard, names] : shard_tensors) {
+    // Shards are plain file names next to the index; refuse paths that leave the directory.
+    fs::path rel(shard);
+    if (shard.empty() || rel.is_absolute() || rel.filename() != rel)
+      fail("{}: shard name {} (for tensor {}) is not a plain file name", index_path, shard, names.front());
+    fs::path shard_path = dir / rel;
+    if (!fs::is_regular_file(shard_path))
+      fail("{}: shard {} (for tensor {}) not found", index_path, shard, names.front());
+    size_t before = model.tensors().size();
+    add_safetensors(model, MappedFile::open(shard_path.string()));
+    std::set<std::string> in_shard;
+    for (size_t i = before; i < model.tensors().size(); ++i) in_shard.insert(model.tensors()[i].name);
+    for (const auto& n : names)
+      if (!in_shard.count(n)) fail("{}: tensor {} is listed in shard {} but not stored there", index_path, n, shard);
+  }
+}
+
+}  // namespace
+
+ModelFile load_hf_dir(const std::string& dir_str) {
+  fs::path dir(dir_str);
+  if (!fs::is_directory(dir)) fail("{}: not a directory", dir_str);
+  ModelFile model;
+  model.path = dir_str;
+  model.format = "hf";
+
+  const fs::path config_path = dir / "config.json";
+  if (!fs::is_regular_file(config_path)) fail("{}: missing config.json", dir_str);
+  nlohmann::ordered_json config = read_json_file(config_path.string());
+  if (!config.is_object()) fail("{}: not a JSON object", config_path.string());
+  if (!config.contains("model_type")) fail("{}: missing model_type", config_path.string());
+  if (!config["model_type"].is_string()) fail("{}: model_type is not a string", config_path.string());
+  model.metadata["general.architecture"] = config["model_type"].get<std::string>();
+  model.metadata["hf.config"] = config;
+
+  const fs::path gen_path = dir / "generation_config.json";
+  if (fs::is_regular_file(gen_path)) {
+    nlohmann::ordered_json gen = read_json_file(gen_path.string());
+    if (!gen.is_object()) fail("{}: not a JSON object", gen_path.string());
+    model.metadata["hf.generation_config"] = gen;
+  }
+
+  const fs::path single = dir / "model.safetensors";
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::is_regular_file(single)) {
+    add_safetensors(model, MappedFile::open(single.string()));
+  } else if (fs::is_regular_file(index)) {
+    load_sharded(model, dir, index.string());
+  } else {
+    fail("{}: no model.safetensors or model.safetensors.index.json (only safetensors weights are supported)",
+         dir_str);
+  }
+  return model;
+}
+
+HfRope read_hf_rope(const nlohmann::ordered_json& config) {
+  HfRope rope;
+  auto number = [](const nlohmann::ordered_json& obj, const char* key, const char* where) -> double {
+    if (!obj.contains(key) || !obj[key].is_number()) fail("config.json: {}.{} missing or not a number", where, key);
+    return obj[key].get<double>();
+  };
+  if (config.contains("partial_rotary_factor") && config["partial_rotary_factor"].is_number())
+    rope.partial_rotary_factor = config["partial_rotary_factor"].get<double>();
+  if (config.contains("rope_theta") && !config["rope_theta"].is_null())
+    rope.theta = number(config, "rope_theta", "config");
+
+  // transformers 5 form: everything inside rope_parameters; older form: rope_scaling next to rope_theta.
+  const nlohmann::ordered_json* params = nullptr;
+  const char* where = "rope_scaling";
+  if (config.contains("rope_parameters") && !config["rope_parameters"].is_null()) {
+    params = &config["rope_parameters"];
+    where = "rope_parameters";
+  } else if (config.contains("rope_scaling") && !config["rope_scaling"].is_null()) {
+    params = &config["rope_scaling"];
+  }
+  if (!params) return rope;
+  if (!params->is_object()) fail("config.json: {} is not an object", where);
+  const auto& p = *params;
+  if (p.contains("rope_theta")) rope.theta = number(p, "rope_theta", where);
+  if (p.contains("partial_rotary_factor")) rope.partial_rotary_factor = number(p, "partial_rotary_factor", where);
+
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    if (p.contains(key) && !p[key].is_null()) {
+      if (!p[key].is_string()) fail("config.json: {}.{} is not a string", where, key);
+      type = p[key].get<std::string>();
+      break;
+    }
+  }
+  if (type == "default") {
+    // Per-layer-type dictionaries (e.g. {"full_attention": {...}, "sliding_attention": {...}}) carry objects.
+    for (const auto& [k, v] : p.items())
+      if (v.is_object()) fail("config.json: {} per layer type ({}) is not supported", where, k);
+  } else if (type == "linear") {
+    rope.factor = number(p, "factor", where);
+  } else if (type == "llama3") {
+    rope.factor = number(p, "factor", where);
+    rope.low_freq_factor = number(p, "low_freq_factor", where);
+    rope.high_freq_factor = number(p, "high_freq_factor", where);
+    double omax = number(p, "original_max_position_embeddings", where);
+    if (omax <= 0) fail("config.json: {}.original_max_position_embeddings must be positive", where);
+    rope.original_max_position_embeddings = static_cast<int64_t>(omax);
+    if (!(rope.high_freq_factor > rope.low_freq_factor))
+      fail("config.json: {}: high_freq_factor must exceed low_freq_factor", where);
+  } else {
+    fail("config.json: unsupported RoPE type {} (supported: default, linear, llama3)", type);
+  }
+  if (!(rope.theta > 0)) fail("config.json: rope_theta must be positive");
+  if (!(rope.factor > 0)) fail("config.json: {}.factor must be positive", where);
+  rope.type = type;
+  return rope;
+}
+
+std::vector<double> hf_rope_inv_freq(const HfRope& rope, int64_t rotary_dim) {
+  MK_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0, "rotary_dim {}", rotary_dim);
+  std::vector<double> inv(static_cast<size_t>(rotary_dim / 2));
+  for (size_t i = 0; i < inv.size(); ++i)
+    inv[i] = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / static_cast<double>(rotary_dim));
+  if (rope.type == "linear") {
+    for (auto& f : inv) f /= rope.factor;
+  } else if (rope.type == "llama3") {
+    // Long wavelengths (low frequencies) are divided by `factor`, short ones kept, and the band in
+    // between interpolated (Llama 3.1, "RoPE scaling").
+    const double old_ctx = static_cast<double>(rope.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / rope.low_freq_factor;
+    const double high_wavelen = old_ctx / rope.high_freq_factor;
+    for (auto& f : inv) {
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen > low_wavelen) {
+        f /= rope.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
+        f = (1.0 - smooth) * f / rope.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+std::vector<int32_t> read_hf_eos_ids(const ModelFile& model) {
+  std::vector<int32_t> ids;
+  auto take = [&](const nlohmann::ordered_json& obj, const char* file) -> bool {
+    if (!obj.is_object() || !obj.contains("eos_token_id") || obj["eos_token_id"].is_null()) return false;
+    const auto& v = obj["eos_token_id"];
+    auto add = [&](const nlohmann::ordered_json& x) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+        fail("{}: eos_token_id must be a non-negative integer or a list of them, got {}", file, v.dump());
+      int32_t id = static_cast<int32_t>(x.get<int64_t>());
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    };
+    if (v.is_array()) {
+      for (const auto& x : v) add(x);
+    } else {
+      add(v);
+    }
+    return true;
+  };
+  if (model.metadata.contains("hf.generation_config") &&
+      take(model.metadata["hf.generation_config"], "generation_config.json"))
+    return ids;
+  if (model.metadata.contains("hf.config")) take(model.metadata["hf.config"], "config.json");
+  return ids;
+}
+
+}  // namespace mk
