@@ -43,5 +43,7 @@ std::string default_backend_name();
 // Registration: each backend file defines a factory and registers it in registry.cpp.
 using BackendFactory = std::unique_ptr<Backend> (*)(const Graph&, const ModelFile&, const BackendOptions&);
 std::unique_ptr<Backend> make_reference_backend(const Graph&, const ModelFile&, const BackendOptions&);
+// The CPU megakernel interpreter (backend/cpu/): compiles the graph once, runs every step.
+std::unique_ptr<Backend> make_cpu_backend(const Graph&, const ModelFile&, const BackendOptions&);
 
 }  // namespace mk

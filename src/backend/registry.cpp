@@ -12,6 +12,7 @@ struct BackendEntry {
 };
 // Every backend, in order of preference for the default (the first available one wins).
 const BackendEntry kBackends[] = {
+    {"cpu", make_cpu_backend},
     {"reference", make_reference_backend},
 };
 }  // namespace

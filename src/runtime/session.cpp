@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "model/synth.h"
 #include "support/error.h"
 
 namespace mk {
@@ -10,7 +11,7 @@ namespace mk {
 namespace fs = std::filesystem;
 
 ModelFile open_model(const std::string& path) {
-  if (path.rfind("synth:", 0) == 0) fail("{}: synthetic models are not available in this build", path);
+  if (path.rfind("synth:", 0) == 0) return load_synthetic_model(path);
   return load_model(path);
 }
 
@@ -20,6 +21,8 @@ std::unique_ptr<Tokenizer> open_tokenizer(const ModelFile& m, const std::string&
     if (explicit_path.ends_with(".json")) return load_hf_tokenizer_json(explicit_path);
     return load_llama2c_tokenizer(explicit_path, static_cast<int32_t>(n_vocab));
   }
+  if (m.path.rfind("synth:", 0) == 0)
+    fail("{}: synthetic models carry no tokenizer; pass one with -z (a llama2.c tokenizer.bin with at most {} tokens)", m.path, n_vocab);
   if (m.format == "llama2c") {
     // llama2.c convention: tokenizer.bin, or tok<vocab>.bin for custom vocabularies, beside the model.
     fs::path dir = fs::path(m.path).parent_path();
