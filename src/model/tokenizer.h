@@ -15,6 +15,7 @@
 namespace mk {
 
 class ModelFile;
+class MappedFile;
 
 class Tokenizer {
  public:
@@ -22,7 +23,9 @@ class Tokenizer {
   // Encodes text; prepends BOS when add_bos and the tokenizer has one.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
   // Raw bytes of one token in context: `prev` is the token before it (-1 at the start); SentencePiece
-  // drops the dummy-prefix space of the first piece after BOS.
+  // drops the dummy-prefix space of the first piece after BOS (and, when the vocab adds a dummy
+  // prefix, of the first piece of the text, prev == -1, so decode(encode(s, false)) == s).
+  // Control tokens (BOS, EOS, unknown) give "". Throws mk::Error for an id outside [0, n_vocab).
   virtual std::string token_bytes(int32_t prev, int32_t id) const = 0;
   virtual int32_t n_vocab() const = 0;
   int32_t bos_id = -1;
@@ -35,7 +38,8 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
 };
 
-// Buffers bytes until they form complete UTF-8 sequences; invalid sequences become U+FFFD.
+// Buffers bytes until they form complete UTF-8 sequences; invalid sequences become U+FFFD (one per
+// maximal ill-formed subpart, as the Unicode standard recommends).
 class Utf8Stream {
  public:
   std::string push(std::string_view bytes);  // returns the complete text so far not yet returned
@@ -46,6 +50,12 @@ class Utf8Stream {
 
 // SentencePiece-style BPE over scored pieces (llama2.c tokenizer.bin and GGUF "llama" vocab).
 // Pieces use U+2581 or plain spaces; byte-fallback pieces are "<0xXX>".
+// Encoding: optional BOS; for non-empty text a dummy-prefix space (add_dummy_prefix); split into
+// UTF-8 characters; repeatedly merge the adjacent pair whose concatenation is a piece with the
+// highest score (ties: leftmost); characters left without a piece become byte-fallback pieces
+// (or unk_id). Control, unknown, unused and byte pieces never take part in merges. As in
+// SentencePiece, a U+2581 in the input text is the same as a space.
+// Throws mk::Error for inconsistent vocabs (sizes differ, ids out of range, NaN scores).
 struct SpmVocab {
   std::vector<std::string> pieces;
   std::vector<float> scores;
@@ -56,8 +66,14 @@ struct SpmVocab {
 std::unique_ptr<Tokenizer> make_spm_tokenizer(SpmVocab vocab);
 
 // llama2.c tokenizer.bin: int32 max_token_length, then per token: f32 score, int32 len, bytes.
+// Exactly n_vocab tokens (the model's vocab size) must be present, nothing after them. BOS 1,
+// EOS 2, unknown 0. Throws mk::Error naming the file, token and offset for a damaged file.
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int32_t n_vocab);
+std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::shared_ptr<MappedFile> file, int32_t n_vocab);
 // Tokenizer stored in a model (GGUF tokenizer.ggml.* keys, or tokenizer.json of an HF directory).
+// GGUF: tokenizer.ggml.model must be "llama"; reads .tokens, .scores, .token_type (optional),
+// .bos_token_id, .eos_token_id, .unknown_token_id, .eot_token_id (an extra EOS),
+// .add_space_prefix (default true). llama2.c checkpoints carry none: throws, asking for -z.
 std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model);
 
 }  // namespace mk

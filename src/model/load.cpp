@@ -1,0 +1,23 @@
+// load_model: picks the loader from what is at `path` (a directory, a GGUF file by its magic, or
+// otherwise a llama2.c checkpoint, whose loader rejects anything that is not one).
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "model/model_file.h"
+#include "support/error.h"
+
+namespace mk {
+
+ModelFile load_model(const std::string& path) {
+  std::error_code ec;
+  auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) fail("{}: no such file or directory", path);
+  if (std::filesystem::is_directory(status))
+    fail("{}: is a directory; Hugging Face model directories are loaded by load_hf_dir", path);
+  auto file = MappedFile::open(path);
+  if (file->size() >= 4 && std::memcmp(file->data(), "GGUF", 4) == 0) return load_gguf(std::move(file));
+  return load_llama2c(std::move(file));
+}
+
+}  // namespace mk
