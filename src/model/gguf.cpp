@@ -10,8 +10,6 @@
 // offset, never a crash or an oversized allocation.
 #include <algorithm>
 #include <array>
-#include <cinttypes>
-#include <limits>
 #include <optional>
 
 #include "model/model_file.h"
@@ -147,7 +145,6 @@ class GgufParser {
   const std::string& path() const { return file_->path(); }
 
   void read_header() {
-    r_.need(4, "magic");
     auto magic = r_.read_bytes(4, "magic");
     if (magic != "GGUF")
       fail("{}: bad magic: not a GGUF file (first bytes {:02x} {:02x} {:02x} {:02x})", path(),

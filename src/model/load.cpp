@@ -12,7 +12,8 @@ namespace mk {
 ModelFile load_model(const std::string& path) {
   std::error_code ec;
   auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status)) fail("{}: no such file or directory", path);
+  if (status.type() == std::filesystem::file_type::not_found) fail("{}: no such file or directory", path);
+  if (ec) fail("{}: cannot access: {}", path, ec.message());
   if (std::filesystem::is_directory(status))
     fail("{}: is a directory; Hugging Face model directories are loaded by load_hf_dir", path);
   auto file = MappedFile::open(path);

@@ -3,6 +3,7 @@
 // message names the problem. Fuzz* runs random mutations under the sanitizers.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <optional>
