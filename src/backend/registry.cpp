@@ -13,6 +13,9 @@ struct BackendEntry {
 // Every backend, in order of preference for the default (the first available one wins).
 const BackendEntry kBackends[] = {
     {"reference", make_reference_backend},
+    {"cuda", make_cuda_backend},
+    {"cuda-perop", make_cuda_perop_backend},
+    {"cuda-graph", make_cuda_graph_backend},
 };
 }  // namespace
 

@@ -161,3 +161,24 @@ TEST(CudaBuildDriver, UnavailableWithoutGpuReportsReason) {
   }
 #endif
 }
+
+#include "archs/arch.h"
+#include "backend/backend.h"
+#include "model/model_file.h"
+
+TEST(CudaBuildDriver, BackendsFailClearlyWithoutDriver) {
+  std::string reason;
+  if (cuda::cuda_available(&reason)) GTEST_SKIP() << "a CUDA device is present";
+  ModelFile m = load_model(std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf");
+  BuildOptions bo;
+  bo.n_ctx = 64;
+  Graph g = build_graph(m, bo);
+  for (const char* name : {"cuda", "cuda-perop", "cuda-graph"}) {
+    try {
+      make_backend(name, g, m, BackendOptions{});
+      FAIL() << name << ": expected an error";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("no CUDA driver: ", 0), 0u) << e.what();
+    }
+  }
+}

@@ -146,7 +146,9 @@ __device__ __forceinline__ bool mk_reached(mk_u32 value, mk_u32 target) { return
 
 // Records the first error of the launch and asks every block to stop.
 __device__ void mk_report(const MkParams& p, int kind, int instr, int a, mk_u32 b, mk_u32 c) {
-  if (atomicCAS(&p.error->flag, 0u, 1u) == 0u) {
+  // The CAS is on device memory (atomics on host-mapped memory are not portable); the winner fills
+  // the host-mapped record and sets its flag last.
+  if (atomicCAS((mk_u32*)p.abort_flag, 0u, 1u) == 0u) {
     p.error->kind = kind;
     p.error->instr = instr;
     p.error->counter = a;
@@ -155,9 +157,9 @@ __device__ void mk_report(const MkParams& p, int kind, int instr, int a, mk_u32 
     p.error->block = (int)blockIdx.x;
     p.error->epoch = p.epoch;
     __threadfence_system();
+    *(volatile mk_u32*)&p.error->flag = 1u;
+    __threadfence_system();
   }
-  *p.abort_flag = 1u;
-  __threadfence();
 }
 
 // ---- element types of weights ------------------------------------------------------------------
