@@ -3,12 +3,16 @@
 #include <thread>
 
 #include "archs/arch.h"
+#include "backend/cuda/codegen.h"
 #include "cli/commands.h"
 #include "passes/pass.h"
 #include "runtime/session.h"
 #include "support/error.h"
 
 namespace mk::cli {
+
+// --emit cuda without -t: one block per SM of an H200 (132 SMs), what the cuda backend uses there.
+constexpr int kCudaDefaultBlocks = 132;
 
 void add_compile_command(CLI::App& app) {
   struct Opts {
@@ -22,8 +26,9 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")->required();
   cmd->add_option("--emit", o->emit,
                   "graph: the architecture's graph before any pass; ir: the graph after the graph passes; program: one line per instruction and a summary; "
-                  "program-full: weights, buffers, ops, counters, instructions, lists")
-      ->check(CLI::IsMember({"graph", "ir", "program", "program-full"}));
+                  "program-full: weights, buffers, ops, counters, instructions, lists; "
+                  "cuda: the megakernel source the cuda backend compiles (for an H100/H200 unless -t says otherwise)")
+      ->check(CLI::IsMember({"graph", "ir", "program", "program-full", "cuda"}));
   cmd->add_option("-o,--output", o->out, "write to this file instead of stdout");
   cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores)");
   cmd->add_option("--schedule", o->schedule, "dynamic, static-rr or static-cp");
@@ -37,10 +42,18 @@ void add_compile_command(CLI::App& app) {
     Graph g = build_graph(model, BuildOptions{n_ctx, o->all_logits});
     CompileOptions co;
     co.workers = o->threads > 0 ? o->threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (o->emit == "cuda" && o->threads <= 0) co.workers = kCudaDefaultBlocks;
     co.schedule = schedule_from_name(o->schedule);
     co.max_tokens = std::min(o->max_tokens, n_ctx);
     PassContext cx = o->emit == "graph" ? PassContext{g, {}, co, false} : run_pipeline(g, co);
     std::string text = o->emit == "graph" ? g.str() : o->emit == "ir" ? cx.graph.str() : o->emit == "program" ? cx.program.listing() : cx.program.str();
+    if (o->emit == "cuda") {  // the backend's settings on an H100/H200: 227 KB of opt-in shared memory
+      cuda::CudaCodegenOptions cg;
+      cg.max_smem_bytes = 227 * 1024 - 1024;
+      cg.weight_dtypes = cuda::device_weight_dtypes(cx.program);
+      cg.perop_kernels = false;  // what --backend cuda compiles (cuda-perop/cuda-graph add one kernel per function)
+      text = cuda::generate_cuda(cx.program, cg).code;
+    }
     if (o->out.empty()) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       return;

@@ -8,5 +8,6 @@ void add_run_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_logits_command(CLI::App& app);
 void add_compile_command(CLI::App& app);
+void add_bench_copy_command(CLI::App& app);
 
 }  // namespace mk::cli

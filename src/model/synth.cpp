@@ -2,8 +2,11 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "support/error.h"
 
@@ -17,7 +20,14 @@ const SynthSpec kSpecs[] = {
     {"stories260k", 512, 64, 5, 8, 4, 172, 512},
     {"tiny", 64, 32, 2, 4, 2, 48, 64},
     {"micro", 16, 8, 1, 2, 1, 12, 8},  // golden IR tests: small enough to read
+    // Real shapes for the GPU benchmarks (TARGETS.md), bf16 by default; head_dim = n_embd / n_head.
+    {"llama3.2-1b", 128256, 2048, 16, 32, 8, 8192, 4096, DType::BF16, 0x5eed, true, 500000.0},
+    {"llama3.1-8b", 128256, 4096, 32, 32, 8, 14336, 4096, DType::BF16, 0x5eed, false, 500000.0},
 };
+
+// Elements per independent random stream: chunk 0 of a tensor uses the tensor's own stream (so
+// small tensors keep the values they always had), chunk c > 0 a stream derived from it.
+constexpr int64_t kChunk = int64_t{1} << 20;
 
 // splitmix64: a fast generator whose stream depends only on the seed.
 struct SplitMix {
@@ -45,7 +55,7 @@ std::vector<std::string> synthetic_model_names() {
   return r;
 }
 
-ModelFile make_synthetic_model(const SynthSpec& c) {
+ModelFile make_synthetic_model(const SynthSpec& c, bool with_data) {
   ModelFile m;
   m.path = "synth:" + c.name;
   m.format = "gguf";  // GGUF names and keys, so the llama description reads it
@@ -58,7 +68,8 @@ ModelFile make_synthetic_model(const SynthSpec& c) {
   m.metadata["llama.feed_forward_length"] = c.n_ff;
   m.metadata["llama.context_length"] = c.n_ctx;
   m.metadata["llama.attention.layer_norm_rms_epsilon"] = 1e-5;
-  m.metadata["llama.rope.freq_base"] = 10000.0;
+  m.metadata["llama.rope.freq_base"] = c.rope_theta;
+  const unsigned n_threads = std::max(1u, std::thread::hardware_concurrency());
   uint64_t tensor_index = 0;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, int kind) {  // 0 matrix, 1 norm, 2 embedding
     WeightTensor t;
@@ -66,19 +77,40 @@ ModelFile make_synthetic_model(const SynthSpec& c) {
     t.dtype = kind == 1 ? DType::F32 : c.dtype;
     t.shape = shape;
     const int64_t n = t.numel();
+    const uint64_t stream = c.seed * 0x100000001b3ull + (++tensor_index);
+    if (!with_data) {
+      t.nbytes = dtype_bytes(t.dtype, n);
+      m.add_tensor(std::move(t));
+      return;
+    }
     auto buf = std::make_shared<std::vector<uint8_t>>(dtype_bytes(t.dtype, n));
-    SplitMix rng{c.seed * 0x100000001b3ull + (++tensor_index)};
     const float scale = kind == 0 ? std::sqrt(3.0f / static_cast<float>(shape.back())) : kind == 1 ? 0.1f : 1.0f;
     const float bias = kind == 1 ? 1.0f : 0.0f;
-    if (t.dtype == DType::F32) {
-      float* f = reinterpret_cast<float*>(buf->data());
-      for (int64_t i = 0; i < n; ++i) f[i] = bias + scale * rng.uniform();
-    } else {
-      uint16_t* h = reinterpret_cast<uint16_t*>(buf->data());
-      for (int64_t i = 0; i < n; ++i) {
-        float v = bias + scale * rng.uniform();
-        h[i] = t.dtype == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+    auto fill = [&](int64_t chunk) {
+      SplitMix rng{chunk == 0 ? stream : SplitMix{stream ^ (0xc0ffee0000000000ull + static_cast<uint64_t>(chunk))}.next()};
+      const int64_t lo = chunk * kChunk, hi = std::min(n, lo + kChunk);
+      if (t.dtype == DType::F32) {
+        float* f = reinterpret_cast<float*>(buf->data());
+        for (int64_t i = lo; i < hi; ++i) f[i] = bias + scale * rng.uniform();
+      } else {
+        uint16_t* h = reinterpret_cast<uint16_t*>(buf->data());
+        for (int64_t i = lo; i < hi; ++i) {
+          float v = bias + scale * rng.uniform();
+          h[i] = t.dtype == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+        }
       }
+    };
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    if (chunks <= 1 || n_threads == 1) {
+      for (int64_t ch = 0; ch < chunks; ++ch) fill(ch);
+    } else {
+      std::atomic<int64_t> next{0};
+      std::vector<std::thread> pool;
+      for (int64_t w = 0; w < std::min<int64_t>(n_threads, chunks); ++w)
+        pool.emplace_back([&] {
+          for (int64_t ch = next++; ch < chunks; ch = next++) fill(ch);
+        });
+      for (auto& th : pool) th.join();
     }
     t.data = buf->data();
     t.nbytes = buf->size();
@@ -100,7 +132,7 @@ ModelFile make_synthetic_model(const SynthSpec& c) {
     add(b + ".ffn_down.weight", {c.n_embd, c.n_ff}, 0);
   }
   add("output_norm.weight", {c.n_embd}, 1);
-  add("output.weight", {c.n_vocab, c.n_embd}, 0);
+  if (!c.tied) add("output.weight", {c.n_vocab, c.n_embd}, 0);
   return m;
 }
 

@@ -14,14 +14,22 @@ struct SynthSpec {
   int64_t n_vocab = 0, n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_ctx = 0;
   DType dtype = DType::F32;  // of the matrices; norm weights are always float32
   uint64_t seed = 0x5eed;
+  bool tied = false;            // no output.weight: the classifier is the token embedding
+  double rope_theta = 10000.0;
 };
 
 // Shapes by name: stories110m (n_embd 768, 12 layers, 12 heads, n_ff 2048, vocab 32000),
-// stories15m, stories260k, tiny. Throws mk::Error listing the names for an unknown one.
+// stories15m, stories260k, tiny, micro, and two real shapes in bf16 for the GPU benchmarks:
+// llama3.2-1b (n_embd 2048, 16 layers, 32 heads, 8 KV heads, head_dim 64, n_ff 8192, vocab 128256,
+// tied; 2.47 GB of bf16 weights) and llama3.1-8b (4096, 32 layers, 32/8 heads, head_dim 128, n_ff
+// 14336, vocab 128256, untied; 16.06 GB). Throws mk::Error listing the names for an unknown one.
 SynthSpec synthetic_spec(const std::string& name);
 std::vector<std::string> synthetic_model_names();
 // Weights: matrices uniform with variance 1/n_in, embeddings uniform in [-1, 1], norms 1 +- 0.1.
-ModelFile make_synthetic_model(const SynthSpec& spec);
+// Large tensors are filled in parallel from per-chunk streams, so the values do not depend on the
+// thread count. with_data = false gives the same tensors (names, dtypes, shapes, sizes) with no data
+// (data == nullptr): enough to build the graph and compile the program of a multi-GB model in tests.
+ModelFile make_synthetic_model(const SynthSpec& spec, bool with_data = true);
 // "synth:stories110m" or "synth:stories110m:bf16".
 ModelFile load_synthetic_model(const std::string& path);
 

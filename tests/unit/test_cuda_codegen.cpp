@@ -1,14 +1,24 @@
-// CUDA code generation without a GPU: real Programs (stories260K, a synthetic bf16 Llama with GQA)
-// become sources that NVRTC compiles for sm_90; any compile error fails the test. Running the
-// kernels needs a device: bench/device_check.sh does that.
+// CUDA code generation without a GPU: real Programs (stories260K with a dynamic and a static
+// schedule, a synthetic bf16 Llama with GQA, every bf16 Hugging Face fixture family) become sources
+// that NVRTC compiles for sm_90 with the cache off; any compile error fails the test. The sources
+// are generated first, deduplicated, then compiled in parallel (one NVRTC program per thread), so
+// the test costs one compile per distinct source. Running the kernels needs a device:
+// bench/device_check.sh does that.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <future>
+#include <map>
 #include <random>
+#include <thread>
 
 #include "archs/arch.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/nvrtc.h"
 #include "model/model_file.h"
+#include "model/synth.h"
 #include "passes/pass.h"
 #include "support/error.h"
 
@@ -80,52 +90,137 @@ Program compile_for_h200(const ModelFile& m, ScheduleKind schedule, int64_t n_ct
   return compile_program(g, co);
 }
 
-// Generates and compiles; returns the source for further checks.
-cuda::CudaSource generate_and_compile(const Program& p, const std::string& name) {
-  cuda::CudaSource src = cuda::generate_cuda(p);
-  EXPECT_GT(src.n_functions, 0);
-  EXPECT_LE(src.n_functions, static_cast<int>(p.ops.size()));
-#if MK_HAVE_NVRTC
-  cuda::NvrtcOptions o;
-  o.arch = "sm_90";
-  o.name = name;
-  o.use_cache = false;  // CI must really compile
-  cuda::NvrtcResult r = cuda::compile_to_cubin(src.code, o);
-  EXPECT_GT(r.cubin.size(), 1000u);
-  std::printf("[ cuda ] %s: %zu instructions, %zu ops -> %d functions, %zu bytes of shared memory, %zu-byte CUBIN in %.0f ms%s%s\n",
-              name.c_str(), p.instrs.size(), p.ops.size(), src.n_functions, src.smem_bytes, r.cubin.size(), r.compile_ms,
-              r.log.empty() ? "" : "; log:\n", r.log.c_str());
-#endif
-  return src;
-}
-
 #define MK_REQUIRE_NVRTC()                                              \
   do {                                                                  \
     if (!cuda::nvrtc_version().size()) GTEST_SKIP() << "built without NVRTC"; \
   } while (0)
 
-}  // namespace
+// The bf16 Hugging Face fixture families (../shared/fixtures/hf/<family>_bfloat16).
+const char* const kHfFamilies[] = {"llama_gqa",    "llama3_scaled_tied", "llama_mha_headdim", "mistral", "qwen2_bias",
+                                   "qwen3_qknorm", "gemma",              "phi3",              "gpt2"};
 
-TEST(CudaCodegen, Stories260KCompilesForSm90) {
-  MK_REQUIRE_NVRTC();
-  ModelFile m = load_model(kStories);
-  for (ScheduleKind s : {ScheduleKind::dynamic, ScheduleKind::static_cp}) {
-    Program p = compile_for_h200(m, s, 256);
-    cuda::CudaSource src = generate_and_compile(p, std::string("stories260K-") + std::string(schedule_name(s)) + ".cu");
-    EXPECT_NE(src.code.find("mk_megakernel"), std::string::npos);
-    EXPECT_NE(src.code.find(s == ScheduleKind::dynamic ? "#define MK_STATIC 0" : "#define MK_STATIC 1"), std::string::npos);
-    // One function serves the same projection in every layer (stories260K has 5 layers).
-    EXPECT_LT(src.n_functions, static_cast<int>(p.ops.size()));
-  }
+Program compile_hf_for_h200(const std::string& family) {
+  const std::string dir = std::string(MK_SHARED_DIR) + "/fixtures/hf/" + family + "_bfloat16";
+  ModelFile m = load_model(dir);
+  Hparams hp = read_hparams(m);
+  BuildOptions bo;
+  bo.n_ctx = std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 128, 128);
+  Graph g = build_graph(m, bo);
+  CompileOptions co;
+  co.workers = 132;
+  co.max_tokens = 32;
+  return compile_program(g, co);
 }
 
-TEST(CudaCodegen, SyntheticBf16LlamaCompilesForSm90) {
+struct Case {
+  std::string name;
+  Program program;
+  cuda::CudaSource src;
+};
+
+}  // namespace
+
+// Every model the CUDA backend is meant to run generates a source that NVRTC compiles for sm_90.
+TEST(CudaCodegen, AllModelsCompileForSm90) {
   MK_REQUIRE_NVRTC();
-  ModelFile m = synthetic_llama_bf16(512, 256, 2, 4, 2, 512, 7);
-  Program p = compile_for_h200(m, ScheduleKind::dynamic, 256);
-  cuda::CudaSource src = generate_and_compile(p, "synthetic-llama-bf16.cu");
-  EXPECT_NE(src.code.find("using W = MkBF16"), std::string::npos);
-  EXPECT_NE(src.code.find("HPG = 2"), std::string::npos);  // grouped-query attention baked in
+  std::vector<Case> cases;
+  auto add = [&](std::string name, Program p, bool perop_kernels = false) {
+    cuda::CudaCodegenOptions cg;
+    cg.perop_kernels = perop_kernels;
+    cuda::CudaSource src = cuda::generate_cuda(p, cg);
+    EXPECT_GT(src.n_functions, 0) << name;
+    EXPECT_LE(src.n_functions, static_cast<int>(p.ops.size())) << name;
+    EXPECT_EQ(cuda::generate_cuda(p, cg).code, src.code) << name << ": generation is not deterministic";
+    EXPECT_EQ(src.code.find("mk_perop_0") != std::string::npos, perop_kernels) << name;
+    cases.push_back({std::move(name), std::move(p), std::move(src)});
+  };
+  {
+    ModelFile m = load_model(kStories);
+    // The dynamic one with the per-op baseline kernels (cuda-perop, cuda-graph), the others as the
+    // megakernel alone (what --backend cuda compiles).
+    for (ScheduleKind s : {ScheduleKind::dynamic, ScheduleKind::static_cp})
+      add(std::string("stories260K-") + std::string(schedule_name(s)), compile_for_h200(m, s, 256), s == ScheduleKind::dynamic);
+  }
+  add("synthetic-llama-bf16", compile_for_h200(synthetic_llama_bf16(512, 256, 2, 4, 2, 512, 7), ScheduleKind::dynamic, 256));
+  // The benchmark shapes, from tensors without data (no multi-GB allocation), cut to 2 layers: the
+  // device functions depend on the shapes, not on the layer count, and the passes take ~30 s on
+  // the full 8B program (56k instructions).
+  for (const char* name : {"llama3.2-1b", "llama3.1-8b"}) {
+    SynthSpec spec = synthetic_spec(name);
+    spec.n_layer = 2;
+    add(std::string("synth-") + name + "-2layers", compile_for_h200(make_synthetic_model(spec, false), ScheduleKind::dynamic, 256));
+  }
+  for (const char* family : kHfFamilies) {
+    try {
+      add(std::string(family) + "_bfloat16", compile_hf_for_h200(family));
+    } catch (const Error& e) {
+      ADD_FAILURE() << family << "_bfloat16: " << e.what();
+    }
+  }
+
+  // Model-specific facts the sources must show.
+  for (const Case& c : cases) {
+    if (c.name.rfind("stories260K-", 0) == 0) {
+      const bool dyn = c.name == "stories260K-dynamic";
+      EXPECT_NE(c.src.code.find(dyn ? "#define MK_STATIC 0" : "#define MK_STATIC 1"), std::string::npos) << c.name;
+      // One function serves the same projection in every layer (stories260K has 5 layers).
+      EXPECT_LT(c.src.n_functions, static_cast<int>(c.program.ops.size())) << c.name;
+    }
+    if (c.name == "synthetic-llama-bf16") {
+      EXPECT_NE(c.src.code.find("using W = MkBF16"), std::string::npos);
+      EXPECT_NE(c.src.code.find("HPG = 2"), std::string::npos);  // grouped-query attention baked in
+    }
+    if (c.name.find("bfloat16") != std::string::npos) {
+      EXPECT_NE(c.src.code.find("using W = MkBF16"), std::string::npos) << c.name;
+    }
+  }
+  std::map<Opcode, int> opcodes;  // opcodes covered across the cases: every one the passes emit
+  for (const Case& c : cases)
+    for (const OpDesc& o : c.program.ops) opcodes[o.opcode]++;
+  std::string covered;
+  for (const auto& [o, n] : opcodes) covered += fmt::format(" {}:{}", opcode_name(o), n);
+  std::printf("[ cuda ] ops by opcode over all cases:%s\n", covered.c_str());
+  for (Opcode o : {Opcode::embed, Opcode::matmul, Opcode::attention, Opcode::rms_norm, Opcode::layer_norm, Opcode::add,
+                   Opcode::scale, Opcode::last_row})
+    EXPECT_GT(opcodes[o], 0) << "no case covers " << opcode_name(o);
+
+  // Compile each distinct source once, in parallel.
+  std::map<std::string, std::string> distinct;  // code -> first case name
+  for (const Case& c : cases) distinct.emplace(c.src.code, c.name);
+  std::vector<std::pair<std::string, const std::string*>> jobs;
+  for (const auto& [code, name] : distinct) jobs.push_back({name, &code});
+  const size_t n_threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  std::vector<std::string> report(jobs.size());
+  std::vector<std::string> errors(jobs.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      cuda::NvrtcOptions o;
+      o.arch = "sm_90";
+      o.name = jobs[i].first + ".cu";
+      o.use_cache = false;  // CI must really compile
+      try {
+        cuda::NvrtcResult r = cuda::compile_to_cubin(*jobs[i].second, o);
+        if (r.cubin.size() < 1000) errors[i] = fmt::format("{}: CUBIN of only {} bytes", jobs[i].first, r.cubin.size());
+        report[i] = fmt::format("[ cuda ] {}: {}-byte CUBIN in {:.0f} ms{}{}", jobs[i].first, r.cubin.size(), r.compile_ms,
+                                r.log.empty() ? "" : "; log:\n", r.log);
+      } catch (const std::exception& e) {
+        errors[i] = fmt::format("{}: {}", jobs[i].first, e.what());
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < std::min(n_threads, jobs.size()); ++t) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  for (const Case& c : cases)
+    std::printf("[ cuda ] %s: %zu instructions, %zu ops -> %d functions, %zu bytes of shared memory\n", c.name.c_str(),
+                c.program.instrs.size(), c.program.ops.size(), c.src.n_functions, c.src.smem_bytes);
+  for (const std::string& r : report)
+    if (!r.empty()) std::printf("%s\n", r.c_str());
+  for (const std::string& e : errors)
+    if (!e.empty()) ADD_FAILURE() << e;
+  for (const Case& c : cases)  // families with equal shapes and constants share one source
+    if (distinct.at(c.src.code) != c.name) std::printf("[ cuda ] %s: same source as %s\n", c.name.c_str(), distinct.at(c.src.code).c_str());
 }
 
 TEST(CudaCodegen, DeviceTablesMatchTheProgram) {
@@ -160,7 +255,9 @@ TEST(CudaCodegen, DeviceTablesMatchTheProgram) {
     ASSERT_GE(rank[static_cast<size_t>(in.op)], 0);
     for (const auto& w : in.waits)
       for (const auto& prod : p.instrs)
-        if (prod.signal == w.counter && prod.op != in.op) EXPECT_LT(rank[static_cast<size_t>(prod.op)], rank[static_cast<size_t>(in.op)]);
+        if (prod.signal == w.counter && prod.op != in.op) {
+          EXPECT_LT(rank[static_cast<size_t>(prod.op)], rank[static_cast<size_t>(in.op)]);
+        }
   }
 }
 

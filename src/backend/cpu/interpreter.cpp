@@ -212,17 +212,24 @@ void Interpreter::run_step(int w, uint32_t epoch) {
   }
 }
 
-std::string trace_summary(const Interpreter& it) {
-  const Program& p = it.program();
+namespace {
+TraceData trace_data(const Interpreter& it) { return TraceData{&it.program(), &it.trace(), &it.step_times()}; }
+}  // namespace
+
+std::string trace_summary(const Interpreter& it) { return trace_summary(trace_data(it)); }
+std::string write_trace(const Interpreter& it, const std::string& path) { return write_trace(trace_data(it), path); }
+
+std::string trace_summary(const TraceData& it) {
+  const Program& p = *it.program;
   int64_t wall = 0;
-  for (auto [a, b] : it.step_times()) wall += b - a;
-  std::string s = fmt::format("trace: {} steps, {:.3f} ms in steps\n", it.step_times().size(), static_cast<double>(wall) / 1e6);
+  for (auto [a, b] : *it.step_times) wall += b - a;
+  std::string s = fmt::format("trace: {} steps, {:.3f} ms in steps\n", it.step_times->size(), static_cast<double>(wall) / 1e6);
   std::array<int64_t, kNumOpcodes> per_op{};
   std::array<int64_t, kNumOpcodes> per_op_n{};
-  s += "  worker   busy    wait    idle\n";
-  for (size_t w = 0; w < it.trace().size(); ++w) {
+  s += fmt::format("  {:>6}   busy    wait    idle\n", it.track_label);
+  for (size_t w = 0; w < it.tracks->size(); ++w) {
     int64_t busy = 0, wait = 0;
-    for (const TraceEvent& e : it.trace()[w]) {
+    for (const TraceEvent& e : (*it.tracks)[w]) {
       busy += e.end_ns - e.start_ns;
       wait += e.start_ns - e.wait_ns;
       auto op = static_cast<size_t>(p.instrs[e.instr].opcode);
@@ -242,8 +249,8 @@ std::string trace_summary(const Interpreter& it) {
   return s;
 }
 
-std::string write_trace(const Interpreter& it, const std::string& path) {
-  const Program& p = it.program();
+std::string write_trace(const TraceData& it, const std::string& path) {
+  const Program& p = *it.program;
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) fail("{}: cannot open for writing", path);
   std::string out = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
@@ -257,10 +264,12 @@ std::string write_trace(const Interpreter& it, const std::string& path) {
       out.clear();
     }
   };
-  emit("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"megakernel cpu\"}}");
-  for (size_t w = 0; w < it.trace().size(); ++w) {
-    emit(fmt::format("{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"worker {}\"}}}}", w, w));
-    for (const TraceEvent& e : it.trace()[w]) {
+  emit(fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{{\"name\":\"{}\"}}}}", it.process));
+  for (size_t w = 0; w < it.tracks->size(); ++w) {
+    if ((*it.tracks)[w].empty() && it.track_label != "worker") continue;  // unused SMs
+    emit(fmt::format("{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"{} {}\"}}}}", w,
+                     it.track_label, w));
+    for (const TraceEvent& e : (*it.tracks)[w]) {
       const Instr& in = p.instrs[e.instr];
       const OpDesc& o = p.ops[static_cast<size_t>(in.op)];
       if (e.start_ns > e.wait_ns)

@@ -92,4 +92,16 @@ class Interpreter {
 std::string write_trace(const Interpreter& interp, const std::string& path);
 std::string trace_summary(const Interpreter& interp);
 
+// The same writer and summary for any backend's events: `tracks[t]` are the events of track t
+// (a CPU worker, a GPU SM), times in ns from a common origin; `step_times` the steps' [begin, end).
+// `process` names the process ("megakernel cpu"), `track_label` the tracks ("worker", "SM").
+struct TraceData {
+  const Program* program = nullptr;
+  const std::vector<std::vector<TraceEvent>>* tracks = nullptr;
+  const std::vector<std::pair<int64_t, int64_t>>* step_times = nullptr;
+  std::string process = "megakernel cpu", track_label = "worker";
+};
+std::string write_trace(const TraceData& data, const std::string& path);
+std::string trace_summary(const TraceData& data);
+
 }  // namespace mk::cpu

@@ -13,7 +13,7 @@
 //     0 waits on its counters (ld.acquire.gpu, bounded by timeout_ns; on timeout the error record
 //     names instruction, counter, value and target and every block stops), the block runs the
 //     function, then thread 0 signals (fence + red.release.gpu).
-//   - mk_perop_<f>: one kernel per function for the baselines: block b runs the b-th instruction
+//   - mk_perop_<f> (unless perop_kernels is off): one kernel per function for the baselines: block b runs the b-th instruction
 //     of one op (op_instrs), no waits or signals: kernel boundaries order the ops.
 // Only runtime symbols (n_tokens, n_past) and the epoch are kernel parameters.
 #pragma once
@@ -49,12 +49,19 @@ struct MkSym {
 };
 struct MkParams {
   uint64_t instrs, waits, list_offsets, list_items, op_instrs, ops, counters, queue, error, abort_flag, sym_dev;
+  uint64_t trace;  // MK_TRACE sources: per-block counts (padded to 256 bytes), then MkTraceRec[grid][instrs]
   uint64_t timeout_ns;
   MkSym sym;
   uint32_t epoch, pad;
 };
 static_assert(sizeof(MkInstr) == 32 && sizeof(MkWait) == 16 && sizeof(MkOpArgs) == 96 && sizeof(MkError) == 32 &&
-              sizeof(MkParams) == 112);
+              sizeof(MkParams) == 120);
+struct MkTraceRec {  // one executed instruction (globaltimer ns)
+  int32_t instr;
+  uint32_t smid;
+  uint64_t wait_ns, start_ns, end_ns;
+};
+static_assert(sizeof(MkTraceRec) == 32);
 
 struct CudaCodegenOptions {
   int threads = 512;                // threads per block (a multiple of 32)
@@ -62,6 +69,10 @@ struct CudaCodegenOptions {
   // Element type each weight has on the device, indexed like Program::weights; empty = the
   // program's. Q8_0 weights must be given as F32 (the backend converts them on upload).
   std::vector<DType> weight_dtypes;
+  bool trace = false;  // MK_TRACE: the megakernel records a globaltimer trace (see MkTraceRec)
+  // Emit the per-op baseline kernels (cuda-perop, cuda-graph). Off for the megakernel alone: they
+  // roughly double NVRTC time, since each inlines its op's function again.
+  bool perop_kernels = true;
 };
 
 struct CudaSource {
@@ -88,6 +99,17 @@ struct DeviceTables {
   std::vector<int32_t> launch_order;              // ops in an order that respects dependencies
 };
 DeviceTables build_device_tables(const Program& p, const CudaSource& src);
+
+// Element type each weight has on the device: the program's, except Q8_0, which the backend
+// converts to f32 on upload. What the backend passes as CudaCodegenOptions::weight_dtypes.
+std::vector<DType> device_weight_dtypes(const Program& p);
+
+// Development aid for the watchdog check (MK_DEBUG_BREAK_WAIT=1 in the cuda backend): makes one
+// wait impossible to satisfy by asking for one signal more than its counter gets per step (the
+// last instruction in the global order that waits). The kernel must then end with the watchdog
+// error instead of hanging. (Dropping a wait instead would make a race, not a hang.) Returns the
+// instruction index, or -1 when no instruction waits. The result no longer passes the validator.
+int break_one_wait(Program& p);
 
 extern const char* const kDevicePrelude;
 

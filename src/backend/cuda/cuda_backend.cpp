@@ -10,11 +10,25 @@
 // error the backend refuses further steps until reset().
 //
 // Without a driver or GPU the constructor throws "no CUDA driver: <reason>".
+//
+// Tracing (--trace FILE, megakernel only): the source is generated with MK_TRACE, every block
+// records (instruction, SM, wait start, start, end) in %globaltimer ns; after each step the records
+// are copied back, and finish() writes the same Chrome/Perfetto trace as the CPU backend (one track
+// per SM) with its summary.
+//
+// Environment (development and benchmarks): MK_CUDA_DEVICE (ordinal), MK_CUDA_WORKERS (blocks,
+// default the SM count), MK_CUDA_MAX_TOKENS (tokens per step, default 256), MK_CUDA_WAIT_TIMEOUT_MS
+// (watchdog bound per wait, default 10000), MK_CUDA_VERBOSE=1 (compile times on stderr),
+// MK_DEBUG_BREAK_WAIT=1 (makes one wait unsatisfiable:
+// the watchdog check in bench/device_check.sh).
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "backend/backend.h"
+#include "backend/cpu/interpreter.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/driver.h"
 #include "backend/cuda/nvrtc.h"
@@ -73,7 +87,10 @@ struct HostBuffer {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Graph& graph, const ModelFile& model, const BackendOptions& options, CudaMode mode) : mode_(mode) {
+  CudaBackend(const Graph& graph, const ModelFile& model, const BackendOptions& options, CudaMode mode)
+      : mode_(mode), trace_path_(options.trace_path) {
+    if (!trace_path_.empty() && mode != CudaMode::megakernel)
+      fail("--trace: the {} backend has no trace; use --backend cuda (the megakernel)", mode == CudaMode::perop ? "cuda-perop" : "cuda-graph");
     std::string reason;
     if (!cuda::cuda_available(&reason)) fail("no CUDA driver: {}", reason);
     const auto& d = driver();
@@ -95,12 +112,19 @@ class CudaBackend final : public Backend {
     co.workers = static_cast<int>(env_int("MK_CUDA_WORKERS", sms));
     co.max_tokens = env_int("MK_CUDA_MAX_TOKENS", 256);
     co.schedule = schedule_from_name(options.schedule);
+    const auto t_compile = std::chrono::steady_clock::now();
     program_ = compile_program(graph, co);
+    if (env_int("MK_DEBUG_BREAK_WAIT", 0) != 0 && mode_ == CudaMode::megakernel) {
+      const int i = cuda::break_one_wait(program_);
+      std::fprintf(stderr, "MK_DEBUG_BREAK_WAIT: instruction %d now waits for a signal that never comes\n", i);
+    }
     const Program& p = program_;
 
     // Weights: device dtype (Q8_0 becomes f32), 256-byte aligned in one allocation.
     cuda::CudaCodegenOptions cg;
     cg.max_smem_bytes = std::max(48 * 1024, smem_optin - 1024);
+    cg.trace = !trace_path_.empty();
+    cg.perop_kernels = mode_ != CudaMode::megakernel;
     std::vector<size_t> woff;
     size_t wbytes = 0;
     for (const ProgramWeight& pw : p.weights) {
@@ -121,8 +145,14 @@ class CudaBackend final : public Backend {
     no.name = "megakernel.cu";
     cuda::NvrtcResult built = cuda::compile_to_cubin(src_.code, no);
     MK_CU(cuModuleLoadData, &module_, built.cubin.data());
+    if (env_int("MK_CUDA_VERBOSE", 0) != 0) {  // bench/device_check.sh reads this line
+      const double total = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_compile).count();
+      std::fprintf(stderr, "cuda compile: %zu instructions, %d functions, %zu KB source, NVRTC %.0f ms (%s), total %.0f ms\n",
+                   p.instrs.size(), src_.n_functions, src_.code.size() / 1024, built.compile_ms,
+                   built.from_cache ? "cache hit" : "cache miss", total);
+    }
     MK_CU(cuModuleGetFunction, &mega_, module_, "mk_megakernel");
-    for (int f = 0; f < src_.n_functions; ++f) {
+    for (int f = 0; f < (cg.perop_kernels ? src_.n_functions : 0); ++f) {
       CUfunction fn = nullptr;
       MK_CU(cuModuleGetFunction, &fn, module_, fmt::format("mk_perop_{}", f).c_str());
       perop_.push_back(fn);
@@ -157,6 +187,11 @@ class CudaBackend final : public Backend {
     queue_.alloc(8);
     abort_.alloc(4);
     sym_dev_.alloc(sizeof(cuda::MkSym));
+    if (cg.trace) {
+      trace_header_ = (static_cast<size_t>(grid_) * 4 + 255) / 256 * 256;
+      trace_.alloc(trace_header_ + static_cast<size_t>(grid_) * p.instrs.size() * sizeof(cuda::MkTraceRec));
+      trace_tracks_.assign(static_cast<size_t>(sms), {});
+    }
     upload(instrs_, tables_.instrs);
     upload(waits_, tables_.waits);
     upload(list_offsets_, tables_.list_offsets);
@@ -278,6 +313,7 @@ class CudaBackend final : public Backend {
     prm.error = error_dev_;
     prm.abort_flag = abort_.ptr;
     prm.sym_dev = sym_dev_.ptr;
+    prm.trace = trace_.ptr;
     prm.timeout_ns = timeout_ns_;
     return prm;
   }
@@ -354,10 +390,53 @@ class CudaBackend final : public Backend {
       broken_ = device_error_text();
       fail("cuda: {}", broken_);
     }
+    if (!trace_path_.empty()) collect_trace(prm.epoch);
     const float* o = static_cast<const float*>(out_host_);
     return std::vector<float>(o, o + out_bytes / 4);
   }
 
+  // Appends this step's records to the per-SM tracks; times relative to the first step's start.
+  void collect_trace(uint32_t epoch) {
+    std::vector<uint32_t> counts(static_cast<size_t>(grid_));
+    MK_CU(cuMemcpyDtoH, counts.data(), trace_.ptr, counts.size() * 4);
+    const size_t n = program_.instrs.size();
+    std::vector<cuda::MkTraceRec> recs;
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int b = 0; b < grid_; ++b) {
+      const size_t c = std::min<size_t>(counts[static_cast<size_t>(b)], n);
+      if (!c) continue;
+      recs.resize(c);
+      MK_CU(cuMemcpyDtoH, recs.data(), trace_.ptr + trace_header_ + (static_cast<size_t>(b) * n) * sizeof(cuda::MkTraceRec),
+            c * sizeof(cuda::MkTraceRec));
+      for (const cuda::MkTraceRec& r : recs) {
+        if (trace_t0_ == 0) trace_t0_ = static_cast<int64_t>(r.wait_ns);
+        cpu::TraceEvent e;
+        e.instr = static_cast<uint32_t>(r.instr);
+        e.step = epoch;
+        e.wait_ns = static_cast<int64_t>(r.wait_ns) - trace_t0_;
+        e.start_ns = static_cast<int64_t>(r.start_ns) - trace_t0_;
+        e.end_ns = static_cast<int64_t>(r.end_ns) - trace_t0_;
+        lo = std::min(lo, e.wait_ns);
+        hi = std::max(hi, e.end_ns);
+        if (r.smid >= trace_tracks_.size()) trace_tracks_.resize(r.smid + 1);
+        trace_tracks_[r.smid].push_back(e);
+      }
+    }
+    if (hi > 0) trace_steps_.push_back({lo, hi});
+  }
+
+ public:
+  void finish() override {
+    if (trace_path_.empty() || trace_written_) return;
+    trace_written_ = true;
+    for (auto& t : trace_tracks_)
+      std::sort(t.begin(), t.end(), [](const cpu::TraceEvent& a, const cpu::TraceEvent& b) { return a.wait_ns < b.wait_ns; });
+    cpu::TraceData d{&program_, &trace_tracks_, &trace_steps_, "megakernel cuda", "SM"};
+    std::string summary = cpu::write_trace(d, trace_path_);
+    std::fprintf(stderr, "wrote %s\n%s", trace_path_.c_str(), summary.c_str());
+  }
+
+ private:
   std::string device_error_text() const {
     cuda::MkError e;
     std::memcpy(&e, const_cast<const cuda::MkError*>(error_host_), sizeof e);
@@ -381,6 +460,7 @@ class CudaBackend final : public Backend {
   PrimaryContext pctx_;  // first: destroyed last
   HostBuffer error_mem_, in_mem_, out_mem_;
   CudaMode mode_;
+  std::string trace_path_;
   Program program_;
   cuda::CudaSource src_;
   cuda::DeviceTables tables_;
@@ -394,7 +474,12 @@ class CudaBackend final : public Backend {
   CUgraphExec graph_exec_ = nullptr;
   int grid_ = 0;
   DeviceBuffer weights_, arena_, kv_, counters_, queue_, abort_, sym_dev_;
-  DeviceBuffer instrs_, waits_, list_offsets_, list_items_, op_instrs_, ops_;
+  DeviceBuffer instrs_, waits_, list_offsets_, list_items_, op_instrs_, ops_, trace_;
+  size_t trace_header_ = 0;
+  int64_t trace_t0_ = 0;
+  bool trace_written_ = false;
+  std::vector<std::vector<cpu::TraceEvent>> trace_tracks_;  // per SM
+  std::vector<std::pair<int64_t, int64_t>> trace_steps_;
   volatile cuda::MkError* error_host_ = nullptr;
   CUdeviceptr error_dev_ = 0;
   void* in_host_ = nullptr;

@@ -34,7 +34,7 @@ struct MkInstr {   // one tile of one op
 struct MkWait {
   int counter;
   mk_u32 count;      // signals of this step to wait for
-  mk_u32 per_step;   // the counter's signals per step
+  mk_u32 per_step;   // the counter's signals per step (diagnostics; the wait target is epoch * count)
   mk_u32 pad;
 };
 struct MkOpArgs {  // device pointers of one op's operands (null when unused)
@@ -77,6 +77,7 @@ struct MkParams {
   MkError* error;            // host-mapped
   volatile mk_u32* abort_flag;
   const MkSym* sym_dev;      // per-op baselines read the symbols here (graph replay)
+  char* trace;               // MK_TRACE: per-block record counts, then MkTraceRec[gridDim.x][MK_NUM_INSTRS]
   mk_u64 timeout_ns;         // bound on one counter wait
   MkSym sym;                 // megakernel: symbols of this step
   mk_u32 epoch;              // step number, 1, 2, ...
@@ -86,7 +87,7 @@ static_assert(sizeof(MkInstr) == 32, "MkInstr ABI");
 static_assert(sizeof(MkWait) == 16, "MkWait ABI");
 static_assert(sizeof(MkOpArgs) == 96, "MkOpArgs ABI");
 static_assert(sizeof(MkError) == 32, "MkError ABI");
-static_assert(sizeof(MkParams) == 112, "MkParams ABI");
+static_assert(sizeof(MkParams) == 120, "MkParams ABI");
 
 #define MK_WARPS (MK_THREADS / 32)
 #define MK_NEG_INF (__int_as_float(0xff800000))
@@ -606,7 +607,10 @@ __device__ void mk_last_row(const MkInstr& in, const MkOpArgs& a, const MkSym& s
 __device__ bool mk_wait(const MkParams& p, const MkInstr& in, int idx) {
   for (int w = 0; w < in.n_waits; ++w) {
     const MkWait wt = p.waits[in.wait_begin + w];
-    const mk_u32 target = (p.epoch - 1u) * wt.per_step + wt.count;
+    // Exactly the CPU interpreter's target: the counter has had `count` signals in each of the
+    // steps 1..epoch (the validator guarantees count == per_step; a broken count never completes
+    // and ends in the watchdog error, as on the CPU).
+    const mk_u32 target = p.epoch * wt.count;
     const mk_u32* ctr = p.counters + wt.counter;
     mk_u32 v = mk_ld_acquire(ctr);
     if (mk_reached(v, target)) continue;
