@@ -114,9 +114,10 @@ NCASES=$($PY -c "import json,sys; print(len(json.load(open(sys.argv[1]))))" "$RE
 for b in cuda cuda-perop cuda-graph; do
   cuda_row "greedy $b" || continue
   for ((c = 0; c < NCASES; ++c)); do
-    read -r prompt_json n < <($PY -c "
+    # run.c semantics (tests/e2e/test_stories.cpp): positions 0..steps-1, sampling from the last prompt token.
+    read -r n prompt_json < <($PY -c "
 import json,sys; c=json.load(open(sys.argv[1]))[int(sys.argv[2])]
-print(json.dumps(c['prompt']), c['steps'] - len(c['prompt_ids']) + 1)" "$REFG" "$c")
+print(c['steps'] - len(c['prompt_ids']) + 1, json.dumps(c['prompt']))" "$REFG" "$c")
     prompt=$($PY -c "import json,sys; print(json.loads(sys.argv[1]))" "$prompt_json")
     f="$OUT/greedy_${b}_$c.json"
     if timeout 120 "$BIN" run --json --temp 0 --backend "$b" -m "$STORIES" -n "$n" -p "$prompt" >"$f" 2>"$ERR"; then

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <random>
@@ -16,6 +17,7 @@
 
 #include "archs/arch.h"
 #include "backend/cuda/codegen.h"
+#include "backend/cuda/driver.h"
 #include "backend/cuda/nvrtc.h"
 #include "model/model_file.h"
 #include "model/synth.h"
@@ -124,22 +126,26 @@ struct Case {
 TEST(CudaCodegen, AllModelsCompileForSm90) {
   MK_REQUIRE_NVRTC();
   std::vector<Case> cases;
-  auto add = [&](std::string name, Program p, bool perop_kernels = false) {
+  auto add = [&](std::string name, Program p, bool perop_kernels = false, bool trace = false) {
     cuda::CudaCodegenOptions cg;
     cg.perop_kernels = perop_kernels;
+    cg.trace = trace;
     cuda::CudaSource src = cuda::generate_cuda(p, cg);
     EXPECT_GT(src.n_functions, 0) << name;
     EXPECT_LE(src.n_functions, static_cast<int>(p.ops.size())) << name;
     EXPECT_EQ(cuda::generate_cuda(p, cg).code, src.code) << name << ": generation is not deterministic";
     EXPECT_EQ(src.code.find("mk_perop_0") != std::string::npos, perop_kernels) << name;
+    EXPECT_NE(src.code.find(trace ? "#define MK_TRACE 1" : "#define MK_TRACE 0"), std::string::npos) << name;
     cases.push_back({std::move(name), std::move(p), std::move(src)});
   };
   {
     ModelFile m = load_model(kStories);
     // The dynamic one with the per-op baseline kernels (cuda-perop, cuda-graph), the others as the
     // megakernel alone (what --backend cuda compiles).
+    // megakernel alone (what --backend cuda compiles); the static one with tracing (--trace).
     for (ScheduleKind s : {ScheduleKind::dynamic, ScheduleKind::static_cp})
-      add(std::string("stories260K-") + std::string(schedule_name(s)), compile_for_h200(m, s, 256), s == ScheduleKind::dynamic);
+      add(std::string("stories260K-") + std::string(schedule_name(s)), compile_for_h200(m, s, 256), s == ScheduleKind::dynamic,
+          s == ScheduleKind::static_cp);
   }
   add("synthetic-llama-bf16", compile_for_h200(synthetic_llama_bf16(512, 256, 2, 4, 2, 512, 7), ScheduleKind::dynamic, 256));
   // The benchmark shapes, from tensors without data (no multi-GB allocation), cut to 2 layers: the
@@ -271,5 +277,65 @@ TEST(CudaCodegen, UnsupportedWeightTypeIsAClearError) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
+  }
+}
+
+// The watchdog check's mutation: one wait asks for one signal more than its counter gets per step,
+// which the validator rejects and no step can satisfy (the kernel must end in the watchdog error).
+TEST(CudaCodegen, BreakOneWaitMakesAWaitUnsatisfiable) {
+  ModelFile m = load_model(kStories);
+  Program p = compile_for_h200(m, ScheduleKind::dynamic, 64);
+  validate_program(p);
+  Program broken = p;
+  const int i = cuda::break_one_wait(broken);
+  ASSERT_GE(i, 0);
+  const Wait& w = broken.instrs[static_cast<size_t>(i)].waits.front();
+  EXPECT_EQ(w.count, p.counters[static_cast<size_t>(w.counter)].signals_per_step + 1);
+  EXPECT_THROW(validate_program(broken), Error);
+  for (size_t j = static_cast<size_t>(i) + 1; j < p.instrs.size(); ++j) EXPECT_TRUE(p.instrs[j].waits.empty());
+}
+
+namespace {
+std::string run_cli(const std::string& args, int* status) {
+  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, got);
+  *status = WEXITSTATUS(pclose(f));
+  return out;
+}
+}  // namespace
+
+// compile --emit cuda writes the source the cuda backend compiles on an H200 (132 blocks, the
+// megakernel alone); bench-copy without a device is a clear driver error.
+TEST(CudaCli, EmitCudaWritesTheMegakernelSource) {
+  int st = 0;
+  const std::string out = ::testing::TempDir() + "/mk_stories.cu";
+  std::string msg = run_cli("compile -m " + kStories + " --emit cuda -o " + out, &st);
+  ASSERT_EQ(st, 0) << msg;
+  std::ifstream f(out);
+  std::string code((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(code.find("mk_megakernel"), std::string::npos);
+  EXPECT_NE(code.find("#define MK_STATIC 0"), std::string::npos);
+  EXPECT_EQ(code.find("mk_perop_0"), std::string::npos);
+  ModelFile m = load_model(kStories);
+  BuildOptions bo;
+  bo.n_ctx = read_hparams(m).n_ctx_train;
+  CompileOptions co;
+  co.workers = 132;
+  co.max_tokens = 256;
+  Program p = compile_program(build_graph(m, bo), co);
+  EXPECT_NE(code.find(fmt::format("#define MK_NUM_INSTRS {}\n", p.instrs.size())), std::string::npos);
+  std::string stdout_src = run_cli("compile -m synth:micro --emit cuda", &st);
+  ASSERT_EQ(st, 0);
+  EXPECT_NE(stdout_src.find("mk_megakernel"), std::string::npos);
+
+  std::string reason;
+  if (!cuda::cuda_available(&reason)) {
+    std::string copy = run_cli("bench-copy --mib 1 --reps 1", &st);
+    EXPECT_EQ(st, 1);
+    EXPECT_NE(copy.find("error: no CUDA driver"), std::string::npos) << copy;
   }
 }

@@ -111,6 +111,8 @@ class CudaBackend final : public Backend {
     CompileOptions co;
     co.workers = static_cast<int>(env_int("MK_CUDA_WORKERS", sms));
     co.max_tokens = env_int("MK_CUDA_MAX_TOKENS", 256);
+    for (const Node& n : graph.nodes)  // as the cpu backend: no step is longer than the context
+      if (n.op == Op::kv_cache) co.max_tokens = std::min<int64_t>(co.max_tokens, n.shape[0].c);
     co.schedule = schedule_from_name(options.schedule);
     const auto t_compile = std::chrono::steady_clock::now();
     program_ = compile_program(graph, co);
