@@ -7,5 +7,6 @@ namespace mk::cli {
 void add_run_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_logits_command(CLI::App& app);
+void add_compile_command(CLI::App& app);
 
 }  // namespace mk::cli

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "ir/fused.h"
 #include "support/error.h"
 
 namespace mk {
@@ -203,7 +204,10 @@ void infer_node(const Graph& g, Node& n) {
       need_rank(q, 2, "q");
       need_rank(k, 2, "k");
       need_rank(v, 2, "v");
-      if (k.op != Op::kv_store || v.op != Op::kv_store) fail("{}: k and v must come from kv_store", where());
+      auto is_store = [](const Node& s) {
+        return s.op == Op::kv_store || (s.op == Op::fused_matmul && fused_matmul_layout(s).has_store());
+      };
+      if (!is_store(k) || !is_store(v)) fail("{}: k and v must come from kv_store", where());
       int64_t nh = n.attr_int("n_head"), nkv = n.attr_int("n_head_kv"), hd = n.attr_int("head_dim");
       n.attr_float("scale");
       if (nh <= 0 || nkv <= 0 || nh % nkv) fail("{}: n_head {} is not a multiple of n_head_kv {}", where(), nh, nkv);
@@ -211,6 +215,52 @@ void infer_node(const Graph& g, Node& n) {
       need_eq(k.shape[1], SymExpr::constant(nkv * hd), "k columns");
       need_eq(v.shape[1], SymExpr::constant(nkv * hd), "v columns");
       n.shape = q.shape;
+      n.dtype = DType::F32;
+      return;
+    }
+    case Op::fused_matmul: {
+      FusedMatmulLayout L = fused_matmul_layout(n);
+      if (static_cast<int>(n.inputs.size()) != L.n_inputs)
+        fail("{}: attributes need {} inputs, got {}", where(), L.n_inputs, n.inputs.size());
+      const Node& x = in(L.x);
+      const Node& w = in(L.w);
+      need_rank(x, 2, "x");
+      need_f32(x, "x");
+      need_rank(w, 2, "w");
+      need_eq(x.shape[1], w.shape[1], "inner dimension");
+      if (L.w_up >= 0) {
+        need_rank(in(L.w_up), 2, "w_up");
+        need_eq(in(L.w_up).shape[0], w.shape[0], "w_up rows");
+        need_eq(in(L.w_up).shape[1], w.shape[1], "w_up columns");
+      }
+      if (L.norm_w >= 0) {
+        n.attr_float("eps");
+        need_rank(in(L.norm_w), 1, "norm weight");
+        need_eq(in(L.norm_w).shape[0], x.shape[1], "norm weight length");
+      }
+      std::vector<SymExpr> y = {x.shape[0], w.shape[0]};
+      if (L.residual >= 0) {
+        need_rank(in(L.residual), 2, "residual");
+        need_f32(in(L.residual), "residual");
+        if (in(L.residual).shape != y) fail("{}: residual shape mismatch", where());
+      }
+      if (L.has_rope()) {
+        if (in(L.positions).dtype != DType::I32) fail("{}: positions must be i32", where());
+        int64_t hd = n.attr_int("head_dim"), n_rot = n.attr_int("n_rot", hd);
+        n.attr_float("theta");
+        std::string mode = n.attr_str("mode");
+        if (mode != "adjacent" && mode != "halves") fail("{}: mode must be adjacent or halves", where());
+        if (hd <= 0 || n_rot <= 0 || n_rot > hd || n_rot % 2 || !y[1].is_const() || y[1].c % hd)
+          fail("{}: head_dim {} / n_rot {} do not fit {} columns", where(), hd, n_rot, y[1].str());
+      }
+      if (L.has_store()) {
+        const Node& c = in(L.cache);
+        if (c.op != Op::kv_cache) fail("{}: cache input must be a kv_cache", where());
+        need_eq(y[0], SymExpr::tokens(), "rows (must be n_tokens)");
+        need_eq(y[1], c.shape[1], "kv_dim");
+        y = {SymExpr::past() + SymExpr::tokens(), c.shape[1]};
+      }
+      n.shape = y;
       n.dtype = DType::F32;
       return;
     }

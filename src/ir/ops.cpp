@@ -59,3 +59,29 @@ std::vector<double> rope_inv_freq(const Node& n) {
 }
 
 }  // namespace mk
+
+#include "ir/fused.h"
+
+namespace mk {
+
+FusedMatmulLayout fused_matmul_layout(const Node& n) {
+  FusedMatmulLayout L;
+  L.pro = n.attr_str("pro", "none");
+  L.glu = n.attr_str("glu", "none");
+  L.epi = n.attr_str("epi", "none");
+  if (L.pro != "none" && L.pro != "rms_norm") fail("%{} fused_matmul: unknown pro '{}'", n.id, L.pro);
+  if (L.glu != "none" && L.glu != "silu" && L.glu != "gelu" && L.glu != "gelu_tanh")
+    fail("%{} fused_matmul: unknown glu '{}'", n.id, L.glu);
+  if (L.epi != "none" && L.epi != "add" && L.epi != "rope" && L.epi != "store" && L.epi != "rope_store")
+    fail("%{} fused_matmul: unknown epi '{}'", n.id, L.epi);
+  int next = 2;
+  if (L.glu != "none") L.w_up = next++;
+  if (L.pro == "rms_norm") L.norm_w = next++;
+  if (L.epi == "add") L.residual = next++;
+  if (L.has_rope()) L.positions = next++;
+  if (L.has_store()) L.cache = next++;
+  L.n_inputs = next;
+  return L;
+}
+
+}  // namespace mk

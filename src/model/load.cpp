@@ -17,7 +17,12 @@ ModelFile load_model(const std::string& path) {
   if (std::filesystem::is_directory(status)) return load_hf_dir(path);
   auto file = MappedFile::open(path);
   if (file->size() >= 4 && std::memcmp(file->data(), "GGUF", 4) == 0) return load_gguf(std::move(file));
-  return load_llama2c(std::move(file));
+  try {
+    return load_llama2c(std::move(file));
+  } catch (const Error& e) {
+    fail("{}: not a GGUF file (no GGUF magic), a Hugging Face directory, or a valid llama2.c checkpoint: {}", path,
+         e.what());
+  }
 }
 
 }  // namespace mk

@@ -1,0 +1,100 @@
+// Decode ms/token of the reference backend and the CPU interpreter (1 and 2 workers, each schedule)
+// on stories260K and on synth:stories110m (random float32 weights in stories110M's shape: n_embd 768,
+// 12 layers, 12 heads, n_ff 2048, vocab 32000; 438 MB read per token).
+// Run: build/bench/mk_bench --benchmark_filter=CpuDecode
+// Figures go into docs/PERFORMANCE.md.
+#include <benchmark/benchmark.h>
+
+#include <map>
+#include <memory>
+
+#include "archs/arch.h"
+#include "backend/backend.h"
+#include "runtime/session.h"
+
+using namespace mk;
+
+namespace {
+
+// Models and compiled backends are built once per process: Google Benchmark calls a benchmark
+// function several times while it sizes the iteration count.
+struct Loaded {
+  ModelFile model;
+  Graph graph;
+  int64_t n_vocab = 0;
+};
+
+Loaded& loaded(const std::string& path) {
+  static std::map<std::string, std::unique_ptr<Loaded>> cache;
+  auto& slot = cache[path];
+  if (!slot) {
+    slot = std::make_unique<Loaded>();
+    slot->model = open_model(path);
+    slot->n_vocab = read_hparams(slot->model).n_vocab;
+    slot->graph = build_graph(slot->model, BuildOptions{512, false});
+  }
+  return *slot;
+}
+
+Backend& backend(const std::string& path, const std::string& name, int threads, const std::string& schedule) {
+  static std::map<std::string, std::unique_ptr<Backend>> cache;
+  std::string key = path + "|" + name + "|" + std::to_string(threads) + "|" + schedule;
+  auto& slot = cache[key];
+  if (!slot) {
+    Loaded& l = loaded(path);
+    BackendOptions o;
+    o.threads = threads;
+    o.schedule = schedule;
+    slot = make_backend(name, l.graph, l.model, o);
+  }
+  return *slot;
+}
+
+void BM_CpuDecode(benchmark::State& state, const std::string& path, const std::string& name, int threads,
+                  const std::string& schedule) {
+  Backend& b = backend(path, name, threads, schedule);
+  const int64_t vocab = loaded(path).n_vocab;
+  // Decode at positions 64..127 (a short prompt's worth of cache), then start over.
+  int64_t n_past = 0;
+  int32_t tok = 1;
+  auto refill = [&] {
+    b.reset();
+    std::vector<int32_t> prompt(64);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 1) % vocab);
+    b.forward(prompt, 0);
+    n_past = 64;
+  };
+  refill();
+  int64_t n = 0;
+  for (auto _ : state) {
+    if (n_past >= 128) {
+      state.PauseTiming();
+      refill();
+      state.ResumeTiming();
+    }
+    auto logits = b.forward(std::span<const int32_t>(&tok, 1), n_past++);
+    benchmark::DoNotOptimize(logits.data());
+    tok = static_cast<int32_t>((tok * 31 + 7) % vocab);
+    ++n;
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate);
+  state.counters["ms/token"] =
+      benchmark::Counter(static_cast<double>(n) / 1000.0, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+const std::string kStories260K = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+const std::string kSynth110M = "synth:stories110m";
+
+}  // namespace
+
+#define MK_CPU_BENCH(tag, path)                                                                              \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_reference, path, "reference", 1, "dynamic")->Unit(benchmark::kMillisecond); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_dynamic, path, "cpu", 1, "dynamic")->Unit(benchmark::kMillisecond);   \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_dynamic, path, "cpu", 2, "dynamic")->Unit(benchmark::kMillisecond);   \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_rr, path, "cpu", 1, "static-rr")->Unit(benchmark::kMillisecond); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_rr, path, "cpu", 2, "static-rr")->Unit(benchmark::kMillisecond); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_cp, path, "cpu", 1, "static-cp")->Unit(benchmark::kMillisecond); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_cp, path, "cpu", 2, "static-cp")->Unit(benchmark::kMillisecond);
+
+MK_CPU_BENCH(stories260K, kStories260K)
+MK_CPU_BENCH(synth_stories110m, kSynth110M)

@@ -1,0 +1,70 @@
+// The "cpu" backend: compiles the graph once (passes/default_pipeline) for the requested worker
+// count and schedule, then runs every step on the persistent-thread interpreter.
+#include <cstdio>
+#include <thread>
+
+#include "backend/backend.h"
+#include "backend/cpu/interpreter.h"
+#include "passes/pass.h"
+#include "support/error.h"
+
+namespace mk {
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Graph& g, const ModelFile& m, const BackendOptions& o) : trace_path_(o.trace_path) {
+    CompileOptions co;
+    co.workers = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    co.schedule = schedule_from_name(o.schedule.empty() ? "dynamic" : o.schedule);
+    int64_t n_ctx = 0;
+    for (const Node& n : g.nodes)
+      if (n.op == Op::kv_cache) n_ctx = n.shape[0].c;
+    co.max_tokens = n_ctx > 0 ? std::min<int64_t>(co.max_tokens, n_ctx) : co.max_tokens;
+    interp_ = std::make_unique<cpu::Interpreter>(compile_program(g, co), m, !trace_path_.empty());
+  }
+
+  std::string name() const override { return "cpu"; }
+
+  std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_past) override {
+    if (tokens.empty()) fail("forward: no tokens");
+    const int64_t max = interp_->program().max_tokens;
+    bool per_token = false;  // logits for every position (all_logits) or only the last one
+    for (const auto& [name, b] : interp_->program().outputs)
+      if (name == "logits") per_token = interp_->program().buffers[static_cast<size_t>(b)].rows == SymExpr::tokens();
+    std::vector<float> all;
+    for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(max)) {
+      auto chunk = tokens.subspan(at, std::min(tokens.size() - at, static_cast<size_t>(max)));
+      interp_->step(chunk, n_past + static_cast<int64_t>(at));
+      auto out = interp_->output("logits");
+      if (!per_token) all.clear();
+      all.insert(all.end(), out.begin(), out.end());
+    }
+    return all;
+  }
+
+  void reset() override { interp_->reset_kv(); }
+
+  void finish() override {
+    if (trace_path_.empty() || finished_) return;
+    finished_ = true;
+    std::string summary = cpu::write_trace(*interp_, trace_path_);
+    std::fprintf(stderr, "wrote %s\n%s", trace_path_.c_str(), summary.c_str());
+  }
+
+  ~CpuBackend() override { finish(); }
+
+ private:
+  std::string trace_path_;
+  bool finished_ = false;
+  std::unique_ptr<cpu::Interpreter> interp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const Graph& g, const ModelFile& m, const BackendOptions& o) {
+  return std::make_unique<CpuBackend>(g, m, o);
+}
+
+}  // namespace mk

@@ -1,0 +1,282 @@
+#include "backend/cpu/interpreter.h"
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "passes/pass.h"
+#include "support/error.h"
+
+namespace mk::cpu {
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+uint8_t* alloc_zeroed(size_t bytes) {
+  bytes = (bytes + 63) / 64 * 64;
+  if (bytes == 0) bytes = 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) fail("cpu: cannot allocate {} bytes", bytes);
+  std::memset(p, 0, bytes);
+  return static_cast<uint8_t*>(p);
+}
+
+// Wrap-safe "counter value has reached target" for 32-bit counters that only grow.
+inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+}  // namespace
+
+Interpreter::Interpreter(Program program, const ModelFile& model, bool trace) : p_(std::move(program)), tracing_(trace) {
+  validate_program(p_);
+  t0_ = 0;
+  t0_ = now_ns();
+  for (const ProgramWeight& pw : p_.weights) {
+    const WeightTensor& t = model.get(pw.name);
+    if (t.dtype != pw.dtype) fail("{}: program expects {}, file has {}", pw.name, dtype_name(pw.dtype), dtype_name(t.dtype));
+    if (t.shape != pw.shape) fail("{}: expected {}, got {}", pw.name, shape_str(pw.shape), shape_str(t.shape));
+    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16 && t.dtype != DType::Q8_0)
+      fail("{}: the cpu backend cannot read {} weights", pw.name, dtype_name(t.dtype));
+    WeightRef w;
+    w.dtype = t.dtype;
+    w.data = t.data;
+    w.row_elems = t.shape.back();
+    w.row_bytes = dtype_bytes(t.dtype, w.row_elems);
+    if (t.dtype == DType::F32) {
+      if (reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
+        w.f32 = reinterpret_cast<const float*>(t.data);
+      } else {
+        auto copy = std::make_unique<std::vector<float>>(static_cast<size_t>(t.numel()));
+        std::memcpy(copy->data(), t.data, copy->size() * 4);
+        w.f32 = copy->data();
+        converted_.push_back(std::move(copy));
+      }
+    }
+    weights_.push_back(w);
+  }
+  arena_ = alloc_zeroed(static_cast<size_t>(p_.arena_bytes));
+  kv_ = alloc_zeroed(static_cast<size_t>(p_.kv_bytes));
+  counters_ = std::make_unique<Counter[]>(p_.counters.size());
+  const size_t sf = scratch_floats(p_);
+  const int W = p_.workers;
+  for (int w = 0; w < W; ++w) scratch_.push_back(reinterpret_cast<float*>(alloc_zeroed(sf * sizeof(float))));
+  trace_.assign(static_cast<size_t>(W), {});
+  for (int w = 0; w < W; ++w) threads_.emplace_back([this, w] { worker_main(w); });
+}
+
+Interpreter::~Interpreter() {
+  stop_.store(true, std::memory_order_relaxed);
+  start_.fetch_add(1, std::memory_order_release);
+  start_.notify_all();
+  for (auto& t : threads_) t.join();
+  for (float* s : scratch_) std::free(s);
+  std::free(arena_);
+  std::free(kv_);
+}
+
+int64_t Interpreter::now_ns() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count() - t0_;
+}
+
+void Interpreter::reset_kv() { std::memset(kv_, 0, static_cast<size_t>(p_.kv_bytes)); }
+
+void Interpreter::step(std::span<const int32_t> tokens, int64_t n_past) {
+  if (failed_.load()) fail("cpu: the interpreter failed in an earlier step: {}", error_);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n < 1 || n > p_.max_tokens) fail("cpu: {} tokens in one step (the program allows 1..{})", n, p_.max_tokens);
+  if (n_past < 0 || n_past + n > p_.n_ctx)
+    fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, n, p_.n_ctx);
+  int32_t* tok = reinterpret_cast<int32_t*>(arena_ + p_.buffers[static_cast<size_t>(p_.tokens_buffer)].offset);
+  std::memcpy(tok, tokens.data(), static_cast<size_t>(n) * 4);
+  if (p_.positions_buffer >= 0) {
+    int32_t* pos = reinterpret_cast<int32_t*>(arena_ + p_.buffers[static_cast<size_t>(p_.positions_buffer)].offset);
+    for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(n_past + i);
+  }
+  for (const OpDesc& o : p_.ops) {  // table lookups must stay inside the table
+    if (o.opcode != Opcode::embed) continue;
+    const int32_t* ids = reinterpret_cast<const int32_t*>(arena_ + p_.buffers[static_cast<size_t>(o.ids)].offset);
+    int64_t rows = p_.weights[static_cast<size_t>(o.w)].shape[0];
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[i] < 0 || ids[i] >= rows) fail("{}: id {} out of range [0, {})", o.name, ids[i], rows);
+  }
+  sym_ = {n, n_past};
+  const int64_t t_begin = now_ns();
+  done_.store(0, std::memory_order_relaxed);
+  ++epoch_;
+  start_.store(epoch_, std::memory_order_release);
+  start_.notify_all();
+  const uint32_t W = static_cast<uint32_t>(p_.workers);
+  for (uint32_t d = done_.load(std::memory_order_acquire); d < W; d = done_.load(std::memory_order_acquire)) done_.wait(d, std::memory_order_acquire);
+  step_times_.push_back({t_begin, now_ns()});
+  if (failed_.load()) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    fail("cpu: {}", error_);
+  }
+}
+
+std::span<const float> Interpreter::output(const std::string& name, int64_t* rows, int64_t* cols) const {
+  for (const auto& [n, b] : p_.outputs) {
+    if (n != name) continue;
+    const Buffer& B = p_.buffers[static_cast<size_t>(b)];
+    int64_t r = B.rows.eval(sym_);
+    if (rows) *rows = r;
+    if (cols) *cols = B.cols;
+    const uint8_t* base = B.kind == BufferKind::kv ? kv_ : arena_;
+    return {reinterpret_cast<const float*>(base + B.offset), static_cast<size_t>(r * B.cols)};
+  }
+  fail("cpu: the program has no output named {}", name);
+}
+
+void Interpreter::worker_main(int w) {
+  uint32_t seen = 0;
+  for (;;) {
+    start_.wait(seen, std::memory_order_acquire);
+    uint32_t s = start_.load(std::memory_order_acquire);
+    if (stop_.load(std::memory_order_relaxed)) return;
+    seen = s;
+    run_step(w, s);
+    done_.fetch_add(1, std::memory_order_release);
+    done_.notify_all();
+  }
+}
+
+bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
+  for (const Wait& wt : in.waits) {
+    const uint32_t target = epoch * wt.count;
+    std::atomic<uint32_t>& c = counters_[static_cast<size_t>(wt.counter)].value;
+    if (reached(c.load(std::memory_order_acquire), target)) continue;
+    uint64_t spins = 0;
+    int64_t since = 0;
+    while (!reached(c.load(std::memory_order_acquire), target)) {
+      if (failed_.load(std::memory_order_relaxed)) return false;
+      if (++spins < 512) {
+        cpu_relax();
+        continue;
+      }
+      std::this_thread::yield();
+      if ((spins & 1023) != 0) continue;
+      int64_t t = now_ns();
+      if (since == 0) since = t;
+      if (static_cast<double>(t - since) > wait_timeout_s * 1e9) {
+        std::lock_guard<std::mutex> lock(error_mu_);
+        if (!failed_.load()) {
+          error_ = fmt::format("worker {} timed out in step {} before instruction {}: counter c{} ({}) is {}, waiting for {}",
+                               w, epoch, p_.instr_str(static_cast<int>(&in - p_.instrs.data())), wt.counter,
+                               p_.counters[static_cast<size_t>(wt.counter)].name, c.load(), target);
+          failed_.store(true);
+        }
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+void Interpreter::run_step(int w, uint32_t epoch) {
+  StepMemory m{arena_, kv_, weights_.data(), sym_};
+  float* scratch = scratch_[static_cast<size_t>(w)];
+  const uint64_t n = p_.instrs.size();
+  auto exec = [&](uint64_t idx) -> bool {
+    const Instr& in = p_.instrs[idx];
+    TraceEvent ev;
+    if (tracing_) ev.wait_ns = now_ns();
+    if (!wait_for(w, in, epoch)) return false;
+    if (tracing_) ev.start_ns = now_ns();
+    execute(p_, in, m, scratch);
+    counters_[static_cast<size_t>(in.signal)].value.fetch_add(1, std::memory_order_release);
+    if (tracing_) {
+      ev.end_ns = now_ns();
+      ev.instr = static_cast<uint32_t>(idx);
+      ev.step = epoch;
+      trace_[static_cast<size_t>(w)].push_back(ev);
+    }
+    return true;
+  };
+  if (p_.schedule == ScheduleKind::dynamic) {
+    // Each worker makes exactly one failing claim per step, so step e's claims start here.
+    const uint64_t base = static_cast<uint64_t>(epoch - 1) * (n + static_cast<uint64_t>(p_.workers));
+    for (;;) {
+      uint64_t idx = queue_head_.fetch_add(1, std::memory_order_relaxed) - base;
+      if (idx >= n || !exec(idx)) break;
+    }
+  } else {
+    for (int32_t idx : p_.lists[static_cast<size_t>(w)])
+      if (!exec(static_cast<uint64_t>(idx))) break;
+  }
+}
+
+std::string trace_summary(const Interpreter& it) {
+  const Program& p = it.program();
+  int64_t wall = 0;
+  for (auto [a, b] : it.step_times()) wall += b - a;
+  std::string s = fmt::format("trace: {} steps, {:.3f} ms in steps\n", it.step_times().size(), static_cast<double>(wall) / 1e6);
+  std::array<int64_t, kNumOpcodes> per_op{};
+  std::array<int64_t, kNumOpcodes> per_op_n{};
+  s += "  worker   busy    wait    idle\n";
+  for (size_t w = 0; w < it.trace().size(); ++w) {
+    int64_t busy = 0, wait = 0;
+    for (const TraceEvent& e : it.trace()[w]) {
+      busy += e.end_ns - e.start_ns;
+      wait += e.start_ns - e.wait_ns;
+      auto op = static_cast<size_t>(p.instrs[e.instr].opcode);
+      per_op[op] += e.end_ns - e.start_ns;
+      per_op_n[op]++;
+    }
+    double W = std::max<double>(1, static_cast<double>(wall));
+    s += fmt::format("  {:>6} {:>6.1f}% {:>6.1f}% {:>6.1f}%\n", w, 100.0 * static_cast<double>(busy) / W,
+                     100.0 * static_cast<double>(wait) / W, 100.0 * static_cast<double>(wall - busy - wait) / W);
+  }
+  s += "  opcode         count   total ms   us/instr\n";
+  for (int o = 0; o < kNumOpcodes; ++o)
+    if (per_op_n[static_cast<size_t>(o)])
+      s += fmt::format("  {:<12} {:>7} {:>10.3f} {:>10.2f}\n", opcode_name(static_cast<Opcode>(o)), per_op_n[static_cast<size_t>(o)],
+                       static_cast<double>(per_op[static_cast<size_t>(o)]) / 1e6,
+                       static_cast<double>(per_op[static_cast<size_t>(o)]) / 1e3 / static_cast<double>(per_op_n[static_cast<size_t>(o)]));
+  return s;
+}
+
+std::string write_trace(const Interpreter& it, const std::string& path) {
+  const Program& p = it.program();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) fail("{}: cannot open for writing", path);
+  std::string out = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+  bool first = true;
+  auto emit = [&](const std::string& ev) {
+    out += first ? "" : ",\n";
+    out += ev;
+    first = false;
+    if (out.size() > (1u << 20)) {
+      std::fwrite(out.data(), 1, out.size(), f);
+      out.clear();
+    }
+  };
+  emit("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"megakernel cpu\"}}");
+  for (size_t w = 0; w < it.trace().size(); ++w) {
+    emit(fmt::format("{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"worker {}\"}}}}", w, w));
+    for (const TraceEvent& e : it.trace()[w]) {
+      const Instr& in = p.instrs[e.instr];
+      const OpDesc& o = p.ops[static_cast<size_t>(in.op)];
+      if (e.start_ns > e.wait_ns)
+        emit(fmt::format("{{\"name\":\"wait\",\"cat\":\"wait\",\"ph\":\"X\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f},"
+                         "\"args\":{{\"instr\":{},\"step\":{}}}}}",
+                         w, static_cast<double>(e.wait_ns) / 1e3, static_cast<double>(e.start_ns - e.wait_ns) / 1e3, e.instr, e.step));
+      emit(fmt::format("{{\"name\":\"{}\",\"cat\":\"instr\",\"ph\":\"X\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f},"
+                       "\"args\":{{\"instr\":{},\"op\":\"{}\",\"layer\":{},\"tile\":{},\"cols\":\"{}:{}\",\"step\":{}}}}}",
+                       opcode_name(in.opcode), w, static_cast<double>(e.start_ns) / 1e3,
+                       static_cast<double>(e.end_ns - e.start_ns) / 1e3, e.instr, o.name, in.layer, in.tile, in.c0, in.c1, e.step));
+    }
+  }
+  out += "\n]}\n";
+  std::fwrite(out.data(), 1, out.size(), f);
+  std::fclose(f);
+  return trace_summary(it);
+}
+
+}  // namespace mk::cpu

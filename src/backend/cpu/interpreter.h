@@ -1,0 +1,95 @@
+// The CPU megakernel: persistent worker threads interpret one Program.
+//
+// Each step (one forward over n_tokens tokens at n_past), the host writes the inputs, bumps the
+// step epoch and wakes the workers. A worker takes instructions from the dynamic queue (one
+// global atomic claim index, epoch-relative: never reset) or walks its static list; before an
+// instruction it spins (acquire) until each waited counter reaches epoch * count, after it it
+// increments its counter (release). Counters only grow. The host waits for every worker to finish
+// the step. A wait that does not complete within `wait_timeout_s` turns into an mk::Error naming
+// the instruction, counter, value and target instead of a hang.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "isa/program.h"
+#include "model/model_file.h"
+
+namespace mk::cpu {
+
+struct TraceEvent {
+  uint32_t instr = 0, step = 0;
+  int64_t wait_ns = 0, start_ns = 0, end_ns = 0;  // since the interpreter started
+};
+
+class Interpreter {
+ public:
+  // Binds the program's weights to `model` (dtype and shape checked), validates the program and
+  // starts program.workers threads. Throws mk::Error on a mismatch or an invalid program.
+  Interpreter(Program program, const ModelFile& model, bool trace = false);
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
+
+  // One step over tokens.size() <= max_tokens tokens at positions n_past...
+  void step(std::span<const int32_t> tokens, int64_t n_past);
+  // The named graph output after the last step: rows x cols floats, row-major.
+  std::span<const float> output(const std::string& name, int64_t* rows = nullptr, int64_t* cols = nullptr) const;
+  void reset_kv();
+
+  const Program& program() const { return p_; }
+  uint64_t steps() const { return epoch_; }
+  // Trace events per worker (empty unless tracing) and per-step wall times.
+  const std::vector<std::vector<TraceEvent>>& trace() const { return trace_; }
+  const std::vector<std::pair<int64_t, int64_t>>& step_times() const { return step_times_; }
+  double wait_timeout_s = 60.0;
+
+ private:
+  struct alignas(64) Counter {
+    std::atomic<uint32_t> value{0};
+  };
+  void worker_main(int w);
+  void run_step(int w, uint32_t epoch);
+  bool wait_for(int w, const Instr& in, uint32_t epoch);
+  int64_t now_ns() const;
+
+  Program p_;
+  std::vector<WeightRef> weights_;
+  std::vector<std::unique_ptr<std::vector<float>>> converted_;  // unaligned f32 copies
+  uint8_t* arena_ = nullptr;
+  uint8_t* kv_ = nullptr;
+  std::vector<float*> scratch_;
+  std::unique_ptr<Counter[]> counters_;
+  std::vector<uint32_t> wait_target_;  // count per wait, flattened
+  SymValues sym_;
+  uint32_t epoch_ = 0;
+
+  alignas(64) std::atomic<uint64_t> queue_head_{0};
+  alignas(64) std::atomic<uint32_t> start_{0};
+  alignas(64) std::atomic<uint32_t> done_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  std::mutex error_mu_;
+  std::string error_;
+  std::vector<std::thread> threads_;
+
+  bool tracing_ = false;
+  std::vector<std::vector<TraceEvent>> trace_;
+  std::vector<std::pair<int64_t, int64_t>> step_times_;
+  int64_t t0_ = 0;
+};
+
+// Writes a Chrome/Perfetto JSON trace (one track per worker, one slice per instruction with
+// opcode/op/layer/tile args, waits as their own slices) and returns the summary text: busy / wait
+// / idle share per worker and time per opcode.
+std::string write_trace(const Interpreter& interp, const std::string& path);
+std::string trace_summary(const Interpreter& interp);
+
+}  // namespace mk::cpu

@@ -1,0 +1,340 @@
+#include "backend/cpu/kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ir/ops.h"
+#include "support/error.h"
+
+namespace mk::cpu {
+
+namespace {
+
+constexpr int kLanes = 16;
+
+// Sum of a[i] * b[i] in 16 lanes (lane = i mod 16), combined in a fixed tree.
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
+  for (int s = kLanes / 2; s > 0; s /= 2)
+    for (int l = 0; l < s; ++l) acc[l] += acc[l + s];
+  return acc[0];
+}
+
+// Two dot products sharing `a` (gate and up rows of a GLU): one pass over the activations.
+inline void dot2(const float* __restrict a, const float* __restrict b, const float* __restrict c, int64_t n, float* rb,
+                 float* rc) {
+  float ab[kLanes] = {}, ac[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      ab[l] += a[i + l] * b[i + l];
+      ac[l] += a[i + l] * c[i + l];
+    }
+  for (int l = 0; i < n; ++i, ++l) {
+    ab[l] += a[i] * b[i];
+    ac[l] += a[i] * c[i];
+  }
+  for (int s = kLanes / 2; s > 0; s /= 2)
+    for (int l = 0; l < s; ++l) {
+      ab[l] += ab[l + s];
+      ac[l] += ac[l + s];
+    }
+  *rb = ab[0];
+  *rc = ac[0];
+}
+
+inline float act(Act a, float v) {
+  switch (a) {
+    case Act::silu: return silu(v);
+    case Act::gelu: return gelu_erf(v);
+    case Act::gelu_tanh: return gelu_tanh_approx(v);
+    case Act::none: return v;
+  }
+  return v;
+}
+
+// Elements [c0, c1) of row `row` of a weight as float32: a pointer into the model when it is
+// float32, else converted into `tmp`.
+const float* weight_span(const WeightRef& w, int64_t row, int64_t c0, int64_t c1, float* tmp) {
+  if (w.f32) return w.f32 + row * w.row_elems + c0;
+  const uint8_t* src = w.data + static_cast<size_t>(row) * w.row_bytes;
+  if (w.dtype == DType::Q8_0) {  // convert whole blocks, then point inside
+    int64_t b0 = c0 / 32 * 32, b1 = (c1 + 31) / 32 * 32;
+    to_f32(w.dtype, src + static_cast<size_t>(b0 / 32) * 34, tmp, b1 - b0);
+    return tmp + (c0 - b0);
+  }
+  to_f32(w.dtype, src + static_cast<size_t>(c0) * (w.dtype == DType::F32 ? 4 : 2), tmp, c1 - c0);
+  return tmp;
+}
+
+// x / rms(x) * (w + offset) over n elements (w may be null).
+void rms_norm_span(const float* x, const float* w, double offset, double eps, int64_t n, float* out) {
+  double ss = dot(x, x, n);
+  float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  float off = static_cast<float>(offset);
+  if (w)
+    for (int64_t j = 0; j < n; ++j) out[j] = x[j] * inv * (w[j] + off);
+  else
+    for (int64_t j = 0; j < n; ++j) out[j] = x[j] * inv;
+}
+
+// Rotates the heads in v[0, n) (n a multiple of head_dim, v at a head boundary) for position pos.
+void rope_span(const OpDesc& o, float* v, int64_t n, int64_t pos, double* cs) {
+  const int64_t half = o.n_rot / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    double ang = static_cast<double>(pos) * o.inv_freq[static_cast<size_t>(i)];
+    cs[2 * i] = std::cos(ang);
+    cs[2 * i + 1] = std::sin(ang);
+  }
+  for (int64_t h = 0; h < n; h += o.head_dim) {
+    float* x = v + h;
+    for (int64_t i = 0; i < half; ++i) {
+      int64_t i0 = o.rope_halves ? i : 2 * i, i1 = o.rope_halves ? i + half : 2 * i + 1;
+      double x0 = x[i0], x1 = x[i1], c = cs[2 * i], s = cs[2 * i + 1];
+      x[i0] = static_cast<float>(x0 * c - x1 * s);
+      x[i1] = static_cast<float>(x0 * s + x1 * c);
+    }
+  }
+}
+
+struct Ctx {
+  const Program& p;
+  const StepMemory& m;
+  float* scratch;
+  float* buf(int b) const {
+    const Buffer& B = p.buffers[static_cast<size_t>(b)];
+    return reinterpret_cast<float*>((B.kind == BufferKind::kv ? m.kv : m.arena) + B.offset);
+  }
+  const int32_t* ibuf(int b) const {
+    return reinterpret_cast<const int32_t*>(m.arena + p.buffers[static_cast<size_t>(b)].offset);
+  }
+  int64_t cols(int b) const { return p.buffers[static_cast<size_t>(b)].cols; }
+  const WeightRef& w(int id) const { return m.weights[static_cast<size_t>(id)]; }
+};
+
+void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
+  const int64_t K = o.k, T = in.c1 - in.c0;
+  float* s = c.scratch;
+  const float* x = c.buf(o.x);
+  const int64_t xs = c.cols(o.x);
+  if (o.pro_rms) {  // normalise the rows once per tile
+    float* nw = s + R * K;
+    const float* wn = weight_span(c.w(o.norm_w), 0, 0, K, nw);
+    for (int64_t r = 0; r < R; ++r) rms_norm_span(x + r * xs, wn, o.weight_offset, o.eps, K, s + r * K);
+    x = s;
+    s += R * K;
+  }
+  const int64_t ldx = o.pro_rms ? K : xs;
+  float* wtmp = s;  // converted weight rows
+  float* utmp = s + K + 32;
+  float* tile = s + 2 * (K + 32);  // [R, T]
+  const WeightRef& W = c.w(o.w);
+  for (int64_t j = in.c0; j < in.c1; ++j) {
+    const float* wr = weight_span(W, j, 0, K, wtmp);
+    float* col = tile + (j - in.c0);
+    if (o.glu != Act::none) {
+      const float* ur = weight_span(c.w(o.w_up), j, 0, K, utmp);
+      for (int64_t r = 0; r < R; ++r) {
+        float a, b;
+        dot2(x + r * ldx, wr, ur, K, &a, &b);
+        col[r * T] = act(o.glu, a) * b;
+      }
+    } else {
+      for (int64_t r = 0; r < R; ++r) col[r * T] = dot(x + r * ldx, wr, K);
+    }
+  }
+  const int64_t oc = c.cols(o.out);
+  float* out = c.buf(o.out);
+  int64_t row0 = 0;
+  if (o.epi == Epi::store || o.epi == Epi::rope_store) row0 = c.m.sym.n_past;
+  if (o.epi == Epi::rope || o.epi == Epi::rope_store) {
+    const int32_t* pos = c.ibuf(o.pos);
+    size_t at = static_cast<size_t>(tile + R * T - c.scratch);
+    double* cs = reinterpret_cast<double*>(c.scratch + ((at + 1) & ~size_t{1}));  // 8-byte aligned
+    for (int64_t r = 0; r < R; ++r) rope_span(o, tile + r * T, T, pos[r], cs);
+  }
+  if (o.epi == Epi::add) {
+    const float* res = c.buf(o.res);
+    const int64_t rs = c.cols(o.res);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < T; ++j) out[r * oc + in.c0 + j] = tile[r * T + j] + res[r * rs + in.c0 + j];
+    return;
+  }
+  for (int64_t r = 0; r < R; ++r) std::memcpy(out + (row0 + r) * oc + in.c0, tile + r * T, static_cast<size_t>(T) * 4);
+}
+
+void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
+  const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv;
+  const float* q = c.buf(o.x);
+  const float* kc = c.buf(o.y);
+  const float* vc = c.buf(o.z);
+  float* out = c.buf(o.out);
+  const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
+  const float scale = static_cast<float>(o.scale);
+  float* score = c.scratch;
+  float* acc = c.scratch + c.p.n_ctx + 16;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t n_kv = c.m.sym.n_past + r + 1;
+    for (int64_t h = in.c0 / hd; h < in.c1 / hd; ++h) {
+      const int64_t g = h / hpg;
+      const float* qh = q + r * qs + h * hd;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        score[j] = dot(qh, kc + j * ks + g * hd, hd) * scale;
+        mx = std::max(mx, score[j]);
+      }
+      float sum = 0;
+      for (int64_t j = 0; j < n_kv; ++j) sum += (score[j] = std::exp(score[j] - mx));
+      std::fill(acc, acc + hd, 0.0f);
+      for (int64_t j = 0; j < n_kv; ++j) {
+        const float* vj = vc + j * vs + g * hd;
+        const float pj = score[j];
+        for (int64_t i = 0; i < hd; ++i) acc[i] += pj * vj[i];
+      }
+      float* oh = out + r * os + h * hd;
+      for (int64_t i = 0; i < hd; ++i) oh[i] = acc[i] / sum;
+    }
+  }
+}
+
+}  // namespace
+
+size_t scratch_floats(const Program& p) {
+  int64_t need = 1024;
+  for (const OpDesc& o : p.ops) {
+    int64_t R = o.rows.eval({p.max_tokens, 0});
+    int64_t n = 0;
+    switch (o.opcode) {
+      case Opcode::matmul:
+        n = 2 * R * o.k + 2 * (o.k + 32) + R * o.tile_cols + 2 * o.n_rot + 64;
+        break;
+      case Opcode::attention:
+        n = p.n_ctx + 16 + o.head_dim + 16;
+        break;
+      default:
+        n = 3 * o.k + o.tile_cols + 2 * o.n_rot + 160;
+    }
+    need = std::max(need, n);
+  }
+  return static_cast<size_t>(need);
+}
+
+void execute(const Program& p, const Instr& in, const StepMemory& m, float* scratch) {
+  const OpDesc& o = p.ops[static_cast<size_t>(in.op)];
+  Ctx c{p, m, scratch};
+  const int64_t R = o.rows.eval(m.sym);
+  const int64_t c0 = in.c0, c1 = in.c1, T = c1 - c0;
+  switch (o.opcode) {
+    case Opcode::matmul:
+      matmul(c, o, in, R);
+      return;
+    case Opcode::attention:
+      attention(c, o, in, R);
+      return;
+    case Opcode::embed: {
+      const int32_t* ids = c.ibuf(o.ids);
+      float* out = c.buf(o.out);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* src = weight_span(c.w(o.w), ids[r], c0, c1, scratch);
+        std::memcpy(out + r * o.cols + c0, src, static_cast<size_t>(T) * 4);
+      }
+      return;
+    }
+    case Opcode::rms_norm:
+    case Opcode::layer_norm: {
+      const float* x = c.buf(o.x);
+      float* out = c.buf(o.out);
+      const float* w = o.norm_w >= 0 ? weight_span(c.w(o.norm_w), 0, 0, o.norm_w >= 0 ? p.weights[static_cast<size_t>(o.norm_w)].shape[0] : 0, scratch) : nullptr;
+      float* b_tmp = scratch + o.k + 32;
+      const float* b = o.bias >= 0 ? weight_span(c.w(o.bias), 0, 0, o.k, b_tmp) : nullptr;
+      float* row = scratch + 2 * (o.k + 32);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* xr = x + r * o.k;
+        if (o.opcode == Opcode::rms_norm) {
+          if (o.group == o.k) {
+            rms_norm_span(xr, w, o.weight_offset, o.eps, o.k, row);
+            std::memcpy(out + r * o.cols + c0, row + c0, static_cast<size_t>(T) * 4);
+          } else {
+            for (int64_t g = c0; g < c1; g += o.group) rms_norm_span(xr + g, w, o.weight_offset, o.eps, o.group, out + r * o.cols + g);
+          }
+        } else {
+          double mean = 0, var = 0;
+          for (int64_t j = 0; j < o.k; ++j) mean += xr[j];
+          mean /= static_cast<double>(o.k);
+          for (int64_t j = 0; j < o.k; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+          var /= static_cast<double>(o.k);
+          double inv = 1.0 / std::sqrt(var + o.eps);
+          for (int64_t j = c0; j < c1; ++j)
+            out[r * o.cols + j] = static_cast<float>((xr[j] - mean) * inv * (w ? w[j] : 1.0) + (b ? b[j] : 0.0));
+        }
+      }
+      return;
+    }
+    case Opcode::add:
+    case Opcode::mul: {
+      const float* x = c.buf(o.x);
+      float* out = c.buf(o.out);
+      const float* y = o.y >= 0 ? c.buf(o.y) : nullptr;
+      const float* bias = o.bias >= 0 ? weight_span(c.w(o.bias), 0, c0, c1, scratch) : nullptr;
+      for (int64_t r = 0; r < R; ++r) {
+        const float* xr = x + r * o.cols;
+        const float* yr = y ? y + r * o.cols + c0 : bias;
+        float* orow = out + r * o.cols;
+        if (o.opcode == Opcode::add)
+          for (int64_t j = 0; j < T; ++j) orow[c0 + j] = xr[c0 + j] + yr[j];
+        else
+          for (int64_t j = 0; j < T; ++j) orow[c0 + j] = xr[c0 + j] * yr[j];
+      }
+      return;
+    }
+    case Opcode::scale:
+    case Opcode::silu:
+    case Opcode::gelu:
+    case Opcode::gelu_tanh: {
+      const float* x = c.buf(o.x);
+      float* out = c.buf(o.out);
+      const float s = static_cast<float>(o.scale);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = c0; j < c1; ++j) {
+          float v = x[r * o.cols + j];
+          out[r * o.cols + j] = o.opcode == Opcode::scale ? v * s : o.opcode == Opcode::silu ? silu(v)
+                                : o.opcode == Opcode::gelu ? gelu_erf(v) : gelu_tanh_approx(v);
+        }
+      return;
+    }
+    case Opcode::rope: {
+      const float* x = c.buf(o.x);
+      float* out = c.buf(o.out);
+      const int32_t* pos = c.ibuf(o.pos);
+      double* cs = reinterpret_cast<double*>(scratch);
+      for (int64_t r = 0; r < R; ++r) {
+        std::memcpy(out + r * o.cols + c0, x + r * o.cols + c0, static_cast<size_t>(T) * 4);
+        rope_span(o, out + r * o.cols + c0, T, pos[r], cs);
+      }
+      return;
+    }
+    case Opcode::kv_store: {
+      const float* x = c.buf(o.x);
+      float* cache = c.buf(o.out);
+      const int64_t xs = c.cols(o.x), cs = c.cols(o.out);
+      for (int64_t r = 0; r < R; ++r)
+        std::memcpy(cache + (m.sym.n_past + r) * cs + c0, x + r * xs + c0, static_cast<size_t>(T) * 4);
+      return;
+    }
+    case Opcode::last_row: {
+      const float* x = c.buf(o.x);
+      float* out = c.buf(o.out);
+      const int64_t rx = p.buffers[static_cast<size_t>(o.x)].rows.eval(m.sym);
+      std::memcpy(out + c0, x + (rx - 1) * o.cols + c0, static_cast<size_t>(T) * 4);
+      return;
+    }
+  }
+  MK_CHECK(false, "cpu: opcode {} has no implementation", opcode_name(o.opcode));
+}
+
+}  // namespace mk::cpu

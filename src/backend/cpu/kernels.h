@@ -1,0 +1,35 @@
+// Tile implementations of every opcode for the CPU interpreter: plain C++ written for the compiler
+// to vectorise. Determinism rule: the arithmetic producing one output element depends only on the
+// element (row, column), never on the tile bounds or the worker, so every tiling, worker count and
+// schedule gives the same bits. Reductions use 16 fixed lanes combined in a fixed tree.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "isa/program.h"
+
+namespace mk::cpu {
+
+// A weight bound to model data: rows of `row_elems` elements, `row_bytes` apart.
+struct WeightRef {
+  DType dtype = DType::F32;
+  const uint8_t* data = nullptr;
+  int64_t row_elems = 0;
+  size_t row_bytes = 0;
+  const float* f32 = nullptr;  // set when the data is float32 and aligned (no conversion needed)
+};
+
+// Memory and symbols one step sees.
+struct StepMemory {
+  uint8_t* arena = nullptr;
+  uint8_t* kv = nullptr;
+  const WeightRef* weights = nullptr;
+  SymValues sym;
+};
+
+// Per-worker scratch space, sized by scratch_floats().
+size_t scratch_floats(const Program& p);
+
+void execute(const Program& p, const Instr& in, const StepMemory& m, float* scratch);
+
+}  // namespace mk::cpu

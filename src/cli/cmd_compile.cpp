@@ -1,0 +1,56 @@
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "archs/arch.h"
+#include "cli/commands.h"
+#include "passes/pass.h"
+#include "runtime/session.h"
+#include "support/error.h"
+
+namespace mk::cli {
+
+void add_compile_command(CLI::App& app) {
+  struct Opts {
+    std::string model, emit = "program", out, schedule = "dynamic";
+    int threads = 0;
+    int64_t n_ctx = 0, max_tokens = 256;
+    bool all_logits = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("compile", "compile a model and print its IR or instruction program");
+  cmd->add_option("-m,--model", o->model, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")->required();
+  cmd->add_option("--emit", o->emit,
+                  "graph: the architecture's graph before any pass; ir: the graph after the graph passes; program: one line per instruction and a summary; "
+                  "program-full: weights, buffers, ops, counters, instructions, lists")
+      ->check(CLI::IsMember({"graph", "ir", "program", "program-full"}));
+  cmd->add_option("-o,--output", o->out, "write to this file instead of stdout");
+  cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores)");
+  cmd->add_option("--schedule", o->schedule, "dynamic, static-rr or static-cp");
+  cmd->add_option("-c,--ctx-size", o->n_ctx, "context length (0 = the model's, at most 4096)");
+  cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)");
+  cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
+  cmd->callback([o] {
+    ModelFile model = open_model(o->model);
+    Hparams hp = read_hparams(model);
+    int64_t n_ctx = o->n_ctx > 0 ? o->n_ctx : std::min(hp.n_ctx_train > 0 ? hp.n_ctx_train : kDefaultMaxCtx, kDefaultMaxCtx);
+    Graph g = build_graph(model, BuildOptions{n_ctx, o->all_logits});
+    CompileOptions co;
+    co.workers = o->threads > 0 ? o->threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    co.schedule = schedule_from_name(o->schedule);
+    co.max_tokens = std::min(o->max_tokens, n_ctx);
+    PassContext cx = o->emit == "graph" ? PassContext{g, {}, co, false} : run_pipeline(g, co);
+    std::string text = o->emit == "graph" ? g.str() : o->emit == "ir" ? cx.graph.str() : o->emit == "program" ? cx.program.listing() : cx.program.str();
+    if (o->out.empty()) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      return;
+    }
+    std::ofstream f(o->out, std::ios::binary);
+    if (!f) fail("{}: cannot open for writing", o->out);
+    f << text;
+    if (!f) fail("{}: write failed", o->out);
+    std::fprintf(stderr, "wrote %s\n%s", o->out.c_str(), cx.program.summary().c_str());
+  });
+}
+
+}  // namespace mk::cli

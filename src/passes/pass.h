@@ -1,0 +1,64 @@
+// The compiler: passes over the Graph (dce, fuse) then over the Program (tile, deps, memplan,
+// schedule, validate). default_pipeline() in pipeline.cpp lists them in order, one line each.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "isa/program.h"
+
+namespace mk {
+
+struct CompileOptions {
+  int workers = 1;                   // tiles and static lists are sized for this many workers
+  int64_t max_tokens = 256;          // bound on n_tokens per step; buffers are sized for it
+  ScheduleKind schedule = ScheduleKind::dynamic;
+  int64_t tile_bytes = 192 * 1024;   // target weight bytes per matmul tile
+  int tiles_per_worker = 2;          // at least workers * this tiles per op when its width allows
+  std::vector<std::string> skip;     // pass names not to run (e.g. {"fuse"} to compare against)
+  bool verify = true;                // verify the IR / program after every pass
+};
+
+struct PassContext {
+  Graph graph;
+  Program program;
+  CompileOptions options;
+  bool lowered = false;  // true once `tile` has turned the graph into a program
+};
+
+struct Pass {
+  std::string name;
+  void (*run)(PassContext&);
+  bool on_graph;  // graph-level (true) or program-level (false)
+};
+
+// Every pass, in order.
+const std::vector<Pass>& default_pipeline();
+
+// Runs the pipeline on `graph`; `stop_after` (a pass name) ends early. With MK_PRINT_AFTER=all or a
+// comma list of pass names, prints the IR/program after those passes to stderr. Throws mk::Error
+// naming the pass when a pass or the verifier fails.
+PassContext run_pipeline(const Graph& graph, const CompileOptions& options, const std::string& stop_after = "");
+Program compile_program(const Graph& graph, const CompileOptions& options);
+// How many programs compile_program has produced in this process (tests check that a generation
+// compiles once).
+uint64_t programs_compiled();
+
+// Individual passes (each in its own file).
+void run_dce(PassContext& cx);
+void run_fuse(PassContext& cx);
+void run_tile(PassContext& cx);
+void run_deps(PassContext& cx);
+void run_memplan(PassContext& cx);
+void run_schedule(PassContext& cx);
+void run_validate(PassContext& cx);
+
+// Structural checks of a program after any program pass: ids in range, tiles inside their ops.
+void verify_program_structure(const Program& p);
+
+// The validator (validate.cpp): every property ARCHITECTURE.md lists. Returns the problems found
+// (empty = valid); validate_program throws mk::Error with them.
+std::vector<std::string> check_program(const Program& p);
+void validate_program(const Program& p);
+
+}  // namespace mk

@@ -1,0 +1,77 @@
+// The whole compiler on one screen.
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+
+#include "passes/pass.h"
+#include "support/error.h"
+
+namespace mk {
+
+const std::vector<Pass>& default_pipeline() {
+  static const std::vector<Pass> passes = {
+      {"dce", run_dce, true},             // compute only what outputs read: last_row moves up, dead values go
+      {"fuse", run_fuse, true},           // rms_norm prologue, glu, rope/kv_store/residual epilogues into matmuls
+      {"tile", run_tile, false},          // each op -> OpDesc + grid of column-tile instructions; buffers
+      {"deps", run_deps, false},          // counters and waits from read/write regions, transitively reduced
+      {"memplan", run_memplan, false},    // arena offsets with liveness reuse ordered by waits; KV storage
+      {"schedule", run_schedule, false},  // critical-path global order; static per-worker lists
+      {"validate", run_validate, false},  // the validator: order, counts, races, coverage
+  };
+  return passes;
+}
+
+namespace {
+bool print_after(const std::string& pass) {
+  const char* env = std::getenv("MK_PRINT_AFTER");
+  if (!env) return false;
+  std::string s = std::string(",") + env + ",";
+  return s == ",all," || s.find("," + pass + ",") != std::string::npos;
+}
+}  // namespace
+
+PassContext run_pipeline(const Graph& graph, const CompileOptions& options, const std::string& stop_after) {
+  PassContext cx;
+  cx.graph = graph;
+  cx.options = options;
+  if (cx.options.workers < 1) fail("compile: workers must be at least 1");
+  if (cx.options.max_tokens < 1) fail("compile: max_tokens must be at least 1");
+  if (options.verify) verify_graph(cx.graph);
+  for (const Pass& pass : default_pipeline()) {
+    bool skip = false;
+    for (const auto& s : options.skip) skip |= s == pass.name;
+    if (!skip) {
+      try {
+        pass.run(cx);
+        if (options.verify) {
+          if (pass.on_graph)
+            verify_graph(cx.graph);
+          else
+            verify_program_structure(cx.program);
+        }
+      } catch (const Error& e) {
+        fail("pass {}: {}", pass.name, e.what());
+      }
+      if (print_after(pass.name))
+        std::cerr << "// after " << pass.name << "\n" << (pass.on_graph ? cx.graph.str() : cx.program.str());
+    }
+    if (pass.name == stop_after) break;
+  }
+  return cx;
+}
+
+namespace {
+std::atomic<uint64_t> g_compiled{0};
+}  // namespace
+
+uint64_t programs_compiled() { return g_compiled.load(); }
+
+Program compile_program(const Graph& graph, const CompileOptions& options) {
+  g_compiled.fetch_add(1);
+  for (const auto& s : options.skip)
+    if (s == "tile" || s == "deps" || s == "memplan" || s == "schedule" || s == "validate")
+      fail("compile: pass {} cannot be skipped", s);
+  return std::move(run_pipeline(graph, options).program);
+}
+
+}  // namespace mk

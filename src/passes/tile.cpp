@@ -1,0 +1,345 @@
+// Pass "tile": lowers every op of the (fused) graph to an OpDesc and a 1-D grid of instructions,
+// each computing a range of output columns for all rows. Inputs and KV caches become buffers;
+// views (kv_store results) alias their cache.
+//
+// Tile widths are chosen per op from its shape, its weight bytes and the worker count:
+//   matmul     about `tile_bytes` of weights per tile, at least workers * tiles_per_worker tiles
+//              when the width allows, aligned to 16 columns (to head_dim when RoPE or attention
+//              needs whole heads)
+//   attention  one KV-head group (the query heads sharing a KV head) per tile, split into single
+//              heads when there are fewer groups than workers
+//   others     cheap: about one tile per worker, aligned to 16 columns / the op's natural unit
+// Per-element arithmetic never depends on the tile bounds, so any tiling gives the same bits.
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "ir/fused.h"
+#include "ir/ops.h"
+#include "passes/pass.h"
+#include "support/error.h"
+
+namespace mk {
+
+namespace {
+
+int layer_of(const std::string& name) {
+  // Names follow the glossary: "blk.<il>.<what>".
+  if (name.rfind("blk.", 0) != 0) return -1;
+  size_t end = name.find('.', 4);
+  try {
+    return std::stoi(name.substr(4, end - 4));
+  } catch (...) {
+    return -1;
+  }
+}
+
+double weight_bytes_per_element(DType t) {
+  return static_cast<double>(dtype_block_bytes(t)) / static_cast<double>(dtype_block_size(t));
+}
+
+int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+class Lowering {
+ public:
+  Lowering(const Graph& g, const CompileOptions& o, Program& p) : g_(g), o_(o), p_(p) {}
+
+  void run() {
+    p_.workers = o_.workers;
+    p_.max_tokens = o_.max_tokens;
+    value_buf_.assign(static_cast<size_t>(g_.size()), -1);
+    value_wt_.assign(static_cast<size_t>(g_.size()), -1);
+    users_.assign(static_cast<size_t>(g_.size()), {});
+    for (const Node& n : g_.nodes)
+      for (int i : n.inputs) users_[static_cast<size_t>(i)].push_back(n.id);
+    for (const Node& n : g_.nodes) lower(n);
+    for (const auto& o : g_.outputs) {
+      int b = value_buf_.at(static_cast<size_t>(o.value));
+      if (b < 0) fail("tile: output {} is not a computed value", o.name);
+      p_.buffers[static_cast<size_t>(b)].is_output = true;
+      p_.outputs.emplace_back(o.name, b);
+    }
+  }
+
+ private:
+  int buffer(const Node& n, BufferKind kind, DType dt, SymExpr rows, int64_t cols) {
+    Buffer b;
+    b.name = n.name.empty() ? fmt::format("%{}", n.id) : n.name;
+    b.kind = kind;
+    b.dtype = dt;
+    b.rows = rows;
+    b.cols = cols;
+    b.max_rows = rows.eval({o_.max_tokens, 0});
+    if (kind == BufferKind::kv) b.max_rows = rows.c;
+    p_.buffers.push_back(b);
+    return static_cast<int>(p_.buffers.size()) - 1;
+  }
+  int act(const Node& n) { return buffer(n, BufferKind::activation, DType::F32, n.shape[0], n.shape[1].c); }
+  int buf(int value) const {
+    int b = value_buf_.at(static_cast<size_t>(value));
+    MK_CHECK(b >= 0, "value %{} has no buffer", value);
+    return b;
+  }
+  int wt(int value) const {
+    int w = value_wt_.at(static_cast<size_t>(value));
+    MK_CHECK(w >= 0, "value %{} is not a weight", value);
+    return w;
+  }
+  bool read_by_attention(int value, int64_t* head_dim) const {
+    for (int u : users_[static_cast<size_t>(value)])
+      if (g_[u].op == Op::attention) {
+        *head_dim = g_[u].attr_int("head_dim");
+        return true;
+      }
+    return false;
+  }
+
+  OpDesc desc(const Node& n, Opcode opc) const {
+    OpDesc d;
+    d.opcode = opc;
+    d.name = n.name.empty() ? fmt::format("%{}", n.id) : n.name;
+    d.layer = layer_of(n.name);
+    d.node = n.id;
+    d.rows = n.shape.at(0);
+    d.cols = n.shape.at(1).c;
+    return d;
+  }
+
+  // Tiles of width `tc` (the last may be narrower) over d.cols.
+  void emit(OpDesc d, int64_t tc) {
+    tc = std::clamp<int64_t>(tc, 1, d.cols);
+    d.tile_cols = tc;
+    int op = static_cast<int>(p_.ops.size());
+    p_.ops.push_back(d);
+    int t = 0;
+    for (int64_t c0 = 0; c0 < d.cols; c0 += tc, ++t) {
+      Instr in;
+      in.opcode = d.opcode;
+      in.op = op;
+      in.layer = d.layer;
+      in.tile = t;
+      in.c0 = c0;
+      in.c1 = std::min(d.cols, c0 + tc);
+      p_.instrs.push_back(in);
+    }
+  }
+
+  // Width for cheap ops: about one tile per worker, a multiple of `align`.
+  int64_t cheap_width(int64_t cols, int64_t align) const {
+    int64_t a = std::min(cols, align);
+    return std::max(a, round_up((cols + o_.workers - 1) / o_.workers, a));
+  }
+
+  void set_rope(OpDesc& d, const Node& n) {
+    d.head_dim = n.attr_int("head_dim");
+    d.n_rot = n.attr_int("n_rot", d.head_dim);
+    d.rope_halves = n.attr_str("mode") == "halves";
+    d.theta = n.attr_float("theta");
+    d.inv_freq = rope_inv_freq(n);
+  }
+
+  void lower_matmul(const Node& n) {
+    OpDesc d = desc(n, Opcode::matmul);
+    FusedMatmulLayout L;
+    if (n.op == Op::fused_matmul) L = fused_matmul_layout(n);
+    auto in = [&](int slot) { return n.inputs.at(static_cast<size_t>(slot)); };
+    const Node& x = g_[in(L.x)];
+    d.rows = x.shape[0];
+    d.cols = g_[in(L.w)].shape[0].c;
+    d.k = x.shape[1].c;
+    d.x = buf(in(L.x));
+    d.w = wt(in(L.w));
+    if (L.w_up >= 0) d.w_up = wt(in(L.w_up));
+    d.glu = L.glu == "silu" ? Act::silu : L.glu == "gelu" ? Act::gelu : L.glu == "gelu_tanh" ? Act::gelu_tanh : Act::none;
+    if (L.norm_w >= 0) {
+      d.pro_rms = true;
+      d.norm_w = wt(in(L.norm_w));
+      d.eps = n.attr_float("eps");
+      d.weight_offset = n.attr_float("weight_offset", 0.0);
+    }
+    d.epi = L.epi == "add" ? Epi::add : L.epi == "rope" ? Epi::rope : L.epi == "store" ? Epi::store
+            : L.epi == "rope_store" ? Epi::rope_store : Epi::none;
+    if (L.residual >= 0) d.res = buf(in(L.residual));
+    if (L.has_rope()) {
+      d.pos = buf(in(L.positions));
+      set_rope(d, n);
+    }
+    if (L.has_store()) {
+      d.out = buf(in(L.cache));
+      value_buf_[static_cast<size_t>(n.id)] = d.out;  // the value is a view of the cache
+    } else {
+      d.out = act(n);
+      value_buf_[static_cast<size_t>(n.id)] = d.out;
+    }
+    // Alignment: whole heads for RoPE and for values attention reads per head.
+    int64_t align = 16, hd = 0;
+    if (L.has_rope()) align = d.head_dim;
+    if (read_by_attention(n.id, &hd)) align = std::lcm(align, hd);
+    align = std::min(align, d.cols);
+    double per_col = static_cast<double>(d.k) * weight_bytes_per_element(p_.weights[static_cast<size_t>(d.w)].dtype) *
+                     (d.w_up >= 0 ? 2 : 1);
+    int64_t by_bytes = static_cast<int64_t>(static_cast<double>(o_.tile_bytes) / std::max(per_col, 1.0));
+    int64_t tc = std::max(align, by_bytes / align * align);
+    int64_t want_tiles = static_cast<int64_t>(o_.workers) * o_.tiles_per_worker;
+    int64_t for_parallelism = std::max(align, round_up((d.cols + want_tiles - 1) / want_tiles, align));
+    tc = std::min(tc, for_parallelism);
+    emit(d, tc);
+  }
+
+  void lower(const Node& n) {
+    auto in = [&](int i) { return n.inputs.at(static_cast<size_t>(i)); };
+    switch (n.op) {
+      case Op::input: {
+        int b = buffer(n, BufferKind::input, DType::I32, SymExpr::tokens(), 1);
+        value_buf_[static_cast<size_t>(n.id)] = b;
+        (n.attr_str("kind") == "tokens" ? p_.tokens_buffer : p_.positions_buffer) = b;
+        return;
+      }
+      case Op::weight: {
+        for (size_t i = 0; i < p_.weights.size(); ++i)
+          if (p_.weights[i].name == n.weight) {
+            value_wt_[static_cast<size_t>(n.id)] = static_cast<int>(i);
+            return;
+          }
+        ProgramWeight w;
+        w.name = n.weight;
+        w.dtype = n.dtype;
+        for (const auto& s : n.shape) w.shape.push_back(s.c);
+        p_.weights.push_back(w);
+        value_wt_[static_cast<size_t>(n.id)] = static_cast<int>(p_.weights.size()) - 1;
+        return;
+      }
+      case Op::kv_cache: {
+        int b = buffer(n, BufferKind::kv, DType::F32, n.shape[0], n.shape[1].c);
+        value_buf_[static_cast<size_t>(n.id)] = b;
+        p_.n_ctx = n.shape[0].c;
+        return;
+      }
+      case Op::matmul:
+      case Op::fused_matmul:
+        lower_matmul(n);
+        return;
+      case Op::embed: {
+        OpDesc d = desc(n, Opcode::embed);
+        d.w = wt(in(0));
+        d.ids = buf(in(1));
+        d.k = d.cols;
+        d.out = act(n);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        emit(d, cheap_width(d.cols, 16));
+        return;
+      }
+      case Op::attention: {
+        OpDesc d = desc(n, Opcode::attention);
+        d.x = buf(in(0));
+        d.y = buf(in(1));
+        d.z = buf(in(2));
+        d.n_head = n.attr_int("n_head");
+        d.n_head_kv = n.attr_int("n_head_kv");
+        d.head_dim = n.attr_int("head_dim");
+        d.scale = n.attr_float("scale");
+        d.k = d.head_dim;
+        d.out = act(n);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        int64_t heads = d.n_head / d.n_head_kv;
+        while (heads > 1 && heads % 2 == 0 && d.n_head / heads < o_.workers) heads /= 2;
+        emit(d, heads * d.head_dim);
+        return;
+      }
+      case Op::rms_norm:
+      case Op::layer_norm: {
+        OpDesc d = desc(n, n.op == Op::rms_norm ? Opcode::rms_norm : Opcode::layer_norm);
+        d.x = buf(in(0));
+        d.k = d.cols;
+        d.eps = n.attr_float("eps");
+        d.weight_offset = n.attr_float("weight_offset", 0.0);
+        d.group = n.op == Op::rms_norm ? n.attr_int("group", d.cols) : d.cols;
+        if (n.inputs.size() > 1) d.norm_w = wt(in(1));
+        if (n.inputs.size() > 2) d.bias = wt(in(2));
+        d.out = act(n);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        int64_t align = d.group < d.cols ? d.group : 16;
+        emit(d, cheap_width(d.cols, align));
+        return;
+      }
+      case Op::add:
+      case Op::mul: {
+        OpDesc d = desc(n, n.op == Op::add ? Opcode::add : Opcode::mul);
+        d.x = buf(in(0));
+        if (g_[in(1)].op == Op::weight)
+          d.bias = wt(in(1));
+        else
+          d.y = buf(in(1));
+        d.k = d.cols;
+        d.out = act(n);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        emit(d, cheap_width(d.cols, 16));
+        return;
+      }
+      case Op::scale:
+      case Op::silu:
+      case Op::gelu:
+      case Op::gelu_tanh: {
+        Opcode opc = n.op == Op::scale ? Opcode::scale : n.op == Op::silu ? Opcode::silu
+                     : n.op == Op::gelu ? Opcode::gelu : Opcode::gelu_tanh;
+        OpDesc d = desc(n, opc);
+        d.x = buf(in(0));
+        d.k = d.cols;
+        if (n.op == Op::scale) d.scale = n.attr_float("s");
+        d.out = act(n);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        emit(d, cheap_width(d.cols, 16));
+        return;
+      }
+      case Op::rope: {
+        OpDesc d = desc(n, Opcode::rope);
+        d.x = buf(in(0));
+        d.pos = buf(in(1));
+        d.k = d.cols;
+        set_rope(d, n);
+        d.out = act(n);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        emit(d, cheap_width(d.cols, d.head_dim));
+        return;
+      }
+      case Op::kv_store: {
+        OpDesc d = desc(n, Opcode::kv_store);
+        d.rows = g_[in(0)].shape[0];
+        d.x = buf(in(0));
+        d.out = buf(in(1));
+        d.k = d.cols;
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        int64_t hd = 16;
+        read_by_attention(n.id, &hd);
+        emit(d, cheap_width(d.cols, hd));
+        return;
+      }
+      case Op::last_row: {
+        OpDesc d = desc(n, Opcode::last_row);
+        d.x = buf(in(0));
+        d.k = d.cols;
+        d.out = act(n);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        emit(d, cheap_width(d.cols, 16));
+        return;
+      }
+    }
+    fail("tile: op {} has no lowering", op_name(n.op));
+  }
+
+  const Graph& g_;
+  const CompileOptions& o_;
+  Program& p_;
+  std::vector<int> value_buf_, value_wt_;
+  std::vector<std::vector<int>> users_;
+};
+
+}  // namespace
+
+void run_tile(PassContext& cx) {
+  cx.program = Program{};
+  Lowering(cx.graph, cx.options, cx.program).run();
+  cx.lowered = true;
+}
+
+}  // namespace mk

@@ -1,0 +1,247 @@
+// The CPU interpreter against the reference backend, and its determinism.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "archs/arch.h"
+#include "backend/backend.h"
+#include "backend/cpu/interpreter.h"
+#include "passes/pass.h"
+#include "runtime/session.h"
+#include "support/error.h"
+#include "support/tiny_model.h"
+
+using namespace mk;
+
+namespace {
+
+const std::string kStories = std::string(MK_SHARED_DIR) + "/models/stories260K/";
+
+// Logits of a prompt step then `decode` single-token steps, concatenated.
+std::vector<float> run_steps(Backend& b, const std::vector<int32_t>& prompt, int decode, int32_t vocab) {
+  std::vector<float> all = b.forward(prompt, 0);
+  int64_t n_past = static_cast<int64_t>(prompt.size());
+  int32_t tok = prompt.back();
+  for (int i = 0; i < decode; ++i) {
+    tok = static_cast<int32_t>((tok * 7 + 3) % vocab);
+    auto l = b.forward(std::span<const int32_t>(&tok, 1), n_past++);
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_err = std::max(max_err, std::abs(static_cast<double>(a[i]) - b[i]));
+    max_ref = std::max(max_ref, std::abs(static_cast<double>(b[i])));
+  }
+  EXPECT_LE(max_err, tol * std::max(1.0, max_ref)) << what << ": max abs error " << max_err << " (max |ref| " << max_ref << ")";
+}
+
+BackendOptions cpu_opts(int threads, const std::string& schedule = "dynamic") {
+  BackendOptions o;
+  o.threads = threads;
+  o.schedule = schedule;
+  return o;
+}
+
+}  // namespace
+
+TEST(CpuBackend, MatchesReferenceOnTinyModels) {
+  struct Case {
+    const char* what;
+    test::TinyLlama cfg;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"f32 gqa", {}});
+  test::TinyLlama tied;
+  tied.tied = true;
+  tied.n_head_kv = 4;
+  cases.push_back({"tied mha", tied});
+  test::TinyLlama bf;
+  bf.dtype = DType::BF16;
+  cases.push_back({"bf16", bf});
+  test::TinyLlama hf;
+  hf.dtype = DType::F16;
+  hf.n_head_kv = 1;
+  cases.push_back({"f16 mqa", hf});
+  for (const auto& c : cases) {
+    ModelFile m = test::make_tiny_llama(c.cfg);
+    Graph g = build_graph(m, BuildOptions{c.cfg.n_ctx, false});
+    auto ref = make_backend("reference", g, m, {});
+    std::vector<int32_t> prompt = {1, 5, 9, 13, 2, 40, 7};
+    auto want = run_steps(*ref, prompt, 6, static_cast<int32_t>(c.cfg.n_vocab));
+    for (int threads : {1, 3}) {
+      auto cpu = make_backend("cpu", g, m, cpu_opts(threads));
+      expect_close(run_steps(*cpu, prompt, 6, static_cast<int32_t>(c.cfg.n_vocab)), want, 2e-5,
+                   std::string(c.what) + " threads " + std::to_string(threads));
+    }
+  }
+}
+
+TEST(CpuBackend, AllLogitsAndChunkedPrefillMatchReference) {
+  test::TinyLlama cfg;
+  cfg.n_ctx = 600;
+  ModelFile m = test::make_tiny_llama(cfg);
+  for (bool all : {true, false}) {
+    Graph g = build_graph(m, BuildOptions{cfg.n_ctx, all});
+    auto ref = make_backend("reference", g, m, {});
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 300; ++i) prompt.push_back((i * 5 + 1) % 48);  // > max_tokens (256): two steps
+    auto cpu = make_backend("cpu", g, m, cpu_opts(2));
+    expect_close(cpu->forward(prompt, 0), ref->forward(prompt, 0), 2e-5, all ? "all logits" : "last logits");
+  }
+}
+
+TEST(CpuBackend, MatchesReferenceOnStories260K) {
+  ModelFile m = load_model(kStories + "stories260K.bin");
+  Graph g = build_graph(m, BuildOptions{512, false});
+  auto ref = make_backend("reference", g, m, {});
+  std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 432};
+  auto want = run_steps(*ref, prompt, 20, 512);
+  auto cpu = make_backend("cpu", g, m, cpu_opts(2));
+  expect_close(run_steps(*cpu, prompt, 20, 512), want, 1e-5, "stories260K");
+}
+
+TEST(CpuBackend, BitwiseIdenticalAcrossThreadsSchedulesAndFusion) {
+  ModelFile m = load_model(kStories + "stories260K.gguf");
+  Graph g = build_graph(m, BuildOptions{128, false});
+  std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 432, 383, 286};
+  auto base_backend = make_backend("cpu", g, m, cpu_opts(1));
+  const auto base = run_steps(*base_backend, prompt, 12, 512);
+  for (int threads : {1, 2, 3, 4, 8})
+    for (const char* schedule : {"dynamic", "static-rr", "static-cp"}) {
+      auto b = make_backend("cpu", g, m, cpu_opts(threads, schedule));
+      auto got = run_steps(*b, prompt, 12, 512);
+      ASSERT_EQ(got.size(), base.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), base.data(), base.size() * 4)) << threads << " threads, " << schedule;
+    }
+}
+
+TEST(CpuBackend, FusedAndUnfusedProgramsGiveTheSameBits) {
+  ModelFile m = load_model(kStories + "stories260K.gguf");
+  Graph g = build_graph(m, BuildOptions{64, false});
+  std::vector<int32_t> prompt = {1, 403, 407, 261};
+  std::vector<std::vector<float>> out;
+  for (std::vector<std::string> skip : {std::vector<std::string>{}, {"fuse"}, {"dce", "fuse"}}) {
+    CompileOptions co;
+    co.workers = 2;
+    co.skip = skip;
+    cpu::Interpreter it(compile_program(g, co), m);
+    it.step(prompt, 0);
+    auto l = it.output("logits");
+    out.emplace_back(l.begin(), l.end());
+  }
+  for (size_t i = 1; i < out.size(); ++i) {
+    ASSERT_EQ(out[i].size(), out[0].size());
+    EXPECT_EQ(0, std::memcmp(out[i].data(), out[0].data(), out[0].size() * 4)) << "variant " << i;
+  }
+}
+
+TEST(CpuBackend, RepeatedRunsAreBitwiseIdentical) {
+  ModelFile m = load_model(kStories + "stories260K.bin");
+  Graph g = build_graph(m, BuildOptions{64, false});
+  auto b = make_backend("cpu", g, m, cpu_opts(2));
+  std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
+  const auto first = run_steps(*b, prompt, 3, 512);
+  for (int rep = 0; rep < 50; ++rep) {
+    b->reset();
+    auto again = run_steps(*b, prompt, 3, 512);
+    ASSERT_EQ(0, std::memcmp(again.data(), first.data(), first.size() * 4)) << "run " << rep;
+  }
+}
+
+TEST(CpuBackend, OneCompilationServesAWholeGeneration) {
+  SessionOptions so;
+  so.model_path = kStories + "stories260K.bin";
+  so.backend = "cpu";
+  so.backend_options.threads = 2;
+  const uint64_t before = programs_compiled();
+  Session s(so);
+  EXPECT_EQ(programs_compiled(), before + 1);
+  GenerateOptions go;
+  go.prompt = "Once upon a time";
+  go.n_new = 40;
+  go.sampler.temperature = 0;
+  go.ignore_eos = true;
+  GenerateResult r = generate(s, go);
+  EXPECT_EQ(r.generated_ids.size(), 40u);
+  EXPECT_EQ(programs_compiled(), before + 1) << "a step recompiled the program";
+}
+
+TEST(CpuBackend, ContextOverflowAndBadTokensAreErrors) {
+  test::TinyLlama cfg;
+  cfg.n_ctx = 8;
+  ModelFile m = test::make_tiny_llama(cfg);
+  Graph g = build_graph(m, BuildOptions{8, false});
+  auto b = make_backend("cpu", g, m, cpu_opts(2));
+  std::vector<int32_t> nine(9, 1);
+  EXPECT_THROW(b->forward(nine, 0), Error);
+  std::vector<int32_t> bad = {1, 1000};
+  EXPECT_THROW(b->forward(bad, 0), Error);
+  std::vector<int32_t> ok = {1, 2};
+  EXPECT_EQ(b->forward(ok, 0).size(), static_cast<size_t>(cfg.n_vocab));
+}
+
+TEST(CpuBackend, UnknownScheduleIsAnError) {
+  test::TinyLlama cfg;
+  ModelFile m = test::make_tiny_llama(cfg);
+  Graph g = build_graph(m, BuildOptions{16, false});
+  EXPECT_THROW(make_backend("cpu", g, m, cpu_opts(2, "random")), Error);
+}
+
+TEST(CpuBackend, TraceHasOneTrackPerWorkerAndASlicePerInstruction) {
+  ModelFile m = load_model(kStories + "stories260K.bin");
+  Graph g = build_graph(m, BuildOptions{64, false});
+  const std::string path = ::testing::TempDir() + "/mk_trace.json";
+  BackendOptions o = cpu_opts(3, "static-cp");
+  o.trace_path = path;
+  CompileOptions co;
+  co.workers = 3;
+  co.schedule = ScheduleKind::static_cp;
+  co.max_tokens = 64;
+  const size_t n_instrs = compile_program(g, co).instrs.size();
+  {
+    auto b = make_backend("cpu", g, m, o);
+    run_steps(*b, {1, 403, 407}, 4, 512);  // 5 steps
+    b->finish();
+  }
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good());
+  auto j = nlohmann::json::parse(f);
+  std::set<int> tracks;
+  size_t slices = 0, waits = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks.insert(e["tid"].get<int>());
+    if (e["ph"] != "X") continue;
+    if (e["name"] == "wait") {
+      ++waits;
+      continue;
+    }
+    ++slices;
+    EXPECT_TRUE(e["args"].contains("op") && e["args"].contains("layer") && e["args"].contains("tile")) << e.dump();
+  }
+  EXPECT_EQ(tracks, (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(slices, 5 * n_instrs);
+  EXPECT_GT(waits, 0u);
+}
+
+TEST(CpuBackend, TraceSummaryListsWorkersAndOpcodes) {
+  ModelFile m = load_model(kStories + "stories260K.bin");
+  Graph g = build_graph(m, BuildOptions{64, false});
+  CompileOptions co;
+  co.workers = 2;
+  cpu::Interpreter it(compile_program(g, co), m, true);
+  std::vector<int32_t> t = {1, 2, 3};
+  it.step(t, 0);
+  std::string s = cpu::trace_summary(it);
+  EXPECT_NE(s.find("busy"), std::string::npos) << s;
+  EXPECT_NE(s.find("attention"), std::string::npos) << s;
+  EXPECT_NE(s.find("matmul"), std::string::npos) << s;
+}
