@@ -28,7 +28,7 @@ std::vector<std::string> backend_names() {
 }
 
 // The CUDA megakernel where a GPU and driver are present, else the CPU megakernel interpreter.
-std::string default_backend_name() { return cuda_available(nullptr) ? "cuda" : "cpu"; }
+std::string default_backend_name() { return cuda::cuda_available(nullptr) ? "cuda" : "cpu"; }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,
                                       const BackendOptions& options) {
