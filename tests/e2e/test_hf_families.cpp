@@ -1,6 +1,7 @@
 // Hugging Face families on the reference backend against transformers' own outputs
 // (../shared/fixtures/hf/<family>_<dtype>/reference.json): last-position logits within relative L2
-// 1e-4, argmax at every prompt position, and 16 greedy tokens through the KV cache.
+// 1e-4, argmax at every prompt position, and 16 greedy tokens through the KV cache; the CPU
+// interpreter's prefill logits must agree with the reference backend's.
 //
 // The bfloat16 references were computed by a model loaded in bf16 and then upcast, so besides the
 // weights its non-persistent buffers were rounded to bf16 too: RoPE's inv_freq and Gemma's
@@ -86,6 +87,15 @@ TEST_P(HfFamilies, MatchesTransformers) {
   std::vector<int32_t> got_argmax;
   for (int64_t r = 0; r < n_prompt; ++r) got_argmax.push_back(argmax(logits.data() + r * n_vocab, n_vocab));
   EXPECT_EQ(got_argmax, want_argmax);
+
+  // The CPU interpreter (compiled Program) agrees with the reference backend.
+  {
+    BackendOptions bo;
+    bo.threads = 2;
+    std::vector<float> cpu = make_backend("cpu", all, m, bo)->forward(prompt, 0);
+    ASSERT_EQ(cpu.size(), logits.size());
+    EXPECT_LT(rel_l2(cpu, logits), 1e-5) << "cpu backend vs reference";
+  }
 
   // Greedy generation: prefill, then one token per step through the KV cache.
   Graph one = build_graph(m, {n_ctx, false});
