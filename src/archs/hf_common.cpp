@@ -84,6 +84,12 @@ std::string hf_activation(const nlohmann::ordered_json& c) {
   fail("config.json: unsupported activation {} (supported: silu, gelu, gelu_pytorch_tanh, gelu_new)", act);
 }
 
+bool hf_bf16_buffers(const nlohmann::ordered_json& c) {
+  for (const char* key : {"dtype", "torch_dtype"})
+    if (c.contains(key) && c[key].is_string()) return c[key].get<std::string>() == "bfloat16";
+  return false;
+}
+
 DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default) {
   const auto& c = hf_config(m);
   DecoderSpec s;
@@ -112,6 +118,8 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
                       {"high_freq_factor", rope.high_freq_factor},
                       {"original_max_pos", rope.original_max_position_embeddings}};
   }
+
+  if (hf_bf16_buffers(c)) s.rope_scaling["freq_dtype"] = std::string("bf16");
 
   const bool tied = c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean()
                         ? c["tie_word_embeddings"].get<bool>()
