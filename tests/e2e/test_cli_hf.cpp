@@ -8,6 +8,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "support/compare.h"
+
 namespace {
 
 std::string run_cli(const std::string& args, int* status) {
@@ -38,15 +40,9 @@ TEST(E2EHfCli, LogitsMatchTransformersOnEveryFixture) {
         ASSERT_EQ(status, 0) << dir << "\n" << out;
         auto j = nlohmann::json::parse(out);
         EXPECT_EQ(j["argmax_all"], ref["logits_all_argmax"]) << dir << " " << backend;
-        auto got = j["logits_last"].get<std::vector<double>>();
-        auto want = ref["logits_last"].get<std::vector<double>>();
-        ASSERT_EQ(got.size(), want.size());
-        double num = 0, den = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          num += (got[i] - want[i]) * (got[i] - want[i]);
-          den += want[i] * want[i];
-        }
-        EXPECT_LT(std::sqrt(num / den), 1e-4) << dir << " " << backend;
+        EXPECT_LT(mk::test::rel_l2(j["logits_last"].get<std::vector<double>>(), ref["logits_last"].get<std::vector<double>>()),
+                  1e-4)
+            << dir << " " << backend;
       }
     }
 }

@@ -8,6 +8,8 @@
 // sqrt(hidden_size)); the family descriptions do the same for bf16 checkpoints (hf_bf16_buffers).
 #include <gtest/gtest.h>
 
+#include "support/compare.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -27,14 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kHfFixtures = fs::path(MK_SHARED_DIR) / "fixtures" / "hf";
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using test::rel_l2;
 
 int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max_element(v, v + n) - v); }
 
