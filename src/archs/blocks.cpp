@@ -72,7 +72,7 @@ class DecoderBuilder {
     int pos = g_.add_input("positions");
     int emb = weight("token_embd.weight", {hp_.n_vocab, n_embd});
     int x = g_.add(Op::embed, {emb, tokens}, {}, "inp_embd");
-    if (s_.embed_scale) x = g_.add(Op::scale, {x}, {{"s", std::sqrt(static_cast<double>(n_embd))}}, "inp_scaled");
+    if (s_.embed_scale) x = g_.add(Op::scale, {x}, {{"s", s_.embed_scale_value > 0 ? s_.embed_scale_value : std::sqrt(static_cast<double>(n_embd))}}, "inp_scaled");
     if (s_.learned_positions) {
       int pe = weight("position_embd.weight", {hp_.n_ctx_train, n_embd});
       x = g_.add(Op::add, {x, g_.add(Op::embed, {pe, pos}, {}, "inp_pos_embd")}, {}, "inp_embd_pos");

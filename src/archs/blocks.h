@@ -19,6 +19,7 @@ struct DecoderSpec {
   enum class Norm { rms, layer } norm = Norm::rms;
   double norm_weight_offset = 0.0;  // Gemma stores w and scales by (1 + w)
   bool embed_scale = false;         // Gemma: embeddings * sqrt(n_embd)
+  double embed_scale_value = 0.0;   // the factor when not exactly sqrt(n_embd) (bf16-rounded in HF bf16 models)
   bool learned_positions = false;   // GPT-2: + pos_embd[position]
 
   std::string rope_mode = "adjacent";  // "adjacent" (GGUF/llama2.c) or "halves" (HF rotate_half)

@@ -1,25 +1,11 @@
 #include "archs/hf_common.h"
 
-#include <optional>
-
 #include "model/hf.h"
 #include "support/error.h"
 
 namespace mk {
 
 namespace {
-
-// The first of `keys` present and not null; `def` when none is (nullopt: required).
-int64_t config_int(const nlohmann::ordered_json& c, std::initializer_list<const char*> keys,
-                   std::optional<int64_t> def = std::nullopt) {
-  for (const char* k : keys) {
-    if (!c.contains(k) || c[k].is_null()) continue;
-    if (!c[k].is_number_integer()) fail("config.json: {} is not an integer", k);
-    return c[k].get<int64_t>();
-  }
-  if (!def) fail("config.json: missing {}", *keys.begin());
-  return *def;
-}
 
 double config_float(const nlohmann::ordered_json& c, std::initializer_list<const char*> keys, double def) {
   for (const char* k : keys) {
@@ -34,7 +20,7 @@ double config_float(const nlohmann::ordered_json& c, std::initializer_list<const
 int64_t sliding_window(const nlohmann::ordered_json& c) {
   if (c.contains("use_sliding_window") && c["use_sliding_window"].is_boolean() && !c["use_sliding_window"].get<bool>())
     return 0;
-  return config_int(c, {"sliding_window"}, 0);
+  return hf_config_int(c, {"sliding_window"}, 0);
 }
 
 }  // namespace
@@ -49,14 +35,14 @@ Hparams read_hf_hparams(const ModelFile& m) {
   const auto& c = hf_config(m);
   Hparams hp;
   hp.arch = m.get_str("general.architecture");
-  hp.n_vocab = config_int(c, {"vocab_size"});
-  hp.n_embd = config_int(c, {"hidden_size", "n_embd"});
-  hp.n_layer = config_int(c, {"num_hidden_layers", "n_layer"});
-  hp.n_head = config_int(c, {"num_attention_heads", "n_head"});
-  hp.n_head_kv = config_int(c, {"num_key_value_heads"}, hp.n_head);
-  hp.head_dim = config_int(c, {"head_dim"}, hp.n_head > 0 ? hp.n_embd / hp.n_head : 0);
-  hp.n_ff = config_int(c, {"intermediate_size", "n_inner"}, 4 * hp.n_embd);
-  hp.n_ctx_train = config_int(c, {"max_position_embeddings", "n_positions"}, 2048);
+  hp.n_vocab = hf_config_int(c, {"vocab_size"});
+  hp.n_embd = hf_config_int(c, {"hidden_size", "n_embd"});
+  hp.n_layer = hf_config_int(c, {"num_hidden_layers", "n_layer"});
+  hp.n_head = hf_config_int(c, {"num_attention_heads", "n_head"});
+  hp.n_head_kv = hf_config_int(c, {"num_key_value_heads"}, hp.n_head);
+  hp.head_dim = hf_config_int(c, {"head_dim"}, hp.n_head > 0 ? hp.n_embd / hp.n_head : 0);
+  hp.n_ff = hf_config_int(c, {"intermediate_size", "n_inner"}, 4 * hp.n_embd);
+  hp.n_ctx_train = hf_config_int(c, {"max_position_embeddings", "n_positions"}, 2048);
   if (int64_t w = sliding_window(c); w > 0 && w < hp.n_ctx_train) hp.n_ctx_train = w;
   hp.norm_eps = config_float(c, {"rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"}, 1e-5);
   return hp;
@@ -98,6 +84,12 @@ std::string hf_activation(const nlohmann::ordered_json& c) {
   fail("config.json: unsupported activation {} (supported: silu, gelu, gelu_pytorch_tanh, gelu_new)", act);
 }
 
+bool hf_bf16_buffers(const nlohmann::ordered_json& c) {
+  for (const char* key : {"dtype", "torch_dtype"})
+    if (c.contains(key) && c[key].is_string()) return c[key].get<std::string>() == "bfloat16";
+  return false;
+}
+
 DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default) {
   const auto& c = hf_config(m);
   DecoderSpec s;
@@ -126,6 +118,8 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
                       {"high_freq_factor", rope.high_freq_factor},
                       {"original_max_pos", rope.original_max_position_embeddings}};
   }
+
+  if (hf_bf16_buffers(c)) s.rope_scaling["freq_dtype"] = std::string("bf16");
 
   const bool tied = c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean()
                         ? c["tie_word_embeddings"].get<bool>()

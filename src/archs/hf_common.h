@@ -29,6 +29,12 @@ std::string hf_llama_tensor_name(const std::string& canonical, bool tied);
 // requested context exceeds a sliding attention window.
 DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default);
 
+// transformers computes a checkpoint in its config dtype (`dtype`, older `torch_dtype`): for
+// bfloat16, the model's non-persistent buffers — RoPE's inv_freq, Gemma's sqrt(hidden_size)
+// normalizer — are bf16-rounded too. The families reproduce that so logits match transformers
+// (about 1e-3 relative otherwise); the weights themselves are exact either way.
+bool hf_bf16_buffers(const nlohmann::ordered_json& config);
+
 // Activation of `hidden_activation` (if set) else `hidden_act`: silu | gelu | gelu_tanh.
 std::string hf_activation(const nlohmann::ordered_json& config);
 

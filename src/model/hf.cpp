@@ -16,6 +16,17 @@ namespace mk {
 
 namespace fs = std::filesystem;
 
+int64_t hf_config_int(const nlohmann::ordered_json& c, std::initializer_list<const char*> keys,
+                      std::optional<int64_t> def) {
+  for (const char* k : keys) {
+    if (!c.contains(k) || c[k].is_null()) continue;
+    if (!c[k].is_number_integer()) fail("config.json: {} is not an integer", k);
+    return c[k].get<int64_t>();
+  }
+  if (!def) fail("config.json: missing {}", *keys.begin());
+  return *def;
+}
+
 nlohmann::ordered_json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{}: cannot open", path);
@@ -58,18 +69,6 @@ void load_sharded(ModelFile& model, const fs::path& dir, const std::string& inde
   }
 }
 
-// Integer config field: the first of `keys` present and not null, else `def` (nullopt: required).
-int64_t config_int(const nlohmann::ordered_json& c, std::initializer_list<const char*> keys,
-                   std::optional<int64_t> def = std::nullopt) {
-  for (const char* k : keys) {
-    if (!c.contains(k) || c[k].is_null()) continue;
-    if (!c[k].is_number_integer()) fail("config.json: {} is not an integer", k);
-    return c[k].get<int64_t>();
-  }
-  if (!def) fail("config.json: missing {}", *keys.begin());
-  return *def;
-}
-
 // Rows [row0, row0 + n_rows) of a 2-D tensor (or elements of a 1-D one) as a tensor sharing its data.
 WeightTensor row_view(const WeightTensor& t, int64_t row0, int64_t n_rows, std::string name) {
   const int64_t row_elems = t.shape.size() == 2 ? t.shape[1] : 1;
@@ -110,10 +109,10 @@ WeightTensor take(const ModelFile& m, const std::string& name, const std::vector
 // contiguous, so each part is registered as a view under the Llama name (q_proj, k_proj, v_proj,
 // gate_proj, up_proj) without copying.
 void add_phi3_views(ModelFile& m, const nlohmann::ordered_json& c, std::vector<std::string>& derived) {
-  const int64_t hidden = config_int(c, {"hidden_size"}), n_head = config_int(c, {"num_attention_heads"});
-  const int64_t n_head_kv = config_int(c, {"num_key_value_heads"}, n_head);
-  const int64_t head_dim = config_int(c, {"head_dim"}, n_head > 0 ? hidden / n_head : 0);
-  const int64_t n_ff = config_int(c, {"intermediate_size"});
+  const int64_t hidden = hf_config_int(c, {"hidden_size"}), n_head = hf_config_int(c, {"num_attention_heads"});
+  const int64_t n_head_kv = hf_config_int(c, {"num_key_value_heads"}, n_head);
+  const int64_t head_dim = hf_config_int(c, {"head_dim"}, n_head > 0 ? hidden / n_head : 0);
+  const int64_t n_ff = hf_config_int(c, {"intermediate_size"});
   const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
   auto add = [&](WeightTensor t) {
     derived.push_back(t.name);
@@ -145,8 +144,8 @@ void add_phi3_views(ModelFile& m, const nlohmann::ordered_json& c, std::vector<s
 // (weight and bias), attn.o_proj, mlp.up_proj, mlp.down_proj. Biases need no transpose and keep
 // their names except the q/k/v split (views of attn.c_attn.bias).
 void add_gpt2_transposes(ModelFile& m, const nlohmann::ordered_json& c, std::vector<std::string>& derived) {
-  const int64_t n = config_int(c, {"n_embd", "hidden_size"});
-  const int64_t n_ff = config_int(c, {"n_inner"}, 4 * n);
+  const int64_t n = hf_config_int(c, {"n_embd", "hidden_size"});
+  const int64_t n_ff = hf_config_int(c, {"n_inner"}, 4 * n);
   auto add = [&](WeightTensor t) {
     derived.push_back(t.name);
     m.add_tensor(std::move(t));

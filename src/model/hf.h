@@ -18,7 +18,9 @@
 // so architecture descriptions read one form.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,11 @@ inline HfRope read_hf_rope(const nlohmann::json& config) { return read_hf_rope(n
 // End-of-sequence ids: `eos_token_id` of generation_config.json, else of config.json (an integer
 // or a list of integers; null or absent means none). Duplicates removed, order kept.
 std::vector<int32_t> read_hf_eos_ids(const ModelFile& model);
+
+// Integer config field: the first of `keys` present and not null, else `def`; throws mk::Error
+// "config.json: missing <first key>" when there is no default, or when the value is not an integer.
+int64_t hf_config_int(const nlohmann::ordered_json& config, std::initializer_list<const char*> keys,
+                      std::optional<int64_t> def = std::nullopt);
 
 // Reads a JSON file; throws mk::Error naming the file when it is missing or not valid JSON.
 nlohmann::ordered_json read_json_file(const std::string& path);

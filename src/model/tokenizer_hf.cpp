@@ -304,7 +304,8 @@ class HfBpeTokenizer final : public Tokenizer {
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   std::array<int32_t, 256> byte_token_{};  // <0xXX> ids, -1 when absent
 
-  std::vector<AddedToken> added_;            // longest first
+  std::vector<AddedToken> added_;                          // longest first
+  std::array<std::vector<uint32_t>, 256> added_by_byte_;   // indices into added_, by first byte
   std::vector<bool> is_added_, is_special_;  // by id
   std::vector<NormStep> normalizer_;
   std::vector<PreStep> pre_tokenizer_;
@@ -405,6 +406,8 @@ void HfBpeTokenizer::parse_added(const Json& added) {
   }
   std::stable_sort(added_.begin(), added_.end(),
                    [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+  for (size_t i = 0; i < added_.size(); ++i)
+    added_by_byte_[static_cast<uint8_t>(added_[i].content[0])].push_back(static_cast<uint32_t>(i));
   is_added_.assign(id_to_token_.size(), false);
   is_special_.assign(id_to_token_.size(), false);
   for (const auto& a : added_) {
@@ -559,9 +562,9 @@ std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_bos)
   size_t seg_start = 0, i = 0;
   while (i < text.size()) {
     const AddedToken* hit = nullptr;
-    for (const auto& a : added_)
-      if (text.compare(i, a.content.size(), a.content) == 0) {
-        hit = &a;
+    for (uint32_t k : added_by_byte_[static_cast<uint8_t>(text[i])])
+      if (text.compare(i, added_[k].content.size(), added_[k].content) == 0) {
+        hit = &added_[k];
         break;
       }
     if (!hit) {

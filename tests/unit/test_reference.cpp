@@ -1,6 +1,8 @@
 // The reference backend and the Llama description on small random models.
 #include <gtest/gtest.h>
 
+#include "support/compare.h"
+
 #include <cmath>
 
 #include "archs/arch.h"
@@ -11,14 +13,7 @@
 using namespace mk;
 
 namespace {
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using test::rel_l2;
 }  // namespace
 
 // Prefill of the whole sequence and token-by-token decode through the KV cache must agree: this

@@ -1,0 +1,60 @@
+// The `logits` and `run` commands on Hugging Face directories, as a user calls them.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "support/compare.h"
+
+namespace {
+
+std::string run_cli(const std::string& args, int* status) {
+  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 65536> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  *status = WEXITSTATUS(pclose(p));
+  return out;
+}
+
+TEST(E2EHfCli, LogitsMatchTransformersOnEveryFixture) {
+  const std::string root = std::string(MK_SHARED_DIR) + "/fixtures/hf/";
+  for (const char* family : {"llama_gqa", "llama3_scaled_tied", "llama_mha_headdim", "mistral", "qwen2_bias",
+                             "qwen3_qknorm", "gemma", "phi3", "gpt2"})
+    for (const char* dtype : {"float32", "bfloat16"}) {
+      const std::string dir = root + family + "_" + dtype;
+      std::ifstream in(dir + "/reference.json");
+      ASSERT_TRUE(in.good()) << dir;
+      auto ref = nlohmann::json::parse(in);
+      std::string ids;
+      for (int id : ref["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+      for (const char* backend : {"reference", "cpu"}) {
+        int status = 0;
+        std::string out = run_cli(std::string("logits --backend ") + backend + " -m " + dir + " --ids " + ids, &status);
+        ASSERT_EQ(status, 0) << dir << "\n" << out;
+        auto j = nlohmann::json::parse(out);
+        EXPECT_EQ(j["argmax_all"], ref["logits_all_argmax"]) << dir << " " << backend;
+        EXPECT_LT(mk::test::rel_l2(j["logits_last"].get<std::vector<double>>(), ref["logits_last"].get<std::vector<double>>()),
+                  1e-4)
+            << dir << " " << backend;
+      }
+    }
+}
+
+TEST(E2EHfCli, RunOnADirectory) {
+  int status = 0;
+  std::string out = run_cli("run --json --temp 0 -n 4 -m " + std::string(MK_SHARED_DIR) + "/fixtures/hf/qwen2_bias_float32 -p 'Hello world'", &status);
+  ASSERT_EQ(status, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["generated_ids"].size(), 4u);
+  // bytelevel_bpe_expected.json: "Hello world" -> these ids (the fixtures share that tokenizer).
+  EXPECT_EQ(j["prompt_ids"], nlohmann::json::parse("[40,69,275,79,309,261,76,68]"));
+}
+
+}  // namespace
