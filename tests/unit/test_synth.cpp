@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <ostream>
 
 #include "archs/arch.h"
 #include "model/synth.h"
@@ -26,6 +27,8 @@ struct Expect {
   bool tied;
   double gb;  // weight bytes / 1e9 (TARGETS.md)
 };
+
+void PrintTo(const Expect& e, std::ostream* os) { *os << e.name; }
 
 class SynthRealShapes : public testing::TestWithParam<Expect> {};
 
