@@ -397,34 +397,40 @@ class CudaBackend final : public Backend {
     return std::vector<float>(o, o + out_bytes / 4);
   }
 
-  // Appends this step's records to the per-SM tracks; times relative to the first step's start.
+  // Appends this step's records to the per-SM tracks; times in ns from the earliest record of the
+  // first traced step.
   void collect_trace(uint32_t epoch) {
     std::vector<uint32_t> counts(static_cast<size_t>(grid_));
     MK_CU(cuMemcpyDtoH, counts.data(), trace_.ptr, counts.size() * 4);
     const size_t n = program_.instrs.size();
-    std::vector<cuda::MkTraceRec> recs;
-    int64_t lo = INT64_MAX, hi = 0;
+    std::vector<cuda::MkTraceRec> recs, block;
     for (int b = 0; b < grid_; ++b) {
       const size_t c = std::min<size_t>(counts[static_cast<size_t>(b)], n);
       if (!c) continue;
-      recs.resize(c);
-      MK_CU(cuMemcpyDtoH, recs.data(), trace_.ptr + trace_header_ + (static_cast<size_t>(b) * n) * sizeof(cuda::MkTraceRec),
+      block.resize(c);
+      MK_CU(cuMemcpyDtoH, block.data(), trace_.ptr + trace_header_ + (static_cast<size_t>(b) * n) * sizeof(cuda::MkTraceRec),
             c * sizeof(cuda::MkTraceRec));
-      for (const cuda::MkTraceRec& r : recs) {
-        if (trace_t0_ == 0) trace_t0_ = static_cast<int64_t>(r.wait_ns);
-        cpu::TraceEvent e;
-        e.instr = static_cast<uint32_t>(r.instr);
-        e.step = epoch;
-        e.wait_ns = static_cast<int64_t>(r.wait_ns) - trace_t0_;
-        e.start_ns = static_cast<int64_t>(r.start_ns) - trace_t0_;
-        e.end_ns = static_cast<int64_t>(r.end_ns) - trace_t0_;
-        lo = std::min(lo, e.wait_ns);
-        hi = std::max(hi, e.end_ns);
-        if (r.smid >= trace_tracks_.size()) trace_tracks_.resize(r.smid + 1);
-        trace_tracks_[r.smid].push_back(e);
-      }
+      recs.insert(recs.end(), block.begin(), block.end());
     }
-    if (hi > 0) trace_steps_.push_back({lo, hi});
+    if (recs.empty()) return;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (const cuda::MkTraceRec& r : recs) {
+      lo = std::min(lo, r.wait_ns);
+      hi = std::max(hi, r.end_ns);
+    }
+    if (trace_t0_ == 0) trace_t0_ = lo;
+    const auto rel = [&](uint64_t t) { return static_cast<int64_t>(t - trace_t0_); };
+    for (const cuda::MkTraceRec& r : recs) {
+      cpu::TraceEvent e;
+      e.instr = static_cast<uint32_t>(r.instr);
+      e.step = epoch;
+      e.wait_ns = rel(r.wait_ns);
+      e.start_ns = rel(r.start_ns);
+      e.end_ns = rel(r.end_ns);
+      if (r.smid >= trace_tracks_.size()) trace_tracks_.resize(r.smid + 1);
+      trace_tracks_[r.smid].push_back(e);
+    }
+    trace_steps_.push_back({rel(lo), rel(hi)});
   }
 
  public:
@@ -478,7 +484,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer weights_, arena_, kv_, counters_, queue_, abort_, sym_dev_;
   DeviceBuffer instrs_, waits_, list_offsets_, list_items_, op_instrs_, ops_, trace_;
   size_t trace_header_ = 0;
-  int64_t trace_t0_ = 0;
+  uint64_t trace_t0_ = 0;  // globaltimer ns of the first record
   bool trace_written_ = false;
   std::vector<std::vector<cpu::TraceEvent>> trace_tracks_;  // per SM
   std::vector<std::pair<int64_t, int64_t>> trace_steps_;
