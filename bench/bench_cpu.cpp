@@ -88,13 +88,13 @@ const std::string kSynth110M = "synth:stories110m";
 }  // namespace
 
 #define MK_CPU_BENCH(tag, path)                                                                              \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_reference, path, "reference", 1, "dynamic")->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_dynamic, path, "cpu", 1, "dynamic")->Unit(benchmark::kMillisecond);   \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_dynamic, path, "cpu", 2, "dynamic")->Unit(benchmark::kMillisecond);   \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_rr, path, "cpu", 1, "static-rr")->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_rr, path, "cpu", 2, "static-rr")->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_cp, path, "cpu", 1, "static-cp")->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_cp, path, "cpu", 2, "static-cp")->Unit(benchmark::kMillisecond);
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_reference, path, "reference", 1, "dynamic")->Unit(benchmark::kMillisecond)->UseRealTime(); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_dynamic, path, "cpu", 1, "dynamic")->Unit(benchmark::kMillisecond)->UseRealTime();   \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_dynamic, path, "cpu", 2, "dynamic")->Unit(benchmark::kMillisecond)->UseRealTime();   \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_rr, path, "cpu", 1, "static-rr")->Unit(benchmark::kMillisecond)->UseRealTime(); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_rr, path, "cpu", 2, "static-rr")->Unit(benchmark::kMillisecond)->UseRealTime(); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_cp, path, "cpu", 1, "static-cp")->Unit(benchmark::kMillisecond)->UseRealTime(); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_cp, path, "cpu", 2, "static-cp")->Unit(benchmark::kMillisecond)->UseRealTime();
 
 MK_CPU_BENCH(stories260K, kStories260K)
 MK_CPU_BENCH(synth_stories110m, kSynth110M)

@@ -7,6 +7,12 @@
 #include <cstring>
 #include <map>
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "passes/pass.h"
 #include "support/error.h"
 
@@ -27,6 +33,25 @@ uint8_t* alloc_zeroed(size_t bytes) {
   if (!p) fail("cpu: cannot allocate {} bytes", bytes);
   std::memset(p, 0, bytes);
   return static_cast<uint8_t*>(p);
+}
+
+// Sleeps while *addr == expected, at most timeout_ns (spurious returns are fine: callers re-check).
+void futex_wait(std::atomic<uint32_t>* addr, uint32_t expected, int64_t timeout_ns) {
+#if defined(__linux__)
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+#else
+  (void)addr, (void)expected, (void)timeout_ns;
+  std::this_thread::yield();
+#endif
+}
+
+void futex_wake_all(std::atomic<uint32_t>* addr) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+#else
+  (void)addr;
+#endif
 }
 
 // Wrap-safe "counter value has reached target" for 32-bit counters that only grow.
@@ -147,21 +172,33 @@ void Interpreter::worker_main(int w) {
   }
 }
 
+void Interpreter::signal(Counter& c) {
+  // seq_cst on both sides (here and in wait_for) so that either the signaller sees the sleeper or
+  // the sleeper sees the new value before it sleeps.
+  c.value.fetch_add(1, std::memory_order_seq_cst);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&c.value);
+}
+
 bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
   for (const Wait& wt : in.waits) {
     const uint32_t target = epoch * wt.count;
-    std::atomic<uint32_t>& c = counters_[static_cast<size_t>(wt.counter)].value;
-    if (reached(c.load(std::memory_order_acquire), target)) continue;
-    uint64_t spins = 0;
+    Counter& c = counters_[static_cast<size_t>(wt.counter)];
+    if (reached(c.value.load(std::memory_order_acquire), target)) continue;
+    int spins = 0;
     int64_t since = 0;
-    while (!reached(c.load(std::memory_order_acquire), target)) {
+    for (;;) {
+      uint32_t v = c.value.load(std::memory_order_acquire);
+      if (reached(v, target)) break;
       if (failed_.load(std::memory_order_relaxed)) return false;
-      if (++spins < 512) {
+      if (++spins < 2000) {
         cpu_relax();
         continue;
       }
-      std::this_thread::yield();
-      if ((spins & 1023) != 0) continue;
+      // Sleep until the counter moves (or 20 ms pass, to check for failure and the deadline).
+      c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      v = c.value.load(std::memory_order_seq_cst);
+      if (!reached(v, target)) futex_wait(&c.value, v, 20'000'000);
+      c.sleepers.fetch_sub(1, std::memory_order_relaxed);
       int64_t t = now_ns();
       if (since == 0) since = t;
       if (static_cast<double>(t - since) > wait_timeout_s * 1e9) {
@@ -169,7 +206,7 @@ bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
         if (!failed_.load()) {
           error_ = fmt::format("worker {} timed out in step {} before instruction {}: counter c{} ({}) is {}, waiting for {}",
                                w, epoch, p_.instr_str(static_cast<int>(&in - p_.instrs.data())), wt.counter,
-                               p_.counters[static_cast<size_t>(wt.counter)].name, c.load(), target);
+                               p_.counters[static_cast<size_t>(wt.counter)].name, c.value.load(), target);
           failed_.store(true);
         }
         return false;
@@ -190,7 +227,7 @@ void Interpreter::run_step(int w, uint32_t epoch) {
     if (!wait_for(w, in, epoch)) return false;
     if (tracing_) ev.start_ns = now_ns();
     execute(p_, in, m, scratch);
-    counters_[static_cast<size_t>(in.signal)].value.fetch_add(1, std::memory_order_release);
+    signal(counters_[static_cast<size_t>(in.signal)]);
     if (tracing_) {
       ev.end_ns = now_ns();
       ev.instr = static_cast<uint32_t>(idx);

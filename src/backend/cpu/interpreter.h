@@ -3,8 +3,9 @@
 // Each step (one forward over n_tokens tokens at n_past), the host writes the inputs, bumps the
 // step epoch and wakes the workers. A worker takes instructions from the dynamic queue (one
 // global atomic claim index, epoch-relative: never reset) or walks its static list; before an
-// instruction it spins (acquire) until each waited counter reaches epoch * count, after it it
-// increments its counter (release). Counters only grow. The host waits for every worker to finish
+// instruction it spins (acquire) until each waited counter reaches epoch * count — after a short
+// spin it sleeps on the counter (futex), so oversubscribed or busy machines do not starve the
+// worker it waits for — and after it it increments its counter (release), waking sleepers. Counters only grow. The host waits for every worker to finish
 // the step. A wait that does not complete within `wait_timeout_s` turns into an mk::Error naming
 // the instruction, counter, value and target instead of a hang.
 #pragma once
@@ -52,9 +53,13 @@ class Interpreter {
   double wait_timeout_s = 60.0;
 
  private:
+  // A counter and how many workers sleep on it (so signalling skips the wake-up syscall when
+  // nobody does).
   struct alignas(64) Counter {
     std::atomic<uint32_t> value{0};
+    std::atomic<uint32_t> sleepers{0};
   };
+  void signal(Counter& c);
   void worker_main(int w);
   void run_step(int w, uint32_t epoch);
   bool wait_for(int w, const Instr& in, uint32_t epoch);
