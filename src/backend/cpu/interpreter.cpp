@@ -305,9 +305,9 @@ std::string write_trace(const Interpreter& it, const std::string& path) {
                          "\"args\":{{\"instr\":{},\"step\":{}}}}}",
                          w, static_cast<double>(e.wait_ns) / 1e3, static_cast<double>(e.start_ns - e.wait_ns) / 1e3, e.instr, e.step));
       emit(fmt::format("{{\"name\":\"{}\",\"cat\":\"instr\",\"ph\":\"X\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f},"
-                       "\"args\":{{\"instr\":{},\"op\":\"{}\",\"layer\":{},\"tile\":{},\"cols\":\"{}:{}\",\"step\":{}}}}}",
+                       "\"args\":{{\"instr\":{},\"opcode\":\"{}\",\"op\":\"{}\",\"layer\":{},\"tile\":{},\"cols\":\"{}:{}\",\"step\":{}}}}}",
                        opcode_name(in.opcode), w, static_cast<double>(e.start_ns) / 1e3,
-                       static_cast<double>(e.end_ns - e.start_ns) / 1e3, e.instr, o.name, in.layer, in.tile, in.c0, in.c1, e.step));
+                       static_cast<double>(e.end_ns - e.start_ns) / 1e3, e.instr, opcode_name(in.opcode), o.name, in.layer, in.tile, in.c0, in.c1, e.step));
     }
   }
   out += "\n]}\n";
