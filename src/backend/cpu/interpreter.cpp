@@ -93,7 +93,8 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace) : 
   const int W = p_.workers;
   for (int w = 0; w < W; ++w) scratch_.push_back(reinterpret_cast<float*>(alloc_zeroed(sf * sizeof(float))));
   trace_.assign(static_cast<size_t>(W), {});
-  for (int w = 0; w < W; ++w) threads_.emplace_back([this, w] { worker_main(w); });
+  // Worker 0 is the calling thread (step() runs its share), so a step wakes no thread for it.
+  for (int w = 1; w < W; ++w) threads_.emplace_back([this, w] { worker_main(w); });
 }
 
 Interpreter::~Interpreter() {
@@ -137,8 +138,9 @@ void Interpreter::step(std::span<const int32_t> tokens, int64_t n_past) {
   ++epoch_;
   start_.store(epoch_, std::memory_order_release);
   start_.notify_all();
-  const uint32_t W = static_cast<uint32_t>(p_.workers);
-  for (uint32_t d = done_.load(std::memory_order_acquire); d < W; d = done_.load(std::memory_order_acquire)) done_.wait(d, std::memory_order_acquire);
+  run_step(0, epoch_);
+  const uint32_t others = static_cast<uint32_t>(p_.workers - 1);
+  await(done_, [&](uint32_t d) { return d >= others; });
   step_times_.push_back({t_begin, now_ns()});
   if (failed_.load()) {
     std::lock_guard<std::mutex> lock(error_mu_);
@@ -159,10 +161,29 @@ std::span<const float> Interpreter::output(const std::string& name, int64_t* row
   fail("cpu: the program has no output named {}", name);
 }
 
+template <class Done>
+void Interpreter::await(std::atomic<uint32_t>& a, Done done) {
+  // Spin, then yield, then sleep: between back-to-back steps a worker stays awake (waking a
+  // sleeping thread costs ~100 us on a VM), while an idle interpreter costs no CPU.
+  int64_t since = 0;
+  for (int spins = 0;; ++spins) {
+    uint32_t v = a.load(std::memory_order_acquire);
+    if (done(v)) return;
+    if (spins < 2000) {
+      cpu_relax();
+    } else if (since == 0 || now_ns() - since < 2'000'000) {
+      if (since == 0) since = now_ns();
+      std::this_thread::yield();
+    } else {
+      a.wait(v, std::memory_order_acquire);
+    }
+  }
+}
+
 void Interpreter::worker_main(int w) {
   uint32_t seen = 0;
   for (;;) {
-    start_.wait(seen, std::memory_order_acquire);
+    await(start_, [&](uint32_t s) { return s != seen; });
     uint32_t s = start_.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_relaxed)) return;
     seen = s;
@@ -190,8 +211,17 @@ bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
       uint32_t v = c.value.load(std::memory_order_acquire);
       if (reached(v, target)) break;
       if (failed_.load(std::memory_order_relaxed)) return false;
-      if (++spins < 2000) {
+      if (++spins < 2000) {  // ~50 us of pause-spinning: most waits end here
         cpu_relax();
+        continue;
+      }
+      // Then yield for up to 2 ms: lets other threads run on a busy or oversubscribed machine
+      // without sleeping (waking a sleeping thread costs tens to hundreds of microseconds on a
+      // VM, more than most instructions take).
+      const int64_t t_now = now_ns();
+      if (since == 0) since = t_now;
+      if (t_now - since < 2'000'000) {
+        std::this_thread::yield();
         continue;
       }
       // Sleep until the counter moves (or 20 ms pass, to check for failure and the deadline).
@@ -199,9 +229,7 @@ bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
       v = c.value.load(std::memory_order_seq_cst);
       if (!reached(v, target)) futex_wait(&c.value, v, 20'000'000);
       c.sleepers.fetch_sub(1, std::memory_order_relaxed);
-      int64_t t = now_ns();
-      if (since == 0) since = t;
-      if (static_cast<double>(t - since) > wait_timeout_s * 1e9) {
+      if (static_cast<double>(now_ns() - since) > wait_timeout_s * 1e9) {
         std::lock_guard<std::mutex> lock(error_mu_);
         if (!failed_.load()) {
           error_ = fmt::format("worker {} timed out in step {} before instruction {}: counter c{} ({}) is {}, waiting for {}",

@@ -1,7 +1,7 @@
 // The CPU megakernel: persistent worker threads interpret one Program.
 //
 // Each step (one forward over n_tokens tokens at n_past), the host writes the inputs, bumps the
-// step epoch and wakes the workers. A worker takes instructions from the dynamic queue (one
+// step epoch and wakes the workers; the calling thread is worker 0 and runs its share itself. A worker takes instructions from the dynamic queue (one
 // global atomic claim index, epoch-relative: never reset) or walks its static list; before an
 // instruction it spins (acquire) until each waited counter reaches epoch * count — after a short
 // spin it sleeps on the counter (futex), so oversubscribed or busy machines do not starve the
@@ -33,7 +33,7 @@ struct TraceEvent {
 class Interpreter {
  public:
   // Binds the program's weights to `model` (dtype and shape checked), validates the program and
-  // starts program.workers threads. Throws mk::Error on a mismatch or an invalid program.
+  // starts program.workers - 1 threads (the caller of step() is worker 0). Throws mk::Error on a mismatch or an invalid program.
   Interpreter(Program program, const ModelFile& model, bool trace = false);
   ~Interpreter();
   Interpreter(const Interpreter&) = delete;
@@ -61,6 +61,8 @@ class Interpreter {
   };
   void signal(Counter& c);
   void worker_main(int w);
+  template <class Done>
+  void await(std::atomic<uint32_t>& a, Done done);
   void run_step(int w, uint32_t epoch);
   bool wait_for(int w, const Instr& in, uint32_t epoch);
   int64_t now_ns() const;
