@@ -61,6 +61,12 @@ class DecoderBuilder {
            m_.path, hp_.n_vocab, n_embd, hp_.n_layer, hp_.n_head, hp_.n_head_kv, hd, hp_.n_ff);
     if (hp_.n_head % hp_.n_head_kv) fail("{}: n_head {} is not a multiple of n_head_kv {}", m_.path, hp_.n_head, hp_.n_head_kv);
     if (s_.n_ctx <= 0) fail("{}: context length must be positive", m_.path);
+    if (!(hp_.norm_eps > 0) || !std::isfinite(hp_.norm_eps))
+      fail("{}: normalization epsilon must be a positive number, got {}", m_.path, hp_.norm_eps);
+    if (s_.n_rot > hd || (s_.n_rot > 0 && s_.n_rot % 2))
+      fail("{}: RoPE dimension count {} must be even and at most head_dim {}", m_.path, s_.n_rot, hd);
+    if (!(s_.rope_theta > 0) || !std::isfinite(s_.rope_theta))
+      fail("{}: RoPE theta must be a positive number, got {}", m_.path, s_.rope_theta);
 
     int tokens = g_.add_input("tokens");
     int pos = g_.add_input("positions");

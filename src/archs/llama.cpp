@@ -31,6 +31,7 @@ Graph build_gguf_llama(const ModelFile& m, const BuildOptions& o) {
   s.rope_mode = "adjacent";
   s.rope_theta = m.get_float(a + ".rope.freq_base", 10000.0);
   s.n_rot = m.get_int(a + ".rope.dimension_count", s.hp.head_dim);
+  if (s.n_rot <= 0) fail("{}: {}.rope.dimension_count must be positive, got {}", m.path, a, s.n_rot);
   return build_decoder(m, s);
 }
 

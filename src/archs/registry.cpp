@@ -2,6 +2,8 @@
 
 #include <fmt/ranges.h>
 
+#include "archs/hf_common.h"
+
 namespace mk {
 
 namespace {
@@ -14,6 +16,13 @@ struct ArchEntry {
 
 const ArchEntry kArchs[] = {
     {"gguf", "llama", read_gguf_llama_hparams, build_gguf_llama},
+    {"hf", "llama", read_hf_hparams, build_hf_llama},
+    {"hf", "mistral", read_hf_hparams, build_hf_llama},
+    {"hf", "qwen2", read_hf_hparams, build_hf_qwen2},
+    {"hf", "qwen3", read_hf_hparams, build_hf_qwen3},
+    {"hf", "gemma", read_hf_hparams, build_hf_gemma},
+    {"hf", "phi3", read_hf_hparams, build_hf_phi3},
+    {"hf", "gpt2", read_hf_hparams, build_hf_gpt2},
 };
 
 const ArchEntry& find_arch(const ModelFile& m) {

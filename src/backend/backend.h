@@ -45,5 +45,10 @@ using BackendFactory = std::unique_ptr<Backend> (*)(const Graph&, const ModelFil
 std::unique_ptr<Backend> make_reference_backend(const Graph&, const ModelFile&, const BackendOptions&);
 // The CPU megakernel interpreter (backend/cpu/): compiles the graph once, runs every step.
 std::unique_ptr<Backend> make_cpu_backend(const Graph&, const ModelFile&, const BackendOptions&);
+// backend/cuda/cuda_backend.cpp: the megakernel and its two baselines. Throw "no CUDA driver: ..."
+// where the driver or a GPU is missing.
+std::unique_ptr<Backend> make_cuda_backend(const Graph&, const ModelFile&, const BackendOptions&);
+std::unique_ptr<Backend> make_cuda_perop_backend(const Graph&, const ModelFile&, const BackendOptions&);
+std::unique_ptr<Backend> make_cuda_graph_backend(const Graph&, const ModelFile&, const BackendOptions&);
 
 }  // namespace mk

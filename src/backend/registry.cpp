@@ -1,6 +1,7 @@
 #include <fmt/ranges.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/driver.h"
 #include "support/error.h"
 
 namespace mk {
@@ -10,10 +11,13 @@ struct BackendEntry {
   const char* name;
   BackendFactory make;
 };
-// Every backend, in order of preference for the default (the first available one wins).
+// Every backend; default_backend_name() picks one for machines with and without a GPU.
 const BackendEntry kBackends[] = {
     {"cpu", make_cpu_backend},
     {"reference", make_reference_backend},
+    {"cuda", make_cuda_backend},
+    {"cuda-perop", make_cuda_perop_backend},
+    {"cuda-graph", make_cuda_graph_backend},
 };
 }  // namespace
 
@@ -23,11 +27,8 @@ std::vector<std::string> backend_names() {
   return r;
 }
 
-std::string default_backend_name() {
-  for (const auto& b : kBackends)
-    if (std::string(b.name) == "cpu") return "cpu";
-  return "reference";
-}
+// The CUDA megakernel where a GPU and driver are present, else the CPU megakernel interpreter.
+std::string default_backend_name() { return cuda::cuda_available(nullptr) ? "cuda" : "cpu"; }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,
                                       const BackendOptions& options) {

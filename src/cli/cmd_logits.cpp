@@ -37,7 +37,7 @@ void add_logits_command(CLI::App& app) {
     o->all_logits = true;
     o->need_tokenizer = false;
     std::vector<int32_t> tok = parse_ids(*ids);
-    if (o->n_ctx == 0) o->n_ctx = static_cast<int64_t>(tok.size());
+    o->n_ctx = static_cast<int64_t>(tok.size());  // Session rejects more than the training context
     Session s(*o);
     std::vector<float> logits = s.eval(tok);
     int64_t n_vocab = s.hparams.n_vocab;

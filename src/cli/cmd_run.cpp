@@ -45,8 +45,7 @@ void add_run_command(CLI::App& app) {
       std::puts(j.dump().c_str());
       return;
     }
-    std::fputs(o->gen.prompt.c_str(), stdout);
-    std::fflush(stdout);
+    o->gen.echo_prompt = true;
     r = generate(s, o->gen, [](const std::string& t) {
       std::fputs(t.c_str(), stdout);
       std::fflush(stdout);

@@ -2,11 +2,15 @@
 
 #include <numbers>
 
+#include "model/dtype.h"
 #include "support/error.h"
 
 namespace mk {
 
-std::vector<double> rope_inv_freq(const Node& n) {
+namespace {
+
+// Frequencies before the optional rounding (see rope_inv_freq).
+std::vector<double> scaled_inv_freq(const Node& n) {
   int64_t hd = n.attr_int("head_dim");
   int64_t n_rot = n.attr_int("n_rot", hd);
   double theta = n.attr_float("theta");
@@ -36,6 +40,22 @@ std::vector<double> rope_inv_freq(const Node& n) {
     return f;
   }
   fail("rope: unknown scaling '{}'", scaling);
+}
+
+}  // namespace
+
+std::vector<double> rope_inv_freq(const Node& n) {
+  std::vector<double> f = scaled_inv_freq(n);
+  // freq_dtype=bf16 rounds each frequency to bfloat16: what transformers computes once a model's
+  // buffers (its inv_freq) have been cast to bf16. Off by default; tests use it to reproduce such
+  // references exactly.
+  const std::string freq_dtype = n.attr_str("freq_dtype", "f32");
+  if (freq_dtype == "bf16") {
+    for (auto& x : f) x = bf16_to_f32(f32_to_bf16(static_cast<float>(x)));
+  } else if (freq_dtype != "f32") {
+    fail("rope: unknown freq_dtype '{}'", freq_dtype);
+  }
+  return f;
 }
 
 }  // namespace mk

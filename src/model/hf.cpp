@@ -1,10 +1,11 @@
 #include "model/hf.h"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -57,6 +58,118 @@ void load_sharded(ModelFile& model, const fs::path& dir, const std::string& inde
   }
 }
 
+// Integer config field: the first of `keys` present and not null, else `def` (nullopt: required).
+int64_t config_int(const nlohmann::ordered_json& c, std::initializer_list<const char*> keys,
+                   std::optional<int64_t> def = std::nullopt) {
+  for (const char* k : keys) {
+    if (!c.contains(k) || c[k].is_null()) continue;
+    if (!c[k].is_number_integer()) fail("config.json: {} is not an integer", k);
+    return c[k].get<int64_t>();
+  }
+  if (!def) fail("config.json: missing {}", *keys.begin());
+  return *def;
+}
+
+// Rows [row0, row0 + n_rows) of a 2-D tensor (or elements of a 1-D one) as a tensor sharing its data.
+WeightTensor row_view(const WeightTensor& t, int64_t row0, int64_t n_rows, std::string name) {
+  const int64_t row_elems = t.shape.size() == 2 ? t.shape[1] : 1;
+  const size_t row_bytes = dtype_bytes(t.dtype, row_elems);
+  WeightTensor v;
+  v.name = std::move(name);
+  v.dtype = t.dtype;
+  v.shape = t.shape.size() == 2 ? std::vector<int64_t>{n_rows, row_elems} : std::vector<int64_t>{n_rows};
+  v.data = t.data + static_cast<size_t>(row0) * row_bytes;
+  v.nbytes = static_cast<size_t>(n_rows) * row_bytes;
+  v.file_offset = t.file_offset ? t.file_offset + static_cast<size_t>(row0) * row_bytes : 0;
+  return v;
+}
+
+// The transpose of a 2-D tensor, [a, b] -> [b, a], held in model.owned.
+WeightTensor transposed(ModelFile& m, const WeightTensor& t, std::string name) {
+  const size_t es = dtype_bytes(t.dtype, 1);
+  const size_t rows = static_cast<size_t>(t.shape[0]), cols = static_cast<size_t>(t.shape[1]);
+  auto buf = std::make_shared<std::vector<uint8_t>>(t.nbytes);
+  for (size_t i = 0; i < rows; ++i)
+    for (size_t j = 0; j < cols; ++j) std::memcpy(buf->data() + (j * rows + i) * es, t.data + (i * cols + j) * es, es);
+  m.owned.push_back(buf);
+  WeightTensor v;
+  v.name = std::move(name);
+  v.dtype = t.dtype;
+  v.shape = {t.shape[1], t.shape[0]};
+  v.data = buf->data();
+  v.nbytes = buf->size();
+  return v;
+}
+
+// A copy of tensor `name` (copies stay valid while tensors are added) checked against `shape`.
+WeightTensor take(const ModelFile& m, const std::string& name, const std::vector<int64_t>& shape) {
+  return m.get(name, shape);
+}
+
+// Phi-3 fuses q/k/v into self_attn.qkv_proj and gate/up into mlp.gate_up_proj. Their rows are
+// contiguous, so each part is registered as a view under the Llama name (q_proj, k_proj, v_proj,
+// gate_proj, up_proj) without copying.
+void add_phi3_views(ModelFile& m, const nlohmann::ordered_json& c, std::vector<std::string>& derived) {
+  const int64_t hidden = config_int(c, {"hidden_size"}), n_head = config_int(c, {"num_attention_heads"});
+  const int64_t n_head_kv = config_int(c, {"num_key_value_heads"}, n_head);
+  const int64_t head_dim = config_int(c, {"head_dim"}, n_head > 0 ? hidden / n_head : 0);
+  const int64_t n_ff = config_int(c, {"intermediate_size"});
+  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
+  auto add = [&](WeightTensor t) {
+    derived.push_back(t.name);
+    m.add_tensor(std::move(t));
+  };
+  for (int il = 0;; ++il) {
+    const std::string p = fmt::format("model.layers.{}.", il);
+    if (!m.find(p + "self_attn.qkv_proj.weight")) break;
+    WeightTensor qkv = take(m, p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, hidden});
+    add(row_view(qkv, 0, q_dim, p + "self_attn.q_proj.weight"));
+    add(row_view(qkv, q_dim, kv_dim, p + "self_attn.k_proj.weight"));
+    add(row_view(qkv, q_dim + kv_dim, kv_dim, p + "self_attn.v_proj.weight"));
+    if (m.find(p + "self_attn.qkv_proj.bias")) {
+      WeightTensor b = take(m, p + "self_attn.qkv_proj.bias", {q_dim + 2 * kv_dim});
+      add(row_view(b, 0, q_dim, p + "self_attn.q_proj.bias"));
+      add(row_view(b, q_dim, kv_dim, p + "self_attn.k_proj.bias"));
+      add(row_view(b, q_dim + kv_dim, kv_dim, p + "self_attn.v_proj.bias"));
+    }
+    if (m.find(p + "mlp.gate_up_proj.weight")) {  // gate first, then up (Phi3MLP chunks in this order)
+      WeightTensor gu = take(m, p + "mlp.gate_up_proj.weight", {2 * n_ff, hidden});
+      add(row_view(gu, 0, n_ff, p + "mlp.gate_proj.weight"));
+      add(row_view(gu, n_ff, n_ff, p + "mlp.up_proj.weight"));
+    }
+  }
+}
+
+// GPT-2 stores its projections as Conv1D weights [n_in, n_out] with q/k/v fused in attn.c_attn.
+// Each is registered transposed to [n_out, n_in] under a Llama-like name: attn.{q,k,v}_proj
+// (weight and bias), attn.o_proj, mlp.up_proj, mlp.down_proj. Biases need no transpose and keep
+// their names except the q/k/v split (views of attn.c_attn.bias).
+void add_gpt2_transposes(ModelFile& m, const nlohmann::ordered_json& c, std::vector<std::string>& derived) {
+  const int64_t n = config_int(c, {"n_embd", "hidden_size"});
+  const int64_t n_ff = config_int(c, {"n_inner"}, 4 * n);
+  auto add = [&](WeightTensor t) {
+    derived.push_back(t.name);
+    m.add_tensor(std::move(t));
+  };
+  for (int il = 0;; ++il) {
+    const std::string p = fmt::format("transformer.h.{}.", il);
+    if (!m.find(p + "attn.c_attn.weight")) break;
+    WeightTensor qkv = transposed(m, take(m, p + "attn.c_attn.weight", {n, 3 * n}), "");
+    add(row_view(qkv, 0, n, p + "attn.q_proj.weight"));
+    add(row_view(qkv, n, n, p + "attn.k_proj.weight"));
+    add(row_view(qkv, 2 * n, n, p + "attn.v_proj.weight"));
+    if (m.find(p + "attn.c_attn.bias")) {
+      WeightTensor b = take(m, p + "attn.c_attn.bias", {3 * n});
+      add(row_view(b, 0, n, p + "attn.q_proj.bias"));
+      add(row_view(b, n, n, p + "attn.k_proj.bias"));
+      add(row_view(b, 2 * n, n, p + "attn.v_proj.bias"));
+    }
+    add(transposed(m, take(m, p + "attn.c_proj.weight", {n, n}), p + "attn.o_proj.weight"));
+    add(transposed(m, take(m, p + "mlp.c_fc.weight", {n, n_ff}), p + "mlp.up_proj.weight"));
+    add(transposed(m, take(m, p + "mlp.c_proj.weight", {n_ff, n}), p + "mlp.down_proj.weight"));
+  }
+}
+
 }  // namespace
 
 ModelFile load_hf_dir(const std::string& dir_str) {
@@ -92,6 +205,13 @@ ModelFile load_hf_dir(const std::string& dir_str) {
     fail("{}: no model.safetensors or model.safetensors.index.json (only safetensors weights are supported)",
          dir_str);
   }
+
+  // Per-projection tensors for checkpoints that fuse or transpose them (see hf.h).
+  std::vector<std::string> derived;
+  const std::string type = config["model_type"].get<std::string>();
+  if (type == "phi3") add_phi3_views(model, config, derived);
+  if (type == "gpt2") add_gpt2_transposes(model, config, derived);
+  if (!derived.empty()) model.metadata["hf.derived_tensors"] = derived;
   return model;
 }
 
@@ -151,32 +271,6 @@ HfRope read_hf_rope(const nlohmann::ordered_json& config) {
   if (!(rope.factor > 0)) fail("config.json: {}.factor must be positive", where);
   rope.type = type;
   return rope;
-}
-
-std::vector<double> hf_rope_inv_freq(const HfRope& rope, int64_t rotary_dim) {
-  MK_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0, "rotary_dim {}", rotary_dim);
-  std::vector<double> inv(static_cast<size_t>(rotary_dim / 2));
-  for (size_t i = 0; i < inv.size(); ++i)
-    inv[i] = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / static_cast<double>(rotary_dim));
-  if (rope.type == "linear") {
-    for (auto& f : inv) f /= rope.factor;
-  } else if (rope.type == "llama3") {
-    // Long wavelengths (low frequencies) are divided by `factor`, short ones kept, and the band in
-    // between interpolated (Llama 3.1, "RoPE scaling").
-    const double old_ctx = static_cast<double>(rope.original_max_position_embeddings);
-    const double low_wavelen = old_ctx / rope.low_freq_factor;
-    const double high_wavelen = old_ctx / rope.high_freq_factor;
-    for (auto& f : inv) {
-      const double wavelen = 2.0 * M_PI / f;
-      if (wavelen > low_wavelen) {
-        f /= rope.factor;
-      } else if (wavelen >= high_wavelen) {
-        const double smooth = (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
-        f = (1.0 - smooth) * f / rope.factor + smooth * f;
-      }
-    }
-  }
-  return inv;
 }
 
 std::vector<int32_t> read_hf_eos_ids(const ModelFile& model) {

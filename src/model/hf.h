@@ -6,6 +6,14 @@
 // config's `model_type`. Tensors keep their HF names and PyTorch shapes ([n_out, n_in] for
 // nn.Linear; GPT-2's Conv1D weights are stored [n_in, n_out]).
 //
+// Some checkpoints store projections in other layouts; load_hf_dir then adds per-projection
+// tensors in the [n_out, n_in] layout, under Llama-like names, and lists them in metadata
+// `hf.derived_tensors`:
+//  - phi3: q_proj/k_proj/v_proj of self_attn.qkv_proj and gate_proj/up_proj of mlp.gate_up_proj
+//    (row views sharing the mapped data);
+//  - gpt2: Conv1D weights [n_in, n_out] transposed (copies in ModelFile::owned): attn.{q,k,v}_proj
+//    (split from attn.c_attn, with bias views), attn.o_proj, mlp.up_proj, mlp.down_proj.
+//
 // The helpers below normalise config fields whose spelling changed across transformers versions,
 // so architecture descriptions read one form.
 #pragma once
@@ -23,7 +31,8 @@ namespace mk {
 // carry a top-level `rope_theta` and an optional `rope_scaling` {type|rope_type, ...} (null means
 // none). `partial_rotary_factor` may sit in either place.
 // Supported types: "default" (plain RoPE), "linear" (positions divided by `factor`), "llama3"
-// (frequency-dependent scaling, Llama 3.1 paper / transformers `_compute_llama3_parameters`).
+// (frequency-dependent scaling, Llama 3.1 paper / transformers `_compute_llama3_parameters`; the
+// frequencies themselves are computed by the IR's rope op, ir/ops.cpp rope_inv_freq).
 // Others (yarn, dynamic, longrope, ...) throw mk::Error naming the type.
 struct HfRope {
   std::string type = "default";
@@ -36,10 +45,6 @@ struct HfRope {
 };
 HfRope read_hf_rope(const nlohmann::ordered_json& config);
 inline HfRope read_hf_rope(const nlohmann::json& config) { return read_hf_rope(nlohmann::ordered_json(config)); }
-
-// The inverse frequencies 1 / theta^(2i/d) for i in [0, rotary_dim/2), with the scaling of `rope`
-// applied (linear: divided by factor; llama3: per-band smoothing). rotary_dim must be even.
-std::vector<double> hf_rope_inv_freq(const HfRope& rope, int64_t rotary_dim);
 
 // End-of-sequence ids: `eos_token_id` of generation_config.json, else of config.json (an integer
 // or a list of integers; null or absent means none). Duplicates removed, order kept.

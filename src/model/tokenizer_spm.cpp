@@ -368,11 +368,7 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model) {
     return load_gguf_spm_tokenizer(model);
   }
   if (model.format == "llama2c") fail("{}: no tokenizer in this model file; pass one with -z", model.path);
-  if (model.format == "hf") {
-    // Hook: the tokenizer.json reader (load_hf_tokenizer(const ModelFile&), tokenizer_hf.cpp) is
-    // called here once it exists.
-    fail("{}: reading tokenizer.json from a Hugging Face directory is not supported yet", model.path);
-  }
+  if (model.format == "hf") return load_hf_tokenizer(model);
   fail("{}: unknown model format \"{}\"; cannot load its tokenizer", model.path, model.format);
 }
 

@@ -17,13 +17,16 @@ ModelFile open_model(const std::string& path) {
 
 namespace {
 std::unique_ptr<Tokenizer> open_tokenizer(const ModelFile& m, const std::string& explicit_path, int64_t n_vocab) {
-  if (!explicit_path.empty()) return load_llama2c_tokenizer(explicit_path, static_cast<int32_t>(n_vocab));
+  if (!explicit_path.empty()) {
+    if (explicit_path.ends_with(".json")) return load_hf_tokenizer_json(explicit_path);
+    return load_llama2c_tokenizer(explicit_path, static_cast<int32_t>(n_vocab));
+  }
   if (m.path.rfind("synth:", 0) == 0)
     fail("{}: synthetic models carry no tokenizer; pass one with -z (a llama2.c tokenizer.bin with at most {} tokens)", m.path, n_vocab);
   if (m.format == "llama2c") {
     // llama2.c convention: tokenizer.bin, or tok<vocab>.bin for custom vocabularies, beside the model.
     fs::path dir = fs::path(m.path).parent_path();
-    for (const std::string name : {"tok" + std::to_string(n_vocab) + ".bin", std::string("tokenizer.bin")})
+    for (const std::string& name : {"tok" + std::to_string(n_vocab) + ".bin", std::string("tokenizer.bin")})
       if (fs::exists(dir / name)) return load_llama2c_tokenizer((dir / name).string(), static_cast<int32_t>(n_vocab));
     fail("{}: llama2.c checkpoints carry no tokenizer; pass one with -z (e.g. tokenizer.bin)", m.path);
   }
@@ -33,6 +36,9 @@ std::unique_ptr<Tokenizer> open_tokenizer(const ModelFile& m, const std::string&
 
 Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
   hparams = read_hparams(model);
+  if (o.n_ctx < 0) fail("context length must be positive, got {}", o.n_ctx);
+  if (hparams.n_ctx_train > 0 && o.n_ctx > hparams.n_ctx_train)
+    fail("context length {} exceeds the model's training context {}", o.n_ctx, hparams.n_ctx_train);
   n_ctx = o.n_ctx > 0 ? o.n_ctx : std::min(hparams.n_ctx_train > 0 ? hparams.n_ctx_train : kDefaultMaxCtx, kDefaultMaxCtx);
   if (o.need_tokenizer) {
     tokenizer = open_tokenizer(model, o.tokenizer_path, hparams.n_vocab);
@@ -77,6 +83,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     r.text += t;
     if (on_text && !t.empty()) on_text(t);
   };
+  if (o.echo_prompt && on_text && !o.prompt.empty()) on_text(o.prompt);
   auto t0 = clock::now();
   std::vector<float> logits = s.eval(r.prompt_ids);
   r.prompt_ms = ms_since(t0);

@@ -51,6 +51,7 @@ struct GenerateOptions {
   int n_new = 256;
   SamplerOptions sampler;
   bool ignore_eos = false;
+  bool echo_prompt = false;  // pass the prompt text to on_text once it is known to fit the context
 };
 
 struct GenerateResult {

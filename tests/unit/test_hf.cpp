@@ -270,44 +270,6 @@ TEST(HfRope, RejectsUnsupportedOrIncomplete) {
                {"per layer type"});
 }
 
-TEST(HfRope, InverseFrequencies) {
-  HfRope plain;
-  auto f = hf_rope_inv_freq(plain, 16);
-  ASSERT_EQ(f.size(), 8u);
-  EXPECT_DOUBLE_EQ(f[0], 1.0);
-  EXPECT_DOUBLE_EQ(f[3], std::pow(10000.0, -6.0 / 16.0));
-
-  HfRope lin;
-  lin.type = "linear";
-  lin.factor = 4;
-  EXPECT_DOUBLE_EQ(hf_rope_inv_freq(lin, 16)[3], std::pow(10000.0, -6.0 / 16.0) / 4);
-
-  // Llama 3: wavelengths below old_ctx/high_freq_factor keep their frequency, above
-  // old_ctx/low_freq_factor are divided by factor, in between interpolated smoothly.
-  HfRope l3;
-  l3.type = "llama3";
-  l3.theta = 500000;
-  l3.factor = 8;
-  l3.low_freq_factor = 1;
-  l3.high_freq_factor = 4;
-  l3.original_max_position_embeddings = 64;
-  auto g = hf_rope_inv_freq(l3, 16);
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double base = std::pow(500000.0, -2.0 * i / 16.0), wavelen = 2 * M_PI / base;
-    double want = base;
-    if (wavelen > 64) want = base / 8;
-    else if (wavelen >= 16) {
-      const double s = (64 / wavelen - 1) / 3;
-      want = (1 - s) * base / 8 + s * base;
-    }
-    EXPECT_NEAR(g[i], want, 1e-15 + 1e-12 * want) << i;
-  }
-  EXPECT_DOUBLE_EQ(g[0], 1.0);                                         // high frequency: kept
-  EXPECT_DOUBLE_EQ(g[7], std::pow(500000.0, -14.0 / 16.0) / 8);         // low frequency: scaled
-  EXPECT_GT(g[1], std::pow(500000.0, -2.0 / 16.0) / 8);                 // medium band: in between
-  EXPECT_LT(g[1], std::pow(500000.0, -2.0 / 16.0));
-}
-
 TEST(HfEos, FromGenerationConfigThenConfig) {
   if (!fs::is_directory(kHfFixtures)) GTEST_SKIP() << "no fixtures under " << kHfFixtures;
   EXPECT_EQ(read_hf_eos_ids(load_hf_dir((kHfFixtures / "gpt2_float32").string())), std::vector<int32_t>{50256});

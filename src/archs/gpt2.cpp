@@ -1,0 +1,57 @@
+// GPT-2 (GPT2LMHeadModel): LayerNorm with bias, learned position embeddings (wpe), no RoPE, a plain
+// (ungated) GELU-tanh MLP, biases on every projection, classifier tied to wte.
+// The Conv1D weights ([n_in, n_out]) are registered transposed by load_hf_dir (model/hf.h).
+// Source: transformers modeling_gpt2.py.
+#include "archs/hf_common.h"
+#include "archs/registry.h"
+
+namespace mk {
+
+namespace {
+
+std::string gpt2_tensor_name(const std::string& canonical) {
+  if (canonical == "token_embd.weight") return "transformer.wte.weight";
+  if (canonical == "position_embd.weight") return "transformer.wpe.weight";
+  if (canonical == "output_norm.weight") return "transformer.ln_f.weight";
+  if (canonical == "output_norm.bias") return "transformer.ln_f.bias";
+  if (canonical.rfind("blk.", 0) != 0) return "";  // output.weight: tied to wte
+  const size_t dot1 = canonical.find('.', 4), dot2 = canonical.rfind('.');
+  if (dot1 == std::string::npos || dot2 <= dot1) return "";
+  const std::string p = "transformer.h." + canonical.substr(4, dot1 - 4) + ".";
+  const std::string part = canonical.substr(dot1 + 1, dot2 - dot1 - 1), suffix = canonical.substr(dot2);
+  const bool w = suffix == ".weight";
+  if (part == "attn_norm") return p + "ln_1" + suffix;
+  if (part == "ffn_norm") return p + "ln_2" + suffix;
+  if (part == "attn_q") return p + "attn.q_proj" + suffix;
+  if (part == "attn_k") return p + "attn.k_proj" + suffix;
+  if (part == "attn_v") return p + "attn.v_proj" + suffix;
+  if (part == "attn_output") return p + (w ? "attn.o_proj.weight" : "attn.c_proj.bias");
+  if (part == "ffn_up") return p + (w ? "mlp.up_proj.weight" : "mlp.c_fc.bias");
+  if (part == "ffn_down") return p + (w ? "mlp.down_proj.weight" : "mlp.c_proj.bias");
+  return "";
+}
+
+}  // namespace
+
+Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o) {
+  const auto& c = hf_config(m);
+  DecoderSpec s;
+  s.hp = read_hf_hparams(m);
+  s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.hp.n_ctx_train;
+  if (s.n_ctx > s.hp.n_ctx_train)
+    fail("{}: context of {} tokens exceeds GPT-2's {} learned positions", m.path, s.n_ctx, s.hp.n_ctx_train);
+  s.all_logits = o.all_logits;
+  s.norm = DecoderSpec::Norm::layer;
+  s.learned_positions = true;
+  s.n_rot = -1;
+  s.ffn_gated = false;
+  s.ffn_act = hf_activation(c);
+  for (const char* k : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"})
+    if (c.contains(k) && c[k].is_boolean() && c[k].get<bool>()) fail("config.json: GPT-2 option {} is not supported", k);
+  if (c.contains("scale_attn_weights") && c["scale_attn_weights"].is_boolean() && !c["scale_attn_weights"].get<bool>())
+    s.attn_scale = 1.0;
+  s.resolve = gpt2_tensor_name;
+  return build_decoder(m, s);
+}
+
+}  // namespace mk

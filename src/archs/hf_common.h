@@ -1,0 +1,35 @@
+// Shared pieces of the Hugging Face family descriptions (hf_llama.cpp, qwen2.cpp, qwen3.cpp,
+// gemma.cpp, phi3.cpp, gpt2.cpp): hyperparameters from config.json and a DecoderSpec for the
+// transformers Llama layout (model.embed_tokens, model.layers.N.self_attn.q_proj, ...).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include "archs/blocks.h"
+
+namespace mk {
+
+// config.json of an HF model (metadata `hf.config`); throws mk::Error when absent.
+const nlohmann::ordered_json& hf_config(const ModelFile& m);
+
+// Hyperparameters from config.json, accepting both the Llama spelling (hidden_size,
+// num_hidden_layers, ...) and GPT-2's (n_embd, n_layer, n_head, n_positions, n_inner).
+// head_dim defaults to n_embd / n_head; num_key_value_heads to n_head; a sliding attention window
+// (sliding_window, unless use_sliding_window is false) caps n_ctx_train, since attention over the
+// whole context equals windowed attention only up to the window.
+Hparams read_hf_hparams(const ModelFile& m);
+
+// The canonical (GGUF) name -> transformers Llama-layout name; "" for tensors this layout lacks.
+// `tied`: the classifier is the token embedding, so output.weight resolves to "".
+std::string hf_llama_tensor_name(const std::string& canonical, bool tied);
+
+// A DecoderSpec for Llama-layout checkpoints: RMSNorm, SiLU-gated FFN, RoPE on halves of each head
+// (transformers' rotate_half) with read_hf_rope's theta/scaling/partial rotary factor, the
+// classifier tied or lm_head per tie_word_embeddings (absent: `tied_default`, the family's
+// transformers default). Throws when lm_head.weight is required but missing, or when the
+// requested context exceeds a sliding attention window.
+DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default);
+
+// Activation of `hidden_activation` (if set) else `hidden_act`: silu | gelu | gelu_tanh.
+std::string hf_activation(const nlohmann::ordered_json& config);
+
+}  // namespace mk

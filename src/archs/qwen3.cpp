@@ -1,0 +1,15 @@
+// Qwen3 (Qwen3ForCausalLM): the Llama layout plus an RMSNorm over each head of q and k (q_norm,
+// k_norm, weight [head_dim]) before RoPE; head_dim is set apart from hidden_size / n_head.
+// Source: transformers modeling_qwen3.py.
+#include "archs/hf_common.h"
+#include "archs/registry.h"
+
+namespace mk {
+
+Graph build_hf_qwen3(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s = hf_llama_spec(m, o, false);  // Qwen3Config defaults tie_word_embeddings to false
+  s.qk_norm = true;
+  return build_decoder(m, s);
+}
+
+}  // namespace mk

@@ -1,0 +1,630 @@
+// The fixed part of every generated megakernel source: the host/device ABI structs, memory-access
+// and reduction helpers, and one template per opcode. codegen.cpp appends, per Program, a config
+// struct per distinct op signature (shapes, strides, tile sizes, constants as constexpr), one
+// __device__ function per signature, the dispatcher, the persistent interpreter kernel and the
+// per-op baseline kernels. Self-contained: no CUDA headers, so NVRTC needs no include paths.
+//
+// Memory rules (see docs/cuda.md):
+//   - weights never change during a kernel: 16-byte ld.global.nc.L1::no_allocate loads;
+//   - activations and KV rows are written by other blocks of the same kernel: ld.global.cg (L2,
+//     never a stale L1 line), after thread 0's ld.acquire.gpu of the counter and a block barrier;
+//   - a producer's block barrier, then thread 0's fence + red.release.gpu publishes its writes.
+#include "backend/cuda/codegen.h"
+
+namespace mk::cuda {
+
+const char* const kDevicePrelude = R"MKCUDA(
+// ---------------------------------------------------------------------------------------------
+// megakernel device prelude (generated source; do not edit: regenerate with `compile --emit cuda`)
+// ---------------------------------------------------------------------------------------------
+typedef unsigned int mk_u32;
+typedef unsigned long long mk_u64;
+typedef long long mk_i64;
+
+// ABI shared with the host (backend/cuda/codegen.h mirrors these; sizes asserted on both sides).
+struct MkInstr {   // one tile of one op
+  int op;          // index into the op table
+  int fn;          // device function (op signature) index
+  int c0, c1;      // output columns [c0, c1)
+  int signal;      // counter to increment when done, -1 = none
+  int wait_begin;  // first MkWait of this instruction
+  int n_waits;
+  int pad;
+};
+struct MkWait {
+  int counter;
+  mk_u32 count;      // signals of this step to wait for
+  mk_u32 per_step;   // the counter's signals per step
+  mk_u32 pad;
+};
+struct MkOpArgs {  // device pointers of one op's operands (null when unused)
+  float* out;
+  const float* x;
+  const float* y;
+  const float* z;
+  const float* res;
+  const int* pos;
+  const int* ids;
+  const void* w;
+  const void* w_up;
+  const void* norm_w;
+  const void* bias;
+  const void* pad;
+};
+struct MkError {   // first failure wins; read by the host after each step
+  mk_u32 flag;     // 0 = none
+  int kind;        // 1 = wait timeout, 2 = token id out of range
+  int instr;       // instruction index
+  int counter;     // counter waited on (kind 1) / the bad id (kind 2)
+  mk_u32 value;    // counter value seen (kind 1) / the table rows (kind 2)
+  mk_u32 target;   // value waited for (kind 1)
+  int block;
+  mk_u32 epoch;
+};
+struct MkSym {
+  int n_tokens;
+  int n_past;
+};
+struct MkParams {
+  const MkInstr* instrs;
+  const MkWait* waits;
+  const int* list_offsets;   // static schedule: [gridDim.x + 1]
+  const int* list_items;     // static schedule: instruction indices per block
+  const int* op_instrs;      // per-op baselines: instruction indices grouped by op
+  const MkOpArgs* ops;
+  mk_u32* counters;
+  mk_u64* queue;             // dynamic schedule: global claim index (epoch-relative, never reset)
+  MkError* error;            // host-mapped
+  volatile mk_u32* abort_flag;
+  const MkSym* sym_dev;      // per-op baselines read the symbols here (graph replay)
+  mk_u64 timeout_ns;         // bound on one counter wait
+  MkSym sym;                 // megakernel: symbols of this step
+  mk_u32 epoch;              // step number, 1, 2, ...
+  mk_u32 pad;
+};
+static_assert(sizeof(MkInstr) == 32, "MkInstr ABI");
+static_assert(sizeof(MkWait) == 16, "MkWait ABI");
+static_assert(sizeof(MkOpArgs) == 96, "MkOpArgs ABI");
+static_assert(sizeof(MkError) == 32, "MkError ABI");
+static_assert(sizeof(MkParams) == 112, "MkParams ABI");
+
+#define MK_WARPS (MK_THREADS / 32)
+#define MK_NEG_INF (__int_as_float(0xff800000))
+
+// ---- memory access --------------------------------------------------------------------------
+// Activations (written inside this kernel by other blocks): L2 only. volatile keeps them after the
+// barrier that follows the counter acquire.
+__device__ __forceinline__ float mk_ld(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float4 mk_ld4(const float* p) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ int mk_ld_i32(const int* p) {
+  int v;
+  asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+// Weights (read-only for the whole kernel): non-coherent path, no L1 allocation (streamed once).
+__device__ __forceinline__ uint4 mk_ldw16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ mk_u32 mk_ldw32(const void* p) {
+  mk_u32 v;
+  asm("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ unsigned short mk_ldw16bit(const void* p) {
+  unsigned short v;
+  asm("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void mk_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// ---- synchronisation -------------------------------------------------------------------------
+__device__ __forceinline__ mk_u32 mk_ld_acquire(const mk_u32* p) {
+  mk_u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void mk_red_release(mk_u32* p, mk_u32 v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ mk_u64 mk_globaltimer() {
+  mk_u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Wrap-safe "a 32-bit counter that only grows has reached target".
+__device__ __forceinline__ bool mk_reached(mk_u32 value, mk_u32 target) { return (int)(value - target) >= 0; }
+
+// Records the first error of the launch and asks every block to stop.
+__device__ void mk_report(const MkParams& p, int kind, int instr, int a, mk_u32 b, mk_u32 c) {
+  // The CAS is on device memory (atomics on host-mapped memory are not portable); the winner fills
+  // the host-mapped record and sets its flag last.
+  if (atomicCAS((mk_u32*)p.abort_flag, 0u, 1u) == 0u) {
+    p.error->kind = kind;
+    p.error->instr = instr;
+    p.error->counter = a;
+    p.error->value = b;
+    p.error->target = c;
+    p.error->block = (int)blockIdx.x;
+    p.error->epoch = p.epoch;
+    __threadfence_system();
+    *(volatile mk_u32*)&p.error->flag = 1u;
+    __threadfence_system();
+  }
+}
+
+// ---- element types of weights ------------------------------------------------------------------
+__device__ __forceinline__ float mk_bf16(mk_u32 bits16) { return __uint_as_float(bits16 << 16); }
+__device__ __forceinline__ float mk_f16(unsigned short h) {
+  float f;
+  asm("{ .reg .f16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+  return f;
+}
+// load8: elements [i, i+8) of a row starting at `row` (16-byte aligned when the row is); load1: one.
+struct MkF32 {
+  static constexpr int kBytes = 4;
+  __device__ static __forceinline__ void load8(const void* row, int i, float* o) {
+    const char* p = (const char*)row + (mk_i64)i * 4;
+    uint4 a = mk_ldw16(p), b = mk_ldw16(p + 16);
+    o[0] = __uint_as_float(a.x); o[1] = __uint_as_float(a.y); o[2] = __uint_as_float(a.z); o[3] = __uint_as_float(a.w);
+    o[4] = __uint_as_float(b.x); o[5] = __uint_as_float(b.y); o[6] = __uint_as_float(b.z); o[7] = __uint_as_float(b.w);
+  }
+  __device__ static __forceinline__ float load1(const void* row, mk_i64 i) {
+    return __uint_as_float(mk_ldw32((const char*)row + i * 4));
+  }
+};
+struct MkBF16 {
+  static constexpr int kBytes = 2;
+  __device__ static __forceinline__ void load8(const void* row, int i, float* o) {
+    uint4 a = mk_ldw16((const char*)row + (mk_i64)i * 2);
+    o[0] = __uint_as_float(a.x << 16); o[1] = __uint_as_float(a.x & 0xffff0000u);
+    o[2] = __uint_as_float(a.y << 16); o[3] = __uint_as_float(a.y & 0xffff0000u);
+    o[4] = __uint_as_float(a.z << 16); o[5] = __uint_as_float(a.z & 0xffff0000u);
+    o[6] = __uint_as_float(a.w << 16); o[7] = __uint_as_float(a.w & 0xffff0000u);
+  }
+  __device__ static __forceinline__ float load1(const void* row, mk_i64 i) {
+    return mk_bf16(mk_ldw16bit((const char*)row + i * 2));
+  }
+};
+struct MkF16 {
+  static constexpr int kBytes = 2;
+  __device__ static __forceinline__ void load8(const void* row, int i, float* o) {
+    uint4 a = mk_ldw16((const char*)row + (mk_i64)i * 2);
+    mk_u32 v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      o[2 * e] = mk_f16((unsigned short)(v[e] & 0xffffu));
+      o[2 * e + 1] = mk_f16((unsigned short)(v[e] >> 16));
+    }
+  }
+  __device__ static __forceinline__ float load1(const void* row, mk_i64 i) {
+    return mk_f16(mk_ldw16bit((const char*)row + i * 2));
+  }
+};
+
+// ---- reductions (fixed trees: the result does not depend on timing) ------------------------------
+__device__ __forceinline__ float mk_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double mk_warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float mk_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block; `red` holds MK_WARPS + 1 doubles of shared memory. All threads must call.
+__device__ double mk_block_sum(double v, double* red) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  v = mk_warp_sum_d(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    double t = lane < MK_WARPS ? red[lane] : 0.0;
+    t = mk_warp_sum_d(t);
+    if (lane == 0) red[MK_WARPS] = t;
+  }
+  __syncthreads();
+  double t = red[MK_WARPS];
+  __syncthreads();
+  return t;
+}
+
+// ---- activations (same formulas as ir/ops.h) --------------------------------------------------
+__device__ __forceinline__ float mk_silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float mk_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float mk_gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+template <int ACT>
+__device__ __forceinline__ float mk_act(float v) {
+  if (ACT == 1) return mk_silu(v);
+  if (ACT == 2) return mk_gelu(v);
+  if (ACT == 3) return mk_gelu_tanh(v);
+  return v;
+}
+
+// Rotates the pairs of one head of `v` (head_dim C::HD, n_rot C::NROT) for position pos, in double
+// like the CPU interpreter. Pair i of the head, 0 <= i < NROT / 2, is handled by the caller's thread.
+template <class C>
+__device__ __forceinline__ void mk_rope_pair(float* head, int i, int pos) {
+  constexpr int half = C::NROT / 2;
+  const double ang = (double)pos * C::inv_freq(i);
+  double s, c;
+  sincos(ang, &s, &c);
+  const int i0 = C::HALVES ? i : 2 * i, i1 = C::HALVES ? i + half : 2 * i + 1;
+  const double x0 = head[i0], x1 = head[i1];
+  head[i0] = (float)(x0 * c - x1 * s);
+  head[i1] = (float)(x0 * s + x1 * c);
+}
+
+// ---- opcode templates ----------------------------------------------------------------------------
+// Each takes its config C (generated: constexpr shapes, strides, tile width, dtypes, constants),
+// the instruction, the op's operand pointers, the step's symbols and the block's dynamic shared
+// memory. All threads of the block call it; it may use __syncthreads.
+
+// matmul: out[:, c0:c1] = epi(glu(pro(x) @ w[c0:c1]^T)), f32 accumulation.
+// x rows are staged in shared memory RB at a time (rms-normalised there when PRO_RMS); warp w
+// computes columns c0+w, c0+w+MK_WARPS, ...: lanes read 16-byte chunks of the weight row
+// (coalesced), multiply with the staged rows and reduce with shuffles. Results go to a shared
+// tile, where the epilogue (RoPE needs column pairs) runs before the store.
+template <class C>
+__device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  constexpr int K = C::K, RB = C::RB, T = C::T;
+  constexpr int KV = C::VEC ? K / 8 * 8 : 0;  // elements covered by 8-wide chunks
+  float* xs = (float*)smem;                    // [RB][K]
+  float* tile = xs + RB * K;                   // [RB][T]
+  double* red = (double*)(tile + RB * T + 2);  // [MK_WARPS + 1]
+  red = (double*)(((unsigned long long)red + 7) & ~7ull);
+  const int R = C::rows(s);
+  const int c0 = in.c0, nc = in.c1 - in.c0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = C::STORE ? s.n_past : 0;
+  for (int r0 = 0; r0 < R; r0 += RB) {
+    const int nr = min(RB, R - r0);
+    if constexpr (C::XVEC) {
+      for (int i = threadIdx.x; i < nr * (K / 4); i += MK_THREADS) {
+        const int rb = i / (K / 4), k4 = i - rb * (K / 4);
+        *(float4*)(xs + rb * K + k4 * 4) = mk_ld4(a.x + (mk_i64)(r0 + rb) * C::XS + k4 * 4);
+      }
+    } else {
+      for (int i = threadIdx.x; i < nr * K; i += MK_THREADS) {
+        const int rb = i / K, k = i - rb * K;
+        xs[i] = mk_ld(a.x + (mk_i64)(r0 + rb) * C::XS + k);
+      }
+    }
+    __syncthreads();
+    if constexpr (C::PRO_RMS) {
+      for (int rb = 0; rb < nr; ++rb) {
+        double ss = 0;
+        for (int k = threadIdx.x; k < K; k += MK_THREADS) ss += (double)xs[rb * K + k] * xs[rb * K + k];
+        ss = mk_block_sum(ss, red);
+        const float inv = (float)(1.0 / sqrt(ss / (double)K + C::EPS));
+        for (int k = threadIdx.x; k < K; k += MK_THREADS)
+          xs[rb * K + k] = xs[rb * K + k] * inv * (C::NormW::load1(a.norm_w, k) + (float)C::WOFF);
+      }
+      __syncthreads();
+    }
+    for (int j = warp; j < nc; j += MK_WARPS) {
+      const mk_i64 col = c0 + j;
+      const char* wrow = (const char*)a.w + col * (mk_i64)K * C::W::kBytes;
+      const char* urow = C::GLU ? (const char*)a.w_up + col * (mk_i64)K * C::W::kBytes : nullptr;
+      float acc[RB], accu[RB];
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) acc[rb] = accu[rb] = 0.0f;
+#pragma unroll 4
+      for (int q = lane * 8; q < KV; q += 256) {
+        float w8[8], u8[8];
+        C::W::load8(wrow, q, w8);
+        if constexpr (C::GLU) C::W::load8(urow, q, u8);
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {
+          if (rb < nr) {
+            const float4 xa = *(const float4*)(xs + rb * K + q), xb = *(const float4*)(xs + rb * K + q + 4);
+            acc[rb] += w8[0] * xa.x + w8[1] * xa.y + w8[2] * xa.z + w8[3] * xa.w + w8[4] * xb.x + w8[5] * xb.y +
+                       w8[6] * xb.z + w8[7] * xb.w;
+            if constexpr (C::GLU)
+              accu[rb] += u8[0] * xa.x + u8[1] * xa.y + u8[2] * xa.z + u8[3] * xa.w + u8[4] * xb.x + u8[5] * xb.y +
+                          u8[6] * xb.z + u8[7] * xb.w;
+          }
+        }
+      }
+      for (int k = KV + lane; k < K; k += 32) {  // tail (or everything when rows are not 16-byte aligned)
+        const float wv = C::W::load1(wrow, k);
+        const float uv = C::GLU ? C::W::load1(urow, k) : 0.0f;
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb)
+          if (rb < nr) {
+            acc[rb] += wv * xs[rb * K + k];
+            if constexpr (C::GLU) accu[rb] += uv * xs[rb * K + k];
+          }
+      }
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        acc[rb] = mk_warp_sum(acc[rb]);
+        if constexpr (C::GLU) accu[rb] = mk_warp_sum(accu[rb]);
+        if (lane == 0 && rb < nr) tile[rb * T + j] = C::GLU ? mk_act<C::GLU>(acc[rb]) * accu[rb] : acc[rb];
+      }
+    }
+    __syncthreads();
+    if constexpr (C::ROPE) {  // whole heads per tile: c0 and nc are multiples of HD
+      constexpr int half = C::NROT / 2;
+      const int heads = nc / C::HD;
+      for (int i = threadIdx.x; i < nr * heads * half; i += MK_THREADS) {
+        const int rb = i / (heads * half), rem = i - rb * heads * half, h = rem / half, pi = rem - h * half;
+        mk_rope_pair<C>(tile + rb * T + h * C::HD, pi, mk_ld_i32(a.pos + r0 + rb));
+      }
+      __syncthreads();
+    }
+    for (int i = threadIdx.x; i < nr * nc; i += MK_THREADS) {
+      const int rb = i / nc, j = i - rb * nc;
+      float v = tile[rb * T + j];
+      if constexpr (C::ADD) v += mk_ld(a.res + (mk_i64)(r0 + rb) * C::RS + c0 + j);
+      a.out[(mk_i64)(row0 + r0 + rb) * C::OS + c0 + j] = v;
+    }
+    __syncthreads();  // xs and tile are reused by the next row block
+  }
+}
+
+// Bytes of weights an instruction of a matmul reads: prefetched into L2 before its wait.
+template <class C>
+__device__ __forceinline__ void mk_matmul_prefetch(const MkInstr& in, const MkOpArgs& a) {
+  const mk_i64 row_bytes = (mk_i64)C::K * C::W::kBytes;
+  const char* base = (const char*)a.w + (mk_i64)in.c0 * row_bytes;
+  const mk_i64 bytes = (mk_i64)(in.c1 - in.c0) * row_bytes;
+  for (mk_i64 o = (mk_i64)threadIdx.x * 128; o < bytes; o += (mk_i64)MK_THREADS * 128) mk_prefetch_l2(base + o);
+  if constexpr (C::GLU) {
+    const char* ubase = (const char*)a.w_up + (mk_i64)in.c0 * row_bytes;
+    for (mk_i64 o = (mk_i64)threadIdx.x * 128; o < bytes; o += (mk_i64)MK_THREADS * 128) mk_prefetch_l2(ubase + o);
+  }
+}
+
+// attention: heads [c0/HD, c1/HD) of every row r, causal over cache rows [0, n_past + r].
+// Warps split the cache rows; each keeps an online softmax (running max m, sum l, output acc) over
+// its rows; the warps' partial results are combined in shared memory.
+template <class C>
+__device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  constexpr int HD = C::HD, PL = (HD + 31) / 32;  // head elements per lane
+  float* qs = (float*)smem;                         // [HD]
+  float* part = qs + HD;                            // [MK_WARPS][HD + 2]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int R = C::rows(s);
+  for (int r = 0; r < R; ++r) {
+    const int n_kv = s.n_past + r + 1;
+    for (int h = in.c0 / HD; h < in.c1 / HD; ++h) {
+      const int g = h / C::HPG;
+      for (int i = threadIdx.x; i < HD; i += MK_THREADS) qs[i] = mk_ld(a.x + (mk_i64)r * C::QS + h * HD + i);
+      __syncthreads();
+      float m = MK_NEG_INF, l = 0.0f, acc[PL];
+#pragma unroll
+      for (int e = 0; e < PL; ++e) acc[e] = 0.0f;
+      for (int j = warp; j < n_kv; j += MK_WARPS) {
+        const float* kr = a.y + (mk_i64)j * C::KS + g * HD;
+        const float* vr = a.z + (mk_i64)j * C::VS + g * HD;
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < PL; ++e) {
+          const int i = lane + 32 * e;
+          if (i < HD) d += qs[i] * mk_ld(kr + i);
+        }
+        d = mk_warp_sum(d) * (float)C::SCALE;
+        const float mn = fmaxf(m, d);
+        const float corr = expf(m - mn);  // 0 when m = -inf
+        const float p = expf(d - mn);
+        l = l * corr + p;
+#pragma unroll
+        for (int e = 0; e < PL; ++e) {
+          const int i = lane + 32 * e;
+          acc[e] = acc[e] * corr + (i < HD ? p * mk_ld(vr + i) : 0.0f);
+        }
+        m = mn;
+      }
+      float* mine = part + warp * (HD + 2);
+#pragma unroll
+      for (int e = 0; e < PL; ++e) {
+        const int i = lane + 32 * e;
+        if (i < HD) mine[i] = acc[e];
+      }
+      if (lane == 0) {
+        mine[HD] = m;
+        mine[HD + 1] = l;
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < HD; i += MK_THREADS) {
+        float M = MK_NEG_INF;
+        for (int w = 0; w < MK_WARPS; ++w) M = fmaxf(M, part[w * (HD + 2) + HD]);
+        float L = 0.0f, O = 0.0f;
+        for (int w = 0; w < MK_WARPS; ++w) {
+          const float* pw = part + w * (HD + 2);
+          if (pw[HD + 1] > 0.0f) {
+            const float f = expf(pw[HD] - M);
+            L += pw[HD + 1] * f;
+            O += pw[i] * f;
+          }
+        }
+        a.out[(mk_i64)r * C::OS + h * HD + i] = O / L;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// embed: out[r, c0:c1] = table[ids[r], c0:c1]
+template <class C>
+__device__ void mk_embed(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem, const MkParams& p, int idx) {
+  const int R = C::rows(s), nc = in.c1 - in.c0;
+  for (int i = threadIdx.x; i < R * nc; i += MK_THREADS) {
+    const int r = i / nc, j = i - r * nc;
+    int id = mk_ld_i32(a.ids + r);
+    if (id < 0 || id >= C::NROWS) {
+      mk_report(p, 2, idx, id, (mk_u32)C::NROWS, 0u);
+      id = 0;
+    }
+    a.out[(mk_i64)r * C::OS + in.c0 + j] = C::W::load1(a.w, (mk_i64)id * C::K + in.c0 + j);
+  }
+}
+
+// rms_norm: GROUP == K: statistics over the full row, write columns [c0, c1); GROUP < K: each group
+// of the tile on its own (the tile holds whole groups).
+template <class C>
+__device__ void mk_rms_norm(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  double* red = (double*)smem;
+  const int R = C::rows(s);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if constexpr (C::GROUP == C::K) {
+    for (int r = 0; r < R; ++r) {
+      const float* xr = a.x + (mk_i64)r * C::XS;
+      double ss = 0;
+      for (int k = threadIdx.x; k < C::K; k += MK_THREADS) {
+        const float v = mk_ld(xr + k);
+        ss += (double)v * v;
+      }
+      ss = mk_block_sum(ss, red);
+      const float inv = (float)(1.0 / sqrt(ss / (double)C::K + C::EPS));
+      for (int k = in.c0 + threadIdx.x; k < in.c1; k += MK_THREADS) {
+        const float wv = C::HAS_W ? C::NormW::load1(a.norm_w, k) + (float)C::WOFF : 1.0f;
+        a.out[(mk_i64)r * C::OS + k] = mk_ld(xr + k) * inv * wv;
+      }
+    }
+  } else {
+    const int groups = (in.c1 - in.c0) / C::GROUP;
+    for (int gi = warp; gi < R * groups; gi += MK_WARPS) {
+      const int r = gi / groups, g0 = in.c0 + (gi - r * groups) * C::GROUP;
+      const float* xr = a.x + (mk_i64)r * C::XS + g0;
+      double ss = 0;
+      for (int k = lane; k < C::GROUP; k += 32) {
+        const float v = mk_ld(xr + k);
+        ss += (double)v * v;
+      }
+      ss = mk_warp_sum_d(ss);
+      const float inv = (float)(1.0 / sqrt(ss / (double)C::GROUP + C::EPS));
+      for (int k = lane; k < C::GROUP; k += 32) {
+        const float wv = C::HAS_W ? C::NormW::load1(a.norm_w, k) + (float)C::WOFF : 1.0f;
+        a.out[(mk_i64)r * C::OS + g0 + k] = mk_ld(xr + k) * inv * wv;
+      }
+    }
+  }
+}
+
+// layer_norm: statistics (double) over the full row, write columns [c0, c1).
+template <class C>
+__device__ void mk_layer_norm(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  double* red = (double*)smem;
+  const int R = C::rows(s);
+  for (int r = 0; r < R; ++r) {
+    const float* xr = a.x + (mk_i64)r * C::XS;
+    double sum = 0;
+    for (int k = threadIdx.x; k < C::K; k += MK_THREADS) sum += mk_ld(xr + k);
+    const double mean = mk_block_sum(sum, red) / (double)C::K;
+    double var = 0;
+    for (int k = threadIdx.x; k < C::K; k += MK_THREADS) {
+      const double d = mk_ld(xr + k) - mean;
+      var += d * d;
+    }
+    var = mk_block_sum(var, red) / (double)C::K;
+    const double inv = 1.0 / sqrt(var + C::EPS);
+    for (int k = in.c0 + threadIdx.x; k < in.c1; k += MK_THREADS) {
+      const double wv = C::HAS_W ? (double)C::NormW::load1(a.norm_w, k) : 1.0;
+      const double bv = C::HAS_B ? (double)C::BiasW::load1(a.bias, k) : 0.0;
+      a.out[(mk_i64)r * C::OS + k] = (float)((mk_ld(xr + k) - mean) * inv * wv + bv);
+    }
+  }
+}
+
+// Elementwise ops: OPC 0 add, 1 mul, 2 scale, 3 silu, 4 gelu, 5 gelu_tanh. y is a second activation
+// or (HAS_BIAS) a weight row broadcast over rows.
+template <class C>
+__device__ void mk_eltwise(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  const int R = C::rows(s), nc = in.c1 - in.c0;
+  for (int i = threadIdx.x; i < R * nc; i += MK_THREADS) {
+    const int r = i / nc, j = in.c0 + (i - r * nc);
+    const float v = mk_ld(a.x + (mk_i64)r * C::XS + j);
+    float o;
+    if constexpr (C::OPC == 0 || C::OPC == 1) {
+      const float y = C::HAS_BIAS ? C::BiasW::load1(a.bias, j) : mk_ld(a.y + (mk_i64)r * C::YS + j);
+      o = C::OPC == 0 ? v + y : v * y;
+    } else if constexpr (C::OPC == 2) {
+      o = v * (float)C::SCALE;
+    } else {
+      o = mk_act<C::OPC - 2>(v);
+    }
+    a.out[(mk_i64)r * C::OS + j] = o;
+  }
+}
+
+// rope (standalone): out[r, c0:c1] = RoPE(x[r, c0:c1]) for whole heads.
+template <class C>
+__device__ void mk_rope(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  float* t = (float*)smem;  // [T]
+  const int R = C::rows(s), nc = in.c1 - in.c0;
+  constexpr int half = C::NROT / 2;
+  for (int r = 0; r < R; ++r) {
+    for (int j = threadIdx.x; j < nc; j += MK_THREADS) t[j] = mk_ld(a.x + (mk_i64)r * C::XS + in.c0 + j);
+    __syncthreads();
+    const int pos = mk_ld_i32(a.pos + r);
+    const int heads = nc / C::HD;
+    for (int i = threadIdx.x; i < heads * half; i += MK_THREADS) mk_rope_pair<C>(t + (i / half) * C::HD, i % half, pos);
+    __syncthreads();
+    for (int j = threadIdx.x; j < nc; j += MK_THREADS) a.out[(mk_i64)r * C::OS + in.c0 + j] = t[j];
+    __syncthreads();
+  }
+}
+
+// kv_store: cache[n_past + r, c0:c1] = x[r, c0:c1]
+template <class C>
+__device__ void mk_kv_store(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  const int R = C::rows(s), nc = in.c1 - in.c0;
+  for (int i = threadIdx.x; i < R * nc; i += MK_THREADS) {
+    const int r = i / nc, j = in.c0 + (i - r * nc);
+    a.out[(mk_i64)(s.n_past + r) * C::OS + j] = mk_ld(a.x + (mk_i64)r * C::XS + j);
+  }
+}
+
+// last_row: out[0, c0:c1] = x[rows(x) - 1, c0:c1]
+template <class C>
+__device__ void mk_last_row(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  const int rx = C::xrows(s);
+  for (int j = in.c0 + threadIdx.x; j < in.c1; j += MK_THREADS) a.out[j] = mk_ld(a.x + (mk_i64)(rx - 1) * C::XS + j);
+}
+
+// ---- the interpreter's counter wait --------------------------------------------------------------
+// Thread 0 only. Returns false (after recording the error) on timeout or when another block failed.
+__device__ bool mk_wait(const MkParams& p, const MkInstr& in, int idx) {
+  for (int w = 0; w < in.n_waits; ++w) {
+    const MkWait wt = p.waits[in.wait_begin + w];
+    const mk_u32 target = (p.epoch - 1u) * wt.per_step + wt.count;
+    const mk_u32* ctr = p.counters + wt.counter;
+    mk_u32 v = mk_ld_acquire(ctr);
+    if (mk_reached(v, target)) continue;
+    const mk_u64 t0 = mk_globaltimer();
+    for (mk_u32 spin = 1;; ++spin) {
+      v = mk_ld_acquire(ctr);
+      if (mk_reached(v, target)) break;
+      if ((spin & 63u) == 0u) {
+        if (*p.abort_flag) return false;
+        if (mk_globaltimer() - t0 > p.timeout_ns) {
+          mk_report(p, 1, idx, wt.counter, v, target);
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+)MKCUDA";
+
+}  // namespace mk::cuda
