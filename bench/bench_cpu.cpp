@@ -7,6 +7,8 @@
 
 #include <map>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "archs/arch.h"
 #include "backend/backend.h"
@@ -88,13 +90,37 @@ const std::string kSynth110M = "synth:stories110m";
 }  // namespace
 
 #define MK_CPU_BENCH(tag, path)                                                                              \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_reference, path, "reference", 1, "dynamic")->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_dynamic, path, "cpu", 1, "dynamic")->Unit(benchmark::kMillisecond);   \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_dynamic, path, "cpu", 2, "dynamic")->Unit(benchmark::kMillisecond);   \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_rr, path, "cpu", 1, "static-rr")->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_rr, path, "cpu", 2, "static-rr")->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_cp, path, "cpu", 1, "static-cp")->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_cp, path, "cpu", 2, "static-cp")->Unit(benchmark::kMillisecond);
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_reference, path, "reference", 1, "dynamic")->Unit(benchmark::kMillisecond)->UseRealTime(); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_dynamic, path, "cpu", 1, "dynamic")->Unit(benchmark::kMillisecond)->UseRealTime();   \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_dynamic, path, "cpu", 2, "dynamic")->Unit(benchmark::kMillisecond)->UseRealTime();   \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_rr, path, "cpu", 1, "static-rr")->Unit(benchmark::kMillisecond)->UseRealTime(); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_rr, path, "cpu", 2, "static-rr")->Unit(benchmark::kMillisecond)->UseRealTime(); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t1_static_cp, path, "cpu", 1, "static-cp")->Unit(benchmark::kMillisecond)->UseRealTime(); \
+  BENCHMARK_CAPTURE(BM_CpuDecode, tag##_cpu_t2_static_cp, path, "cpu", 2, "static-cp")->Unit(benchmark::kMillisecond)->UseRealTime();
 
 MK_CPU_BENCH(stories260K, kStories260K)
 MK_CPU_BENCH(synth_stories110m, kSynth110M)
+
+// Read bandwidth of this machine in the same run, for the ratio in docs/PERFORMANCE.md: each of
+// `threads` threads sums its share of a 512 MiB float array with a vectorisable loop.
+static void BM_ReadBandwidth(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  static std::vector<float> data(size_t{128} << 20, 1.0f);
+  std::vector<float> sums(static_cast<size_t>(threads) * 16);
+  for (auto _ : state) {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const size_t n = data.size() / static_cast<size_t>(threads), b = n * static_cast<size_t>(t);
+        float acc[16] = {};
+        for (size_t i = 0; i + 16 <= n; i += 16)
+          for (int l = 0; l < 16; ++l) acc[l] += data[b + i + static_cast<size_t>(l)];
+        for (int l = 0; l < 16; ++l) sums[static_cast<size_t>(t) * 16 + static_cast<size_t>(l)] = acc[l];
+      });
+    for (auto& th : pool) th.join();
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(data.size() * 4) * static_cast<double>(state.iterations()) / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();

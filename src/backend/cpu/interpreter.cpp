@@ -7,6 +7,12 @@
 #include <cstring>
 #include <map>
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "passes/pass.h"
 #include "support/error.h"
 
@@ -27,6 +33,25 @@ uint8_t* alloc_zeroed(size_t bytes) {
   if (!p) fail("cpu: cannot allocate {} bytes", bytes);
   std::memset(p, 0, bytes);
   return static_cast<uint8_t*>(p);
+}
+
+// Sleeps while *addr == expected, at most timeout_ns (spurious returns are fine: callers re-check).
+void futex_wait(std::atomic<uint32_t>* addr, uint32_t expected, int64_t timeout_ns) {
+#if defined(__linux__)
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+#else
+  (void)addr, (void)expected, (void)timeout_ns;
+  std::this_thread::yield();
+#endif
+}
+
+void futex_wake_all(std::atomic<uint32_t>* addr) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+#else
+  (void)addr;
+#endif
 }
 
 // Wrap-safe "counter value has reached target" for 32-bit counters that only grow.
@@ -68,7 +93,8 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace) : 
   const int W = p_.workers;
   for (int w = 0; w < W; ++w) scratch_.push_back(reinterpret_cast<float*>(alloc_zeroed(sf * sizeof(float))));
   trace_.assign(static_cast<size_t>(W), {});
-  for (int w = 0; w < W; ++w) threads_.emplace_back([this, w] { worker_main(w); });
+  // Worker 0 is the calling thread (step() runs its share), so a step wakes no thread for it.
+  for (int w = 1; w < W; ++w) threads_.emplace_back([this, w] { worker_main(w); });
 }
 
 Interpreter::~Interpreter() {
@@ -112,8 +138,9 @@ void Interpreter::step(std::span<const int32_t> tokens, int64_t n_past) {
   ++epoch_;
   start_.store(epoch_, std::memory_order_release);
   start_.notify_all();
-  const uint32_t W = static_cast<uint32_t>(p_.workers);
-  for (uint32_t d = done_.load(std::memory_order_acquire); d < W; d = done_.load(std::memory_order_acquire)) done_.wait(d, std::memory_order_acquire);
+  run_step(0, epoch_);
+  const uint32_t others = static_cast<uint32_t>(p_.workers - 1);
+  await(done_, [&](uint32_t d) { return d >= others; });
   step_times_.push_back({t_begin, now_ns()});
   if (failed_.load()) {
     std::lock_guard<std::mutex> lock(error_mu_);
@@ -134,10 +161,29 @@ std::span<const float> Interpreter::output(const std::string& name, int64_t* row
   fail("cpu: the program has no output named {}", name);
 }
 
+template <class Done>
+void Interpreter::await(std::atomic<uint32_t>& a, Done done) {
+  // Spin, then yield, then sleep: between back-to-back steps a worker stays awake (waking a
+  // sleeping thread costs ~100 us on a VM), while an idle interpreter costs no CPU.
+  int64_t since = 0;
+  for (int spins = 0;; ++spins) {
+    uint32_t v = a.load(std::memory_order_acquire);
+    if (done(v)) return;
+    if (spins < 2000) {
+      cpu_relax();
+    } else if (since == 0 || now_ns() - since < 2'000'000) {
+      if (since == 0) since = now_ns();
+      std::this_thread::yield();
+    } else {
+      a.wait(v, std::memory_order_acquire);
+    }
+  }
+}
+
 void Interpreter::worker_main(int w) {
   uint32_t seen = 0;
   for (;;) {
-    start_.wait(seen, std::memory_order_acquire);
+    await(start_, [&](uint32_t s) { return s != seen; });
     uint32_t s = start_.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_relaxed)) return;
     seen = s;
@@ -147,29 +193,48 @@ void Interpreter::worker_main(int w) {
   }
 }
 
+void Interpreter::signal(Counter& c) {
+  // seq_cst on both sides (here and in wait_for) so that either the signaller sees the sleeper or
+  // the sleeper sees the new value before it sleeps.
+  c.value.fetch_add(1, std::memory_order_seq_cst);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&c.value);
+}
+
 bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
   for (const Wait& wt : in.waits) {
     const uint32_t target = epoch * wt.count;
-    std::atomic<uint32_t>& c = counters_[static_cast<size_t>(wt.counter)].value;
-    if (reached(c.load(std::memory_order_acquire), target)) continue;
-    uint64_t spins = 0;
+    Counter& c = counters_[static_cast<size_t>(wt.counter)];
+    if (reached(c.value.load(std::memory_order_acquire), target)) continue;
+    int spins = 0;
     int64_t since = 0;
-    while (!reached(c.load(std::memory_order_acquire), target)) {
+    for (;;) {
+      uint32_t v = c.value.load(std::memory_order_acquire);
+      if (reached(v, target)) break;
       if (failed_.load(std::memory_order_relaxed)) return false;
-      if (++spins < 512) {
+      if (++spins < 2000) {  // ~50 us of pause-spinning: most waits end here
         cpu_relax();
         continue;
       }
-      std::this_thread::yield();
-      if ((spins & 1023) != 0) continue;
-      int64_t t = now_ns();
-      if (since == 0) since = t;
-      if (static_cast<double>(t - since) > wait_timeout_s * 1e9) {
+      // Then yield for up to 2 ms: lets other threads run on a busy or oversubscribed machine
+      // without sleeping (waking a sleeping thread costs tens to hundreds of microseconds on a
+      // VM, more than most instructions take).
+      const int64_t t_now = now_ns();
+      if (since == 0) since = t_now;
+      if (t_now - since < 2'000'000) {
+        std::this_thread::yield();
+        continue;
+      }
+      // Sleep until the counter moves (or 20 ms pass, to check for failure and the deadline).
+      c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      v = c.value.load(std::memory_order_seq_cst);
+      if (!reached(v, target)) futex_wait(&c.value, v, 20'000'000);
+      c.sleepers.fetch_sub(1, std::memory_order_relaxed);
+      if (static_cast<double>(now_ns() - since) > wait_timeout_s * 1e9) {
         std::lock_guard<std::mutex> lock(error_mu_);
         if (!failed_.load()) {
           error_ = fmt::format("worker {} timed out in step {} before instruction {}: counter c{} ({}) is {}, waiting for {}",
                                w, epoch, p_.instr_str(static_cast<int>(&in - p_.instrs.data())), wt.counter,
-                               p_.counters[static_cast<size_t>(wt.counter)].name, c.load(), target);
+                               p_.counters[static_cast<size_t>(wt.counter)].name, c.value.load(), target);
           failed_.store(true);
         }
         return false;
@@ -190,7 +255,7 @@ void Interpreter::run_step(int w, uint32_t epoch) {
     if (!wait_for(w, in, epoch)) return false;
     if (tracing_) ev.start_ns = now_ns();
     execute(p_, in, m, scratch);
-    counters_[static_cast<size_t>(in.signal)].value.fetch_add(1, std::memory_order_release);
+    signal(counters_[static_cast<size_t>(in.signal)]);
     if (tracing_) {
       ev.end_ns = now_ns();
       ev.instr = static_cast<uint32_t>(idx);
@@ -277,9 +342,9 @@ std::string write_trace(const TraceData& it, const std::string& path) {
                          "\"args\":{{\"instr\":{},\"step\":{}}}}}",
                          w, static_cast<double>(e.wait_ns) / 1e3, static_cast<double>(e.start_ns - e.wait_ns) / 1e3, e.instr, e.step));
       emit(fmt::format("{{\"name\":\"{}\",\"cat\":\"instr\",\"ph\":\"X\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f},"
-                       "\"args\":{{\"instr\":{},\"op\":\"{}\",\"layer\":{},\"tile\":{},\"cols\":\"{}:{}\",\"step\":{}}}}}",
+                       "\"args\":{{\"instr\":{},\"opcode\":\"{}\",\"op\":\"{}\",\"layer\":{},\"tile\":{},\"cols\":\"{}:{}\",\"step\":{}}}}}",
                        opcode_name(in.opcode), w, static_cast<double>(e.start_ns) / 1e3,
-                       static_cast<double>(e.end_ns - e.start_ns) / 1e3, e.instr, o.name, in.layer, in.tile, in.c0, in.c1, e.step));
+                       static_cast<double>(e.end_ns - e.start_ns) / 1e3, e.instr, opcode_name(in.opcode), o.name, in.layer, in.tile, in.c0, in.c1, e.step));
     }
   }
   out += "\n]}\n";

@@ -1,10 +1,11 @@
 // The CPU megakernel: persistent worker threads interpret one Program.
 //
 // Each step (one forward over n_tokens tokens at n_past), the host writes the inputs, bumps the
-// step epoch and wakes the workers. A worker takes instructions from the dynamic queue (one
+// step epoch and wakes the workers; the calling thread is worker 0 and runs its share itself. A worker takes instructions from the dynamic queue (one
 // global atomic claim index, epoch-relative: never reset) or walks its static list; before an
-// instruction it spins (acquire) until each waited counter reaches epoch * count, after it it
-// increments its counter (release). Counters only grow. The host waits for every worker to finish
+// instruction it spins (acquire) until each waited counter reaches epoch * count — after a short
+// spin it sleeps on the counter (futex), so oversubscribed or busy machines do not starve the
+// worker it waits for — and after it it increments its counter (release), waking sleepers. Counters only grow. The host waits for every worker to finish
 // the step. A wait that does not complete within `wait_timeout_s` turns into an mk::Error naming
 // the instruction, counter, value and target instead of a hang.
 #pragma once
@@ -32,7 +33,7 @@ struct TraceEvent {
 class Interpreter {
  public:
   // Binds the program's weights to `model` (dtype and shape checked), validates the program and
-  // starts program.workers threads. Throws mk::Error on a mismatch or an invalid program.
+  // starts program.workers - 1 threads (the caller of step() is worker 0). Throws mk::Error on a mismatch or an invalid program.
   Interpreter(Program program, const ModelFile& model, bool trace = false);
   ~Interpreter();
   Interpreter(const Interpreter&) = delete;
@@ -52,10 +53,16 @@ class Interpreter {
   double wait_timeout_s = 60.0;
 
  private:
+  // A counter and how many workers sleep on it (so signalling skips the wake-up syscall when
+  // nobody does).
   struct alignas(64) Counter {
     std::atomic<uint32_t> value{0};
+    std::atomic<uint32_t> sleepers{0};
   };
+  void signal(Counter& c);
   void worker_main(int w);
+  template <class Done>
+  void await(std::atomic<uint32_t>& a, Done done);
   void run_step(int w, uint32_t epoch);
   bool wait_for(int w, const Instr& in, uint32_t epoch);
   int64_t now_ns() const;

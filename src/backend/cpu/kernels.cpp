@@ -25,6 +25,42 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
   return acc[0];
 }
 
+// Four dot products of `a` with rows b[0..3], each with exactly dot()'s lanes and tree (same bits),
+// loading `a` once for four weight streams.
+inline void dot4(const float* __restrict a, const float* const* b, int64_t n, float* out) {
+  const float* __restrict b0 = b[0];
+  const float* __restrict b1 = b[1];
+  const float* __restrict b2 = b[2];
+  const float* __restrict b3 = b[3];
+  float c0[kLanes] = {}, c1[kLanes] = {}, c2[kLanes] = {}, c3[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float x = a[i + l];
+      c0[l] += x * b0[i + l];
+      c1[l] += x * b1[i + l];
+      c2[l] += x * b2[i + l];
+      c3[l] += x * b3[i + l];
+    }
+  for (int l = 0; i < n; ++i, ++l) {
+    c0[l] += a[i] * b0[i];
+    c1[l] += a[i] * b1[i];
+    c2[l] += a[i] * b2[i];
+    c3[l] += a[i] * b3[i];
+  }
+  for (int s = kLanes / 2; s > 0; s /= 2)
+    for (int l = 0; l < s; ++l) {
+      c0[l] += c0[l + s];
+      c1[l] += c1[l + s];
+      c2[l] += c2[l + s];
+      c3[l] += c3[l + s];
+    }
+  out[0] = c0[0];
+  out[1] = c1[0];
+  out[2] = c2[0];
+  out[3] = c3[0];
+}
+
 // Two dot products sharing `a` (gate and up rows of a GLU): one pass over the activations.
 inline void dot2(const float* __restrict a, const float* __restrict b, const float* __restrict c, int64_t n, float* rb,
                  float* rc) {
@@ -130,11 +166,31 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     s += R * K;
   }
   const int64_t ldx = o.pro_rms ? K : xs;
-  float* wtmp = s;  // converted weight rows
-  float* utmp = s + K + 32;
-  float* tile = s + 2 * (K + 32);  // [R, T]
+  const int64_t stride = K + 32;
+  float* wtmp = s;               // 4 converted weight rows
+  float* utmp = s + 4 * stride;  // 4 converted up rows
+  float* tile = s + 8 * stride;  // [R, T]
   const WeightRef& W = c.w(o.w);
-  for (int64_t j = in.c0; j < in.c1; ++j) {
+  int64_t j = in.c0;
+  for (; j + 4 <= in.c1; j += 4) {  // four output columns at a time: x is loaded once per four rows
+    const float* wr[4];
+    const float* ur[4];
+    for (int q = 0; q < 4; ++q) wr[q] = weight_span(W, j + q, 0, K, wtmp + q * stride);
+    if (o.glu != Act::none)
+      for (int q = 0; q < 4; ++q) ur[q] = weight_span(c.w(o.w_up), j + q, 0, K, utmp + q * stride);
+    for (int64_t r = 0; r < R; ++r) {
+      float a[4], b[4];
+      dot4(x + r * ldx, wr, K, a);
+      float* dst = tile + r * T + (j - in.c0);
+      if (o.glu != Act::none) {
+        dot4(x + r * ldx, ur, K, b);
+        for (int q = 0; q < 4; ++q) dst[q] = act(o.glu, a[q]) * b[q];
+      } else {
+        for (int q = 0; q < 4; ++q) dst[q] = a[q];
+      }
+    }
+  }
+  for (; j < in.c1; ++j) {
     const float* wr = weight_span(W, j, 0, K, wtmp);
     float* col = tile + (j - in.c0);
     if (o.glu != Act::none) {
@@ -211,7 +267,7 @@ size_t scratch_floats(const Program& p) {
     int64_t n = 0;
     switch (o.opcode) {
       case Opcode::matmul:
-        n = 2 * R * o.k + 2 * (o.k + 32) + R * o.tile_cols + 2 * o.n_rot + 64;
+        n = 2 * R * o.k + 8 * (o.k + 32) + R * o.tile_cols + 2 * o.n_rot + 64;
         break;
       case Opcode::attention:
         n = p.n_ctx + 16 + o.head_dim + 16;

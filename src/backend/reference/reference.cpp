@@ -227,6 +227,8 @@ class ReferenceBackend final : public Backend {
           out.assign(x + (xr - 1) * cols, x + xr * cols);
           break;
         }
+        case Op::fused_matmul:  // made by the compiler's fuse pass; the oracle runs unfused graphs
+          fail("reference backend: %{} is a fused_matmul; run the graph before the fuse pass", n.id);
       }
       ptr[static_cast<size_t>(n.id)] = out.data();
       len[static_cast<size_t>(n.id)] = out.size();
