@@ -171,8 +171,24 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* utmp = s + 4 * stride;  // 4 converted up rows
   float* tile = s + 8 * stride;  // [R, T]
   const WeightRef& W = c.w(o.w);
-  int64_t j = in.c0;
-  for (; j + 4 <= in.c1; j += 4) {  // four output columns at a time: x is loaded once per four rows
+  if (R < 4) {
+    // Decode: stream the weight tile row after row (one sequential stream reads ~25% faster than
+    // four interleaved ones here); the GLU's up rows are a second pass over their own tile.
+    for (int64_t j = in.c0; j < in.c1; ++j) {
+      const float* wr = weight_span(W, j, 0, K, wtmp);
+      for (int64_t r = 0; r < R; ++r) tile[r * T + (j - in.c0)] = dot(x + r * ldx, wr, K);
+    }
+    if (o.glu != Act::none)
+      for (int64_t j = in.c0; j < in.c1; ++j) {
+        const float* ur = weight_span(c.w(o.w_up), j, 0, K, utmp);
+        for (int64_t r = 0; r < R; ++r) {
+          float& v = tile[r * T + (j - in.c0)];
+          v = act(o.glu, v) * dot(x + r * ldx, ur, K);
+        }
+      }
+  }
+  int64_t j = R < 4 ? in.c1 : in.c0;
+  for (; j + 4 <= in.c1; j += 4) {  // prefill: four output columns at a time, x loaded once per four
     const float* wr[4];
     const float* ur[4];
     for (int q = 0; q < 4; ++q) wr[q] = weight_span(W, j + q, 0, K, wtmp + q * stride);
