@@ -34,6 +34,7 @@ void add_run_command(CLI::App& app) {
     GenerateResult r;
     if (o->json) {
       r = generate(s, o->gen);
+      s.backend->finish();  // traces and summaries go to files and stderr, stdout stays one JSON object
       nlohmann::ordered_json j;
       j["prompt_ids"] = r.prompt_ids;
       j["generated_ids"] = r.generated_ids;
@@ -52,6 +53,7 @@ void add_run_command(CLI::App& app) {
     });
     std::printf("\n");
     std::fflush(stdout);
+    s.backend->finish();
     if (r.stop_reason == "context") std::fprintf(stderr, "note: stopped: the context (%lld tokens) is full\n", static_cast<long long>(s.n_ctx));
     std::fprintf(stderr, "[%s] prompt: %zu tokens, %.3f ms/token | generation: %zu tokens, %.3f ms/token (%.1f tokens/s)\n",
                  s.backend->name().c_str(), r.prompt_ids.size(), r.prompt_ms_per_token(), r.generated_ids.size(),

@@ -114,7 +114,6 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   std::string tail = utf8.flush();
   r.text += tail;
   if (on_text && !tail.empty()) on_text(tail);
-  s.backend->finish();
   return r;
 }
 

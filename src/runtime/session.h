@@ -64,7 +64,8 @@ struct GenerateResult {
   double ms_per_token() const { return n_decode_steps ? generation_ms / n_decode_steps : 0; }
 };
 
-// Streams text pieces (valid UTF-8) to on_text as they are generated. Throws mk::Error when the
+// Streams text pieces (valid UTF-8) to on_text as they are generated. The caller calls
+// s.backend->finish() when done with the session's steps (writes traces). Throws mk::Error when the
 // prompt does not fit the context.
 GenerateResult generate(Session& s, const GenerateOptions& o, const std::function<void(const std::string&)>& on_text = {});
 
