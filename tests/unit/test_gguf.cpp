@@ -3,6 +3,8 @@
 // message names the problem. Fuzz* runs random mutations under the sanitizers.
 #include <gtest/gtest.h>
 
+#include "support/errors.h"
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -105,16 +107,7 @@ std::string gstr(const std::string& s) { return raw<uint64_t>(s.size()) + s; }
 
 ModelFile load_bytes(std::string bytes) { return load_gguf(MappedFile::from_bytes(std::move(bytes), "test.gguf")); }
 
-// The mk::Error message of f(), or "<no error>".
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 void expect_error(const std::string& bytes, const std::string& substring) {
   std::string msg = error_of([&] { load_bytes(bytes); });

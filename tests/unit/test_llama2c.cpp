@@ -2,6 +2,8 @@
 // conversion of the same weights), crafted legacy and version-1 files, and damaged headers/sizes.
 #include <gtest/gtest.h>
 
+#include "support/errors.h"
+
 #include <cstring>
 #include <random>
 
@@ -50,15 +52,7 @@ std::string legacy_file(const Params& p) {
 
 ModelFile load_bytes(std::string bytes) { return load_llama2c(MappedFile::from_bytes(std::move(bytes), "test.bin")); }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 void expect_error(const std::string& bytes, const std::string& substring) {
   std::string msg = error_of([&] { load_bytes(bytes); });
