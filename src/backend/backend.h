@@ -33,7 +33,7 @@ class Backend {
   virtual void finish() {}
 };
 
-// Names: "reference", "cpu", later "cuda", "cuda-perop", "cuda-graph". Throws mk::Error listing the
+// Names: "reference", "cpu", "cuda", "cuda-perop", "cuda-graph", "cuda-emu". Throws mk::Error listing the
 // available backends for an unknown name.
 std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,
                                       const BackendOptions& options);
@@ -50,5 +50,8 @@ std::unique_ptr<Backend> make_cpu_backend(const Graph&, const ModelFile&, const 
 std::unique_ptr<Backend> make_cuda_backend(const Graph&, const ModelFile&, const BackendOptions&);
 std::unique_ptr<Backend> make_cuda_perop_backend(const Graph&, const ModelFile&, const BackendOptions&);
 std::unique_ptr<Backend> make_cuda_graph_backend(const Graph&, const ModelFile&, const BackendOptions&);
+// cuda-emu: the megakernel's exact CUDA source compiled for the host and run on emulated blocks
+// (threads = -t, default 4) and threads (fibers), with a race check (backend/cuda/device/emu_host.h).
+std::unique_ptr<Backend> make_cuda_emu_backend(const Graph&, const ModelFile&, const BackendOptions&);
 
 }  // namespace mk

@@ -18,6 +18,7 @@ const BackendEntry kBackends[] = {
     {"cuda", make_cuda_backend},
     {"cuda-perop", make_cuda_perop_backend},
     {"cuda-graph", make_cuda_graph_backend},
+    {"cuda-emu", make_cuda_emu_backend},
 };
 }  // namespace
 

@@ -67,7 +67,9 @@ class Generator {
                      p_.instrs.size(), p_.ops.size(), p_.counters.size());
     c += fmt::format("#define MK_THREADS {}\n#define MK_NUM_INSTRS {}\n#define MK_STATIC {}\n#define MK_TRACE {}\n", o_.threads,
                      p_.instrs.size(), p_.schedule == ScheduleKind::dynamic ? 0 : 1, o_.trace ? 1 : 0);
-    c += kDevicePrelude;
+    c += text::abi;
+    c += text::ptx;
+    c += text::prelude;
     c += "\n// ---- op signatures: one config and one function each --------------------------------------\n";
     for (size_t f = 0; f < bodies.size(); ++f) {
       std::string comment = fn_comment[f];
@@ -87,115 +89,21 @@ class Generator {
     for (size_t f = 0; f < bodies.size(); ++f)
       if (fn_opcode[f] == Opcode::matmul) c += fmt::format("    case {0}: mk_matmul_prefetch<MkC{0}>(in, a); break;\n", f);
     c += "    default: break;\n  }\n}\n";
-    c += kInterpreter;
+    c += text::interpreter;
     for (size_t f = 0; f < (o_.perop_kernels ? bodies.size() : 0); ++f)
       c += fmt::format(
           "extern \"C\" __global__ void __launch_bounds__(MK_THREADS, 1) mk_perop_{0}(const MkParams p, int first) {{\n"
-          "  extern __shared__ __align__(16) char mk_smem[];\n"
+          "  MK_DYNAMIC_SMEM(mk_smem);\n"
           "  const int idx = p.op_instrs[first + blockIdx.x];\n"
           "  const MkInstr in = p.instrs[idx];\n"
           "  const MkSym s = *p.sym_dev;\n"
+          "  mk_begin_instr(idx);\n"
           "  mk_fn{0}(in, p.ops[in.op], s, mk_smem, p, idx);\n}}\n",
           f);
     return src;
   }
 
  private:
-  static constexpr const char* kInterpreter = R"MKCUDA(
-// ---- the persistent interpreter ------------------------------------------------------------------
-// Deadlock freedom: every block of the grid is co-resident (cooperative launch); instructions are
-// taken in one global topological order (queue) or per-block lists that follow it, so the earliest
-// unfinished taken instruction always has its inputs done.
-// Tracing (MK_TRACE 1): thread 0 records (instruction, SM, wait start, start, end) per instruction
-// with %globaltimer into the block's slice of p.trace (MK_NUM_INSTRS records per block after a
-// header of per-block counts); the host turns them into a Chrome trace with one track per SM.
-struct MkTraceRec {
-  int instr;
-  mk_u32 smid;
-  mk_u64 wait_ns, start_ns, end_ns;
-};
-static_assert(sizeof(MkTraceRec) == 32, "MkTraceRec ABI");
-__device__ __forceinline__ mk_u32 mk_smid() {
-  mk_u32 r;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
-  return r;
-}
-extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const MkParams p) {
-  extern __shared__ __align__(16) char mk_smem[];
-  __shared__ int s_next, s_ok;
-  // Dynamic queue: every block makes exactly one failing claim per step, so step e's claims start
-  // at (e - 1) * (MK_NUM_INSTRS + gridDim.x) and the counter is never reset.
-  const mk_u64 base = (mk_u64)(p.epoch - 1u) * (mk_u64)(MK_NUM_INSTRS + gridDim.x);
-  int pos = 0, end = 0, cur = MK_NUM_INSTRS;
-#if MK_TRACE
-  mk_u32* trace_count = (mk_u32*)p.trace;
-  MkTraceRec* trace_rec = (MkTraceRec*)(p.trace + ((gridDim.x * 4u + 255u) & ~255u)) + (mk_u64)blockIdx.x * MK_NUM_INSTRS;
-  mk_u32 n_rec = 0;
-  mk_u64 t_wait = 0, t_start = 0;
-#endif
-  if (MK_STATIC) {
-    pos = p.list_offsets[blockIdx.x];
-    end = p.list_offsets[blockIdx.x + 1];
-    cur = pos < end ? p.list_items[pos] : MK_NUM_INSTRS;
-  } else {
-    if (threadIdx.x == 0) {
-      const mk_u64 v = atomicAdd(p.queue, 1ull) - base;
-      s_next = v < (mk_u64)MK_NUM_INSTRS ? (int)v : MK_NUM_INSTRS;
-    }
-    __syncthreads();
-    cur = s_next;
-    __syncthreads();
-  }
-  while (cur < MK_NUM_INSTRS) {
-    const MkInstr in = p.instrs[cur];
-    const MkOpArgs& a = p.ops[in.op];
-    mk_prefetch(in, a);  // weights are always ready: start pulling them into L2 now
-    if (threadIdx.x == 0) {
-#if MK_TRACE
-      t_wait = mk_globaltimer();
-#endif
-      int next;
-      if (MK_STATIC) {
-        next = pos + 1 < end ? p.list_items[pos + 1] : MK_NUM_INSTRS;
-      } else {
-        const mk_u64 v = atomicAdd(p.queue, 1ull) - base;  // claim the next while this one waits and runs
-        next = v < (mk_u64)MK_NUM_INSTRS ? (int)v : MK_NUM_INSTRS;
-      }
-      s_ok = mk_wait(p, in, cur) ? 1 : 0;
-      s_next = next;
-#if MK_TRACE
-      t_start = mk_globaltimer();
-#endif
-    }
-    __syncthreads();
-    if (!s_ok) return;
-    const int next = s_next;
-    mk_dispatch(in, a, p.sym, mk_smem, p, cur);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-#if MK_TRACE
-      MkTraceRec r;
-      r.instr = cur;
-      r.smid = mk_smid();
-      r.wait_ns = t_wait;
-      r.start_ns = t_start;
-      r.end_ns = mk_globaltimer();
-      trace_rec[n_rec++] = r;
-#endif
-      if (in.signal >= 0) {
-        __threadfence();
-        mk_red_release(p.counters + in.signal, 1u);
-      }
-    }
-    cur = next;
-    ++pos;
-  }
-#if MK_TRACE
-  if (threadIdx.x == 0) trace_count[blockIdx.x] = n_rec;
-#endif
-}
-
-)MKCUDA";
 
   std::string call(Opcode op, size_t f) const {
     switch (op) {

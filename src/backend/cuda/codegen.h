@@ -1,13 +1,13 @@
 // Program -> one CUDA C++ source: the persistent megakernel and the per-op baseline kernels.
 //
-// The source is the fixed prelude (device_prelude.cpp: ABI structs, memory helpers, one template
-// per opcode) followed by, per Program:
+// The source is the fixed device text (device/abi.cuh, ptx.cuh, prelude.cuh: ABI structs, memory
+// helpers, one template per opcode) followed by, per Program:
 //   - one config struct and one __device__ function per distinct op *signature*: shapes, strides,
 //     tile width, dtypes and constants (eps, scale, RoPE frequencies) baked in as constexpr. Ops
 //     that differ only in their operands (the same projection in every layer) share a function;
 //     operand pointers come from the op table (MkOpArgs) at run time;
 //   - mk_dispatch: a switch from the instruction's function index to those functions;
-//   - mk_megakernel: the interpreter. Grid = co-resident blocks. Each block takes instructions from
+//   - mk_megakernel (device/interpreter.cuh): the interpreter. Grid = co-resident blocks. Each block takes instructions from
 //     its static list or the global queue (fetch pipelined: thread 0 claims the next index while
 //     the current instruction waits and runs), prefetches the instruction's weights into L2, thread
 //     0 waits on its counters (ld.acquire.gpu, bounded by timeout_ns; on timeout the error record
@@ -111,6 +111,16 @@ std::vector<DType> device_weight_dtypes(const Program& p);
 // instruction index, or -1 when no instruction waits. The result no longer passes the validator.
 int break_one_wait(Program& p);
 
-extern const char* const kDevicePrelude;
+// The device sources (src/backend/cuda/device/*.cuh, embedded at build time by cmake/embed_text.cmake):
+// abi.cuh (structs shared with the host), ptx.cuh (inline PTX behind named wrappers), prelude.cuh
+// (helpers, one template per opcode), interpreter.cuh (the persistent kernel), and emu_host.h (the
+// host versions of the wrappers, prepended when cuda-emu compiles the source for the CPU).
+namespace text {
+extern const char* const abi;
+extern const char* const ptx;
+extern const char* const prelude;
+extern const char* const interpreter;
+extern const char* const emu_host;
+}  // namespace text
 
 }  // namespace mk::cuda

@@ -1,147 +1,10 @@
-// The fixed part of every generated megakernel source: the host/device ABI structs, memory-access
-// and reduction helpers, and one template per opcode. codegen.cpp appends, per Program, a config
-// struct per distinct op signature (shapes, strides, tile sizes, constants as constexpr), one
-// __device__ function per signature, the dispatcher, the persistent interpreter kernel and the
-// per-op baseline kernels. Self-contained: no CUDA headers, so NVRTC needs no include paths.
-//
+// ---- prelude.cuh: helpers and one template per opcode ------------------------------------------
 // Memory rules (see docs/cuda.md):
-//   - weights never change during a kernel: 16-byte ld.global.nc.L1::no_allocate loads;
+//   - weights never change during a kernel: 16-byte ld.global.nc.L1::no_allocate loads (mk_ldw*);
 //   - activations and KV rows are written by other blocks of the same kernel: ld.global.cg (L2,
-//     never a stale L1 line), after thread 0's ld.acquire.gpu of the counter and a block barrier;
+//     never a stale L1 line; mk_ld*), after thread 0's ld.acquire.gpu of the counter and a block
+//     barrier; tiles store them with mk_st;
 //   - a producer's block barrier, then thread 0's fence + red.release.gpu publishes its writes.
-#include "backend/cuda/codegen.h"
-
-namespace mk::cuda {
-
-const char* const kDevicePrelude = R"MKCUDA(
-// ---------------------------------------------------------------------------------------------
-// megakernel device prelude (generated source; do not edit: regenerate with `compile --emit cuda`)
-// ---------------------------------------------------------------------------------------------
-typedef unsigned int mk_u32;
-typedef unsigned long long mk_u64;
-typedef long long mk_i64;
-
-// ABI shared with the host (backend/cuda/codegen.h mirrors these; sizes asserted on both sides).
-struct MkInstr {   // one tile of one op
-  int op;          // index into the op table
-  int fn;          // device function (op signature) index
-  int c0, c1;      // output columns [c0, c1)
-  int signal;      // counter to increment when done, -1 = none
-  int wait_begin;  // first MkWait of this instruction
-  int n_waits;
-  int pad;
-};
-struct MkWait {
-  int counter;
-  mk_u32 count;      // signals of this step to wait for
-  mk_u32 per_step;   // the counter's signals per step (diagnostics; the wait target is epoch * count)
-  mk_u32 pad;
-};
-struct MkOpArgs {  // device pointers of one op's operands (null when unused)
-  float* out;
-  const float* x;
-  const float* y;
-  const float* z;
-  const float* res;
-  const int* pos;
-  const int* ids;
-  const void* w;
-  const void* w_up;
-  const void* norm_w;
-  const void* bias;
-  const void* pad;
-};
-struct MkError {   // first failure wins; read by the host after each step
-  mk_u32 flag;     // 0 = none
-  int kind;        // 1 = wait timeout, 2 = token id out of range
-  int instr;       // instruction index
-  int counter;     // counter waited on (kind 1) / the bad id (kind 2)
-  mk_u32 value;    // counter value seen (kind 1) / the table rows (kind 2)
-  mk_u32 target;   // value waited for (kind 1)
-  int block;
-  mk_u32 epoch;
-};
-struct MkSym {
-  int n_tokens;
-  int n_past;
-};
-struct MkParams {
-  const MkInstr* instrs;
-  const MkWait* waits;
-  const int* list_offsets;   // static schedule: [gridDim.x + 1]
-  const int* list_items;     // static schedule: instruction indices per block
-  const int* op_instrs;      // per-op baselines: instruction indices grouped by op
-  const MkOpArgs* ops;
-  mk_u32* counters;
-  mk_u64* queue;             // dynamic schedule: global claim index (epoch-relative, never reset)
-  MkError* error;            // host-mapped
-  volatile mk_u32* abort_flag;
-  const MkSym* sym_dev;      // per-op baselines read the symbols here (graph replay)
-  char* trace;               // MK_TRACE: per-block record counts, then MkTraceRec[gridDim.x][MK_NUM_INSTRS]
-  mk_u64 timeout_ns;         // bound on one counter wait
-  MkSym sym;                 // megakernel: symbols of this step
-  mk_u32 epoch;              // step number, 1, 2, ...
-  mk_u32 pad;
-};
-static_assert(sizeof(MkInstr) == 32, "MkInstr ABI");
-static_assert(sizeof(MkWait) == 16, "MkWait ABI");
-static_assert(sizeof(MkOpArgs) == 96, "MkOpArgs ABI");
-static_assert(sizeof(MkError) == 32, "MkError ABI");
-static_assert(sizeof(MkParams) == 120, "MkParams ABI");
-
-#define MK_WARPS (MK_THREADS / 32)
-#define MK_NEG_INF (__int_as_float(0xff800000))
-
-// ---- memory access --------------------------------------------------------------------------
-// Activations (written inside this kernel by other blocks): L2 only. volatile keeps them after the
-// barrier that follows the counter acquire.
-__device__ __forceinline__ float mk_ld(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ float4 mk_ld4(const float* p) {
-  float4 v;
-  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ int mk_ld_i32(const int* p) {
-  int v;
-  asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
-// Weights (read-only for the whole kernel): non-coherent path, no L1 allocation (streamed once).
-__device__ __forceinline__ uint4 mk_ldw16(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ mk_u32 mk_ldw32(const void* p) {
-  mk_u32 v;
-  asm("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ unsigned short mk_ldw16bit(const void* p) {
-  unsigned short v;
-  asm("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ void mk_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// ---- synchronisation -------------------------------------------------------------------------
-__device__ __forceinline__ mk_u32 mk_ld_acquire(const mk_u32* p) {
-  mk_u32 v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void mk_red_release(mk_u32* p, mk_u32 v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ mk_u64 mk_globaltimer() {
-  mk_u64 t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 // Wrap-safe "a 32-bit counter that only grows has reached target".
 __device__ __forceinline__ bool mk_reached(mk_u32 value, mk_u32 target) { return (int)(value - target) >= 0; }
 
@@ -165,11 +28,6 @@ __device__ void mk_report(const MkParams& p, int kind, int instr, int a, mk_u32 
 
 // ---- element types of weights ------------------------------------------------------------------
 __device__ __forceinline__ float mk_bf16(mk_u32 bits16) { return __uint_as_float(bits16 << 16); }
-__device__ __forceinline__ float mk_f16(unsigned short h) {
-  float f;
-  asm("{ .reg .f16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
-  return f;
-}
 // load8: elements [i, i+8) of a row starting at `row` (16-byte aligned when the row is); load1: one.
 struct MkF32 {
   static constexpr int kBytes = 4;
@@ -375,7 +233,7 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
       const int rb = i / nc, j = i - rb * nc;
       float v = tile[rb * T + j];
       if constexpr (C::ADD) v += mk_ld(a.res + (mk_i64)(r0 + rb) * C::RS + c0 + j);
-      a.out[(mk_i64)(row0 + r0 + rb) * C::OS + c0 + j] = v;
+      mk_st(a.out + (mk_i64)(row0 + r0 + rb) * C::OS + c0 + j, v);
     }
     __syncthreads();  // xs and tile are reused by the next row block
   }
@@ -457,7 +315,7 @@ __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& 
             O += pw[i] * f;
           }
         }
-        a.out[(mk_i64)r * C::OS + h * HD + i] = O / L;
+        mk_st(a.out + (mk_i64)r * C::OS + h * HD + i, O / L);
       }
       __syncthreads();
     }
@@ -475,7 +333,7 @@ __device__ void mk_embed(const MkInstr& in, const MkOpArgs& a, const MkSym& s, c
       mk_report(p, 2, idx, id, (mk_u32)C::NROWS, 0u);
       id = 0;
     }
-    a.out[(mk_i64)r * C::OS + in.c0 + j] = C::W::load1(a.w, (mk_i64)id * C::K + in.c0 + j);
+    mk_st(a.out + (mk_i64)r * C::OS + in.c0 + j, C::W::load1(a.w, (mk_i64)id * C::K + in.c0 + j));
   }
 }
 
@@ -498,7 +356,7 @@ __device__ void mk_rms_norm(const MkInstr& in, const MkOpArgs& a, const MkSym& s
       const float inv = (float)(1.0 / sqrt(ss / (double)C::K + C::EPS));
       for (int k = in.c0 + threadIdx.x; k < in.c1; k += MK_THREADS) {
         const float wv = C::HAS_W ? C::NormW::load1(a.norm_w, k) + (float)C::WOFF : 1.0f;
-        a.out[(mk_i64)r * C::OS + k] = mk_ld(xr + k) * inv * wv;
+        mk_st(a.out + (mk_i64)r * C::OS + k, mk_ld(xr + k) * inv * wv);
       }
     }
   } else {
@@ -515,7 +373,7 @@ __device__ void mk_rms_norm(const MkInstr& in, const MkOpArgs& a, const MkSym& s
       const float inv = (float)(1.0 / sqrt(ss / (double)C::GROUP + C::EPS));
       for (int k = lane; k < C::GROUP; k += 32) {
         const float wv = C::HAS_W ? C::NormW::load1(a.norm_w, k) + (float)C::WOFF : 1.0f;
-        a.out[(mk_i64)r * C::OS + g0 + k] = mk_ld(xr + k) * inv * wv;
+        mk_st(a.out + (mk_i64)r * C::OS + g0 + k, mk_ld(xr + k) * inv * wv);
       }
     }
   }
@@ -541,7 +399,7 @@ __device__ void mk_layer_norm(const MkInstr& in, const MkOpArgs& a, const MkSym&
     for (int k = in.c0 + threadIdx.x; k < in.c1; k += MK_THREADS) {
       const double wv = C::HAS_W ? (double)C::NormW::load1(a.norm_w, k) : 1.0;
       const double bv = C::HAS_B ? (double)C::BiasW::load1(a.bias, k) : 0.0;
-      a.out[(mk_i64)r * C::OS + k] = (float)((mk_ld(xr + k) - mean) * inv * wv + bv);
+      mk_st(a.out + (mk_i64)r * C::OS + k, (float)((mk_ld(xr + k) - mean) * inv * wv + bv));
     }
   }
 }
@@ -563,7 +421,7 @@ __device__ void mk_eltwise(const MkInstr& in, const MkOpArgs& a, const MkSym& s,
     } else {
       o = mk_act<C::OPC - 2>(v);
     }
-    a.out[(mk_i64)r * C::OS + j] = o;
+    mk_st(a.out + (mk_i64)r * C::OS + j, o);
   }
 }
 
@@ -580,7 +438,7 @@ __device__ void mk_rope(const MkInstr& in, const MkOpArgs& a, const MkSym& s, ch
     const int heads = nc / C::HD;
     for (int i = threadIdx.x; i < heads * half; i += MK_THREADS) mk_rope_pair<C>(t + (i / half) * C::HD, i % half, pos);
     __syncthreads();
-    for (int j = threadIdx.x; j < nc; j += MK_THREADS) a.out[(mk_i64)r * C::OS + in.c0 + j] = t[j];
+    for (int j = threadIdx.x; j < nc; j += MK_THREADS) mk_st(a.out + (mk_i64)r * C::OS + in.c0 + j, t[j]);
     __syncthreads();
   }
 }
@@ -591,7 +449,7 @@ __device__ void mk_kv_store(const MkInstr& in, const MkOpArgs& a, const MkSym& s
   const int R = C::rows(s), nc = in.c1 - in.c0;
   for (int i = threadIdx.x; i < R * nc; i += MK_THREADS) {
     const int r = i / nc, j = in.c0 + (i - r * nc);
-    a.out[(mk_i64)(s.n_past + r) * C::OS + j] = mk_ld(a.x + (mk_i64)r * C::XS + j);
+    mk_st(a.out + (mk_i64)(s.n_past + r) * C::OS + j, mk_ld(a.x + (mk_i64)r * C::XS + j));
   }
 }
 
@@ -599,7 +457,7 @@ __device__ void mk_kv_store(const MkInstr& in, const MkOpArgs& a, const MkSym& s
 template <class C>
 __device__ void mk_last_row(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   const int rx = C::xrows(s);
-  for (int j = in.c0 + threadIdx.x; j < in.c1; j += MK_THREADS) a.out[j] = mk_ld(a.x + (mk_i64)(rx - 1) * C::XS + j);
+  for (int j = in.c0 + threadIdx.x; j < in.c1; j += MK_THREADS) mk_st(a.out + j, mk_ld(a.x + (mk_i64)(rx - 1) * C::XS + j));
 }
 
 // ---- the interpreter's counter wait --------------------------------------------------------------
@@ -629,6 +487,3 @@ __device__ bool mk_wait(const MkParams& p, const MkInstr& in, int idx) {
   }
   return true;
 }
-)MKCUDA";
-
-}  // namespace mk::cuda
