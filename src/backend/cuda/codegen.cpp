@@ -180,7 +180,8 @@ class Generator {
         b += fmt::format("  static constexpr int HD = {}, HPG = {}, QS = {}, KS = {}, VS = {}, OS = {};\n", op.head_dim,
                          op.n_head / op.n_head_kv, stride(op.x), stride(op.y), stride(op.z), stride(op.out));
         b += fmt::format("  static constexpr double SCALE = {};\n", lit(op.scale));
-        *smem_floats = static_cast<size_t>(op.head_dim + warps_ * (op.head_dim + 2)) + 4;
+        b += fmt::format("  static constexpr bool KVEC = {};\n", op.head_dim % 4 == 0 && stride(op.y) % 4 == 0 ? "true" : "false");
+        *smem_floats = static_cast<size_t>(op.head_dim + warps_ * (op.head_dim + 2) + warps_ * 32) + 4;
         break;
       }
       case Opcode::embed: {

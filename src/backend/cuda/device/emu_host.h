@@ -209,6 +209,19 @@ inline T shfl_xor(unsigned mask, T v, int lane_mask) {
   return r;
 }
 
+// __syncwarp: a rendezvous of the 32 lanes of the running lane's warp.
+inline void syncwarp() {
+  Lane* l = tls_lane;
+  Warp& w = tls_block->warps[l->tid >> 5];
+  const unsigned long long gen = w.gen;
+  if (++w.arrived == 32u) {
+    w.arrived = 0;
+    ++w.gen;
+  } else {
+    suspend_until_changed(&w.gen, gen);
+  }
+}
+
 template <class T>
 inline T atomic_add(T* p, T v) {
   return std::atomic_ref<T>(*p).fetch_add(v, std::memory_order_acq_rel);
@@ -316,6 +329,7 @@ inline void check_write(const void* p) {
 #define gridDim (mk_emu::grid_dim())
 #define __syncthreads() mk_emu::syncthreads()
 #define __shfl_xor_sync(mask, v, o) mk_emu::shfl_xor((mask), (v), (o))
+#define __syncwarp(...) mk_emu::syncwarp()
 #define __threadfence() std::atomic_thread_fence(std::memory_order_seq_cst)
 #define __threadfence_system() std::atomic_thread_fence(std::memory_order_seq_cst)
 #define atomicAdd(p, v) mk_emu::atomic_add((p), (v))

@@ -86,6 +86,39 @@ __device__ __forceinline__ float mk_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// Sums NV values per lane (NV a power of two <= 32) over the warp with a transposing butterfly:
+// at each of the first log2(NV) steps a lane keeps one half of its values and trades the other half
+// with its partner, so NV values take NV - 1 + 5 - log2(NV) shuffles instead of 5 NV. Afterwards
+// v[0] of every lane holds the total of value mk_sum_n_index<NV>(lane).
+template <int NV>
+__device__ __forceinline__ void mk_warp_sum_n(float (&v)[NV], int lane) {
+#pragma unroll
+  for (int h = NV / 2, o = 16; h >= 1; h >>= 1, o >>= 1) {
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < h; ++i) {
+      const float send = upper ? v[i] : v[i + h];
+      const float keep = upper ? v[i + h] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
+#pragma unroll
+  for (int o = 16 / NV; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+}
+template <int NV>
+__device__ __forceinline__ int mk_sum_n_index(int lane) {
+  int idx = 0;
+#pragma unroll
+  for (int h = NV / 2, o = 16; h >= 1; h >>= 1, o >>= 1)
+    if (lane & o) idx += h;
+  return idx;
+}
+constexpr int mk_pow2_floor(int x) {
+  int p = 1;
+  while (p * 2 <= x) p *= 2;
+  return p;
+}
+
 // Sum over the block; `red` holds MK_WARPS + 1 doubles of shared memory. All threads must call.
 __device__ double mk_block_sum(double v, double* red) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -136,22 +169,94 @@ __device__ __forceinline__ void mk_rope_pair(float* head, int i, int pos) {
 // the instruction, the op's operand pointers, the step's symbols and the block's dynamic shared
 // memory. All threads of the block call it; it may use __syncthreads.
 
+// The column loop of mk_matmul for RB rows staged in xs (nr of them valid): tile[rb][j] for the tile's
+// columns. Called with RB = 1 for one-row steps (decode), so those get the widest column groups.
+template <class C, int RB>
+__device__ __forceinline__ void mk_matmul_cols(const float* xs, float* tile, const MkOpArgs& a, int c0, int nc, int nr) {
+  constexpr int K = C::K, T = C::T;
+  constexpr int KV = C::VEC ? K / 8 * 8 : 0;  // elements covered by 8-wide chunks
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Warp w computes NW columns at once (NW = T / MK_WARPS, at most 8 / RB, a power of two): each
+  // lane keeps NW (x2 with GLU) independent 16-byte weight loads in flight per step of K, and the
+  // NW sums of a row are reduced together (mk_warp_sum_n). Columns past the tile repeat its last
+  // column and are not stored.
+  constexpr int NW = mk_pow2_floor(C::T / MK_WARPS < 1 ? 1 : C::T / MK_WARPS < 8 / RB ? C::T / MK_WARPS : 8 / RB);
+  for (int j0 = warp * NW; j0 < nc; j0 += MK_WARPS * NW) {
+    const char* wrow[NW];
+    const char* urow[NW];
+#pragma unroll
+    for (int c = 0; c < NW; ++c) {
+      const mk_i64 col = c0 + min(j0 + c, nc - 1);
+      wrow[c] = (const char*)a.w + col * (mk_i64)K * C::W::kBytes;
+      urow[c] = C::GLU ? (const char*)a.w_up + col * (mk_i64)K * C::W::kBytes : nullptr;
+    }
+    float acc[RB][NW], accu[RB][NW];
+#pragma unroll
+    for (int rb = 0; rb < RB; ++rb)
+#pragma unroll
+      for (int c = 0; c < NW; ++c) acc[rb][c] = accu[rb][c] = 0.0f;
+#pragma unroll 2
+    for (int q = lane * 8; q < KV; q += 256) {
+      float w8[NW][8], u8[NW][8];
+#pragma unroll
+      for (int c = 0; c < NW; ++c) {
+        C::W::load8(wrow[c], q, w8[c]);
+        if constexpr (C::GLU) C::W::load8(urow[c], q, u8[c]);
+      }
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        if (rb < nr) {
+          const float4 xa = *(const float4*)(xs + rb * K + q), xb = *(const float4*)(xs + rb * K + q + 4);
+#pragma unroll
+          for (int c = 0; c < NW; ++c) {
+            acc[rb][c] += w8[c][0] * xa.x + w8[c][1] * xa.y + w8[c][2] * xa.z + w8[c][3] * xa.w + w8[c][4] * xb.x +
+                          w8[c][5] * xb.y + w8[c][6] * xb.z + w8[c][7] * xb.w;
+            if constexpr (C::GLU)
+              accu[rb][c] += u8[c][0] * xa.x + u8[c][1] * xa.y + u8[c][2] * xa.z + u8[c][3] * xa.w + u8[c][4] * xb.x +
+                             u8[c][5] * xb.y + u8[c][6] * xb.z + u8[c][7] * xb.w;
+          }
+        }
+      }
+    }
+    for (int k = KV + lane; k < K; k += 32) {  // tail (or everything when rows are not 16-byte aligned)
+#pragma unroll
+      for (int c = 0; c < NW; ++c) {
+        const float wv = C::W::load1(wrow[c], k);
+        const float uv = C::GLU ? C::W::load1(urow[c], k) : 0.0f;
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb)
+          if (rb < nr) {
+            acc[rb][c] += wv * xs[rb * K + k];
+            if constexpr (C::GLU) accu[rb][c] += uv * xs[rb * K + k];
+          }
+      }
+    }
+    const int jc = j0 + mk_sum_n_index<NW>(lane);
+    const bool owner = (lane & (32 / NW - 1)) == 0 && jc < nc;
+#pragma unroll
+    for (int rb = 0; rb < RB; ++rb) {
+      mk_warp_sum_n<NW>(acc[rb], lane);
+      if constexpr (C::GLU) mk_warp_sum_n<NW>(accu[rb], lane);
+      if (owner && rb < nr) tile[rb * T + jc] = C::GLU ? mk_act<C::GLU>(acc[rb][0]) * accu[rb][0] : acc[rb][0];
+    }
+  }
+}
+
 // matmul: out[:, c0:c1] = epi(glu(pro(x) @ w[c0:c1]^T)), f32 accumulation.
-// x rows are staged in shared memory RB at a time (rms-normalised there when PRO_RMS); warp w
-// computes columns c0+w, c0+w+MK_WARPS, ...: lanes read 16-byte chunks of the weight row
-// (coalesced), multiply with the staged rows and reduce with shuffles. Results go to a shared
-// tile, where the epilogue (RoPE needs column pairs) runs before the store.
+// x rows are staged in shared memory RB at a time (rms-normalised there when PRO_RMS); each warp
+// computes groups of columns (mk_matmul_cols: lanes read 16-byte chunks of the weight rows,
+// coalesced, multiply with the staged rows and reduce with shuffles; one-row steps take the RB = 1
+// path). Results go to a shared tile, where the epilogue (RoPE needs column pairs) runs before the
+// store.
 template <class C>
 __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   constexpr int K = C::K, RB = C::RB, T = C::T;
-  constexpr int KV = C::VEC ? K / 8 * 8 : 0;  // elements covered by 8-wide chunks
   float* xs = (float*)smem;                    // [RB][K]
   float* tile = xs + RB * K;                   // [RB][T]
   double* red = (double*)(tile + RB * T + 2);  // [MK_WARPS + 1]
   red = (double*)(((unsigned long long)red + 7) & ~7ull);
   const int R = C::rows(s);
   const int c0 = in.c0, nc = in.c1 - in.c0;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = C::STORE ? s.n_past : 0;
   for (int r0 = 0; r0 < R; r0 += RB) {
     const int nr = min(RB, R - r0);
@@ -178,47 +283,8 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
       }
       __syncthreads();
     }
-    for (int j = warp; j < nc; j += MK_WARPS) {
-      const mk_i64 col = c0 + j;
-      const char* wrow = (const char*)a.w + col * (mk_i64)K * C::W::kBytes;
-      const char* urow = C::GLU ? (const char*)a.w_up + col * (mk_i64)K * C::W::kBytes : nullptr;
-      float acc[RB], accu[RB];
-#pragma unroll
-      for (int rb = 0; rb < RB; ++rb) acc[rb] = accu[rb] = 0.0f;
-#pragma unroll 4
-      for (int q = lane * 8; q < KV; q += 256) {
-        float w8[8], u8[8];
-        C::W::load8(wrow, q, w8);
-        if constexpr (C::GLU) C::W::load8(urow, q, u8);
-#pragma unroll
-        for (int rb = 0; rb < RB; ++rb) {
-          if (rb < nr) {
-            const float4 xa = *(const float4*)(xs + rb * K + q), xb = *(const float4*)(xs + rb * K + q + 4);
-            acc[rb] += w8[0] * xa.x + w8[1] * xa.y + w8[2] * xa.z + w8[3] * xa.w + w8[4] * xb.x + w8[5] * xb.y +
-                       w8[6] * xb.z + w8[7] * xb.w;
-            if constexpr (C::GLU)
-              accu[rb] += u8[0] * xa.x + u8[1] * xa.y + u8[2] * xa.z + u8[3] * xa.w + u8[4] * xb.x + u8[5] * xb.y +
-                          u8[6] * xb.z + u8[7] * xb.w;
-          }
-        }
-      }
-      for (int k = KV + lane; k < K; k += 32) {  // tail (or everything when rows are not 16-byte aligned)
-        const float wv = C::W::load1(wrow, k);
-        const float uv = C::GLU ? C::W::load1(urow, k) : 0.0f;
-#pragma unroll
-        for (int rb = 0; rb < RB; ++rb)
-          if (rb < nr) {
-            acc[rb] += wv * xs[rb * K + k];
-            if constexpr (C::GLU) accu[rb] += uv * xs[rb * K + k];
-          }
-      }
-#pragma unroll
-      for (int rb = 0; rb < RB; ++rb) {
-        acc[rb] = mk_warp_sum(acc[rb]);
-        if constexpr (C::GLU) accu[rb] = mk_warp_sum(accu[rb]);
-        if (lane == 0 && rb < nr) tile[rb * T + j] = C::GLU ? mk_act<C::GLU>(acc[rb]) * accu[rb] : acc[rb];
-      }
-    }
+    if (nr == 1) mk_matmul_cols<C, 1>(xs, tile, a, c0, nc, 1);
+    else mk_matmul_cols<C, RB>(xs, tile, a, c0, nc, nr);
     __syncthreads();
     if constexpr (C::ROPE) {  // whole heads per tile: c0 and nc are multiples of HD
       constexpr int half = C::NROT / 2;
@@ -253,14 +319,18 @@ __device__ __forceinline__ void mk_matmul_prefetch(const MkInstr& in, const MkOp
 }
 
 // attention: heads [c0/HD, c1/HD) of every row r, causal over cache rows [0, n_past + r].
-// Warps split the cache rows; each keeps an online softmax (running max m, sum l, output acc) over
-// its rows; the warps' partial results are combined in shared memory.
+// Warps take chunks of 32 cache rows; lane l scores row j0 + l against q (staged in shared memory),
+// the warp updates its online softmax (running max m, sum l) once per chunk, writes the chunk's
+// probabilities to shared memory, and every lane accumulates its head elements of p @ V over the
+// chunk's rows (coalesced V loads). The warps' partial results are combined in shared memory.
 template <class C>
 __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   constexpr int HD = C::HD, PL = (HD + 31) / 32;  // head elements per lane
   float* qs = (float*)smem;                         // [HD]
   float* part = qs + HD;                            // [MK_WARPS][HD + 2]
+  float* probs = part + MK_WARPS * (HD + 2);        // [MK_WARPS][32]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* wp = probs + warp * 32;
   const int R = C::rows(s);
   for (int r = 0; r < R; ++r) {
     const int n_kv = s.n_past + r + 1;
@@ -271,26 +341,43 @@ __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& 
       float m = MK_NEG_INF, l = 0.0f, acc[PL];
 #pragma unroll
       for (int e = 0; e < PL; ++e) acc[e] = 0.0f;
-      for (int j = warp; j < n_kv; j += MK_WARPS) {
-        const float* kr = a.y + (mk_i64)j * C::KS + g * HD;
-        const float* vr = a.z + (mk_i64)j * C::VS + g * HD;
-        float d = 0.0f;
-#pragma unroll
-        for (int e = 0; e < PL; ++e) {
-          const int i = lane + 32 * e;
-          if (i < HD) d += qs[i] * mk_ld(kr + i);
+      for (int j0 = warp * 32; j0 < n_kv; j0 += MK_WARPS * 32) {
+        const int j = j0 + lane;
+        float d = MK_NEG_INF;
+        if (j < n_kv) {
+          const float* kr = a.y + (mk_i64)j * C::KS + g * HD;
+          float t = 0.0f;
+          if constexpr (C::KVEC) {
+#pragma unroll 4
+            for (int i = 0; i < HD; i += 4) {
+              const float4 k4 = mk_ld4(kr + i);
+              t += qs[i] * k4.x + qs[i + 1] * k4.y + qs[i + 2] * k4.z + qs[i + 3] * k4.w;
+            }
+          } else {
+            for (int i = 0; i < HD; ++i) t += qs[i] * mk_ld(kr + i);
+          }
+          d = t * (float)C::SCALE;
         }
-        d = mk_warp_sum(d) * (float)C::SCALE;
-        const float mn = fmaxf(m, d);
-        const float corr = expf(m - mn);  // 0 when m = -inf
-        const float p = expf(d - mn);
-        l = l * corr + p;
-#pragma unroll
-        for (int e = 0; e < PL; ++e) {
-          const int i = lane + 32 * e;
-          acc[e] = acc[e] * corr + (i < HD ? p * mk_ld(vr + i) : 0.0f);
-        }
+        const float mn = fmaxf(m, mk_warp_max(d));  // finite: row j0 exists
+        const float corr = expf(m - mn);            // 0 when m = -inf
+        const float p = j < n_kv ? expf(d - mn) : 0.0f;
+        l = l * corr + mk_warp_sum(p);
         m = mn;
+        wp[lane] = p;
+        __syncwarp();
+#pragma unroll
+        for (int e = 0; e < PL; ++e) acc[e] *= corr;
+        const int nj = min(32, n_kv - j0);
+        for (int jj = 0; jj < nj; ++jj) {
+          const float pj = wp[jj];
+          const float* vr = a.z + (mk_i64)(j0 + jj) * C::VS + g * HD;
+#pragma unroll
+          for (int e = 0; e < PL; ++e) {
+            const int i = lane + 32 * e;
+            if (i < HD) acc[e] += pj * mk_ld(vr + i);
+          }
+        }
+        __syncwarp();  // wp is rewritten by the next chunk
       }
       float* mine = part + warp * (HD + 2);
 #pragma unroll
