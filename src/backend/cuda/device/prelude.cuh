@@ -113,7 +113,7 @@ __device__ __forceinline__ int mk_sum_n_index(int lane) {
     if (lane & o) idx += h;
   return idx;
 }
-constexpr int mk_pow2_floor(int x) {
+__host__ __device__ constexpr int mk_pow2_floor(int x) {
   int p = 1;
   while (p * 2 <= x) p *= 2;
   return p;
