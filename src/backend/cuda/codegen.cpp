@@ -75,7 +75,19 @@ class Generator {
       std::string comment = fn_comment[f];
       if (comment.size() > 160) comment = comment.substr(0, 157) + "...";
       c += fmt::format("// {} {}: {}\n", f, opcode_name(fn_opcode[f]), comment);
-      c += fmt::format("struct MkC{} {{\n{}}};\n", f, bodies[f]);
+      std::string body = bodies[f];
+      const size_t at = body.find("  // inv_freq:");
+      if (at != std::string::npos) {  // RoPE inverse frequencies: one constant-memory table per function
+        const size_t eol = body.find('\n', at);
+        std::string values = body.substr(at + 14, eol - at - 14);
+        for (size_t k = 1; k < values.size(); ++k)
+          if (values[k] == ' ') values.replace(k, 1, ", ");
+        c += fmt::format("__constant__ double mk_inv_freq_{}[] = {{{}}};\n", f, values.substr(1));
+        const std::string name = fmt::format("mk_inv_freq_{}", f);
+        for (size_t p = body.find("MK_INV_FREQ"); p != std::string::npos; p = body.find("MK_INV_FREQ", p + name.size()))
+          body.replace(p, 11, name);
+      }
+      c += fmt::format("struct MkC{} {{\n{}}};\n", f, body);
       c += fmt::format(
           "__device__ __noinline__ void mk_fn{0}(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem, "
           "const MkParams& p, int idx) {{ {1}; }}\n\n",
@@ -137,9 +149,11 @@ class Generator {
            op.inv_freq.size());
     std::string f = fmt::format("  static constexpr int HD = {}, NROT = {};\n  static constexpr bool HALVES = {};\n", op.head_dim,
                                 op.n_rot, op.rope_halves ? "true" : "false");
-    f += "  __device__ static __forceinline__ double inv_freq(int i) {\n    const double f[] = {";
-    for (size_t i = 0; i < op.inv_freq.size(); ++i) f += (i ? ", " : "") + lit(op.inv_freq[i]);
-    f += "};\n    return f[i];\n  }\n";
+    // The frequencies live in a __constant__ table emitted before the struct (MK_INV_FREQ is
+    // replaced by its name); the comment keeps ops with different frequencies apart.
+    f += "  // inv_freq:";
+    for (size_t i = 0; i < op.inv_freq.size(); ++i) f += " " + lit(op.inv_freq[i]);
+    f += "\n  __device__ static __forceinline__ double inv_freq(int i) { return MK_INV_FREQ[i]; }\n";
     return f;
   }
 

@@ -74,10 +74,9 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
       r.end_ns = mk_globaltimer();
       trace_rec[n_rec++] = r;
 #endif
-      if (in.signal >= 0) {
-        __threadfence();
-        mk_red_release(p.counters + in.signal, 1u);
-      }
+      // The block barrier above orders every thread's writes before thread 0's release, which is
+      // cumulative at gpu scope: no separate fence (the pattern of CUTLASS's generic barrier).
+      if (in.signal >= 0) mk_red_release(p.counters + in.signal, 1u);
     }
     cur = next;
     ++pos;

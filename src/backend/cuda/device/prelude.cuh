@@ -4,7 +4,7 @@
 //   - activations and KV rows are written by other blocks of the same kernel: ld.global.cg (L2,
 //     never a stale L1 line; mk_ld*), after thread 0's ld.acquire.gpu of the counter and a block
 //     barrier; tiles store them with mk_st;
-//   - a producer's block barrier, then thread 0's fence + red.release.gpu publishes its writes.
+//   - a producer's block barrier, then thread 0's red.release.gpu (cumulative) publishes its writes.
 // Wrap-safe "a 32-bit counter that only grows has reached target".
 __device__ __forceinline__ bool mk_reached(mk_u32 value, mk_u32 target) { return (int)(value - target) >= 0; }
 
@@ -195,7 +195,7 @@ __device__ __forceinline__ void mk_matmul_cols(const float* xs, float* tile, con
     for (int rb = 0; rb < RB; ++rb)
 #pragma unroll
       for (int c = 0; c < NW; ++c) acc[rb][c] = accu[rb][c] = 0.0f;
-#pragma unroll 2
+#pragma unroll (NW >= 4 ? 1 : 4 / NW)
     for (int q = lane * 8; q < KV; q += 256) {
       float w8[NW][8], u8[NW][8];
 #pragma unroll
