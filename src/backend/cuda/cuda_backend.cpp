@@ -358,11 +358,15 @@ class CudaBackend final : public Backend {
     };
     switch (mode_) {
       case CudaMode::megakernel: {
-        prm.epoch = ++epoch_;
+        // The step's epoch becomes current only once its launch is issued: wait targets and queue
+        // slots are functions of the epoch, so a copy or launch that fails must leave it where the
+        // device counters are, or every later step would wait for a step that never ran.
+        prm.epoch = epoch_ + 1;
         copy_in();
         void* argv[] = {&prm};
         MK_CU(cuLaunchCooperativeKernel, mega_, static_cast<unsigned>(grid_), 1, 1, static_cast<unsigned>(src_.threads), 1, 1,
               static_cast<unsigned>(src_.smem_bytes), stream_, argv);
+        epoch_ = prm.epoch;
         MK_CU(cuMemcpyDtoHAsync, out_host_, out_dev, out_bytes, stream_);
         break;
       }
