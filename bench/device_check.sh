@@ -38,7 +38,7 @@
 # Output: $OUT (default /tmp/mk_device_check/out) receives exactly two files per call,
 # device_check_<part>.log and device_check_<part>.tar.gz (every JSON and stderr file of the call);
 # the work folder and the NVRTC cache stay under /tmp/mk_device_check. Each part stops starting new
-# rows after MK_DEVCHECK_BUDGET_S seconds (default 280) and reports the rest as skipped. Exit status
+# rows after MK_DEVCHECK_BUDGET_S seconds (default 280; 560 for `all`) and reports the rest as skipped. Exit status
 # 0 only if every row that ran passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,7 +83,7 @@ TARBALL="$OUT/device_check_$PART.tar.gz"
 rm -f "$TARBALL"
 : >"$LOG"
 T_START=$(date +%s)
-BUDGET="${MK_DEVCHECK_BUDGET_S:-280}"
+BUDGET="${MK_DEVCHECK_BUDGET_S:-$([[ $PART == all ]] && echo 560 || echo 280)}"  # seconds of rows per call
 say() { echo "$*" | tee -a "$LOG"; }
 FAILED=0
 fail() { say "FAIL: $*"; FAILED=1; }
