@@ -55,6 +55,7 @@ void run_deps(PassContext& cx) {
   std::vector<Ancestors> anc(static_cast<size_t>(n));
   std::vector<std::vector<int>> reduced(static_cast<size_t>(n));
   std::vector<int> per_op(nops, 0);
+  std::vector<int> prev_deps;  // of instruction j - 1
   for (int j = 0; j < n; ++j) {
     std::vector<int> deps;
     for (const Access& r : acc[static_cast<size_t>(j)]) {
@@ -72,6 +73,13 @@ void run_deps(PassContext& cx) {
     }
     std::sort(deps.begin(), deps.end());
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    // Tiles of one op that read whole rows have the same producers: same reduction, same ancestors.
+    if (j > 0 && !deps.empty() && deps == prev_deps) {
+      reduced[static_cast<size_t>(j)] = reduced[static_cast<size_t>(j - 1)];
+      anc[static_cast<size_t>(j)] = anc[static_cast<size_t>(j - 1)];
+      continue;
+    }
+    prev_deps = deps;
     Ancestors covered{Bitset(nops), {}};
     for (int q : deps) {
       const Ancestors& aq = anc[static_cast<size_t>(q)];
