@@ -36,7 +36,7 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)");
   cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
   cmd->callback([o] {
-    ModelFile model = open_model(o->model);
+    ModelFile model = open_model(o->model, /*with_data=*/false);  // shapes are all compile needs
     Hparams hp = read_hparams(model);
     int64_t n_ctx = o->n_ctx > 0 ? o->n_ctx : std::min(hp.n_ctx_train > 0 ? hp.n_ctx_train : kDefaultMaxCtx, kDefaultMaxCtx);
     Graph g = build_graph(model, BuildOptions{n_ctx, o->all_logits});

@@ -11,7 +11,7 @@ void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "print a model's architecture, hyperparameters and tensors");
   cmd->add_option("-m,--model", *path, "model file or directory")->required();
   cmd->callback([path] {
-    ModelFile m = open_model(*path);
+    ModelFile m = open_model(*path, /*with_data=*/false);
     Hparams hp = read_hparams(m);
     std::printf("model:        %s (%s)\n", m.path.c_str(), m.format.c_str());
     std::printf("architecture: %s\n", hp.arch.c_str());

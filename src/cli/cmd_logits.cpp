@@ -8,7 +8,7 @@
 
 namespace mk::cli {
 
-static std::vector<int32_t> parse_ids(const std::string& s) {
+std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag) {
   std::vector<int32_t> ids;
   size_t i = 0;
   while (i < s.size()) {
@@ -16,11 +16,11 @@ static std::vector<int32_t> parse_ids(const std::string& s) {
     if (j == std::string::npos) j = s.size();
     int32_t v = 0;
     auto [p, ec] = std::from_chars(s.data() + i, s.data() + j, v);
-    if (ec != std::errc() || p != s.data() + j) fail("--ids: '{}' is not a token id", s.substr(i, j - i));
+    if (ec != std::errc() || p != s.data() + j) fail("{}: '{}' is not a token id", flag, s.substr(i, j - i));
     ids.push_back(v);
     i = j + 1;
   }
-  if (ids.empty()) fail("--ids: no token ids given");
+  if (ids.empty()) fail("{}: no token ids given", flag);
   return ids;
 }
 

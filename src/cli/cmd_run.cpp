@@ -11,12 +11,15 @@ void add_run_command(CLI::App& app) {
     SessionOptions session;
     GenerateOptions gen;
     bool json = false;
+    std::string ids;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("run", "generate text from a prompt");
   cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")->required();
   cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
-  cmd->add_option("-p,--prompt", o->gen.prompt, "prompt text");
+  auto* prompt = cmd->add_option("-p,--prompt", o->gen.prompt, "prompt text");
+  auto* ids = cmd->add_option("--ids", o->ids, "prompt as comma-separated token ids (no BOS added); works without a tokenizer")
+      ->excludes(prompt);
   cmd->add_option("-n,--n-predict", o->gen.n_new, "number of tokens to generate")->check(CLI::NonNegativeNumber);
   cmd->add_option("--temp", o->gen.sampler.temperature, "sampling temperature (0 = greedy)");
   cmd->add_option("--top-k", o->gen.sampler.top_k, "top-k sampling (0 = off)");
@@ -29,7 +32,12 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file");
   cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
   cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");
-  cmd->callback([o] {
+  cmd->callback([o, ids] {
+    if (ids->count() > 0) {  // a tokenizer only decodes the output: synthetic models have none
+      o->gen.prompt_ids = parse_ids(o->ids);
+      o->session.need_tokenizer = false;
+      o->session.tokenizer_if_available = true;
+    }
     Session s(o->session);
     GenerateResult r;
     if (o->json) {
@@ -47,10 +55,19 @@ void add_run_command(CLI::App& app) {
       return;
     }
     o->gen.echo_prompt = true;
-    r = generate(s, o->gen, [](const std::string& t) {
-      std::fputs(t.c_str(), stdout);
-      std::fflush(stdout);
-    });
+    const bool ids_only = !s.tokenizer;  // no tokenizer: print the generated ids, space-separated
+    r = generate(
+        s, o->gen,
+        [](const std::string& t) {
+          std::fputs(t.c_str(), stdout);
+          std::fflush(stdout);
+        },
+        [&, first = true](int32_t id) mutable {
+          if (!ids_only) return;
+          std::printf(first ? "%d" : " %d", id);
+          first = false;
+          std::fflush(stdout);
+        });
     std::printf("\n");
     std::fflush(stdout);
     s.backend->finish();

@@ -136,7 +136,7 @@ ModelFile make_synthetic_model(const SynthSpec& c, bool with_data) {
   return m;
 }
 
-ModelFile load_synthetic_model(const std::string& path) {
+ModelFile load_synthetic_model(const std::string& path, bool with_data) {
   if (path.rfind("synth:", 0) != 0) fail("{}: not a synthetic model path (synth:<name>[:<dtype>])", path);
   std::string rest = path.substr(6), dtype;
   if (auto colon = rest.find(':'); colon != std::string::npos) {
@@ -147,7 +147,7 @@ ModelFile load_synthetic_model(const std::string& path) {
   if (dtype == "f16") s.dtype = DType::F16;
   else if (dtype == "bf16") s.dtype = DType::BF16;
   else if (!dtype.empty() && dtype != "f32") fail("{}: unknown dtype '{}' (f32, f16, bf16)", path, dtype);
-  ModelFile m = make_synthetic_model(s);
+  ModelFile m = make_synthetic_model(s, with_data);
   m.path = path;
   return m;
 }

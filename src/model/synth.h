@@ -30,7 +30,8 @@ std::vector<std::string> synthetic_model_names();
 // thread count. with_data = false gives the same tensors (names, dtypes, shapes, sizes) with no data
 // (data == nullptr): enough to build the graph and compile the program of a multi-GB model in tests.
 ModelFile make_synthetic_model(const SynthSpec& spec, bool with_data = true);
-// "synth:stories110m" or "synth:stories110m:bf16".
-ModelFile load_synthetic_model(const std::string& path);
+// "synth:stories110m" or "synth:stories110m:bf16". with_data = false: shapes only (as above), for
+// commands that only compile (`compile`, `info`): the 8B shape then takes milliseconds, not 16 GB.
+ModelFile load_synthetic_model(const std::string& path, bool with_data = true);
 
 }  // namespace mk

@@ -9,6 +9,7 @@
 //    group size (= that counter's signals per step). Example: attention over head h waits for the
 //    q tiles of head h only; a matmul reading full rows waits for every tile of its input.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include "passes/order.h"
@@ -27,14 +28,44 @@ void run_deps(PassContext& cx) {
     for (const Access& a : acc[static_cast<size_t>(i)])
       if (a.write) writers[static_cast<size_t>(a.buffer)].push_back({i, a});
   }
-  // Direct producers, reduced transitively (instructions are in topological order here).
-  std::vector<Bitset> anc(static_cast<size_t>(n), Bitset(static_cast<size_t>(n)));
+  // Each buffer's writers sorted by first column, with the running maximum of their last columns:
+  // the writers overlapping a read's columns are one binary search away.
+  std::vector<std::vector<int64_t>> max_c1(p.buffers.size());
+  for (size_t b = 0; b < p.buffers.size(); ++b) {
+    auto& ws = writers[b];
+    std::stable_sort(ws.begin(), ws.end(), [](const auto& x, const auto& y) { return x.second.c0 < y.second.c0; });
+    for (size_t k = 0; k < ws.size(); ++k) max_c1[b].push_back(std::max(k ? max_c1[b][k - 1] : INT64_MIN, ws[k].second.c1));
+  }
+  // Direct producers, reduced transitively (instructions are in topological order here). Ancestor
+  // sets are kept per instruction as the ops they contain entirely plus a sorted list of the other
+  // ancestor instructions: a consumer of full rows contains every earlier op entirely, so the lists
+  // stay short and the pass is about linear in the instruction count (an n^2 bitset is 400 MB and
+  // tens of seconds for the 8B program).
+  const size_t nops = p.ops.size();
+  std::vector<int> op_size(nops, 0);
+  for (const Instr& in : p.instrs) op_size[static_cast<size_t>(in.op)]++;
+  struct Ancestors {
+    Bitset full;             // ops all of whose instructions are ancestors
+    std::vector<int> part;   // further ancestors, sorted, none of them in a full op
+  };
+  auto op_of = [&](int i) { return static_cast<size_t>(p.instrs[static_cast<size_t>(i)].op); };
+  auto contains = [&](const Ancestors& a, int q) {
+    return a.full.test(op_of(q)) || std::binary_search(a.part.begin(), a.part.end(), q);
+  };
+  std::vector<Ancestors> anc(static_cast<size_t>(n));
   std::vector<std::vector<int>> reduced(static_cast<size_t>(n));
+  std::vector<int> per_op(nops, 0);
+  std::vector<int> prev_deps;  // of instruction j - 1
   for (int j = 0; j < n; ++j) {
     std::vector<int> deps;
     for (const Access& r : acc[static_cast<size_t>(j)]) {
       if (r.write) continue;
-      for (const auto& [i, w] : writers[static_cast<size_t>(r.buffer)]) {
+      const auto& ws = writers[static_cast<size_t>(r.buffer)];
+      const auto& mc = max_c1[static_cast<size_t>(r.buffer)];
+      const auto lo = std::upper_bound(mc.begin(), mc.end(), r.c0) - mc.begin();
+      const auto hi = std::lower_bound(ws.begin(), ws.end(), r.c1, [](const auto& x, int64_t c) { return x.second.c0 < c; }) - ws.begin();
+      for (auto k = lo; k < hi; ++k) {
+        const auto& [i, w] = ws[static_cast<size_t>(k)];
         if (i == j || !accesses_may_overlap(r, w)) continue;
         MK_CHECK(i < j, "deps: {} reads what the later {} writes", p.instr_str(j), p.instr_str(i));
         deps.push_back(i);
@@ -42,13 +73,41 @@ void run_deps(PassContext& cx) {
     }
     std::sort(deps.begin(), deps.end());
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
-    Bitset covered(static_cast<size_t>(n));
-    for (int q : deps) covered.merge(anc[static_cast<size_t>(q)]);
-    for (int q : deps) {
-      anc[static_cast<size_t>(j)].set(static_cast<size_t>(q));
-      anc[static_cast<size_t>(j)].merge(anc[static_cast<size_t>(q)]);
-      if (!covered.test(static_cast<size_t>(q))) reduced[static_cast<size_t>(j)].push_back(q);
+    // Tiles of one op that read whole rows have the same producers: same reduction, same ancestors.
+    if (j > 0 && !deps.empty() && deps == prev_deps) {
+      reduced[static_cast<size_t>(j)] = reduced[static_cast<size_t>(j - 1)];
+      anc[static_cast<size_t>(j)] = anc[static_cast<size_t>(j - 1)];
+      continue;
     }
+    prev_deps = deps;
+    Ancestors covered{Bitset(nops), {}};
+    for (int q : deps) {
+      const Ancestors& aq = anc[static_cast<size_t>(q)];
+      covered.full.merge(aq.full);
+      covered.part.insert(covered.part.end(), aq.part.begin(), aq.part.end());
+    }
+    std::sort(covered.part.begin(), covered.part.end());
+    covered.part.erase(std::unique(covered.part.begin(), covered.part.end()), covered.part.end());
+    std::erase_if(covered.part, [&](int q) { return covered.full.test(op_of(q)); });
+    Ancestors& aj = anc[static_cast<size_t>(j)];
+    aj.full = covered.full;
+    aj.part = covered.part;
+    for (int q : deps) {
+      if (contains(covered, q)) continue;
+      reduced[static_cast<size_t>(j)].push_back(q);
+      if (!aj.full.test(op_of(q))) aj.part.push_back(q);
+    }
+    // Promote ops whose every instruction is now an ancestor.
+    std::sort(aj.part.begin(), aj.part.end());
+    for (int q : aj.part) per_op[op_of(q)]++;
+    bool promoted = false;
+    for (int q : aj.part)
+      if (per_op[op_of(q)] == op_size[op_of(q)]) {
+        aj.full.set(op_of(q));
+        promoted = true;
+      }
+    for (int q : aj.part) per_op[op_of(q)] = 0;
+    if (promoted) std::erase_if(aj.part, [&](int q) { return aj.full.test(op_of(q)); });
   }
   // Partition each op's tiles by the set of consumers that need them.
   std::vector<std::vector<int>> needed_by(static_cast<size_t>(n));

@@ -22,7 +22,7 @@ int64_t align_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 void run_memplan(PassContext& cx) {
   Program& p = cx.program;
   const size_t nb = p.buffers.size();
-  HappensBefore hb = happens_before(p, wait_predecessors(p));
+  HappensBefore hb = happens_before(p);
   std::vector<std::vector<int>> touch(nb), writes(nb);
   for (size_t i = 0; i < p.instrs.size(); ++i)
     for (const Access& a : instr_accesses(p, p.instrs[i])) {
@@ -46,12 +46,21 @@ void run_memplan(PassContext& cx) {
     if (p.buffers[b].kind == BufferKind::activation) order.push_back(static_cast<int>(b));
   auto first_use = [&](int b) { return touch[static_cast<size_t>(b)].empty() ? 1 << 30 : touch[static_cast<size_t>(b)].front(); };
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return first_use(a) < first_use(b); });
+  // The counters signalled by the instructions touching each buffer: happens-before depends on an
+  // instruction's counter only (order.h).
+  std::vector<std::vector<int>> touch_counters(nb);
+  for (size_t b = 0; b < nb; ++b) {
+    auto& tc = touch_counters[b];
+    for (int u : touch[b]) tc.push_back(p.instrs[static_cast<size_t>(u)].signal);
+    std::sort(tc.begin(), tc.end());
+    tc.erase(std::unique(tc.begin(), tc.end()), tc.end());
+  }
   // A's memory is free for B: all of A's uses happen before all of B's writes.
   auto dead_before = [&](int a, int b) {
     if (p.buffers[static_cast<size_t>(a)].is_output) return false;
     for (int w : writes[static_cast<size_t>(b)])
-      for (int u : touch[static_cast<size_t>(a)])
-        if (!hb.before(u, w)) return false;
+      for (int s : touch_counters[static_cast<size_t>(a)])
+        if (!hb.counter_before(s, w)) return false;
     return true;
   };
   std::map<std::pair<int, int>, bool> memo;

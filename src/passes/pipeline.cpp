@@ -1,5 +1,7 @@
 // The whole compiler on one screen.
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
@@ -37,12 +39,17 @@ PassContext run_pipeline(const Graph& graph, const CompileOptions& options, cons
   if (cx.options.workers < 1) fail("compile: workers must be at least 1");
   if (cx.options.max_tokens < 1) fail("compile: max_tokens must be at least 1");
   if (options.verify) verify_graph(cx.graph);
+  const bool time_passes = std::getenv("MK_TIME_PASSES") != nullptr;
   for (const Pass& pass : default_pipeline()) {
     bool skip = false;
     for (const auto& s : options.skip) skip |= s == pass.name;
     if (!skip) {
       try {
+        auto t0 = std::chrono::steady_clock::now();
         pass.run(cx);
+        if (time_passes)
+          std::fprintf(stderr, "pass %s: %.1f ms\n", pass.name.c_str(),
+                       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
         if (options.verify) {
           if (pass.on_graph)
             verify_graph(cx.graph);

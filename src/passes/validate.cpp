@@ -14,6 +14,7 @@
 //               their storage; inputs and KV caches overlap nothing
 //   usefulness  every instruction writes something that is read, a graph output or a KV cache
 #include <algorithm>
+#include <cstdint>
 
 #include "passes/order.h"
 #include "passes/pass.h"
@@ -156,7 +157,7 @@ class Validator {
   }
 
   void races_and_coverage() {
-    HappensBefore hb = happens_before(p_, wait_predecessors(p_));
+    HappensBefore hb = happens_before(p_);
     if (!hb.acyclic) issue("the waits form a cycle: the program deadlocks");
     std::vector<std::vector<std::pair<int, Access>>> by_buf(p_.buffers.size());
     std::vector<char> useful(static_cast<size_t>(n()), 0);
@@ -167,44 +168,87 @@ class Validator {
         if (a.write && (B.is_output || B.kind == BufferKind::kv)) useful[static_cast<size_t>(i)] = 1;
       }
     auto ordered = [&](int i, int j) { return i < j ? hb.before(i, j) : hb.before(j, i); };
-    auto check_pair = [&](int b1, int b2, bool same) {
-      for (const auto& [i, a] : by_buf[static_cast<size_t>(b1)])
-        for (const auto& [j, c] : by_buf[static_cast<size_t>(b2)]) {
-          if (i == j || (!a.write && !c.write)) continue;
-          if (same && (!accesses_may_overlap(a, c) || i > j)) continue;
-          if (ordered(i, j)) continue;
-          int first = std::min(i, j), second = std::max(i, j);
-          bool first_writes = first == i ? a.write : c.write, second_writes = first == i ? c.write : a.write;
-          const char* kind = first_writes && second_writes ? "write-after-write" : first_writes ? "read-after-write" : "write-after-read";
-          if (same)
-            issue("race ({}) on b{} {}: instruction {} ({}) is not ordered before instruction {} ({}) by any chain of waits",
-                  kind, b1, p_.buffers[static_cast<size_t>(b1)].name, first, name(first), second, name(second));
-          else
-            issue("race ({}) on shared arena bytes of b{} {} and b{} {}: instruction {} ({}) is not ordered before instruction {} ({})",
-                  kind, b1, p_.buffers[static_cast<size_t>(b1)].name, b2, p_.buffers[static_cast<size_t>(b2)].name, first, name(first), second, name(second));
-          return;  // one report per buffer pair
+    auto report = [&](int b1, int b2, bool same, int first, bool first_writes, int second, bool second_writes) {
+      const char* kind = first_writes && second_writes ? "write-after-write" : first_writes ? "read-after-write" : "write-after-read";
+      if (same)
+        issue("race ({}) on b{} {}: instruction {} ({}) is not ordered before instruction {} ({}) by any chain of waits",
+              kind, b1, p_.buffers[static_cast<size_t>(b1)].name, first, name(first), second, name(second));
+      else
+        issue("race ({}) on shared arena bytes of b{} {} and b{} {}: instruction {} ({}) is not ordered before instruction {} ({})",
+              kind, b1, p_.buffers[static_cast<size_t>(b1)].name, b2, p_.buffers[static_cast<size_t>(b2)].name, first, name(first), second, name(second));
+    };
+    // Accesses of one buffer: every overlapping pair, one writing (regions matter here).
+    auto check_same = [&](int b) {
+      const auto& acc = by_buf[static_cast<size_t>(b)];
+      for (const auto& [i, a] : acc)
+        for (const auto& [j, c] : acc) {
+          if (i >= j || (!a.write && !c.write) || !accesses_may_overlap(a, c) || ordered(i, j)) continue;
+          report(b, b, true, i, a.write, j, c.write);
+          return;  // one report per buffer
         }
     };
+    // Two buffers sharing arena bytes conflict as wholes. Whether i happens before j depends on i's
+    // counter only (order.h), so for each later access j it is enough to test each counter of the
+    // other buffer's earlier conflicting accesses once, at its earliest such access: |B| x counters
+    // of A tests instead of |A| x |B| (the arena's slots are shared by buffers of every layer).
+    struct Earliest {
+      int any = INT32_MAX, write = INT32_MAX;
+    };
+    std::vector<std::vector<std::pair<int, Earliest>>> by_counter(p_.buffers.size());  // per buffer, per counter
     for (size_t b = 0; b < p_.buffers.size(); ++b) {
-      check_pair(static_cast<int>(b), static_cast<int>(b), true);
-      for (size_t a = 0; a < b; ++a)
-        if (share_bytes(p_.buffers[a], p_.buffers[b])) check_pair(static_cast<int>(a), static_cast<int>(b), false);
+      auto& v = by_counter[b];
+      for (const auto& [i, a] : by_buf[b]) {
+        int s = p_.instrs[static_cast<size_t>(i)].signal;
+        auto it = std::find_if(v.begin(), v.end(), [&](const auto& e) { return e.first == s; });
+        if (it == v.end()) it = v.emplace(v.end(), s, Earliest{});
+        it->second.any = std::min(it->second.any, i);
+        if (a.write) it->second.write = std::min(it->second.write, i);
+      }
     }
-    // Coverage and usefulness.
+    // Reports the first access of `later` not ordered after the earlier conflicting ones of `earlier`.
+    auto check_shared_dir = [&](int earlier, int later, int b1, int b2) {
+      for (const auto& [j, c] : by_buf[static_cast<size_t>(later)])
+        for (const auto& [s, e] : by_counter[static_cast<size_t>(earlier)]) {
+          const int i = c.write ? e.any : e.write;  // reads conflict with writes only
+          if (i >= j || hb.counter_before(s, j)) continue;
+          const bool i_writes = c.write ? i == e.write : true;
+          report(b1, b2, false, i, i_writes, j, c.write);
+          return true;
+        }
+      return false;
+    };
+    for (size_t b = 0; b < p_.buffers.size(); ++b) {
+      check_same(static_cast<int>(b));
+      for (size_t a = 0; a < b; ++a)
+        if (share_bytes(p_.buffers[a], p_.buffers[b]) &&
+            !check_shared_dir(static_cast<int>(a), static_cast<int>(b), static_cast<int>(a), static_cast<int>(b)))
+          check_shared_dir(static_cast<int>(b), static_cast<int>(a), static_cast<int>(a), static_cast<int>(b));
+    }
+    // Coverage and usefulness. Each buffer's writes sorted by first column, with the running maximum
+    // of their last columns: the writes overlapping a read's columns are one binary search away.
     for (size_t b = 0; b < p_.buffers.size(); ++b) {
       const auto& acc = by_buf[b];
+      std::vector<std::pair<int, const Access*>> writes;
+      for (const auto& [i, w] : acc)
+        if (w.write) writes.push_back({i, &w});
+      std::sort(writes.begin(), writes.end(), [](const auto& x, const auto& y) {
+        return x.second->c0 != y.second->c0 ? x.second->c0 < y.second->c0 : x.second->c1 < y.second->c1;
+      });
+      std::vector<int64_t> max_c1(writes.size());
+      for (size_t k = 0; k < writes.size(); ++k) max_c1[k] = std::max(k ? max_c1[k - 1] : INT64_MIN, writes[k].second->c1);
       for (const auto& [j, r] : acc) {
         if (r.write) continue;
-        for (const auto& [i, w] : acc)
-          if (w.write && i != j && accesses_may_overlap(r, w)) useful[static_cast<size_t>(i)] = 1;
-        if (p_.buffers[b].kind != BufferKind::activation) continue;
-        std::vector<std::pair<int64_t, int64_t>> cols;
-        for (const auto& [i, w] : acc)
-          if (w.write && accesses_may_overlap(r, w)) cols.push_back({w.c0, w.c1});
-        std::sort(cols.begin(), cols.end());
+        const auto lo = static_cast<size_t>(std::upper_bound(max_c1.begin(), max_c1.end(), r.c0) - max_c1.begin());
+        const auto hi = static_cast<size_t>(std::lower_bound(writes.begin(), writes.end(), r.c1,
+                                                             [](const auto& x, int64_t c) { return x.second->c0 < c; }) - writes.begin());
         int64_t at = r.c0;
-        for (auto [c0, c1] : cols)
-          if (c0 <= at) at = std::max(at, c1);
+        for (size_t k = lo; k < hi; ++k) {
+          const auto& [i, w] = writes[k];
+          if (!accesses_may_overlap(r, *w)) continue;
+          if (i != j) useful[static_cast<size_t>(i)] = 1;
+          if (w->c0 <= at) at = std::max(at, w->c1);
+        }
+        if (p_.buffers[b].kind != BufferKind::activation) continue;
         if (at < r.c1) issue("instruction {} ({}) reads columns [{}, {}) of b{} {} that no instruction writes", j, name(j), at, r.c1, b, p_.buffers[b].name);
       }
     }

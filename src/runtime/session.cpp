@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 
 #include "model/synth.h"
@@ -10,8 +11,8 @@ namespace mk {
 
 namespace fs = std::filesystem;
 
-ModelFile open_model(const std::string& path) {
-  if (path.rfind("synth:", 0) == 0) return load_synthetic_model(path);
+ModelFile open_model(const std::string& path, bool with_data) {
+  if (path.rfind("synth:", 0) == 0) return load_synthetic_model(path, with_data);
   return load_model(path);
 }
 
@@ -40,11 +41,17 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
   if (hparams.n_ctx_train > 0 && o.n_ctx > hparams.n_ctx_train)
     fail("context length {} exceeds the model's training context {}", o.n_ctx, hparams.n_ctx_train);
   n_ctx = o.n_ctx > 0 ? o.n_ctx : std::min(hparams.n_ctx_train > 0 ? hparams.n_ctx_train : kDefaultMaxCtx, kDefaultMaxCtx);
-  if (o.need_tokenizer) {
+  if (o.need_tokenizer || !o.tokenizer_path.empty()) {
     tokenizer = open_tokenizer(model, o.tokenizer_path, hparams.n_vocab);
-    if (tokenizer->n_vocab() > hparams.n_vocab)
-      fail("tokenizer has {} tokens but the model's vocabulary is {}", tokenizer->n_vocab(), hparams.n_vocab);
+  } else if (o.tokenizer_if_available && model.path.rfind("synth:", 0) != 0) {
+    try {
+      tokenizer = open_tokenizer(model, "", hparams.n_vocab);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "note: no tokenizer (%s): token ids only\n", e.what());
+    }
   }
+  if (tokenizer && tokenizer->n_vocab() > hparams.n_vocab)
+    fail("tokenizer has {} tokens but the model's vocabulary is {}", tokenizer->n_vocab(), hparams.n_vocab);
   stop_at_bos = model.format == "llama2c";
   graph = build_graph(model, BuildOptions{n_ctx, o.all_logits});
   backend = make_backend(o.backend.empty() ? default_backend_name() : o.backend, graph, model, o.backend_options);
@@ -65,13 +72,21 @@ void Session::reset() {
   n_past = 0;
 }
 
-GenerateResult generate(Session& s, const GenerateOptions& o, const std::function<void(const std::string&)>& on_text) {
+GenerateResult generate(Session& s, const GenerateOptions& o, const std::function<void(const std::string&)>& on_text,
+                        const std::function<void(int32_t)>& on_token) {
   using clock = std::chrono::steady_clock;
   auto ms_since = [](clock::time_point t0) { return std::chrono::duration<double, std::milli>(clock::now() - t0).count(); };
-  if (!s.tokenizer) fail("generate: the session has no tokenizer");
+  const Tokenizer* tok = s.tokenizer.get();
+  if (o.prompt_ids.empty() && !tok) fail("generate: a text prompt needs a tokenizer (or give the prompt as token ids)");
   if (o.n_new < 0) fail("number of tokens to generate must be >= 0, got {}", o.n_new);
   GenerateResult r;
-  r.prompt_ids = s.tokenizer->encode(o.prompt, true);
+  if (!o.prompt_ids.empty()) {
+    r.prompt_ids = o.prompt_ids;
+    for (int32_t t : r.prompt_ids)
+      if (t < 0 || t >= s.hparams.n_vocab) fail("prompt token id {} is outside the vocabulary [0, {})", t, s.hparams.n_vocab);
+  } else {
+    r.prompt_ids = tok->encode(o.prompt, true);
+  }
   if (r.prompt_ids.empty()) fail("the prompt encodes to no tokens and the tokenizer has no BOS token");
   if (static_cast<int64_t>(r.prompt_ids.size()) > s.n_ctx - s.n_past)
     fail("prompt is {} tokens but only {} fit the context ({}); use a shorter prompt or a larger -c", r.prompt_ids.size(),
@@ -83,7 +98,10 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     r.text += t;
     if (on_text && !t.empty()) on_text(t);
   };
-  if (o.echo_prompt && on_text && !o.prompt.empty()) on_text(o.prompt);
+  if (o.echo_prompt && on_text) {
+    std::string echo = !o.prompt_ids.empty() ? (tok ? tok->decode(r.prompt_ids) : "") : o.prompt;
+    if (!echo.empty()) on_text(echo);
+  }
   auto t0 = clock::now();
   std::vector<float> logits = s.eval(r.prompt_ids);
   r.prompt_ms = ms_since(t0);
@@ -94,12 +112,13 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   for (int i = 0; i < o.n_new; ++i) {
     std::span<const float> last(logits.data() + logits.size() - static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab));
     int32_t next = sampler.sample(last);
-    if (!o.ignore_eos && (s.tokenizer->is_eos(next) || (s.stop_at_bos && next == s.tokenizer->bos_id))) {
+    if (!o.ignore_eos && tok && (tok->is_eos(next) || (s.stop_at_bos && next == tok->bos_id))) {
       r.stop_reason = "eos";
       break;
     }
     r.generated_ids.push_back(next);
-    emit(s.tokenizer->token_bytes(prev, next));
+    if (on_token) on_token(next);
+    if (tok) emit(tok->token_bytes(prev, next));
     prev = next;
     if (i + 1 == o.n_new) break;
     if (s.n_past >= s.n_ctx) {

@@ -22,12 +22,17 @@ struct SessionOptions {
   int64_t n_ctx = 0;           // 0 = the model's context length, capped at kDefaultMaxCtx
   bool all_logits = false;     // logits for every prompt position (the `logits` command)
   bool need_tokenizer = true;
+  // With need_tokenizer false: still load the tokenizer when there is one (-z, or the model's own),
+  // and go on without one otherwise (synthetic models, `run --ids`). An explicit -z must load.
+  bool tokenizer_if_available = false;
 };
 inline constexpr int64_t kDefaultMaxCtx = 4096;
 
 // Loads a model by path: files and directories via load_model, "synth:<name>" via the synthetic
-// model table when available.
-ModelFile open_model(const std::string& path);
+// model table when available. with_data = false is enough for anything that needs names, dtypes and
+// shapes only (building the graph, compiling the program, `info`): synthetic models then carry no
+// weight data (tensor data == nullptr); files are mapped either way.
+ModelFile open_model(const std::string& path, bool with_data = true);
 
 class Session {
  public:
@@ -37,7 +42,7 @@ class Session {
   void reset();
 
   ModelFile model;
-  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Tokenizer> tokenizer;  // null when need_tokenizer is false and none was found
   Graph graph;
   std::unique_ptr<Backend> backend;
   Hparams hparams;
@@ -48,6 +53,7 @@ class Session {
 
 struct GenerateOptions {
   std::string prompt;
+  std::vector<int32_t> prompt_ids;  // non-empty: the prompt as token ids (no BOS added), not `prompt`
   int n_new = 256;
   SamplerOptions sampler;
   bool ignore_eos = false;
@@ -64,9 +70,12 @@ struct GenerateResult {
   double ms_per_token() const { return n_decode_steps ? generation_ms / n_decode_steps : 0; }
 };
 
-// Streams text pieces (valid UTF-8) to on_text as they are generated. The caller calls
-// s.backend->finish() when done with the session's steps (writes traces). Throws mk::Error when the
-// prompt does not fit the context.
-GenerateResult generate(Session& s, const GenerateOptions& o, const std::function<void(const std::string&)>& on_text = {});
+// Streams text pieces (valid UTF-8) to on_text and each generated id to on_token as they are
+// generated. The caller calls s.backend->finish() when done with the session's steps (writes
+// traces). A text prompt needs the session's tokenizer; prompt_ids do not: without a tokenizer
+// there is no EOS (generation runs to n_new or the context) and no text. Throws mk::Error when the
+// prompt does not fit the context or holds an id outside the vocabulary.
+GenerateResult generate(Session& s, const GenerateOptions& o, const std::function<void(const std::string&)>& on_text = {},
+                        const std::function<void(int32_t)>& on_token = {});
 
 }  // namespace mk

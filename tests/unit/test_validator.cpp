@@ -12,6 +12,7 @@
 
 #include "archs/arch.h"
 #include "model/synth.h"
+#include "passes/order.h"
 #include "passes/pass.h"
 #include "support/error.h"
 #include "support/tiny_model.h"
@@ -151,6 +152,55 @@ TEST(Validator, AcceptsEveryRealProgram) {
     EXPECT_TRUE(issues.empty()) << r.what << ": " << (issues.empty() ? "" : issues[0]);
     std::string why;
     EXPECT_TRUE(oracle_safe(r.program, &why)) << r.what << ": oracle says " << why;
+  }
+}
+
+// happens_before() works over counters (passes/order.h); it must agree with plain reachability over
+// the instructions' ordering waits, on real programs and on programs with dropped, miscounted or
+// cyclic waits.
+TEST(Validator, HappensBeforeIsReachabilityOverWaits) {
+  auto check = [](const std::string& what, const Program& p, bool expect_acyclic) {
+    const int n = static_cast<int>(p.instrs.size());
+    auto preds = wait_predecessors(p);
+    HappensBefore hb = happens_before(p);
+    EXPECT_EQ(hb.acyclic, expect_acyclic) << what;
+    size_t ordered = 0;
+    for (int b = 0; b < n; ++b) {
+      std::vector<char> seen(static_cast<size_t>(n), 0);
+      std::vector<int> stack(preds[static_cast<size_t>(b)].begin(), preds[static_cast<size_t>(b)].end());
+      while (!stack.empty()) {
+        int i = stack.back();
+        stack.pop_back();
+        if (seen[static_cast<size_t>(i)]) continue;
+        seen[static_cast<size_t>(i)] = 1;
+        for (int k : preds[static_cast<size_t>(i)]) stack.push_back(k);
+      }
+      for (int a = 0; a < n; ++a) {
+        ordered += seen[static_cast<size_t>(a)];
+        if (expect_acyclic) ASSERT_EQ(hb.before(a, b), seen[static_cast<size_t>(a)] != 0) << what << ": " << a << " before " << b;
+      }
+    }
+    EXPECT_GT(ordered, static_cast<size_t>(n)) << what;  // the waits do order things
+  };
+  std::mt19937 rng(7);
+  for (const auto& r : real_programs()) {
+    const Program& p = r.program;
+    check(r.what, p, true);
+    std::vector<size_t> with_waits;
+    for (size_t i = 0; i < p.instrs.size(); ++i)
+      if (!p.instrs[i].waits.empty()) with_waits.push_back(i);
+    auto pick = [&](size_t n) { return static_cast<size_t>(std::uniform_int_distribution<size_t>(0, n - 1)(rng)); };
+    Program dropped = p;
+    auto& in = dropped.instrs[with_waits[pick(with_waits.size())]];
+    in.waits.erase(in.waits.begin() + static_cast<std::ptrdiff_t>(pick(in.waits.size())));
+    check(r.what + " dropped wait", dropped, true);
+    Program miscounted = p;
+    miscounted.instrs[with_waits[pick(with_waits.size())]].waits[0].count += 1;  // orders nothing now
+    check(r.what + " miscounted wait", miscounted, true);
+    Program cyclic = p;  // the first waiting instruction also waits on the last instruction's counter
+    const Instr& last = p.instrs.back();
+    cyclic.instrs[with_waits.front()].waits.push_back({last.signal, p.counters[static_cast<size_t>(last.signal)].signals_per_step});
+    check(r.what + " cyclic", cyclic, false);
   }
 }
 

@@ -286,8 +286,9 @@ class CudaBackend final : public Backend {
     };
     switch (mode_) {
       case CudaMode::megakernel: {
-        // The epoch advances only once the launch is issued: a failed copy or launch leaves the
-        // counters and the epoch consistent for the next step.
+        // The step's epoch becomes current only once its launch is issued: wait targets and queue
+        // slots are functions of the epoch, so a copy or launch that fails must leave it where the
+        // device counters are, or every later step would wait for a step that never ran.
         prm.epoch = epoch_ + 1;
         copy_in();
         rt_->launch(src_.kernel_name, static_cast<unsigned>(grid_), static_cast<unsigned>(src_.threads), src_.smem_bytes, prm, -1, true);

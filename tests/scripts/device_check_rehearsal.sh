@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# ctest DeviceCheck.Rehearsal: bench/device_check.sh --rehearse, both parts, on this machine (cpu,
+# and cuda-emu when the binary has it, in place of the GPU backends; small shapes in place of
+# 1B/8B). Each part must pass every row it runs and leave exactly its log and its tarball in $OUT,
+# the tarball holding each row's JSON; the log must hold one timing row per backend.
+# Env: MK_BIN (the megakernel binary), MK_SHARED_DIR.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d /tmp/mk_rehearsal.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+status=0
+bad() { echo "FAIL: $*"; status=1; }
+for part in part1 part2; do
+  out="$tmp/out_$part"
+  OUT="$out" MK_DEVCHECK_TMP="$tmp/work" "$root/bench/device_check.sh" --rehearse "$part"
+  rc=$?
+  [[ $rc == 0 ]] || bad "device_check.sh --rehearse $part exited $rc"
+  log="$out/device_check_$part.log"
+  files=$(cd "$out" && ls | tr '\n' ' ')
+  [[ "$files" == "device_check_$part.log device_check_$part.tar.gz " ]] || bad "$part: \$OUT holds '$files', not one log and one tarball"
+  grep -q "^ALL CHECKS PASSED" "$log" || bad "$part: the log does not end in ALL CHECKS PASSED"
+  grep -q "^FAIL" "$log" && bad "$part: the log reports failures"
+  entries=$(tar tzf "$out/device_check_$part.tar.gz" | sed 's|^\./||' | sort)
+  backends=$(sed -n 's/^== rehearsal on .*: \(.*\) in place of cuda.*/\1/p' "$log")
+  [[ -n "$backends" ]] || bad "$part: no rehearsal line naming the backends"
+  if [[ $part == part1 ]]; then
+    shape=synth:stories260k:bf16
+    for b in $backends; do
+      for c in 0 1; do grep -qx "greedy_${b}_$c.json" <<<"$entries" || bad "part1: tarball lacks greedy_${b}_$c.json"; done
+    done
+    [[ $(grep -c '^hf_.*_bfloat16.json$' <<<"$entries") == 9 ]] || bad "part1: tarball lacks the 9 HF fixture results"
+    grep -q '^PASS: .*logits: relative L2' "$log" || bad "part1: no passing logits row"
+    grep -q '^PASS: host compile of synth:llama3.2-1b' "$log" || bad "part1: no host compile row"
+  else
+    shape=synth:stories15m:bf16
+    grep -q '^PASS: host compile of synth:llama3.1-8b' "$log" || bad "part2: no host compile row"
+  fi
+  for b in $backends; do
+    grep -qE "^$shape +$b +[0-9.]+ +[0-9.]+ " "$log" || bad "$part: no timing row for $shape on $b"
+    grep -qx "time_${shape//[:.]/_}_$b.json" <<<"$entries" || bad "$part: tarball lacks the timing JSON of $b"
+  done
+done
+[[ $status == 0 ]] && echo "rehearsal passed"
+exit $status
