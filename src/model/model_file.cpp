@@ -1,5 +1,6 @@
 #include "model/model_file.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "support/error.h"
@@ -39,6 +40,9 @@ int64_t ModelFile::get_int(const std::string& key) const {
   if (!metadata.contains(key)) fail("{}: missing metadata key {}", path, key);
   const auto& v = metadata.at(key);
   if (!v.is_number_integer()) fail("{}: metadata key {} is not an integer", path, key);
+  // A GGUF u64 above INT64_MAX must not turn negative (or a huge count small) on the way.
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    fail("{}: metadata key {} = {} is out of range", path, key, v.get<uint64_t>());
   return v.get<int64_t>();
 }
 
@@ -50,7 +54,9 @@ double ModelFile::get_float(const std::string& key, double def) const {
   if (!metadata.contains(key)) return def;
   const auto& v = metadata.at(key);
   if (!v.is_number()) fail("{}: metadata key {} is not a number", path, key);
-  return v.get<double>();
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) fail("{}: metadata key {} = {} is not a finite number", path, key, d);
+  return d;
 }
 
 std::string ModelFile::get_str(const std::string& key) const {
