@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "runtime/session.h"
 #include "support/compare.h"
+#include "support/mmap.h"
 #include "support/errors.h"
 #include "model/hf.h"
 
@@ -134,6 +135,35 @@ TEST(TokenizerGgufFlags, TokenTypesOutsideTheEnumAreRefused) {
             std::string::npos);
   m.metadata["tokenizer.ggml.token_type"][7] = -1;
   EXPECT_NE(test::error_of([&] { load_model_tokenizer(m); }).find("token_type[7] = -1"), std::string::npos);
+}
+
+std::string gguf_header(uint64_t n_tensors, uint64_t n_kv) {
+  std::string s = "GGUF";
+  uint32_t version = 3;
+  s.append(reinterpret_cast<const char*>(&version), 4);
+  s.append(reinterpret_cast<const char*>(&n_tensors), 8);
+  s.append(reinterpret_cast<const char*>(&n_kv), 8);
+  return s;
+}
+std::string gguf_str(const std::string& v) {
+  uint64_t n = v.size();
+  return std::string(reinterpret_cast<const char*>(&n), 8) + v;
+}
+
+TEST(GgufLimits, OverlongNamesAreRefusedWithoutEchoingThem) {
+  const std::string big(1 << 20, 'K');
+  uint32_t type_u8 = 0;
+  std::string kv = gguf_header(0, 1) + gguf_str(big) + std::string(reinterpret_cast<const char*>(&type_u8), 4) + "x";
+  std::string e = test::error_of([&] { load_gguf(MappedFile::from_bytes(kv, "k.gguf")); });
+  EXPECT_NE(e.find("is longer than 65535 bytes"), std::string::npos) << e.substr(0, 200);
+  EXPECT_LT(e.size(), 400u);
+  uint32_t n_dims = 1, f32 = 0;
+  uint64_t ne = 1, off = 0;
+  std::string ti = gguf_header(1, 0) + gguf_str(std::string(100, 'n')) + std::string(reinterpret_cast<const char*>(&n_dims), 4) +
+                   std::string(reinterpret_cast<const char*>(&ne), 8) + std::string(reinterpret_cast<const char*>(&f32), 4) +
+                   std::string(reinterpret_cast<const char*>(&off), 8) + std::string(64, '\0');
+  e = test::error_of([&] { load_gguf(MappedFile::from_bytes(ti, "t.gguf")); });
+  EXPECT_NE(e.find("longer than ggml's limit of 63 bytes"), std::string::npos) << e;
 }
 
 // config.json values that conflict (aliases, or a value at two places) are errors, not "first wins".
