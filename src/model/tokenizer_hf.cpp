@@ -272,6 +272,7 @@ struct AddedToken {
   std::string content;
   int32_t id;
   bool special, lstrip, rstrip, single_word, normalized;
+  std::string pattern = {};  // what is matched: content, normalized when `normalized`
 };
 
 // A cut of a text by added-token matches: [b, e) is an added token when id >= 0, else plain text.
@@ -318,6 +319,7 @@ class HfBpeTokenizer final : public Tokenizer {
  private:
   void parse_model(const Json& m);
   void parse_added(const Json& added);
+  void index_added();
   void parse_normalizer(const Json& n);
   void parse_pre_tokenizer(const Json& p);
   void parse_decoder(const Json& d);
@@ -364,6 +366,7 @@ HfBpeTokenizer::HfBpeTokenizer(const Json& j, const std::string& source, const s
   parse_model(j["model"]);
   if (j.contains("added_tokens")) parse_added(j["added_tokens"]);
   if (j.contains("normalizer")) parse_normalizer(j["normalizer"]);
+  index_added();
   if (j.contains("pre_tokenizer")) parse_pre_tokenizer(j["pre_tokenizer"]);
   if (j.contains("decoder")) parse_decoder(j["decoder"]);
   if (j.contains("post_processor")) parse_post_processor(j["post_processor"]);
@@ -467,16 +470,23 @@ void HfBpeTokenizer::parse_added(const Json& added) {
     token_to_id_.try_emplace(a.content, a.id);
     added_.push_back(std::move(a));
   }
-  std::stable_sort(added_.begin(), added_.end(),
-                   [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
-  for (size_t i = 0; i < added_.size(); ++i)
-    added_by_byte_[static_cast<uint8_t>(added_[i].content[0])].push_back(static_cast<uint32_t>(i));
   is_added_.assign(id_to_token_.size(), false);
   is_special_.assign(id_to_token_.size(), false);
   for (const auto& a : added_) {
     is_added_[a.id] = true;
     is_special_[a.id] = a.special;
   }
+}
+
+// The text each added token is matched as: its content, or for normalized tokens the normalized
+// content (tokenizers' refresh_added_tokens); longest first, indexed by first byte.
+void HfBpeTokenizer::index_added() {
+  for (auto& a : added_) a.pattern = a.normalized ? normalize(a.content) : a.content;
+  std::stable_sort(added_.begin(), added_.end(),
+                   [](const AddedToken& x, const AddedToken& y) { return x.pattern.size() > y.pattern.size(); });
+  for (size_t i = 0; i < added_.size(); ++i)
+    if (!added_[i].pattern.empty())
+      added_by_byte_[static_cast<uint8_t>(added_[i].pattern[0])].push_back(static_cast<uint32_t>(i));
 }
 
 void HfBpeTokenizer::parse_normalizer(const Json& n) {
@@ -645,7 +655,7 @@ std::vector<AddedSplit> HfBpeTokenizer::split_added(std::string_view s, bool nor
   while (i < s.size()) {
     const AddedToken* hit = nullptr;
     for (uint32_t k : added_by_byte_[static_cast<uint8_t>(s[i])])  // longest first
-      if (added_[k].normalized == normalized && s.compare(i, added_[k].content.size(), added_[k].content) == 0) {
+      if (added_[k].normalized == normalized && s.compare(i, added_[k].pattern.size(), added_[k].pattern) == 0) {
         hit = &added_[k];
         break;
       }
@@ -653,7 +663,7 @@ std::vector<AddedSplit> HfBpeTokenizer::split_added(std::string_view s, bool nor
       i += cp_len_at(s, i);
       continue;
     }
-    size_t start = i, stop = i + hit->content.size();
+    size_t start = i, stop = i + hit->pattern.size();
     i = stop;
     if (hit->single_word) {
       const bool word_before = start > 0 && is_word_character(cp_before(s, start));

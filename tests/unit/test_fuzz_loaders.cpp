@@ -9,6 +9,7 @@
 //   MK_FUZZ_ITERATIONS=20000 MK_FUZZ_SEED=7 build-asan/tests/mk_tests --gtest_filter='Fuzz*'
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -140,12 +141,18 @@ class JsonMutator {
   std::mt19937_64 rng_;
 };
 
-// Runs f on each input; mk::Error is the only acceptable failure.
+// Runs f on each input; mk::Error is the only acceptable failure. Counts the inputs that went
+// through without error (the campaign must reach past the first checks) and those refused.
+struct Tally {
+  int ok = 0, refused = 0;
+};
 template <class F>
-void expect_only_mk_errors(const char* loader, int i, F&& f) {
+void expect_only_mk_errors(const char* loader, int i, F&& f, Tally* tally = nullptr) {
   try {
     f();
+    if (tally) ++tally->ok;
   } catch (const Error&) {
+    if (tally) ++tally->refused;
   } catch (const std::exception& e) {
     ADD_FAILURE() << loader << ": seed " << seed() << " iteration " << i << ": " << typeid(e).name() << ": "
                   << std::string(e.what()).substr(0, 300);
@@ -168,20 +175,24 @@ void exercise_tokenizer(const Tokenizer& t) {
 TEST(FuzzGguf, MutatedStories260K) {
   const std::string base = read_file(kShared + "/models/stories260K/stories260K.gguf");
   ByteMutator mut(seed());
+  Tally tally;
   for (int i = 0; i < iterations(300); ++i) {
     std::string bytes = mut.mutate(base, 24 * 1024);  // metadata (vocab) and tensor infos
     expect_only_mk_errors("gguf", i, [&] {
       ModelFile m = load_gguf(MappedFile::from_bytes(std::move(bytes), "fuzz.gguf"));
       exercise_model(m);
       exercise_tokenizer(*load_model_tokenizer(m));
-    });
+    }, &tally);
   }
+  EXPECT_GT(tally.ok, 0);
+  EXPECT_GT(tally.refused, 0);
 }
 
 TEST(FuzzLlama2c, MutatedStories260K) {
   const std::string base = read_file(kShared + "/models/stories260K/stories260K.bin");
   const std::string tok = read_file(kShared + "/models/stories260K/tok512.bin");
   ByteMutator mut(seed());
+  Tally tally;
   for (int i = 0; i < iterations(300); ++i) {
     const bool mutate_tokenizer = i % 3 == 2;
     std::string bytes = mutate_tokenizer ? base : mut.mutate(base, 64);
@@ -191,8 +202,10 @@ TEST(FuzzLlama2c, MutatedStories260K) {
       exercise_model(m);
       exercise_tokenizer(*load_llama2c_tokenizer(MappedFile::from_bytes(std::move(tok_bytes), "tok.bin"),
                                                  static_cast<int32_t>(read_hparams(m).n_vocab)));
-    });
+    }, &tally);
   }
+  EXPECT_GT(tally.ok, 0);
+  EXPECT_GT(tally.refused, 0);
 }
 
 TEST(FuzzSafetensors, MutatedFixtureWeights) {
@@ -201,6 +214,7 @@ TEST(FuzzSafetensors, MutatedFixtureWeights) {
   std::memcpy(&header_len, base.data(), 8);
   ByteMutator byte_mut(seed());
   JsonMutator json_mut(seed());
+  Tally tally;
   for (int i = 0; i < iterations(300); ++i) {
     std::string bytes;
     if (i % 2) {
@@ -214,13 +228,16 @@ TEST(FuzzSafetensors, MutatedFixtureWeights) {
       ModelFile m;
       m.path = "fuzz";
       add_safetensors(m, MappedFile::from_bytes(std::move(bytes), "fuzz.safetensors"));
-    });
+    }, &tally);
   }
+  EXPECT_GT(tally.ok, 0);
+  EXPECT_GT(tally.refused, 0);
 }
 
 // config.json and generation_config.json of every fixture family, mutated, over the fixture's weights.
 TEST(FuzzHfConfig, MutatedConfigs) {
   JsonMutator mut(seed());
+  Tally tally;
   const char* families[] = {"llama_gqa_float32", "phi3_float32", "gpt2_float32", "qwen3_qknorm_float32",
                             "gemma_float32", "llama3_scaled_tied_float32"};
   for (const char* family : families) {
@@ -244,20 +261,26 @@ TEST(FuzzHfConfig, MutatedConfigs) {
                                                         "generation_config.json");
         exercise_model(m);
         read_hf_eos_ids(m);
-      });
+      }, &tally);
     }
   }
+  EXPECT_GT(tally.ok, 0);
+  EXPECT_GT(tally.refused, 0);
 }
 
 TEST(FuzzHfTokenizer, MutatedTokenizerJson) {
   JsonMutator mut(seed());
+  Tally tally;
   for (const char* file : {"/fixtures/hf/llama_gqa_float32/tokenizer.json", "/fixtures/hf/bytelevel_bpe_tokenizer.json"}) {
     const std::string base = read_file(kShared + file);
     for (int i = 0; i < iterations(60); ++i) {
       const std::string text = mut.mutate(base);
-      expect_only_mk_errors(file, i, [&] { exercise_tokenizer(*parse_hf_tokenizer_json(text, "fuzz.json")); });
+      expect_only_mk_errors(file, i, [&] { exercise_tokenizer(*parse_hf_tokenizer_json(text, "fuzz.json")); }, &tally);
     }
   }
+  EXPECT_GT(tally.ok, 0);
+  EXPECT_GT(tally.refused, 0);
+  std::printf("tokenizer.json: %d accepted, %d refused\n", tally.ok, tally.refused);
 }
 
 // The three kinds the first campaign found (../shared/fixtures/fuzz/README.md), built in memory:
@@ -273,10 +296,15 @@ TEST(FuzzFindings, FixturesEndInANamedError) {
       return std::string(e.what());
     }
   };
-  {  // overflow_head_dim over phi3_float32
+  {  // overflow_head_dim (head_dim 2^62) over phi3_float32's config: every reader of head_dim refuses it
+    nlohmann::ordered_json c = read_json_file(kShared + "/fixtures/hf/phi3_float32/config.json");
+    const nlohmann::ordered_json over = read_json_file(fuzz + "overflow_head_dim/config.json");
+    for (const auto& [k, v] : over.items()) c[k] = v;
     ModelFile m = load_hf_dir(kShared + "/fixtures/hf/phi3_float32");
-    m.metadata["hf.config"] = read_json_file(fuzz + "overflow_head_dim/config.json");
+    m.metadata["hf.config"] = c;
     error_with("config.json: head_dim = 4611686018427387904 exceeds the limit", [&] { read_hparams(m); });
+    error_with("config.json: head_dim = 4611686018427387904 exceeds the limit",
+               [&] { build_graph(m, BuildOptions{16, false}); });
   }
   error_with("nested deeper than", [&] { read_json_file(fuzz + "deep_nested_config/config.json"); });
   error_with("Metaspace pre_tokenizer replacement must not be empty",

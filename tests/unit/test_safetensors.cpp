@@ -96,8 +96,10 @@ TEST(Safetensors, RejectsInvalidHeaderJson) {
   std::string bytes = make_safetensors({{"a", 1}}, "");
   bytes[8] = '[';
   bytes[9] = '{';
-  expect_error(bytes, {"t.safetensors", "invalid safetensors JSON header"});
-  expect_error(make_safetensors(nlohmann::json::array({1, 2}), ""), {"not a JSON object"});
+  expect_error(bytes, {"t.safetensors", "header does not start with '{'"});
+  expect_error(make_safetensors(nlohmann::json::array({1, 2}), ""), {"header does not start with '{'"});
+  bytes[8] = '{';
+  expect_error(bytes, {"t.safetensors", "safetensors header: invalid JSON"});
 }
 
 TEST(Safetensors, RejectsOffsetsOutsideTheFile) {
