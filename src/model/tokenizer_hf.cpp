@@ -356,6 +356,8 @@ class HfBpeTokenizer final : public Tokenizer {
   bool byte_level_ = false;        // bytes mapped to the GPT-2 alphabet before BPE / back on decode
   std::string space_replacement_;  // SentencePiece style: the character standing for a space
   int strip_leading_spaces_ = 0;   // decoder Strip / Metaspace: drop the dummy prefix on decode
+  bool template_seen_ = false;
+  int32_t template_eos_id_ = -1;   // the token a TemplateProcessing appends after $A
 };
 
 HfBpeTokenizer::HfBpeTokenizer(const Json& j, const std::string& source, const std::vector<int32_t>& eos_ids)
@@ -374,6 +376,14 @@ HfBpeTokenizer::HfBpeTokenizer(const Json& j, const std::string& source, const s
   if (byte_fallback_)
     for (int b = 0; b < 256; ++b) byte_token_[b] = lookup(fmt::format("<0x{:02X}>", b));
   pick_eos(eos_ids);
+  if (template_eos_id_ >= 0) {
+    // The template appends a token to every prompt: it must be the EOS token, which encode_prompt appends.
+    if (eos_id < 0) eos_id = template_eos_id_;
+    if (template_eos_id_ != eos_id)
+      fail("{}: post_processor appends token {} which is not the EOS token {} (not supported)", source_,
+           template_eos_id_, eos_id);
+    add_eos_token = true;
+  }
 }
 
 void HfBpeTokenizer::parse_model(const Json& m) {
@@ -609,23 +619,53 @@ void HfBpeTokenizer::parse_decoder(const Json& d) {
 }
 
 void HfBpeTokenizer::parse_post_processor(const Json& p) {
-  if (p.is_null() || bos_id >= 0) return;
+  if (p.is_null()) return;
   const std::string type = p.value("type", "");
   if (type == "Sequence") {
     for (const auto& s : p.value("processors", Json::array())) parse_post_processor(s);
+  } else if (type == "ByteLevel") {
+    // Trims offsets only; the ids are unchanged.
   } else if (type == "TemplateProcessing") {
-    // BOS is the special token that the single-sequence template puts first, if any.
+    // The single-sequence template: optional special tokens before $A (one: BOS) and after it
+    // (one: EOS, appended to prompts); anything else is refused rather than dropped.
+    if (template_seen_) fail("{}: post_processor holds two TemplateProcessing steps", source_);
+    template_seen_ = true;
     const Json single = p.value("single", Json::array());
-    if (!single.is_array() || single.empty() || !single[0].contains("SpecialToken")) return;
-    const std::string name = single[0]["SpecialToken"].value("id", "");
     const Json specials = p.value("special_tokens", Json::object());
-    if (specials.contains(name) && specials[name].contains("ids") && specials[name]["ids"].is_array() &&
-        specials[name]["ids"].size() == 1 && specials[name]["ids"][0].is_number_integer()) {
-      bos_id = specials[name]["ids"][0].get<int32_t>();
-    } else {
-      bos_id = lookup(name);
+    auto special_id = [&](const std::string& name) {
+      int32_t id = -1;
+      if (specials.contains(name) && specials[name].contains("ids") && specials[name]["ids"].is_array()) {
+        if (specials[name]["ids"].size() != 1 || !specials[name]["ids"][0].is_number_integer())
+          fail("{}: post_processor special token {:?} must stand for exactly one id", source_, clip(name));
+        id = specials[name]["ids"][0].get<int32_t>();
+      } else {
+        id = lookup(name);
+      }
+      if (id < 0 || id >= n_vocab()) fail("{}: post_processor token {:?} is not in the vocabulary", source_, clip(name));
+      return id;
+    };
+    std::vector<int32_t> before, after;
+    bool seen_sequence = false;
+    for (const auto& item : single) {
+      if (item.contains("Sequence")) {
+        if (seen_sequence || item["Sequence"].value("id", "A") != "A")
+          fail("{}: post_processor template {} is not supported", source_, clip_json(single));
+        seen_sequence = true;
+      } else if (item.contains("SpecialToken")) {
+        (seen_sequence ? after : before).push_back(special_id(item["SpecialToken"].value("id", "")));
+      } else {
+        fail("{}: post_processor template item {} is not supported", source_, clip_json(item));
+      }
     }
-    if (bos_id < 0 || bos_id >= n_vocab()) fail("{}: post_processor BOS token {:?} is not in the vocabulary", source_, name);
+    if (before.size() > 1 || after.size() > 1)
+      fail("{}: post_processor template {} adds more than one token at an end (not supported)", source_,
+           clip_json(single));
+    if (!before.empty()) bos_id = before[0];
+    else add_bos_token = false;
+    if (!after.empty()) template_eos_id_ = after[0];
+  } else {
+    fail("{}: post_processor {} is not supported (supported: TemplateProcessing, ByteLevel, Sequence)", source_,
+         type.empty() ? "<missing>" : clip(type));
   }
 }
 

@@ -108,5 +108,33 @@ TEST(TokenizerValidation, RefusesWhatLoopsOrLookupsCannotUse) {
             std::string::npos);
 }
 
+// TemplateProcessing: the token before $A is BOS, the one after it is appended (it must be EOS);
+// other post-processors are refused by name rather than ignored.
+TEST(TokenizerValidation, PostProcessorTemplateEnds) {
+  nlohmann::json j = read_json(kBugs + "tokenizer_nfc.json");
+  auto with = [&](const char* single) {
+    nlohmann::json k = j;
+    k["post_processor"] = nlohmann::json::parse(std::string(R"({"type": "TemplateProcessing", "single": )") + single +
+                                                R"(, "pair": [], "special_tokens": {"<|endoftext|>": {"ids": [0]}}})");
+    return k.dump();
+  };
+  auto t = parse_hf_tokenizer_json(with(R"([{"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "<|endoftext|>"}}])"), "t");
+  EXPECT_TRUE(t->add_eos_token);
+  EXPECT_EQ(t->eos_id, 0);
+  EXPECT_EQ(t->encode_prompt("e\u0301"), (std::vector<int32_t>{128, 103, 0}));
+  t = parse_hf_tokenizer_json(with(R"([{"SpecialToken": {"id": "<|endoftext|>"}}, {"Sequence": {"id": "A"}}])"), "t");
+  EXPECT_EQ(t->encode_prompt("e\u0301"), (std::vector<int32_t>{0, 128, 103}));
+  EXPECT_NE(test::error_of([&] {
+              parse_hf_tokenizer_json(with(R"([{"SpecialToken": {"id": "<|endoftext|>"}}, {"SpecialToken": {"id": "<|endoftext|>"}}, {"Sequence": {"id": "A"}}])"), "t");
+            }).find("more than one token"),
+            std::string::npos);
+  for (const char* type : {"BertProcessing", "RobertaProcessing"}) {
+    nlohmann::json k = j;
+    k["post_processor"] = {{"type", type}};
+    EXPECT_NE(test::error_of([&] { parse_hf_tokenizer_json(k.dump(), "t"); }).find(std::string("post_processor ") + type),
+              std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace mk
