@@ -413,6 +413,9 @@ void HfBpeTokenizer::parse_model(const Json& m) {
   }
 
   auto flag = [&](const char* key) { return m.contains(key) && m[key].is_boolean() && m[key].get<bool>(); };
+  // BPE dropout makes encoding random: nothing an inference engine should reproduce silently.
+  if (m.contains("dropout") && !m["dropout"].is_null() && !(m["dropout"].is_number() && m["dropout"].get<double>() == 0))
+    fail("{}: model.dropout {} is not supported (BPE dropout randomises encoding)", source_, clip_json(m["dropout"]));
   byte_fallback_ = flag("byte_fallback");
   fuse_unk_ = flag("fuse_unk");
   ignore_merges_ = flag("ignore_merges");
@@ -603,10 +606,14 @@ void HfBpeTokenizer::parse_decoder(const Json& d) {
   } else if (type == "Replace") {
     // SentencePiece decoders replace the space stand-in back to " ".
     const Json& pat = d.contains("pattern") ? d["pattern"] : Json();
-    if (pat.contains("String") && pat["String"].is_string() && d.value("content", "") == " ")
-      space_replacement_ = pat["String"].get<std::string>();
+    if (!pat.contains("String") || !pat["String"].is_string() || pat["String"].get<std::string>().empty() ||
+        d.value("content", "") != " ")
+      fail("{}: decoder Replace {} is not supported (only a non-empty String replaced by \" \")", source_, clip_json(d));
+    space_replacement_ = pat["String"].get<std::string>();
   } else if (type == "Strip") {
-    if (d.value("content", "") == " ") strip_leading_spaces_ = d.value("start", 0);
+    if (d.value("content", "") != " " || d.value("stop", 0) != 0 || d.value("start", 0) < 0)
+      fail("{}: decoder Strip {} is not supported (only leading spaces)", source_, clip_json(d));
+    strip_leading_spaces_ = d.value("start", 0);
   } else if (type == "Metaspace") {
     space_replacement_ = d.value("replacement", std::string(kMetaspace));
     if (space_replacement_.empty()) fail("{}: Metaspace decoder replacement must not be empty", source_);
@@ -614,8 +621,12 @@ void HfBpeTokenizer::parse_decoder(const Json& d) {
                              ? d["prepend_scheme"].get<std::string>()
                              : (d.value("add_prefix_space", true) ? "always" : "never");
     if (scheme != "never") strip_leading_spaces_ = 1;
+  } else if (type == "Fuse") {
+    // Joins the pieces into one string: nothing changes for per-token bytes.
+  } else {
+    fail("{}: decoder {} is not supported (supported: ByteLevel, ByteFallback, Replace, Strip, Metaspace, Fuse, "
+         "Sequence)", source_, type.empty() ? "<missing>" : clip(type));
   }
-  // Fuse and other decoders change nothing for per-token bytes.
 }
 
 void HfBpeTokenizer::parse_post_processor(const Json& p) {

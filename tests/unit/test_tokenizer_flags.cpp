@@ -128,6 +128,16 @@ TEST(TokenizerValidation, PostProcessorTemplateEnds) {
               parse_hf_tokenizer_json(with(R"([{"SpecialToken": {"id": "<|endoftext|>"}}, {"SpecialToken": {"id": "<|endoftext|>"}}, {"Sequence": {"id": "A"}}])"), "t");
             }).find("more than one token"),
             std::string::npos);
+  nlohmann::json k = j;
+  k["decoder"] = {{"type", "WordPiece"}};
+  EXPECT_NE(test::error_of([&] { parse_hf_tokenizer_json(k.dump(), "t"); }).find("decoder WordPiece is not supported"),
+            std::string::npos);
+  k = j;
+  k["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 0}, {"stop", 1}};
+  EXPECT_NE(test::error_of([&] { parse_hf_tokenizer_json(k.dump(), "t"); }).find("decoder Strip"), std::string::npos);
+  k = j;
+  k["model"]["dropout"] = 0.1;
+  EXPECT_NE(test::error_of([&] { parse_hf_tokenizer_json(k.dump(), "t"); }).find("model.dropout 0.1"), std::string::npos);
   for (const char* type : {"BertProcessing", "RobertaProcessing"}) {
     nlohmann::json k = j;
     k["post_processor"] = {{"type", type}};
