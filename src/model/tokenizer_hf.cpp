@@ -142,7 +142,7 @@ class Regex {
     if (!code_) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      fail("{}: cannot compile regex {:?} at offset {}: {}", source, pattern, err_off, reinterpret_cast<char*>(msg));
+      fail("{}: cannot compile regex {:?} at offset {}: {}", source, clip(pattern, 200), err_off, reinterpret_cast<char*>(msg));
     }
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // optional speed-up; the interpreter is the fallback
   }
@@ -194,7 +194,7 @@ SplitBehavior parse_behavior(const std::string& s, const std::string& source) {
   if (s == "MergedWithPrevious") return SplitBehavior::MergedWithPrevious;
   if (s == "MergedWithNext") return SplitBehavior::MergedWithNext;
   if (s == "Contiguous") return SplitBehavior::Contiguous;
-  fail("{}: unsupported split behavior {}", source, s);
+  fail("{}: unsupported split behavior {}", source, clip(s));
 }
 
 // Cuts `s` at the given matches. Gaps between matches are kept as pieces; matches are dropped,
@@ -391,7 +391,7 @@ void HfBpeTokenizer::parse_model(const Json& m) {
   if (m.contains("type") && m["type"].is_string()) type = m["type"].get<std::string>();
   else if (m.contains("merges")) type = "BPE";  // older files omit the type
   if (type != "BPE")
-    fail("{}: unsupported tokenizer model type {} (supported: BPE)", source_, type.empty() ? "<missing>" : type);
+    fail("{}: unsupported tokenizer model type {} (supported: BPE)", source_, type.empty() ? "<missing>" : clip(type));
 
   if (!m.contains("vocab") || !m["vocab"].is_object()) fail("{}: model.vocab missing or not an object", source_);
   constexpr int64_t kMaxId = 1 << 24;
@@ -585,12 +585,12 @@ void HfBpeTokenizer::parse_pre_tokenizer(const Json& p) {
     else
       s.prepend_scheme = p.value("add_prefix_space", true) ? "always" : "never";
     if (s.prepend_scheme != "always" && s.prepend_scheme != "first" && s.prepend_scheme != "never")
-      fail("{}: unsupported Metaspace prepend_scheme {}", source_, s.prepend_scheme);
+      fail("{}: unsupported Metaspace prepend_scheme {}", source_, clip(s.prepend_scheme));
     s.split = p.value("split", true);
     space_replacement_ = s.replacement;
     pre_tokenizer_.push_back(std::move(s));
   } else {
-    fail("{}: unsupported pre_tokenizer type {}", source_, type.empty() ? "<missing>" : type);
+    fail("{}: unsupported pre_tokenizer type {}", source_, type.empty() ? "<missing>" : clip(type));
   }
 }
 
