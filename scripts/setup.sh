@@ -2,7 +2,7 @@
 # Installs the build dependencies from Debian 12 packages. Idempotent: does nothing when present.
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libfmt-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libboost-context-dev python3)
+      libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libboost-context-dev python3 libutf8proc-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

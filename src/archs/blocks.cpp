@@ -1,7 +1,9 @@
 #include "archs/blocks.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "model/hparams.h"
 #include "support/error.h"
 
 namespace mk {
@@ -54,13 +56,17 @@ class DecoderBuilder {
   }
 
   Graph build() {
+    // Every hyperparameter within its range (model/hparams.h) before any product is formed; the
+    // ranges keep q_dim, kv_dim and the KV cache size far inside int64.
+    const std::string where = m_.path + ": ";
+    for (const auto& [term, v] : {std::pair<std::string_view, int64_t>{"n_vocab", hp_.n_vocab}, {"n_embd", hp_.n_embd},
+                                  {"n_layer", hp_.n_layer}, {"n_head", hp_.n_head}, {"n_head_kv", hp_.n_head_kv},
+                                  {"head_dim", hp_.head_dim}, {"n_ff", hp_.n_ff}, {"n_rot", std::max<int64_t>(0, s_.n_rot)}})
+      checked_hparam(term, v, where + std::string(term));
+    checked_hparam("n_ctx", s_.n_ctx, where + "context length");
+    if (s_.learned_positions) checked_hparam("n_ctx", hp_.n_ctx_train, where + "n_ctx_train");
     const int64_t n_embd = hp_.n_embd, hd = hp_.head_dim, q_dim = hp_.n_head * hd, kv_dim = hp_.n_head_kv * hd;
-    if (hp_.n_vocab <= 0 || n_embd <= 0 || hp_.n_layer <= 0 || hp_.n_head <= 0 || hp_.n_head_kv <= 0 || hd <= 0 ||
-        hp_.n_ff <= 0)
-      fail("{}: invalid hyperparameters (n_vocab {}, n_embd {}, n_layer {}, n_head {}, n_head_kv {}, head_dim {}, n_ff {})",
-           m_.path, hp_.n_vocab, n_embd, hp_.n_layer, hp_.n_head, hp_.n_head_kv, hd, hp_.n_ff);
     if (hp_.n_head % hp_.n_head_kv) fail("{}: n_head {} is not a multiple of n_head_kv {}", m_.path, hp_.n_head, hp_.n_head_kv);
-    if (s_.n_ctx <= 0) fail("{}: context length must be positive", m_.path);
     if (!(hp_.norm_eps > 0) || !std::isfinite(hp_.norm_eps))
       fail("{}: normalization epsilon must be a positive number, got {}", m_.path, hp_.norm_eps);
     if (s_.n_rot > hd || (s_.n_rot > 0 && s_.n_rot % 2))

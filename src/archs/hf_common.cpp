@@ -1,6 +1,8 @@
 #include "archs/hf_common.h"
 
 #include "model/hf.h"
+#include "model/hparams.h"
+#include "support/json.h"
 #include "support/error.h"
 
 namespace mk {
@@ -20,7 +22,7 @@ double config_float(const nlohmann::ordered_json& c, std::initializer_list<const
 int64_t sliding_window(const nlohmann::ordered_json& c) {
   if (c.contains("use_sliding_window") && c["use_sliding_window"].is_boolean() && !c["use_sliding_window"].get<bool>())
     return 0;
-  return hf_config_int(c, {"sliding_window"}, 0);
+  return hf_hparam(c, "sliding_window", {"sliding_window"}, 0);
 }
 
 }  // namespace
@@ -35,14 +37,15 @@ Hparams read_hf_hparams(const ModelFile& m) {
   const auto& c = hf_config(m);
   Hparams hp;
   hp.arch = m.get_str("general.architecture");
-  hp.n_vocab = hf_config_int(c, {"vocab_size"});
-  hp.n_embd = hf_config_int(c, {"hidden_size", "n_embd"});
-  hp.n_layer = hf_config_int(c, {"num_hidden_layers", "n_layer"});
-  hp.n_head = hf_config_int(c, {"num_attention_heads", "n_head"});
-  hp.n_head_kv = hf_config_int(c, {"num_key_value_heads"}, hp.n_head);
-  hp.head_dim = hf_config_int(c, {"head_dim"}, hp.n_head > 0 ? hp.n_embd / hp.n_head : 0);
-  hp.n_ff = hf_config_int(c, {"intermediate_size", "n_inner"}, 4 * hp.n_embd);
-  hp.n_ctx_train = hf_config_int(c, {"max_position_embeddings", "n_positions"}, 2048);
+  // Each value is range-checked as it is read (model/hparams.h), before any arithmetic uses it.
+  hp.n_vocab = hf_hparam(c, "n_vocab", {"vocab_size"});
+  hp.n_embd = hf_hparam(c, "n_embd", {"hidden_size", "n_embd"});
+  hp.n_layer = hf_hparam(c, "n_layer", {"num_hidden_layers", "n_layer"});
+  hp.n_head = hf_hparam(c, "n_head", {"num_attention_heads", "n_head"});
+  hp.n_head_kv = hf_hparam(c, "n_head_kv", {"num_key_value_heads"}, hp.n_head);
+  hp.head_dim = hf_hparam(c, "head_dim", {"head_dim"}, hp.n_embd / hp.n_head);
+  hp.n_ff = hf_hparam(c, "n_ff", {"intermediate_size", "n_inner"}, 4 * hp.n_embd);
+  hp.n_ctx_train = hf_hparam(c, "n_ctx", {"max_position_embeddings", "n_positions"}, 2048);
   if (int64_t w = sliding_window(c); w > 0 && w < hp.n_ctx_train) hp.n_ctx_train = w;
   hp.norm_eps = config_float(c, {"rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"}, 1e-5);
   return hp;
@@ -81,7 +84,7 @@ std::string hf_activation(const nlohmann::ordered_json& c) {
   if (act == "silu" || act == "swish") return "silu";
   if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast") return "gelu_tanh";
   if (act == "gelu") return "gelu";
-  fail("config.json: unsupported activation {} (supported: silu, gelu, gelu_pytorch_tanh, gelu_new)", act);
+  fail("config.json: unsupported activation {} (supported: silu, gelu, gelu_pytorch_tanh, gelu_new)", clip(act));
 }
 
 bool hf_bf16_buffers(const nlohmann::ordered_json& c) {

@@ -1,24 +1,148 @@
 // Llama family from GGUF keys (llama2.c checkpoints are loaded with synthesised GGUF keys).
-// Source: llama.cpp's GGUF key conventions; RoPE rotates adjacent pairs in GGUF/llama2.c layouts.
+// Source: llama.cpp's GGUF key conventions (src/llama-arch.cpp LLM_KV_NAMES, src/llama-model.cpp
+// LLM_ARCH_LLAMA); RoPE rotates adjacent pairs in GGUF/llama2.c layouts.
+//
+// Every `<arch>.*` key is either honoured, accepted because its value changes nothing (a neutral
+// value, or information only), or refused by name: a key this reader does not know may change the
+// math, so it is an error rather than silently ignored.
+#include <cmath>
+#include <optional>
+
 #include "archs/registry.h"
+#include "model/hparams.h"
 
 namespace mk {
 
+namespace {
+
+// `<arch>.<suffix>` keys that this reader honours (read below) or that carry information only.
+constexpr const char* kKnownKeys[] = {
+    "context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+    "attention.layer_norm_rms_epsilon", "rope.dimension_count", "rope.freq_base", "rope.scale_linear",
+    "rope.scaling.type", "rope.scaling.factor", "rope.scaling.attn_factor",
+    // Used only by YaRN (refused below); no effect on linear or unscaled RoPE.
+    "rope.scaling.original_context_length",
+    // Whether the model was fine-tuned with the scaling: information only (llama.cpp reads, never uses it).
+    "rope.scaling.finetuned",
+};
+
+// Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).
+struct NeutralKey {
+  const char* suffix;
+  double neutral;
+  const char* meaning;
+};
+constexpr NeutralKey kNeutralKeys[] = {
+    {"expert_count", 0, "mixture of experts"},
+    {"expert_used_count", 0, "mixture of experts"},
+    {"use_parallel_residual", 0, "parallel attention and feed-forward residuals"},
+    {"attention.causal", 1, "non-causal attention"},
+    {"attention.clamp_kqv", 0, "clamping of q, k and v"},
+    {"attention.max_alibi_bias", 0, "ALiBi position biases"},
+    {"attention.sliding_window", 0, "sliding-window attention"},
+    {"attention.scale", 0, "a custom attention scale"},
+    {"attn_logit_softcapping", 0, "attention logit soft-capping"},
+    {"final_logit_softcapping", 0, "final logit soft-capping"},
+    {"logit_scale", 1, "scaled logits"},
+    {"embedding_scale", 1, "scaled embeddings"},
+    {"residual_scale", 1, "scaled residuals"},
+    {"pooling_type", 0, "pooled (embedding) outputs"},
+};
+
+double numeric_value(const ModelFile& m, const std::string& key) {
+  const auto& v = m.metadata.at(key);
+  if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
+  return m.get_float(key, 0);
+}
+
+void check_llama_keys(const ModelFile& m, const std::string& a) {
+  const std::string prefix = a + ".";
+  for (const auto& [key, value] : m.metadata.items()) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    const std::string suffix = key.substr(prefix.size());
+    bool known = false;
+    for (const char* k : kKnownKeys) known = known || suffix == k;
+    if (known) continue;
+    const NeutralKey* neutral = nullptr;
+    for (const auto& n : kNeutralKeys)
+      if (suffix == n.suffix) neutral = &n;
+    if (!neutral)
+      fail("{}: metadata key {} is not supported for the {} architecture (it may change the model's math)", m.path,
+           key, a);
+    const double v = numeric_value(m, key);
+    if (v != neutral->neutral)
+      fail("{}: {} = {}: {} is not supported (only {} is)", m.path, key, v, neutral->meaning, neutral->neutral);
+  }
+}
+
+// RoPE position scaling: `rope.scaling.type` none|linear with `rope.scaling.factor`, or the older
+// `rope.scale_linear` (llama.cpp: freq_scale = 1 / factor, i.e. positions divided by the factor).
+// YaRN, LongRoPE and other types are refused by name.
+Attrs read_rope_scaling(const ModelFile& m, const std::string& a) {
+  const std::string type_key = a + ".rope.scaling.type", factor_key = a + ".rope.scaling.factor",
+                    old_key = a + ".rope.scale_linear", attn_key = a + ".rope.scaling.attn_factor";
+  std::string type = m.has(type_key) ? m.get_str(type_key) : "";
+  if (!type.empty() && type != "none" && type != "linear")
+    fail("{}: {} = {} is not supported (supported: none, linear)", m.path, type_key, type);
+  if (m.has(attn_key) && m.get_float(attn_key, 1.0) != 1.0)
+    fail("{}: {} = {} is not supported (it scales the rotated values; only 1 is)", m.path, attn_key,
+         m.get_float(attn_key, 1.0));
+  // The factor: rope.scaling.factor, else rope.scale_linear; both present must agree. 0 means
+  // "none" in llama.cpp's converter output.
+  std::optional<double> factor;
+  for (const std::string& k : {factor_key, old_key}) {
+    if (!m.has(k)) continue;
+    double f = m.get_float(k, 0);
+    if (f < 0) fail("{}: {} = {} must not be negative", m.path, k, f);
+    if (f == 0) continue;
+    if (factor && *factor != f)
+      fail("{}: {} = {} and {} = {} disagree", m.path, factor_key, *factor, old_key, f);
+    factor = f;
+  }
+  if (type.empty()) type = factor ? "linear" : "none";  // the older key alone means linear
+  if (type == "none") {
+    if (factor && *factor != 1.0)
+      fail("{}: {} is none but a scaling factor {} is given", m.path, type_key, *factor);
+    return {};
+  }
+  if (!factor) fail("{}: {} is linear but {} is missing", m.path, type_key, factor_key);
+  if (*factor == 1.0) return {};
+  return {{"scaling", std::string("linear")}, {"factor", *factor}};
+}
+
+}  // namespace
+
 Hparams read_gguf_llama_hparams(const ModelFile& m) {
   const std::string a = m.get_str("general.architecture");
+  check_llama_keys(m, a);
+  // Each value is range-checked as it is read (model/hparams.h), before any arithmetic.
+  auto hparam = [&](std::string_view term, const std::string& suffix, std::optional<int64_t> def = std::nullopt) {
+    const std::string key = a + "." + suffix;
+    const int64_t v = def && !m.has(key) ? *def : m.get_int(key);
+    return checked_hparam(term, v, m.path + ": " + key);
+  };
   Hparams hp;
   hp.arch = a;
-  hp.n_embd = m.get_int(a + ".embedding_length");
-  hp.n_layer = m.get_int(a + ".block_count");
-  hp.n_head = m.get_int(a + ".attention.head_count");
-  hp.n_head_kv = m.get_int(a + ".attention.head_count_kv", hp.n_head);
-  hp.head_dim = m.get_int(a + ".attention.key_length", hp.n_head > 0 ? hp.n_embd / hp.n_head : 0);
-  hp.n_ff = m.get_int(a + ".feed_forward_length");
-  hp.n_ctx_train = m.get_int(a + ".context_length", 2048);
+  hp.n_embd = hparam("n_embd", "embedding_length");
+  hp.n_layer = hparam("n_layer", "block_count");
+  hp.n_head = hparam("n_head", "attention.head_count");
+  hp.n_head_kv = hparam("n_head_kv", "attention.head_count_kv", hp.n_head);
+  hp.head_dim = hparam("head_dim", "attention.key_length", hp.n_embd / hp.n_head);
+  const int64_t value_length = hparam("head_dim", "attention.value_length", hp.head_dim);
+  if (value_length != hp.head_dim)
+    fail("{}: {}.attention.value_length {} differs from key_length {} (not supported)", m.path, a, value_length,
+         hp.head_dim);
+  hp.n_ff = hparam("n_ff", "feed_forward_length");
+  hp.n_ctx_train = hparam("n_ctx", "context_length", 2048);
   hp.norm_eps = m.get_float(a + ".attention.layer_norm_rms_epsilon", 1e-5);
+  if (!(hp.norm_eps > 0)) fail("{}: {}.attention.layer_norm_rms_epsilon = {} must be positive", m.path, a, hp.norm_eps);
   const WeightTensor& emb = m.get("token_embd.weight");
   if (emb.shape.size() != 2) fail("token_embd.weight: expected 2 dimensions, got {}", shape_str(emb.shape));
-  hp.n_vocab = emb.shape[0];
+  hp.n_vocab = checked_hparam("n_vocab", emb.shape[0], m.path + ": token_embd.weight rows");
+  if (m.has(a + ".vocab_size") && hparam("n_vocab", "vocab_size") != hp.n_vocab)
+    fail("{}: {}.vocab_size = {} but token_embd.weight has {} rows", m.path, a, m.get_int(a + ".vocab_size"),
+         hp.n_vocab);
   return hp;
 }
 
@@ -30,8 +154,10 @@ Graph build_gguf_llama(const ModelFile& m, const BuildOptions& o) {
   s.all_logits = o.all_logits;
   s.rope_mode = "adjacent";
   s.rope_theta = m.get_float(a + ".rope.freq_base", 10000.0);
-  s.n_rot = m.get_int(a + ".rope.dimension_count", s.hp.head_dim);
+  s.n_rot = checked_hparam("n_rot", m.get_int(a + ".rope.dimension_count", s.hp.head_dim),
+                           m.path + ": " + a + ".rope.dimension_count");
   if (s.n_rot <= 0) fail("{}: {}.rope.dimension_count must be positive, got {}", m.path, a, s.n_rot);
+  s.rope_scaling = read_rope_scaling(m, a);
   return build_decoder(m, s);
 }
 

@@ -15,6 +15,7 @@
 #include "model/model_file.h"
 #include "support/byte_reader.h"
 #include "support/error.h"
+#include "support/json.h"  // clip
 
 namespace mk {
 namespace {
@@ -69,6 +70,8 @@ std::optional<DType> dtype_from_ggml(uint32_t t) {
 }
 
 constexpr uint32_t kMaxDims = 4;
+constexpr size_t kMaxNameBytes = 64;     // GGML_MAX_NAME: tensor names are shorter
+constexpr size_t kMaxKeyBytes = 65535;   // gguf.md: keys are at most 2^16 - 1 bytes
 constexpr int kMaxArrayDepth = 16;
 constexpr uint64_t kMaxElements = uint64_t{1} << 60;  // * 4 bytes (f32, the widest type) still fits 64 bits
 constexpr size_t kMinKvBytes = 8 + 1 + 4 + 1;                   // key length, 1-byte key, type, 1-byte value
@@ -184,6 +187,8 @@ class GgufParser {
     std::string what = fmt::format("key of metadata entry {}", index);
     std::string key = read_string(what);
     if (key.empty()) fail("{}: metadata entry {} at offset {} has an empty key", path(), index, at);
+    if (key.size() > kMaxKeyBytes)
+      fail("{}: metadata entry {} at offset {}: key {} is longer than {} bytes", path(), index, at, clip(key), kMaxKeyBytes);
     what = fmt::format("metadata {}", key);
     uint32_t type = r_.read<uint32_t>(what);
     if (type >= kValueTypeCount)
@@ -252,6 +257,9 @@ class GgufParser {
     WeightTensor t;
     t.name = read_string(fmt::format("name of tensor info {}", index));
     if (t.name.empty()) fail("{}: tensor info {} at offset {} has an empty name", path(), index, at);
+    if (t.name.size() >= kMaxNameBytes)
+      fail("{}: tensor info {} at offset {}: name {} is longer than ggml's limit of {} bytes", path(), index, at,
+           clip(t.name), kMaxNameBytes - 1);
     std::string what = fmt::format("tensor info {}", t.name);
     uint32_t n_dims = r_.read<uint32_t>(what);
     if (n_dims == 0 || n_dims > kMaxDims)

@@ -1,6 +1,7 @@
 #include "model/hf.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <cstring>
@@ -9,8 +10,10 @@
 #include <set>
 #include <sstream>
 
+#include "model/hparams.h"
 #include "model/safetensors.h"
 #include "support/error.h"
+#include "support/json.h"
 
 namespace mk {
 
@@ -18,26 +21,35 @@ namespace fs = std::filesystem;
 
 int64_t hf_config_int(const nlohmann::ordered_json& c, std::initializer_list<const char*> keys,
                       std::optional<int64_t> def) {
+  // Aliases (hidden_size / n_embd, ...) that are both given must agree: never pick one silently.
+  const char* first = nullptr;
+  for (const char* k : keys) {
+    if (!c.contains(k) || c[k].is_null()) continue;
+    if (!first) first = k;
+    else if (c[k] != c[first]) fail("config.json: {} = {} and {} = {} disagree", first, clip_json(c[first]), k, clip_json(c[k]));
+  }
   for (const char* k : keys) {
     if (!c.contains(k) || c[k].is_null()) continue;
     if (!c[k].is_number_integer()) fail("config.json: {} is not an integer", k);
+    if (c[k].is_number_unsigned() && c[k].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail("config.json: {} = {} is out of range", k, c[k].get<uint64_t>());
     return c[k].get<int64_t>();
   }
   if (!def) fail("config.json: missing {}", *keys.begin());
   return *def;
 }
 
-nlohmann::ordered_json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return nlohmann::ordered_json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON: {}", path, e.what());
-  }
+int64_t hf_hparam(const nlohmann::ordered_json& c, std::string_view term, std::initializer_list<const char*> keys,
+                  std::optional<int64_t> def) {
+  const char* key = *keys.begin();
+  for (const char* k : keys)
+    if (c.contains(k) && !c[k].is_null()) {
+      key = k;
+      break;
+    }
+  return checked_hparam(term, hf_config_int(c, keys, def), fmt::format("config.json: {}", key));
 }
+
 
 namespace {
 
@@ -49,23 +61,23 @@ void load_sharded(ModelFile& model, const fs::path& dir, const std::string& inde
     fail("{}: missing weight_map object", index_path);
   std::map<std::string, std::vector<std::string>> shard_tensors;  // sorted: deterministic load order
   for (const auto& [name, shard] : index["weight_map"].items()) {
-    if (!shard.is_string()) fail("{}: weight_map entry {} is not a file name", index_path, name);
+    if (!shard.is_string()) fail("{}: weight_map entry {} is not a file name", index_path, clip(name));
     shard_tensors[shard.get<std::string>()].push_back(name);
   }
   for (const auto& [shard, names] : shard_tensors) {
     // Shards are plain file names next to the index; refuse paths that leave the directory.
     fs::path rel(shard);
     if (shard.empty() || rel.is_absolute() || rel.filename() != rel)
-      fail("{}: shard name {} (for tensor {}) is not a plain file name", index_path, shard, names.front());
+      fail("{}: shard name {} (for tensor {}) is not a plain file name", index_path, clip(shard), clip(names.front()));
     fs::path shard_path = dir / rel;
     if (!fs::is_regular_file(shard_path))
-      fail("{}: shard {} (for tensor {}) not found", index_path, shard, names.front());
+      fail("{}: shard {} (for tensor {}) not found", index_path, clip(shard), clip(names.front()));
     size_t before = model.tensors().size();
     add_safetensors(model, MappedFile::open(shard_path.string()));
     std::set<std::string> in_shard;
     for (size_t i = before; i < model.tensors().size(); ++i) in_shard.insert(model.tensors()[i].name);
     for (const auto& n : names)
-      if (!in_shard.count(n)) fail("{}: tensor {} is listed in shard {} but not stored there", index_path, n, shard);
+      if (!in_shard.count(n)) fail("{}: tensor {} is listed in shard {} but not stored there", index_path, clip(n), clip(shard));
   }
 }
 
@@ -109,10 +121,11 @@ WeightTensor take(const ModelFile& m, const std::string& name, const std::vector
 // contiguous, so each part is registered as a view under the Llama name (q_proj, k_proj, v_proj,
 // gate_proj, up_proj) without copying.
 void add_phi3_views(ModelFile& m, const nlohmann::ordered_json& c, std::vector<std::string>& derived) {
-  const int64_t hidden = hf_config_int(c, {"hidden_size"}), n_head = hf_config_int(c, {"num_attention_heads"});
-  const int64_t n_head_kv = hf_config_int(c, {"num_key_value_heads"}, n_head);
-  const int64_t head_dim = hf_config_int(c, {"head_dim"}, n_head > 0 ? hidden / n_head : 0);
-  const int64_t n_ff = hf_config_int(c, {"intermediate_size"});
+  // Checked ranges keep every product below (q_dim + 2 * kv_dim, 2 * n_ff, row offsets) far inside int64.
+  const int64_t hidden = hf_hparam(c, "n_embd", {"hidden_size"}), n_head = hf_hparam(c, "n_head", {"num_attention_heads"});
+  const int64_t n_head_kv = hf_hparam(c, "n_head_kv", {"num_key_value_heads"}, n_head);
+  const int64_t head_dim = hf_hparam(c, "head_dim", {"head_dim"}, hidden / n_head);
+  const int64_t n_ff = hf_hparam(c, "n_ff", {"intermediate_size"});
   const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
   auto add = [&](WeightTensor t) {
     derived.push_back(t.name);
@@ -144,8 +157,8 @@ void add_phi3_views(ModelFile& m, const nlohmann::ordered_json& c, std::vector<s
 // (weight and bias), attn.o_proj, mlp.up_proj, mlp.down_proj. Biases need no transpose and keep
 // their names except the q/k/v split (views of attn.c_attn.bias).
 void add_gpt2_transposes(ModelFile& m, const nlohmann::ordered_json& c, std::vector<std::string>& derived) {
-  const int64_t n = hf_config_int(c, {"n_embd", "hidden_size"});
-  const int64_t n_ff = hf_config_int(c, {"n_inner"}, 4 * n);
+  const int64_t n = hf_hparam(c, "n_embd", {"n_embd", "hidden_size"});
+  const int64_t n_ff = hf_hparam(c, "n_ff", {"n_inner"}, 4 * n);
   auto add = [&](WeightTensor t) {
     derived.push_back(t.name);
     m.add_tensor(std::move(t));
@@ -228,30 +241,55 @@ HfRope read_hf_rope(const nlohmann::ordered_json& config) {
   // transformers 5 form: everything inside rope_parameters; older form: rope_scaling next to rope_theta.
   const nlohmann::ordered_json* params = nullptr;
   const char* where = "rope_scaling";
-  if (config.contains("rope_parameters") && !config["rope_parameters"].is_null()) {
+  const bool has_params = config.contains("rope_parameters") && !config["rope_parameters"].is_null();
+  if (has_params && config.contains("rope_scaling") && !config["rope_scaling"].is_null() &&
+      config["rope_scaling"] != config["rope_parameters"])
+    fail("config.json: rope_parameters and rope_scaling are both given and differ");
+  if (has_params) {
     params = &config["rope_parameters"];
     where = "rope_parameters";
   } else if (config.contains("rope_scaling") && !config["rope_scaling"].is_null()) {
     params = &config["rope_scaling"];
   }
-  if (!params) return rope;
+  if (!params) {
+    if (!(rope.theta > 0) || !std::isfinite(rope.theta)) fail("config.json: rope_theta must be a positive number");
+    if (!(rope.partial_rotary_factor > 0 && rope.partial_rotary_factor <= 1))
+      fail("config.json: partial_rotary_factor {} must be in (0, 1]", rope.partial_rotary_factor);
+    return rope;
+  }
   if (!params->is_object()) fail("config.json: {} is not an object", where);
   const auto& p = *params;
-  if (p.contains("rope_theta")) rope.theta = number(p, "rope_theta", where);
-  if (p.contains("partial_rotary_factor")) rope.partial_rotary_factor = number(p, "partial_rotary_factor", where);
+  // A value given both at the top level and inside the parameters must agree.
+  if (p.contains("rope_theta")) {
+    const double t = number(p, "rope_theta", where);
+    if (config.contains("rope_theta") && !config["rope_theta"].is_null() && t != rope.theta)
+      fail("config.json: rope_theta {} and {}.rope_theta {} disagree", rope.theta, where, t);
+    rope.theta = t;
+  }
+  if (p.contains("partial_rotary_factor")) {
+    const double f = number(p, "partial_rotary_factor", where);
+    if (config.contains("partial_rotary_factor") && config["partial_rotary_factor"].is_number() &&
+        f != rope.partial_rotary_factor)
+      fail("config.json: partial_rotary_factor {} and {}.partial_rotary_factor {} disagree", rope.partial_rotary_factor,
+           where, f);
+    rope.partial_rotary_factor = f;
+  }
 
   std::string type = "default";
+  bool have_type = false;
   for (const char* key : {"rope_type", "type"}) {
     if (p.contains(key) && !p[key].is_null()) {
       if (!p[key].is_string()) fail("config.json: {}.{} is not a string", where, key);
+      if (have_type && p[key].get<std::string>() != type)
+        fail("config.json: {}.rope_type {} and {}.type {} disagree", where, clip(type), where, clip(p[key].get<std::string>()));
       type = p[key].get<std::string>();
-      break;
+      have_type = true;
     }
   }
   if (type == "default") {
     // Per-layer-type dictionaries (e.g. {"full_attention": {...}, "sliding_attention": {...}}) carry objects.
     for (const auto& [k, v] : p.items())
-      if (v.is_object()) fail("config.json: {} per layer type ({}) is not supported", where, k);
+      if (v.is_object()) fail("config.json: {} per layer type ({}) is not supported", where, clip(k));
   } else if (type == "linear") {
     rope.factor = number(p, "factor", where);
   } else if (type == "llama3") {
@@ -259,15 +297,19 @@ HfRope read_hf_rope(const nlohmann::ordered_json& config) {
     rope.low_freq_factor = number(p, "low_freq_factor", where);
     rope.high_freq_factor = number(p, "high_freq_factor", where);
     double omax = number(p, "original_max_position_embeddings", where);
-    if (omax <= 0) fail("config.json: {}.original_max_position_embeddings must be positive", where);
+    if (!(omax >= 1 && omax <= static_cast<double>(hparam_range("n_ctx").max)) || omax != std::floor(omax))
+      fail("config.json: {}.original_max_position_embeddings = {} must be a positive whole number of positions", where,
+           omax);
     rope.original_max_position_embeddings = static_cast<int64_t>(omax);
     if (!(rope.high_freq_factor > rope.low_freq_factor))
       fail("config.json: {}: high_freq_factor must exceed low_freq_factor", where);
   } else {
-    fail("config.json: unsupported RoPE type {} (supported: default, linear, llama3)", type);
+    fail("config.json: unsupported RoPE type {} (supported: default, linear, llama3)", clip(type));
   }
-  if (!(rope.theta > 0)) fail("config.json: rope_theta must be positive");
-  if (!(rope.factor > 0)) fail("config.json: {}.factor must be positive", where);
+  if (!(rope.theta > 0) || !std::isfinite(rope.theta)) fail("config.json: rope_theta must be a positive number");
+  if (!(rope.factor > 0) || !std::isfinite(rope.factor)) fail("config.json: {}.factor must be a positive number", where);
+  if (!(rope.partial_rotary_factor > 0 && rope.partial_rotary_factor <= 1))
+    fail("config.json: partial_rotary_factor {} must be in (0, 1]", rope.partial_rotary_factor);
   rope.type = type;
   return rope;
 }
@@ -279,7 +321,7 @@ std::vector<int32_t> read_hf_eos_ids(const ModelFile& model) {
     const auto& v = obj["eos_token_id"];
     auto add = [&](const nlohmann::ordered_json& x) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
-        fail("{}: eos_token_id must be a non-negative integer or a list of them, got {}", file, v.dump());
+        fail("{}: eos_token_id must be a non-negative integer or a list of them, got {}", file, clip_json(v));
       int32_t id = static_cast<int32_t>(x.get<int64_t>());
       if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     };

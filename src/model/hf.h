@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/model_file.h"
+#include "support/json.h"  // read_json_file
 
 namespace mk {
 
@@ -56,8 +57,9 @@ std::vector<int32_t> read_hf_eos_ids(const ModelFile& model);
 // "config.json: missing <first key>" when there is no default, or when the value is not an integer.
 int64_t hf_config_int(const nlohmann::ordered_json& config, std::initializer_list<const char*> keys,
                       std::optional<int64_t> def = std::nullopt);
-
-// Reads a JSON file; throws mk::Error naming the file when it is missing or not valid JSON.
-nlohmann::ordered_json read_json_file(const std::string& path);
+// A hyperparameter (glossary `term`, see model/hparams.h) read as hf_config_int does, then checked
+// against the term's range: mk::Error "config.json: head_dim = ... is outside [1, 4096] (head_dim)".
+int64_t hf_hparam(const nlohmann::ordered_json& config, std::string_view term, std::initializer_list<const char*> keys,
+                  std::optional<int64_t> def = std::nullopt);
 
 }  // namespace mk

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 
+#include "model/hparams.h"
 #include "model/model_file.h"
 #include "support/byte_reader.h"
 #include "support/error.h"
@@ -39,17 +40,17 @@ uint64_t checked_mul(uint64_t a, uint64_t b) {
 }
 
 void validate(const std::string& path, const Config& c) {
-  auto positive = [&](const char* name, int64_t v, int64_t max) {
-    if (v <= 0) fail("{}: llama2.c header: {} = {} must be positive", path, name, v);
-    if (v > max) fail("{}: llama2.c header: {} = {} exceeds the limit {}", path, name, v, max);
+  // The shared hyperparameter ranges (model/hparams.h) bound every product formed below.
+  auto positive = [&](std::string_view term, const char* name, int64_t v) {
+    checked_hparam(term, v, fmt::format("{}: llama2.c header: {}", path, name));
   };
-  positive("dim", c.dim, 1 << 16);
-  positive("hidden_dim", c.hidden_dim, 1 << 18);
-  positive("n_layers", c.n_layers, 1 << 10);
-  positive("n_heads", c.n_heads, 1 << 10);
-  positive("n_kv_heads", c.n_kv_heads, 1 << 10);
-  positive("vocab_size", c.vocab_size, 1 << 22);
-  positive("seq_len", c.seq_len, 1 << 22);
+  positive("n_embd", "dim", c.dim);
+  positive("n_ff", "hidden_dim", c.hidden_dim);
+  positive("n_layer", "n_layers", c.n_layers);
+  positive("n_head", "n_heads", c.n_heads);
+  positive("n_head_kv", "n_kv_heads", c.n_kv_heads);
+  positive("n_vocab", "vocab_size", c.vocab_size);
+  positive("n_ctx", "seq_len", c.seq_len);
   if (c.dim % c.n_heads != 0)
     fail("{}: llama2.c header: n_heads = {} does not divide dim = {}", path, c.n_heads, c.dim);
   if (c.n_heads % c.n_kv_heads != 0)

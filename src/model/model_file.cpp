@@ -1,8 +1,10 @@
 #include "model/model_file.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "support/error.h"
+#include "support/json.h"  // clip
 
 namespace mk {
 
@@ -13,7 +15,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }
 
 void ModelFile::add_tensor(WeightTensor t) {
-  if (index_.count(t.name)) fail("{}: duplicate tensor name {}", path, t.name);
+  if (index_.count(t.name)) fail("{}: duplicate tensor name {}", path, clip(t.name, 200));
   index_[t.name] = tensors_.size();
   tensors_.push_back(std::move(t));
 }
@@ -39,6 +41,9 @@ int64_t ModelFile::get_int(const std::string& key) const {
   if (!metadata.contains(key)) fail("{}: missing metadata key {}", path, key);
   const auto& v = metadata.at(key);
   if (!v.is_number_integer()) fail("{}: metadata key {} is not an integer", path, key);
+  // A GGUF u64 above INT64_MAX must not turn negative (or a huge count small) on the way.
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    fail("{}: metadata key {} = {} is out of range", path, key, v.get<uint64_t>());
   return v.get<int64_t>();
 }
 
@@ -50,7 +55,9 @@ double ModelFile::get_float(const std::string& key, double def) const {
   if (!metadata.contains(key)) return def;
   const auto& v = metadata.at(key);
   if (!v.is_number()) fail("{}: metadata key {} is not a number", path, key);
-  return v.get<double>();
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) fail("{}: metadata key {} = {} is not a finite number", path, key, d);
+  return d;
 }
 
 std::string ModelFile::get_str(const std::string& key) const {

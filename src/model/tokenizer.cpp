@@ -15,6 +15,12 @@ bool Tokenizer::is_eos(int32_t id) const {
   return std::find(extra_eos_ids.begin(), extra_eos_ids.end(), id) != extra_eos_ids.end();
 }
 
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
+  std::vector<int32_t> ids = encode(text, add_bos_token);
+  if (add_eos_token && eos_id >= 0) ids.push_back(eos_id);
+  return ids;
+}
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   Utf8Stream stream;
   std::string text;

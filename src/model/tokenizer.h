@@ -33,6 +33,12 @@ class Tokenizer {
   int32_t unk_id = -1;
   std::vector<int32_t> extra_eos_ids;  // e.g. generation_config.json lists several
   bool is_eos(int32_t id) const;
+  // Whether a prompt starts with BOS / ends with EOS (GGUF tokenizer.ggml.add_bos_token /
+  // add_eos_token, as llama.cpp's tokenize with add_special applies them). Default: BOS only.
+  bool add_bos_token = true;
+  bool add_eos_token = false;
+  // A prompt as the model expects it: encode(text, add_bos_token), then EOS when add_eos_token.
+  std::vector<int32_t> encode_prompt(std::string_view text) const;
 
   // Decodes a whole id sequence to valid UTF-8 (invalid bytes become U+FFFD).
   std::string decode(const std::vector<int32_t>& ids) const;
@@ -73,7 +79,8 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::shared_ptr<MappedFile> fi
 // Tokenizer stored in a model (GGUF tokenizer.ggml.* keys, or tokenizer.json of an HF directory).
 // GGUF: tokenizer.ggml.model must be "llama"; reads .tokens, .scores, .token_type (optional),
 // .bos_token_id, .eos_token_id, .unknown_token_id, .eot_token_id (an extra EOS),
-// .add_space_prefix (default true). llama2.c checkpoints carry none: throws, asking for -z.
+// .add_space_prefix (default true), .add_bos_token (default true), .add_eos_token (default false;
+// true needs an EOS id). llama2.c checkpoints carry none: throws, asking for -z.
 std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model);
 
 // Hugging Face tokenizer.json with model.type "BPE" (tokenizer_hf.cpp), in either form:

@@ -7,6 +7,7 @@
 // models, post-processors, decoders).
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <array>
@@ -19,7 +20,9 @@
 #include "model/hf.h"
 #include "model/model_file.h"
 #include "model/tokenizer.h"
+#include "model/unicode_text.h"
 #include "support/error.h"
+#include "support/json.h"
 
 namespace mk {
 
@@ -139,7 +142,7 @@ class Regex {
     if (!code_) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      fail("{}: cannot compile regex {:?} at offset {}: {}", source, pattern, err_off, reinterpret_cast<char*>(msg));
+      fail("{}: cannot compile regex {:?} at offset {}: {}", source, clip(pattern, 200), err_off, reinterpret_cast<char*>(msg));
     }
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // optional speed-up; the interpreter is the fallback
   }
@@ -191,7 +194,7 @@ SplitBehavior parse_behavior(const std::string& s, const std::string& source) {
   if (s == "MergedWithPrevious") return SplitBehavior::MergedWithPrevious;
   if (s == "MergedWithNext") return SplitBehavior::MergedWithNext;
   if (s == "Contiguous") return SplitBehavior::Contiguous;
-  fail("{}: unsupported split behavior {}", source, s);
+  fail("{}: unsupported split behavior {}", source, clip(s));
 }
 
 // Cuts `s` at the given matches. Gaps between matches are kept as pieces; matches are dropped,
@@ -242,9 +245,11 @@ void split_at(std::string_view s, const std::vector<std::pair<size_t, size_t>>& 
 // Pipeline steps parsed from tokenizer.json.
 
 struct NormStep {
-  enum Kind { Prepend, ReplaceString, ReplaceRegex } kind;
+  enum Kind { Prepend, ReplaceString, ReplaceRegex, Unicode, Lowercase, Strip, StripAccents } kind;
   std::string a, b;  // Prepend: a = prefix; Replace: a = pattern, b = content
   std::shared_ptr<Regex> regex;
+  UnicodeForm form = UnicodeForm::NFC;  // Unicode
+  bool left = false, right = false;     // Strip
 };
 
 struct PreStep {
@@ -259,13 +264,49 @@ struct PreStep {
   bool split = true;
 };
 
+// An added token and its flags, as tokenizers' AddedToken: single_word (match only when neither
+// neighbour is a word character), lstrip/rstrip (the match takes the whitespace on that side),
+// normalized (matched in the normalized text rather than the raw input), special (skipped when
+// decoding).
 struct AddedToken {
   std::string content;
   int32_t id;
-  bool special, lstrip, rstrip;
+  bool special, lstrip, rstrip, single_word, normalized;
+  std::string pattern = {};  // what is matched: content, normalized when `normalized`
 };
 
-bool is_space_byte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+// A cut of a text by added-token matches: [b, e) is an added token when id >= 0, else plain text.
+struct AddedSplit {
+  int32_t id;
+  size_t b, e;
+};
+
+// The code point ending at byte `end` / starting at byte `begin` of valid UTF-8.
+char32_t cp_before(std::string_view s, size_t end) {
+  size_t b = end - 1;
+  while (b > 0 && (static_cast<uint8_t>(s[b]) & 0xC0) == 0x80) --b;
+  return utf8_decode(s, b, end - b);
+}
+char32_t cp_at(std::string_view s, size_t begin) {
+  size_t n = utf8_seq_len(s, begin);
+  return utf8_decode(s, begin, n ? n : 1);
+}
+size_t cp_len_at(std::string_view s, size_t begin) {
+  size_t n = utf8_seq_len(s, begin);
+  return n ? n : 1;
+}
+
+// A word character as in regex \w (Unicode): letters, marks, decimal and letter numbers, connector
+// punctuation, ZWNJ/ZWJ; what tokenizers' single_word tests the neighbours of a match against.
+bool is_word_character(char32_t c) {
+  if (c == 0x200C || c == 0x200D) return true;
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC: return true;
+    default: return false;
+  }
+}
 
 class HfBpeTokenizer final : public Tokenizer {
  public:
@@ -278,12 +319,15 @@ class HfBpeTokenizer final : public Tokenizer {
  private:
   void parse_model(const Json& m);
   void parse_added(const Json& added);
+  void index_added();
   void parse_normalizer(const Json& n);
   void parse_pre_tokenizer(const Json& p);
   void parse_decoder(const Json& d);
   void parse_post_processor(const Json& p);
   void pick_eos(const std::vector<int32_t>& eos_ids);
 
+  std::vector<AddedSplit> split_added(std::string_view s, bool normalized) const;
+  std::string normalize(std::string text) const;
   void encode_segment(std::string_view segment, bool at_start, std::vector<int32_t>& out) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
   int32_t lookup(std::string_view token) const {
@@ -312,6 +356,8 @@ class HfBpeTokenizer final : public Tokenizer {
   bool byte_level_ = false;        // bytes mapped to the GPT-2 alphabet before BPE / back on decode
   std::string space_replacement_;  // SentencePiece style: the character standing for a space
   int strip_leading_spaces_ = 0;   // decoder Strip / Metaspace: drop the dummy prefix on decode
+  bool template_seen_ = false;
+  int32_t template_eos_id_ = -1;   // the token a TemplateProcessing appends after $A
 };
 
 HfBpeTokenizer::HfBpeTokenizer(const Json& j, const std::string& source, const std::vector<int32_t>& eos_ids)
@@ -322,6 +368,7 @@ HfBpeTokenizer::HfBpeTokenizer(const Json& j, const std::string& source, const s
   parse_model(j["model"]);
   if (j.contains("added_tokens")) parse_added(j["added_tokens"]);
   if (j.contains("normalizer")) parse_normalizer(j["normalizer"]);
+  index_added();
   if (j.contains("pre_tokenizer")) parse_pre_tokenizer(j["pre_tokenizer"]);
   if (j.contains("decoder")) parse_decoder(j["decoder"]);
   if (j.contains("post_processor")) parse_post_processor(j["post_processor"]);
@@ -329,6 +376,14 @@ HfBpeTokenizer::HfBpeTokenizer(const Json& j, const std::string& source, const s
   if (byte_fallback_)
     for (int b = 0; b < 256; ++b) byte_token_[b] = lookup(fmt::format("<0x{:02X}>", b));
   pick_eos(eos_ids);
+  if (template_eos_id_ >= 0) {
+    // The template appends a token to every prompt: it must be the EOS token, which encode_prompt appends.
+    if (eos_id < 0) eos_id = template_eos_id_;
+    if (template_eos_id_ != eos_id)
+      fail("{}: post_processor appends token {} which is not the EOS token {} (not supported)", source_,
+           template_eos_id_, eos_id);
+    add_eos_token = true;
+  }
 }
 
 void HfBpeTokenizer::parse_model(const Json& m) {
@@ -336,20 +391,31 @@ void HfBpeTokenizer::parse_model(const Json& m) {
   if (m.contains("type") && m["type"].is_string()) type = m["type"].get<std::string>();
   else if (m.contains("merges")) type = "BPE";  // older files omit the type
   if (type != "BPE")
-    fail("{}: unsupported tokenizer model type {} (supported: BPE)", source_, type.empty() ? "<missing>" : type);
+    fail("{}: unsupported tokenizer model type {} (supported: BPE)", source_, type.empty() ? "<missing>" : clip(type));
 
   if (!m.contains("vocab") || !m["vocab"].is_object()) fail("{}: model.vocab missing or not an object", source_);
   constexpr int64_t kMaxId = 1 << 24;
+  std::vector<bool> vocab_seen;
   for (const auto& [tok, idv] : m["vocab"].items()) {
     if (!idv.is_number_integer() || idv.get<int64_t>() < 0 || idv.get<int64_t>() >= kMaxId)
-      fail("{}: model.vocab id of token {:?} is not a valid id", source_, tok);
+      fail("{}: model.vocab id of token {:?} is not a valid id", source_, clip(tok));
     int32_t id = static_cast<int32_t>(idv.get<int64_t>());
-    if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(static_cast<size_t>(id) + 1);
+    if (static_cast<size_t>(id) >= id_to_token_.size()) {
+      id_to_token_.resize(static_cast<size_t>(id) + 1);
+      vocab_seen.resize(static_cast<size_t>(id) + 1);
+    }
+    // Two tokens with one id would make decoding depend on which came last: refuse.
+    if (vocab_seen[id])
+      fail("{}: model.vocab gives id {} to both {:?} and {:?}", source_, id, clip(id_to_token_[id]), clip(tok));
+    vocab_seen[id] = true;
     id_to_token_[id] = tok;
     token_to_id_[tok] = id;
   }
 
   auto flag = [&](const char* key) { return m.contains(key) && m[key].is_boolean() && m[key].get<bool>(); };
+  // BPE dropout makes encoding random: nothing an inference engine should reproduce silently.
+  if (m.contains("dropout") && !m["dropout"].is_null() && !(m["dropout"].is_number() && m["dropout"].get<double>() == 0))
+    fail("{}: model.dropout {} is not supported (BPE dropout randomises encoding)", source_, clip_json(m["dropout"]));
   byte_fallback_ = flag("byte_fallback");
   fuse_unk_ = flag("fuse_unk");
   ignore_merges_ = flag("ignore_merges");
@@ -358,7 +424,7 @@ void HfBpeTokenizer::parse_model(const Json& m) {
       fail("{}: model.{} is not supported", source_, key);
   if (m.contains("unk_token") && m["unk_token"].is_string()) {
     unk_id = lookup(m["unk_token"].get<std::string>());
-    if (unk_id < 0) fail("{}: unk_token {:?} is not in the vocabulary", source_, m["unk_token"].get<std::string>());
+    if (unk_id < 0) fail("{}: unk_token {:?} is not in the vocabulary", source_, clip(m["unk_token"].get<std::string>()));
   }
 
   if (!m.contains("merges")) return;
@@ -370,18 +436,22 @@ void HfBpeTokenizer::parse_model(const Json& m) {
       const std::string s = mg.get<std::string>();
       size_t sp = s.find(' ');
       if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        fail("{}: merge {:?} is not two tokens separated by one space", source_, s);
+        fail("{}: merge {:?} is not two tokens separated by one space", source_, clip(s));
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {  // ["left", "right"]
       a = mg[0].get<std::string>();
       b = mg[1].get<std::string>();
     } else {
-      fail("{}: merge {} is neither \"a b\" nor [a, b]", source_, mg.dump());
+      fail("{}: merge {} is neither \"a b\" nor [a, b]", source_, clip_json(mg));
     }
     int32_t ia = lookup(a), ib = lookup(b), im = lookup(a + b);
-    if (ia < 0 || ib < 0 || im < 0) fail("{}: merge {:?} {:?} uses a token missing from the vocabulary", source_, a, b);
-    merges_.try_emplace(pair_key(ia, ib), Merge{rank, im});  // first occurrence has the priority
+    if (ia < 0 || ib < 0 || im < 0)
+      fail("{}: merge {:?} {:?} uses a token missing from the vocabulary", source_, clip(a), clip(b));
+    // A pair listed twice has two ranks (tokenizers keeps the last, other readers the first): refuse.
+    if (!merges_.try_emplace(pair_key(ia, ib), Merge{rank, im}).second)
+      fail("{}: merge {:?} {:?} is listed twice (ranks {} and {})", source_, clip(a), clip(b),
+           merges_.at(pair_key(ia, ib)).rank, rank);
     ++rank;
   }
 }
@@ -392,28 +462,44 @@ void HfBpeTokenizer::parse_added(const Json& added) {
   for (const auto& t : added) {
     if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") ||
         !t["content"].is_string())
-      fail("{}: added token {} needs an integer id and a string content", source_, t.dump());
+      fail("{}: added token {} needs an integer id and a string content", source_, clip_json(t));
     int64_t id = t["id"].get<int64_t>();
     if (id < 0 || id >= (1 << 24)) fail("{}: added token id {} out of range", source_, id);
     auto flag = [&](const char* key) { return t.contains(key) && t[key].is_boolean() && t[key].get<bool>(); };
-    AddedToken a{t["content"].get<std::string>(), static_cast<int32_t>(id), flag("special"), flag("lstrip"),
-                 flag("rstrip")};
+    // tokenizers' defaults: normalized = !special when absent.
+    const bool special = flag("special");
+    const bool normalized = t.contains("normalized") && t["normalized"].is_boolean() ? t["normalized"].get<bool>() : !special;
+    AddedToken a{t["content"].get<std::string>(), static_cast<int32_t>(id), special, flag("lstrip"), flag("rstrip"),
+                 flag("single_word"), normalized};
     if (a.content.empty()) fail("{}: added token {} has empty content", source_, id);
+    // An added token that names an existing id or content must name the same token there.
+    if (static_cast<size_t>(id) < id_to_token_.size() && !id_to_token_[id].empty() && id_to_token_[id] != a.content)
+      fail("{}: added token {:?} has id {}, which the vocabulary gives to {:?}", source_, clip(a.content), id,
+           clip(id_to_token_[id]));
+    if (auto it = token_to_id_.find(a.content); it != token_to_id_.end() && it->second != a.id)
+      fail("{}: added token {:?} has id {}, but it is already id {}", source_, clip(a.content), id, it->second);
     if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(static_cast<size_t>(id) + 1);
     id_to_token_[id] = a.content;
     token_to_id_.try_emplace(a.content, a.id);
     added_.push_back(std::move(a));
   }
-  std::stable_sort(added_.begin(), added_.end(),
-                   [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
-  for (size_t i = 0; i < added_.size(); ++i)
-    added_by_byte_[static_cast<uint8_t>(added_[i].content[0])].push_back(static_cast<uint32_t>(i));
   is_added_.assign(id_to_token_.size(), false);
   is_special_.assign(id_to_token_.size(), false);
   for (const auto& a : added_) {
     is_added_[a.id] = true;
     is_special_[a.id] = a.special;
   }
+}
+
+// The text each added token is matched as: its content, or for normalized tokens the normalized
+// content (tokenizers' refresh_added_tokens); longest first, indexed by first byte.
+void HfBpeTokenizer::index_added() {
+  for (auto& a : added_) a.pattern = a.normalized ? normalize(a.content) : a.content;
+  std::stable_sort(added_.begin(), added_.end(),
+                   [](const AddedToken& x, const AddedToken& y) { return x.pattern.size() > y.pattern.size(); });
+  for (size_t i = 0; i < added_.size(); ++i)
+    if (!added_[i].pattern.empty())
+      added_by_byte_[static_cast<uint8_t>(added_[i].pattern[0])].push_back(static_cast<uint32_t>(i));
 }
 
 void HfBpeTokenizer::parse_normalizer(const Json& n) {
@@ -434,10 +520,27 @@ void HfBpeTokenizer::parse_normalizer(const Json& n) {
     } else {
       fail("{}: Replace normalizer without a String or Regex pattern", source_);
     }
-  } else if (type == "NFC") {
-    // Accepted as the identity: input text is assumed to be NFC already (as nearly all text is).
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    NormStep st{NormStep::Unicode, "", "", nullptr};
+    st.form = type == "NFC" ? UnicodeForm::NFC : type == "NFD" ? UnicodeForm::NFD : type == "NFKC" ? UnicodeForm::NFKC : UnicodeForm::NFKD;
+    normalizer_.push_back(std::move(st));
+  } else if (type == "Lowercase") {
+    normalizer_.push_back({NormStep::Lowercase, "", "", nullptr});
+  } else if (type == "StripAccents") {
+    normalizer_.push_back({NormStep::StripAccents, "", "", nullptr});
+  } else if (type == "Strip") {
+    NormStep st{NormStep::Strip, "", "", nullptr};
+    st.left = n.value("strip_left", true);
+    st.right = n.value("strip_right", true);
+    normalizer_.push_back(std::move(st));
+  } else if (type == "BertNormalizer" || type == "Precompiled" || type == "Nmt" || type == "ByteLevel") {
+    // Named here so the refusal is explicit: each changes the text in ways not implemented here
+    // (BERT cleaning and CJK padding, SentencePiece's compiled charsmap, NMT control-character
+    // rules, the byte-to-character map as a normalizer).
+    fail("{}: normalizer {} is not supported (supported: Sequence, NFC, NFD, NFKC, NFKD, Lowercase, Strip, "
+         "StripAccents, Replace, Prepend)", source_, type);
   } else {
-    fail("{}: unsupported normalizer type {}", source_, type.empty() ? "<missing>" : type);
+    fail("{}: unsupported normalizer type {}", source_, type.empty() ? "<missing>" : clip(type));
   }
 }
 
@@ -475,17 +578,19 @@ void HfBpeTokenizer::parse_pre_tokenizer(const Json& p) {
     PreStep s;
     s.kind = PreStep::Metaspace;
     s.replacement = p.value("replacement", std::string(kMetaspace));
+    // The splitting loop advances by the replacement's length: an empty one never ends.
+    if (s.replacement.empty()) fail("{}: Metaspace pre_tokenizer replacement must not be empty", source_);
     if (p.contains("prepend_scheme") && p["prepend_scheme"].is_string())
       s.prepend_scheme = p["prepend_scheme"].get<std::string>();
     else
       s.prepend_scheme = p.value("add_prefix_space", true) ? "always" : "never";
     if (s.prepend_scheme != "always" && s.prepend_scheme != "first" && s.prepend_scheme != "never")
-      fail("{}: unsupported Metaspace prepend_scheme {}", source_, s.prepend_scheme);
+      fail("{}: unsupported Metaspace prepend_scheme {}", source_, clip(s.prepend_scheme));
     s.split = p.value("split", true);
     space_replacement_ = s.replacement;
     pre_tokenizer_.push_back(std::move(s));
   } else {
-    fail("{}: unsupported pre_tokenizer type {}", source_, type.empty() ? "<missing>" : type);
+    fail("{}: unsupported pre_tokenizer type {}", source_, type.empty() ? "<missing>" : clip(type));
   }
 }
 
@@ -501,38 +606,77 @@ void HfBpeTokenizer::parse_decoder(const Json& d) {
   } else if (type == "Replace") {
     // SentencePiece decoders replace the space stand-in back to " ".
     const Json& pat = d.contains("pattern") ? d["pattern"] : Json();
-    if (pat.contains("String") && pat["String"].is_string() && d.value("content", "") == " ")
-      space_replacement_ = pat["String"].get<std::string>();
+    if (!pat.contains("String") || !pat["String"].is_string() || pat["String"].get<std::string>().empty() ||
+        d.value("content", "") != " ")
+      fail("{}: decoder Replace {} is not supported (only a non-empty String replaced by \" \")", source_, clip_json(d));
+    space_replacement_ = pat["String"].get<std::string>();
   } else if (type == "Strip") {
-    if (d.value("content", "") == " ") strip_leading_spaces_ = d.value("start", 0);
+    if (d.value("content", "") != " " || d.value("stop", 0) != 0 || d.value("start", 0) < 0)
+      fail("{}: decoder Strip {} is not supported (only leading spaces)", source_, clip_json(d));
+    strip_leading_spaces_ = d.value("start", 0);
   } else if (type == "Metaspace") {
     space_replacement_ = d.value("replacement", std::string(kMetaspace));
+    if (space_replacement_.empty()) fail("{}: Metaspace decoder replacement must not be empty", source_);
     std::string scheme = d.contains("prepend_scheme") && d["prepend_scheme"].is_string()
                              ? d["prepend_scheme"].get<std::string>()
                              : (d.value("add_prefix_space", true) ? "always" : "never");
     if (scheme != "never") strip_leading_spaces_ = 1;
+  } else if (type == "Fuse") {
+    // Joins the pieces into one string: nothing changes for per-token bytes.
+  } else {
+    fail("{}: decoder {} is not supported (supported: ByteLevel, ByteFallback, Replace, Strip, Metaspace, Fuse, "
+         "Sequence)", source_, type.empty() ? "<missing>" : clip(type));
   }
-  // Fuse and other decoders change nothing for per-token bytes.
 }
 
 void HfBpeTokenizer::parse_post_processor(const Json& p) {
-  if (p.is_null() || bos_id >= 0) return;
+  if (p.is_null()) return;
   const std::string type = p.value("type", "");
   if (type == "Sequence") {
     for (const auto& s : p.value("processors", Json::array())) parse_post_processor(s);
+  } else if (type == "ByteLevel") {
+    // Trims offsets only; the ids are unchanged.
   } else if (type == "TemplateProcessing") {
-    // BOS is the special token that the single-sequence template puts first, if any.
+    // The single-sequence template: optional special tokens before $A (one: BOS) and after it
+    // (one: EOS, appended to prompts); anything else is refused rather than dropped.
+    if (template_seen_) fail("{}: post_processor holds two TemplateProcessing steps", source_);
+    template_seen_ = true;
     const Json single = p.value("single", Json::array());
-    if (!single.is_array() || single.empty() || !single[0].contains("SpecialToken")) return;
-    const std::string name = single[0]["SpecialToken"].value("id", "");
     const Json specials = p.value("special_tokens", Json::object());
-    if (specials.contains(name) && specials[name].contains("ids") && specials[name]["ids"].is_array() &&
-        specials[name]["ids"].size() == 1 && specials[name]["ids"][0].is_number_integer()) {
-      bos_id = specials[name]["ids"][0].get<int32_t>();
-    } else {
-      bos_id = lookup(name);
+    auto special_id = [&](const std::string& name) {
+      int32_t id = -1;
+      if (specials.contains(name) && specials[name].contains("ids") && specials[name]["ids"].is_array()) {
+        if (specials[name]["ids"].size() != 1 || !specials[name]["ids"][0].is_number_integer())
+          fail("{}: post_processor special token {:?} must stand for exactly one id", source_, clip(name));
+        id = specials[name]["ids"][0].get<int32_t>();
+      } else {
+        id = lookup(name);
+      }
+      if (id < 0 || id >= n_vocab()) fail("{}: post_processor token {:?} is not in the vocabulary", source_, clip(name));
+      return id;
+    };
+    std::vector<int32_t> before, after;
+    bool seen_sequence = false;
+    for (const auto& item : single) {
+      if (item.contains("Sequence")) {
+        if (seen_sequence || item["Sequence"].value("id", "A") != "A")
+          fail("{}: post_processor template {} is not supported", source_, clip_json(single));
+        seen_sequence = true;
+      } else if (item.contains("SpecialToken")) {
+        (seen_sequence ? after : before).push_back(special_id(item["SpecialToken"].value("id", "")));
+      } else {
+        fail("{}: post_processor template item {} is not supported", source_, clip_json(item));
+      }
     }
-    if (bos_id < 0 || bos_id >= n_vocab()) fail("{}: post_processor BOS token {:?} is not in the vocabulary", source_, name);
+    if (before.size() > 1 || after.size() > 1)
+      fail("{}: post_processor template {} adds more than one token at an end (not supported)", source_,
+           clip_json(single));
+    if (!before.empty()) bos_id = before[0];
+    else add_bos_token = false;
+    if (!after.empty()) template_eos_id_ = after[0];
+  } else {
+    fail("{}: post_processor {} is not supported (supported: TemplateProcessing, ByteLevel, Sequence)", source_,
+         type.empty() ? "<missing>" : clip(type));
   }
 }
 
@@ -553,41 +697,73 @@ void HfBpeTokenizer::pick_eos(const std::vector<int32_t>& eos_ids) {
 
 // --- encoding --------------------------------------------------------------------------------
 
+// tokenizers' AddedVocabulary::find_matches: leftmost-longest matches of the added tokens whose
+// `normalized` flag is `normalized`; a single_word match next to a word character is dropped (the
+// search goes on after it), lstrip/rstrip widen a match over the whitespace beside it.
+std::vector<AddedSplit> HfBpeTokenizer::split_added(std::string_view s, bool normalized) const {
+  std::vector<AddedSplit> out;
+  size_t start_offset = 0, i = 0;
+  while (i < s.size()) {
+    const AddedToken* hit = nullptr;
+    for (uint32_t k : added_by_byte_[static_cast<uint8_t>(s[i])])  // longest first
+      if (added_[k].normalized == normalized && s.compare(i, added_[k].pattern.size(), added_[k].pattern) == 0) {
+        hit = &added_[k];
+        break;
+      }
+    if (!hit) {
+      i += cp_len_at(s, i);
+      continue;
+    }
+    size_t start = i, stop = i + hit->pattern.size();
+    i = stop;
+    if (hit->single_word) {
+      const bool word_before = start > 0 && is_word_character(cp_before(s, start));
+      const bool word_after = stop < s.size() && is_word_character(cp_at(s, stop));
+      if (word_before || word_after) continue;
+    }
+    if (hit->lstrip) {
+      size_t b = start;
+      while (b > 0 && unicode_is_whitespace(cp_before(s, b))) {
+        size_t k = b - 1;
+        while (k > 0 && (static_cast<uint8_t>(s[k]) & 0xC0) == 0x80) --k;
+        b = k;
+      }
+      start = std::max(b, start_offset);  // spaces an earlier match took stay with it
+    }
+    if (hit->rstrip)
+      while (stop < s.size() && unicode_is_whitespace(cp_at(s, stop))) stop += cp_len_at(s, stop);
+    if (start_offset < start) out.push_back({-1, start_offset, start});
+    out.push_back({hit->id, start, stop});
+    start_offset = stop;
+  }
+  if (start_offset < s.size()) out.push_back({-1, start_offset, s.size()});
+  return out;
+}
+
 std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_bos) const {
   check_utf8(text);
   std::vector<int32_t> out;
   if (add_bos && bos_id >= 0) out.push_back(bos_id);
 
-  // Added tokens first: the longest one starting at each position wins; text between them is encoded.
-  size_t seg_start = 0, i = 0;
-  while (i < text.size()) {
-    const AddedToken* hit = nullptr;
-    for (uint32_t k : added_by_byte_[static_cast<uint8_t>(text[i])])
-      if (text.compare(i, added_[k].content.size(), added_[k].content) == 0) {
-        hit = &added_[k];
-        break;
-      }
-    if (!hit) {
-      ++i;
+  // As tokenizers' extract_and_normalize: added tokens with normalized=false are cut out of the raw
+  // text; each remaining piece is normalized, then added tokens with normalized=true are cut out of
+  // it; what is left goes through the pre-tokenizer and the model.
+  for (const AddedSplit& raw : split_added(text, false)) {
+    if (raw.id >= 0) {
+      out.push_back(raw.id);
       continue;
     }
-    size_t seg_end = i;
-    if (hit->lstrip)
-      while (seg_end > seg_start && is_space_byte(text[seg_end - 1])) --seg_end;
-    encode_segment(text.substr(seg_start, seg_end - seg_start), seg_start == 0, out);
-    out.push_back(hit->id);
-    i += hit->content.size();
-    if (hit->rstrip)
-      while (i < text.size() && is_space_byte(text[i])) ++i;
-    seg_start = i;
+    const std::string norm = normalize(std::string(text.substr(raw.b, raw.e - raw.b)));
+    for (const AddedSplit& piece : split_added(norm, true)) {
+      if (piece.id >= 0) out.push_back(piece.id);
+      else encode_segment(std::string_view(norm).substr(piece.b, piece.e - piece.b), raw.b == 0 && piece.b == 0, out);
+    }
   }
-  encode_segment(text.substr(seg_start), seg_start == 0, out);
   return out;
 }
 
-void HfBpeTokenizer::encode_segment(std::string_view segment, bool at_start, std::vector<int32_t>& out) const {
-  if (segment.empty()) return;
-  std::string text(segment);
+std::string HfBpeTokenizer::normalize(std::string text) const {
+  if (text.empty()) return text;
   for (const auto& n : normalizer_) {
     switch (n.kind) {
       case NormStep::Prepend:
@@ -606,8 +782,19 @@ void HfBpeTokenizer::encode_segment(std::string_view segment, bool at_start, std
         text = std::move(r);
         break;
       }
+      case NormStep::Unicode: text = unicode_normalize(text, n.form); break;
+      case NormStep::Lowercase: text = unicode_lowercase(text); break;
+      case NormStep::Strip: text = unicode_strip(text, n.left, n.right); break;
+      case NormStep::StripAccents: text = unicode_strip_accents(text); break;
     }
   }
+  return text;
+}
+
+// Pre-tokenizer and model on one piece of normalized text.
+void HfBpeTokenizer::encode_segment(std::string_view segment, bool at_start, std::vector<int32_t>& out) const {
+  if (segment.empty()) return;
+  std::string text(segment);
 
   std::vector<std::string> pieces{std::move(text)};
   for (const auto& step : pre_tokenizer_) {
@@ -784,16 +971,11 @@ std::string HfBpeTokenizer::token_bytes(int32_t prev, int32_t id) const {
 
 std::unique_ptr<Tokenizer> parse_hf_tokenizer_json(std::string_view json_text, const std::string& source,
                                                    const std::vector<int32_t>& eos_ids) {
-  Json j;
-  try {
-    j = Json::parse(json_text);
-  } catch (const Json::exception& e) {
-    fail("{}: invalid JSON: {}", source, e.what());
-  }
+  const Json j = parse_json<Json>(json_text, source);  // nesting-limited, duplicate keys refused
   try {
     return std::make_unique<HfBpeTokenizer>(j, source, eos_ids);
   } catch (const Json::exception& e) {  // a field of an unexpected JSON type
-    fail("{}: malformed tokenizer.json: {}", source, e.what());
+    fail("{}: malformed tokenizer.json: {}", source, clip(e.what(), 200));
   }
 }
 

@@ -328,7 +328,13 @@ std::unique_ptr<Tokenizer> load_gguf_spm_tokenizer(const ModelFile& model) {
     }
     if (types) {
       if (!(*types)[i].is_number_integer()) fail("{}: tokenizer.ggml.token_type[{}] is not an integer", path, i);
-      vocab.types.push_back((*types)[i].get<int32_t>());
+      // llama_token_type: 0 undefined, 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+      const int64_t type = (*types)[i].is_number_unsigned() && (*types)[i].get<uint64_t>() > INT64_MAX
+                               ? -1
+                               : (*types)[i].get<int64_t>();
+      if (type < 0 || type > kTypeByte)
+        fail("{}: tokenizer.ggml.token_type[{}] = {} is not a token type (0 to 6)", path, i, (*types)[i].dump());
+      vocab.types.push_back(static_cast<int32_t>(type));
     }
   }
   auto id = [&](const char* key, int64_t def) -> int32_t {
@@ -355,6 +361,23 @@ std::unique_ptr<Tokenizer> load_gguf_spm_tokenizer(const ModelFile& model) {
   return tokenizer;
 }
 
+// tokenizer.ggml.add_bos_token / add_eos_token (llama.cpp's vocab add_bos / add_eos), for every
+// GGUF vocab type.
+void apply_gguf_special_flags(const ModelFile& model, Tokenizer& t) {
+  auto flag = [&](const char* key, bool def) {
+    if (!model.has(key)) return def;
+    const auto& v = model.metadata.at(key);
+    if (!v.is_boolean()) fail("{}: metadata key {} is not a boolean", model.path, key);
+    return v.get<bool>();
+  };
+  t.add_bos_token = flag("tokenizer.ggml.add_bos_token", true);
+  t.add_eos_token = flag("tokenizer.ggml.add_eos_token", false);
+  if (model.has("tokenizer.ggml.add_bos_token") && t.add_bos_token && t.bos_id < 0)
+    fail("{}: tokenizer.ggml.add_bos_token is true but the vocab has no BOS token", model.path);
+  if (t.add_eos_token && t.eos_id < 0)
+    fail("{}: tokenizer.ggml.add_eos_token is true but the vocab has no EOS token", model.path);
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model) {
@@ -365,7 +388,9 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model) {
     if (type != "llama")
       fail("{}: tokenizer model \"{}\" is not supported (supported: \"llama\", SentencePiece BPE)", model.path,
            type);
-    return load_gguf_spm_tokenizer(model);
+    std::unique_ptr<Tokenizer> t = load_gguf_spm_tokenizer(model);
+    apply_gguf_special_flags(model, *t);
+    return t;
   }
   if (model.format == "llama2c") fail("{}: no tokenizer in this model file; pass one with -z", model.path);
   if (model.format == "hf") return load_hf_tokenizer(model);

@@ -11,10 +11,20 @@ namespace mk {
 
 int32_t argmax(std::span<const float> v) {
   MK_CHECK(!v.empty());
-  size_t best = 0;
-  for (size_t i = 1; i < v.size(); ++i)
-    if (v[i] > v[best]) best = i;
+  int64_t best = -1;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isnan(v[i]) && (best < 0 || v[i] > v[static_cast<size_t>(best)])) best = static_cast<int64_t>(i);
   return static_cast<int32_t>(best);
+}
+
+void check_finite_logits(std::span<const float> logits, const std::string& where) {
+  size_t n_bad = 0, first = 0;
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (!std::isfinite(logits[i]) && n_bad++ == 0) first = i;
+  if (n_bad)
+    fail("logits are not finite at {}: token {} is {} ({} of {} values are not finite); the model's weights or "
+         "activations overflowed or hold NaN",
+         where, first, logits[first], n_bad, logits.size());
 }
 
 Sampler::Sampler(SamplerOptions o) : o_(o), rng_(o.seed) {
@@ -24,6 +34,7 @@ Sampler::Sampler(SamplerOptions o) : o_(o), rng_(o.seed) {
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
+  check_finite_logits(logits, "the row being sampled");
   if (o_.temperature == 0) return argmax(logits);
   std::vector<int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);

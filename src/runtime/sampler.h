@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 
 namespace mk {
 
@@ -17,6 +18,8 @@ struct SamplerOptions {
 class Sampler {
  public:
   explicit Sampler(SamplerOptions o);
+  // Throws mk::Error when a logit is NaN or infinite (see check_finite_logits): such a row has no
+  // meaningful distribution, and which token "wins" would depend on where the bad value sits.
   int32_t sample(std::span<const float> logits);
 
  private:
@@ -24,7 +27,12 @@ class Sampler {
   std::mt19937_64 rng_;
 };
 
-// Index of the largest value; ties go to the lowest index.
+// Index of the largest value; ties go to the lowest index. NaN values never win, wherever they sit;
+// -1 when every value is NaN. (Diagnostics only: generation refuses non-finite rows first.)
 int32_t argmax(std::span<const float> v);
+
+// Throws mk::Error "logits are not finite at <where>: token 7 is nan (3 of 512 values are not
+// finite)" when any value is NaN or +-inf. `where` names the step and position for the user.
+void check_finite_logits(std::span<const float> logits, const std::string& where);
 
 }  // namespace mk

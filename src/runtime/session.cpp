@@ -85,9 +85,9 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     for (int32_t t : r.prompt_ids)
       if (t < 0 || t >= s.hparams.n_vocab) fail("prompt token id {} is outside the vocabulary [0, {})", t, s.hparams.n_vocab);
   } else {
-    r.prompt_ids = tok->encode(o.prompt, true);
+    r.prompt_ids = tok->encode_prompt(o.prompt);
   }
-  if (r.prompt_ids.empty()) fail("the prompt encodes to no tokens and the tokenizer has no BOS token");
+  if (r.prompt_ids.empty()) fail("the prompt encodes to no tokens and the tokenizer adds no BOS token");
   if (static_cast<int64_t>(r.prompt_ids.size()) > s.n_ctx - s.n_past)
     fail("prompt is {} tokens but only {} fit the context ({}); use a shorter prompt or a larger -c", r.prompt_ids.size(),
          s.n_ctx - s.n_past, s.n_ctx);
@@ -111,6 +111,9 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   auto t1 = clock::now();
   for (int i = 0; i < o.n_new; ++i) {
     std::span<const float> last(logits.data() + logits.size() - static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab));
+    // Every backend's row goes through this check: a NaN/inf row is an error naming where it
+    // appeared, never a token chosen by where the bad value sits.
+    check_finite_logits(last, fmt::format("generation step {} (position {})", i, s.n_past - 1));
     int32_t next = sampler.sample(last);
     if (!o.ignore_eos && tok && (tok->is_eos(next) || (s.stop_at_bos && next == tok->bos_id))) {
       r.stop_reason = "eos";

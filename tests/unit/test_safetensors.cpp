@@ -96,8 +96,10 @@ TEST(Safetensors, RejectsInvalidHeaderJson) {
   std::string bytes = make_safetensors({{"a", 1}}, "");
   bytes[8] = '[';
   bytes[9] = '{';
-  expect_error(bytes, {"t.safetensors", "invalid safetensors JSON header"});
-  expect_error(make_safetensors(nlohmann::json::array({1, 2}), ""), {"not a JSON object"});
+  expect_error(bytes, {"t.safetensors", "header does not start with '{'"});
+  expect_error(make_safetensors(nlohmann::json::array({1, 2}), ""), {"header does not start with '{'"});
+  bytes[8] = '{';
+  expect_error(bytes, {"t.safetensors", "safetensors header: invalid JSON"});
 }
 
 TEST(Safetensors, RejectsOffsetsOutsideTheFile) {
@@ -149,6 +151,78 @@ TEST(Safetensors, RejectsDuplicateNamesAcrossFiles) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("duplicate tensor name w"), std::string::npos) << e.what();
+  }
+}
+
+// Bytes of a safetensors file whose header is given as text (for headers nlohmann cannot build).
+std::string make_raw(const std::string& h, const std::string& data) {
+  std::string out(8, '\0');
+  uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + h + data;
+}
+
+TEST(SafetensorsHeader, RejectsATensorNameGivenTwice) {
+  const std::string h = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                            "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})";
+  expect_error(make_raw(h, floats({1, 2})), {"t.safetensors", "tensor w is given twice"});
+  // Also inside an entry, and in __metadata__: one JSON object never names a key twice.
+  const std::string h2 = R"({"w": {"dtype": "F32", "dtype": "F16", "shape": [1], "data_offsets": [0, 4]}})";
+  expect_error(make_raw(h2, floats({1})), {"t.safetensors", "\"dtype\" appears twice"});
+}
+
+TEST(SafetensorsHeader, EveryDataByteBelongsToExactlyOneTensor) {
+  nlohmann::json hole = {{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}},
+                         {"b", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {8, 12}}}}};
+  expect_error(make_safetensors(hole, floats({1, 2, 3})), {"data bytes [4, 8) before tensor b belong to no tensor"});
+  nlohmann::json lead = {{"b", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}}};
+  expect_error(make_safetensors(lead, floats({1, 2})), {"data bytes [0, 4) before tensor b"});
+  nlohmann::json tail = {{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}}};
+  expect_error(make_safetensors(tail, floats({1, 2})), {"data bytes [4, 8) at the end", "after a"});
+  expect_error(make_safetensors(nlohmann::json::object(), floats({1})), {"data bytes [0, 4) at the end"});
+  // Covered twice: the same range named by two tensors.
+  nlohmann::json twice = {{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}},
+                          {"b", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}}};
+  expect_error(make_safetensors(twice, floats({1})), {"tensors a [0, 4) and b [0, 4) overlap"});
+  // Exactly tiled (and an empty tensor anywhere) loads.
+  nlohmann::json ok = {{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}},
+                       {"e", {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {2, 2}}}},
+                       {"b", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}}};
+  EXPECT_EQ(load_bytes(make_safetensors(ok, floats({1, 2}))).tensors().size(), 3u);
+}
+
+TEST(SafetensorsHeader, OnlySpacesPadTheHeader) {
+  const std::string h = R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
+  EXPECT_EQ(load_bytes(make_raw(h + "    ", floats({1}))).tensors().size(), 1u);
+  expect_error(make_raw(h + std::string("\0", 1), floats({1})), {"NUL byte at offset " + std::to_string(8 + h.size())});
+  expect_error(make_raw(h + "  x", floats({1})), {"invalid JSON"});
+  expect_error(make_raw(" " + h, floats({1})), {"does not start with '{'"});
+}
+
+TEST(SafetensorsHeader, ErrorsDoNotEchoMegabytesOfInput) {
+  const std::string big(1 << 20, 'Q');
+  for (const std::string& bytes :
+       {make_safetensors({{"w", {{"dtype", big}, {"shape", {1}}, {"data_offsets", {0, 4}}}}}, floats({1})),
+        make_safetensors({{big, {{"dtype", "I64"}, {"shape", {1}}, {"data_offsets", {0, 4}}}}}, floats({1})),
+        make_raw("{\"" + big, "")}) {
+    try {
+      load_bytes(bytes);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_LT(std::string(e.what()).size(), 600u) << std::string(e.what()).substr(0, 300);
+      EXPECT_NE(std::string(e.what()).find(" bytes)"), std::string::npos) << std::string(e.what()).substr(0, 300);
+    }
+  }
+}
+
+// ../shared/fixtures/bugs/safetensors_duplicate_name: model.norm.weight named twice.
+TEST(SafetensorsHeader, BugsFixtureDuplicateNameIsAnError) {
+  const std::string dir = std::string(MK_SHARED_DIR) + "/fixtures/bugs/safetensors_duplicate_name";
+  try {
+    load_hf_dir(dir);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor model.norm.weight is given twice"), std::string::npos) << e.what();
   }
 }
 
