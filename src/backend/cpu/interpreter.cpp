@@ -67,10 +67,11 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace) : 
     const WeightTensor& t = model.get(pw.name);
     if (t.dtype != pw.dtype) fail("{}: program expects {}, file has {}", pw.name, dtype_name(pw.dtype), dtype_name(t.dtype));
     if (t.shape != pw.shape) fail("{}: expected {}, got {}", pw.name, shape_str(pw.shape), shape_str(t.shape));
-    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16 && t.dtype != DType::Q8_0)
+    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16 && !dtype_is_quantized(t.dtype))
       fail("{}: the cpu backend cannot read {} weights", pw.name, dtype_name(t.dtype));
     WeightRef w;
     w.dtype = t.dtype;
+    w.quant = quant::quant_type(t.dtype);
     w.data = t.data;
     w.row_elems = t.shape.back();
     w.row_bytes = dtype_bytes(t.dtype, w.row_elems);

@@ -1,0 +1,68 @@
+// q6_K (ggml id 14): 256 elements in 210 bytes, { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }
+// (ggml-common.h block_q6_K). Element e (nb = e / 128, g = e % 128 / 32, l = e % 32): low 4 bits
+// are the low (g < 2) or high (g >= 2) nibble of ql[64 nb + 32 (g % 2) + l], top 2 bits are bits
+// 2g..2g+1 of qh[32 nb + l]; sub-block 8 nb + 2 g + l / 16; value (d*sc) * (q - 32).
+#include <algorithm>
+
+#include "quant/quant_impl.h"
+
+namespace mk::quant {
+namespace {
+using namespace detail;
+constexpr int kQK = 256, kBytes = 210;
+
+inline void dequant_block(const uint8_t* b, float* y) {
+  const float d = ld_f16(b + 208);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  for (int nb = 0; nb < 2; ++nb) {
+    const uint8_t *ql = b + 64 * nb, *qh = b + 128 + 32 * nb;
+    for (int g = 0; g < 4; ++g)
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (ql[32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0f;
+        const int q = (lo | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+        const float ds = d * static_cast<float>(sc[8 * nb + 2 * g + l / 16]);
+        y[128 * nb + 32 * g + l] = ds * static_cast<float>(q);
+      }
+  }
+}
+
+void quantize_row(const float* x, void* dst, int64_t n) {
+  uint8_t* b = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK, b += kBytes) {
+    std::memset(b, 0, kBytes);
+    float scale[16], big = 0;
+    for (int s = 0; s < 16; ++s) {
+      float a = 0, signed_max = 0;
+      for (int l = 0; l < 16; ++l)
+        if (std::fabs(x[16 * s + l]) > a) {
+          a = std::fabs(x[16 * s + l]);
+          signed_max = x[16 * s + l];
+        }
+      scale[s] = signed_max / -32;  // the largest value maps to q = -32
+      big = std::max(big, std::fabs(scale[s]));
+    }
+    st_f16(b + 208, big / 127);
+    const float d = ld_f16(b + 208);
+    for (int s = 0; s < 16; ++s) {
+      const int sc = d > 0 ? std::clamp(nearest_int(scale[s] / d), -128, 127) : 0;
+      b[192 + s] = static_cast<uint8_t>(static_cast<int8_t>(sc));
+      const float ds = d * static_cast<float>(sc);
+      const int nb = s / 8, g = s % 8 / 2;
+      for (int k = 0; k < 16; ++k) {
+        const int l = 16 * (s % 2) + k;
+        const int q = (ds != 0 ? std::clamp(nearest_int(x[16 * s + k] / ds), -32, 31) : 0) + 32;
+        b[64 * nb + 32 * (g % 2) + l] |= static_cast<uint8_t>((q & 0x0f) << (4 * (g / 2)));
+        b[128 + 32 * nb + l] |= static_cast<uint8_t>((q >> 4) << (2 * g));
+      }
+    }
+  }
+}
+
+int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {208}); }
+
+MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+}  // namespace
+
+extern const QuantType kQ6_K = {DType::Q6_K, "q6_K", 14, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+}  // namespace mk::quant
