@@ -14,15 +14,23 @@ constexpr int kQK = 256, kBytes = 210;
 inline void dequant_block(const uint8_t* b, float* y) {
   const float d = ld_f16(b + 208);
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  for (int nb = 0; nb < 2; ++nb) {
+  for (int nb = 0; nb < 2; ++nb, y += 128) {  // ggml's loop order: 16 lanes of l share four scales
     const uint8_t *ql = b + 64 * nb, *qh = b + 128 + 32 * nb;
-    for (int g = 0; g < 4; ++g)
-      for (int l = 0; l < 32; ++l) {
-        const int lo = (ql[32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0f;
-        const int q = (lo | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
-        const float ds = d * static_cast<float>(sc[8 * nb + 2 * g + l / 16]);
-        y[128 * nb + 32 * g + l] = ds * static_cast<float>(q);
+    for (int half = 0; half < 2; ++half) {
+      const int is = 8 * nb + half;
+      const float s0 = d * static_cast<float>(sc[is]), s1 = d * static_cast<float>(sc[is + 2]);
+      const float s2 = d * static_cast<float>(sc[is + 4]), s3 = d * static_cast<float>(sc[is + 6]);
+      for (int l = 16 * half; l < 16 * half + 16; ++l) {
+        const int q1 = ((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = s0 * static_cast<float>(q1);
+        y[l + 32] = s1 * static_cast<float>(q2);
+        y[l + 64] = s2 * static_cast<float>(q3);
+        y[l + 96] = s3 * static_cast<float>(q4);
       }
+    }
   }
 }
 
