@@ -11,12 +11,16 @@
 #include <fstream>
 #include <random>
 
+#include "archs/arch.h"
 #include "backend/backend.h"
+#include "backend/cuda/codegen.h"
 #include "ir/graph.h"
 #include "model/model_file.h"
+#include "passes/pass.h"
 #include "quant/quant.h"
 #include "support/compare.h"
 #include "support/error.h"
+#include "support/errors.h"
 
 using namespace mk;
 using quant::QuantType;
@@ -334,5 +338,21 @@ TEST(QuantMatmul, DecodeAndPrefillRowsGiveTheSameBits) {
       ASSERT_EQ(one.size(), 24u);
       EXPECT_EQ(std::memcmp(one.data(), all.data() + i * 24, 24 * 4), 0) << q->name << " row " << i;
     }
+  }
+}
+
+TEST(QuantCuda, CodegenRefusesTheNewTypesNamingThem) {
+  // The CUDA device code reads f32/f16/bf16 (q8_0 is expanded at upload); a quantized model is a
+  // clear error naming the type, not a crash or wrong numbers.
+  const ModelFile f32 = load_model(std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf");
+  for (DType t : {DType::Q4_0, DType::Q5_1}) {
+    const ModelFile m = quant::quantize_model(f32, t);
+    CompileOptions co;
+    co.workers = 4;
+    const Program p = compile_program(build_graph(m, BuildOptions{64, false}), co);
+    cuda::CudaCodegenOptions o;
+    o.weight_dtypes = cuda::device_weight_dtypes(p);
+    const std::string msg = test::error_of([&] { cuda::generate_cuda(p, o); });
+    EXPECT_NE(msg.find("weights of type " + std::string(dtype_name(t)) + " are not supported"), std::string::npos) << msg;
   }
 }
