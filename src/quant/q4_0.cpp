@@ -2,6 +2,7 @@
 // nibble of qs[j], element j + 16 its high nibble; value d * (q - 8) (ggml-common.h block_q4_0).
 #include <algorithm>
 
+#include "quant/avx2.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -40,7 +41,23 @@ void quantize_row(const float* x, void* dst, int64_t n) {
 
 int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {0}); }
 
-MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+MK_AVX2_FN float dot_avx2_hand(const void* w, const float* x, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  const __m256i eight = _mm256_set1_epi32(8);
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, x += kQK) {
+    const __m256 d = _mm256_set1_ps(ld_f16(p));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+    const __m128i ql = _mm_and_si128(q, m4), qh = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+#define W8(v) _mm256_mul_ps(d, to_ps(_mm256_sub_epi32(v, eight)))  // d * (q - 8)
+    acc32(lo, hi, x, W8(u8_lo(ql)), W8(u8_hi(ql)), W8(u8_lo(qh)), W8(u8_hi(qh)));
+  }
+  return reduce16(lo, hi);
+}
+#undef W8
+
+MK_QUANT_DOT_HAND_AVX2(dot, kQK, kBytes, dequant_block, dot_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ4_0 = {DType::Q4_0, "q4_0", 2, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,

@@ -4,6 +4,7 @@
 // 2g..2g+1 of qh[32 nb + l]; sub-block 8 nb + 2 g + l / 16; value (d*sc) * (q - 32).
 #include <algorithm>
 
+#include "quant/avx2.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -68,7 +69,41 @@ void quantize_row(const float* x, void* dst, int64_t n) {
 
 int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {208}); }
 
-MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+MK_AVX2_FN float dot_avx2_hand(const void* w, const float* x, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  const __m128i m4 = _mm_set1_epi8(0x0f), m3 = _mm_set1_epi8(0x03);
+  const __m256i k32 = _mm256_set1_epi32(32);
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes) {
+    const float d = ld_f16(p + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+    for (int nb = 0; nb < 2; ++nb) {
+      const uint8_t *ql = p + 64 * nb, *qh = p + 128 + 32 * nb;
+      const __m128i h0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh));
+      const __m128i h1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16));
+      for (int g = 0; g < 4; ++g, x += 32) {  // elements 32 g + l, l = 0..31
+        const uint8_t* lq = ql + 32 * (g % 2);
+        __m128i l0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lq));
+        __m128i l1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lq + 16));
+        if (g >= 2) {
+          l0 = _mm_srli_epi16(l0, 4);
+          l1 = _mm_srli_epi16(l1, 4);
+        }
+        const __m128i hs = _mm_cvtsi32_si128(2 * g);
+        const __m128i q0 = _mm_or_si128(_mm_and_si128(l0, m4), _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(h0, hs), m3), 4));
+        const __m128i q1 = _mm_or_si128(_mm_and_si128(l1, m4), _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(h1, hs), m3), 4));
+        const __m256 s0 = _mm256_set1_ps(d * static_cast<float>(sc[8 * nb + 2 * g]));
+        const __m256 s1 = _mm256_set1_ps(d * static_cast<float>(sc[8 * nb + 2 * g + 1]));
+#define W8(s, v) _mm256_mul_ps(s, to_ps(_mm256_sub_epi32(v, k32)))  // ds * (q - 32)
+        acc32(lo, hi, x, W8(s0, u8_lo(q0)), W8(s0, u8_hi(q0)), W8(s1, u8_lo(q1)), W8(s1, u8_hi(q1)));
+      }
+    }
+  }
+  return reduce16(lo, hi);
+}
+#undef W8
+
+MK_QUANT_DOT_HAND_AVX2(dot, kQK, kBytes, dequant_block, dot_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ6_K = {DType::Q6_K, "q6_K", 14, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,

@@ -18,6 +18,7 @@
 #include "model/model_file.h"
 #include "passes/pass.h"
 #include "quant/quant.h"
+#include "quant/quant_impl.h"
 #include "support/compare.h"
 #include "support/error.h"
 #include "support/errors.h"
@@ -96,6 +97,20 @@ TEST(QuantTable, LayoutsAndIdsAreGgmls) {
   }
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I32}) EXPECT_EQ(quant::quant_type(t), nullptr);
   for (uint32_t id : {0u, 1u, 9u, 15u, 16u, 30u, 1000u}) EXPECT_EQ(quant::quant_type_from_ggml(id), nullptr) << id;
+}
+
+TEST(QuantDequant, FastHalfConversionIsExact) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float a = quant::detail::f16_to_f32_fast(static_cast<uint16_t>(h)), b = f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(b)) {
+      ASSERT_TRUE(std::isnan(a)) << h;
+    } else {
+      uint32_t ua, ub;
+      std::memcpy(&ua, &a, 4);
+      std::memcpy(&ub, &b, 4);
+      ASSERT_EQ(ua, ub) << "half " << h << ": " << a << " vs " << b;
+    }
+  }
 }
 
 TEST(QuantDequant, BitExactAgainstGgufPy) {
