@@ -73,10 +73,11 @@ void BM_QuantDecode(benchmark::State& state, std::optional<DType> t) {
 
 }  // namespace
 
-#define MK_QUANT_DOT_BENCH(T)                                                                     \
-  BENCHMARK_CAPTURE(BM_QuantDot, T##_generic, DType::T, quant::DotIsa::generic)->UseRealTime(); \
-  BENCHMARK_CAPTURE(BM_QuantDot, T##_avx2, DType::T, quant::DotIsa::avx2)->UseRealTime();       \
-  BENCHMARK_CAPTURE(BM_QuantDot, T##_avx512, DType::T, quant::DotIsa::avx512)->UseRealTime();
+// One thread, timed in process CPU time: comparable between variants on a shared, loaded machine.
+#define MK_QUANT_DOT_BENCH(T)                                                                               \
+  BENCHMARK_CAPTURE(BM_QuantDot, T##_generic, DType::T, quant::DotIsa::generic)->MeasureProcessCPUTime(); \
+  BENCHMARK_CAPTURE(BM_QuantDot, T##_avx2, DType::T, quant::DotIsa::avx2)->MeasureProcessCPUTime();       \
+  BENCHMARK_CAPTURE(BM_QuantDot, T##_avx512, DType::T, quant::DotIsa::avx512)->MeasureProcessCPUTime();
 MK_QUANT_DOT_BENCH(Q4_0)
 MK_QUANT_DOT_BENCH(Q4_1)
 MK_QUANT_DOT_BENCH(Q5_0)
