@@ -55,7 +55,8 @@ struct QuantType {
   // for bit the value of dequantize_row followed by a float32 dot in 16 lanes (lane = i mod 16,
   // acc[lane] += x[i] * w[i], lanes combined in the tree (l, l + 8), (l, l + 4), (l, l + 2),
   // (l, l + 1)): the CPU interpreter's dot, so fused and dequantize-then-dot paths agree exactly.
-  // Vectorised for the build target, with an AVX2 path picked at run time (__builtin_cpu_supports).
+  // Picks, once, the fastest variant this CPU runs (__builtin_cpu_supports): a hand-written AVX2
+  // kernel (q4_0, q4_1, q8_0, q4_K, q6_K), else the compiler-vectorised loops (see dot_variants).
   float (*dot)(const void* w, const float* x, int64_t n);
   // The same dot built for each instruction set, indexed by DotIsa (tests call every one the CPU
   // has, see dot_isa_available): all give the same bits.
