@@ -26,6 +26,20 @@ void add_info_command(CLI::App& app) {
       total += t.nbytes;
     }
     std::printf("total: %zu bytes of weights\n", total);
+    // Per element type (a Q4_K_M file mixes q4_K, q6_K, q5_0, q8_0 and f32), in DType order.
+    for (DType dt : kAllDTypes) {
+      size_t bytes = 0, count = 0, elements = 0;
+      for (const auto& t : m.tensors())
+        if (t.dtype == dt) {
+          bytes += t.nbytes;
+          elements += static_cast<size_t>(t.numel());
+          ++count;
+        }
+      if (count > 0)
+        std::printf("  %-5s %zu tensors, %zu elements, %zu bytes (%.2f bits per weight)\n",
+                    std::string(dtype_name(dt)).c_str(), count, elements, bytes,
+                    8.0 * static_cast<double>(bytes) / static_cast<double>(elements));
+    }
   });
 }
 

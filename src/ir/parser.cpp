@@ -141,7 +141,7 @@ Graph parse_graph(std::string_view text) {
     lx.expect(':');
     std::string dt = lx.ident();
     bool found = false;
-    for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::I32})
+    for (DType t : kAllDTypes)
       if (dtype_name(t) == dt) {
         n.dtype = t;
         found = true;

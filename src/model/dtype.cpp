@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "quant/quant.h"
 #include "support/error.h"
 
 namespace mk {
@@ -11,22 +12,29 @@ std::string_view dtype_name(DType t) {
     case DType::F32: return "f32";
     case DType::F16: return "f16";
     case DType::BF16: return "bf16";
-    case DType::Q8_0: return "q8_0";
     case DType::I32: return "i32";
+    default: break;
   }
+  if (const quant::QuantType* q = quant::quant_type(t)) return q->name;
   return "?";
 }
 
-int64_t dtype_block_size(DType t) { return t == DType::Q8_0 ? 32 : 1; }
+bool dtype_is_quantized(DType t) { return quant::quant_type(t) != nullptr; }
+
+int64_t dtype_block_size(DType t) {
+  const quant::QuantType* q = quant::quant_type(t);
+  return q ? q->block_size : 1;
+}
 int64_t dtype_block_bytes(DType t) {
   switch (t) {
     case DType::F32: return 4;
     case DType::F16: return 2;
     case DType::BF16: return 2;
-    case DType::Q8_0: return 34;
     case DType::I32: return 4;
+    default: break;
   }
-  return 0;
+  const quant::QuantType* q = quant::quant_type(t);
+  return q ? q->block_bytes : 0;
 }
 
 size_t dtype_bytes(DType t, int64_t n) {
@@ -83,16 +91,6 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
         dst[i] = bf16_to_f32(h);
       }
       return;
-    case DType::Q8_0:
-      MK_CHECK(n % 32 == 0);
-      for (int64_t b = 0; b < n / 32; ++b) {
-        uint16_t hs;
-        std::memcpy(&hs, p + 34 * b, 2);
-        float d = f16_to_f32(hs);
-        const int8_t* q = reinterpret_cast<const int8_t*>(p + 34 * b + 2);
-        for (int j = 0; j < 32; ++j) dst[b * 32 + j] = d * static_cast<float>(q[j]);
-      }
-      return;
     case DType::I32:
       for (int64_t i = 0; i < n; ++i) {
         int32_t v;
@@ -100,7 +98,11 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
         dst[i] = static_cast<float>(v);
       }
       return;
+    default: break;
   }
+  const quant::QuantType* q = quant::quant_type(t);
+  MK_CHECK(q && n % q->block_size == 0);
+  q->dequantize_row(src, dst, n);
 }
 
 }  // namespace mk

@@ -1,5 +1,6 @@
 // Element types of weight tensors, and conversions to float32.
-// Q8_0 follows ggml: blocks of 32 int8 values with one f16 scale (34 bytes per block).
+// The quantized types (Q*) are ggml's block types: their layouts, dequantization and dot products
+// are one table entry each in src/quant/ (quant/quant.h cites the ggml/GGUF type table).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,10 +10,16 @@
 namespace mk {
 
 // I32 is used for token ids and positions in the IR, never for weights.
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, I32 };
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K };
+// Every DType, for parsers and tests.
+inline constexpr DType kAllDTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::I32,
+                                       DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K,
+                                       DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+// True for the ggml block types (Q4_0 ... Q6_K).
+bool dtype_is_quantized(DType t);
 
 std::string_view dtype_name(DType t);
-// Elements per block (1 for plain types, 32 for Q8_0) and bytes per block.
+// Elements per block (1 for plain types, 32 or 256 for the quantized ones) and bytes per block.
 int64_t dtype_block_size(DType t);
 int64_t dtype_block_bytes(DType t);
 // Bytes for n elements; throws mk::Error when n is not a whole number of blocks.
@@ -35,7 +42,8 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
-// Converts n elements starting at element 0 of `src` (a whole number of blocks for Q8_0) to float32.
+// Converts n elements starting at element 0 of `src` (a whole number of blocks for quantized types)
+// to float32.
 void to_f32(DType t, const void* src, float* dst, int64_t n);
 
 }  // namespace mk

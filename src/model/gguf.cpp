@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "model/model_file.h"
+#include "quant/quant.h"
 #include "support/byte_reader.h"
 #include "support/error.h"
 #include "support/json.h"  // clip
@@ -63,10 +64,18 @@ std::optional<DType> dtype_from_ggml(uint32_t t) {
   switch (t) {
     case 0: return DType::F32;
     case 1: return DType::F16;
-    case 8: return DType::Q8_0;
     case 30: return DType::BF16;
-    default: return std::nullopt;
+    default: break;
   }
+  if (const quant::QuantType* q = quant::quant_type_from_ggml(t)) return q->dtype;  // q4_0 ... q6_K
+  return std::nullopt;
+}
+
+// "f32, f16, bf16, q4_0, ...": the tensor types this loader reads, for error messages.
+std::string supported_types() {
+  std::string s = "f32, f16, bf16";
+  for (const quant::QuantType* q : quant::quant_types()) s += fmt::format(", {}", q->name);
+  return s;
 }
 
 constexpr uint32_t kMaxDims = 4;
@@ -124,6 +133,13 @@ class GgufParser {
              path(), t.name, info.info_offset, data_start + info.rel_offset, t.nbytes, size);
       t.file_offset = data_start + info.rel_offset;
       t.data = file_->data() + t.file_offset;
+      // A NaN or infinite block scale would poison every dot product that reads the block.
+      if (const quant::QuantType* q = quant::quant_type(t.dtype)) {
+        const int64_t n_blocks = t.numel() / q->block_size;
+        if (int64_t bad = q->find_bad_scale(t.data, n_blocks); bad >= 0)
+          fail("{}: tensor {} ({}): block {} of {} (file offset {}) has a non-finite scale", path(), t.name, q->name, bad,
+               n_blocks, t.file_offset + static_cast<uint64_t>(bad * q->block_bytes));
+      }
     }
 
     // No two tensors may share bytes (a damaged or malicious offset table could alias weights).
@@ -280,8 +296,8 @@ class GgufParser {
     rel_offset = r_.read<uint64_t>(what);
     auto dtype = dtype_from_ggml(type);
     if (!dtype)
-      fail("{}: tensor {} at offset {}: unsupported tensor type {} (supported: f32, f16, q8_0, bf16)", path(), t.name,
-           at, ggml_type_str(type));
+      fail("{}: tensor {} at offset {}: unsupported tensor type {} (supported: {})", path(), t.name, at,
+           ggml_type_str(type), supported_types());
     t.dtype = *dtype;
     if (ne[0] % static_cast<uint64_t>(dtype_block_size(t.dtype)) != 0)
       fail("{}: tensor {} at offset {}: {} rows of {} elements are not a whole number of blocks of {}", path(), t.name,

@@ -499,7 +499,7 @@ TEST(GgufDamaged, UnsupportedTensorTypes) {
   struct Case {
     uint32_t type;
     const char* text;
-  } cases[] = {{12, "q4_K (12)"}, {2, "q4_0 (2)"}, {14, "q6_K (14)"}, {28, "f64 (28)"}, {4, "q4_2 (removed) (4)"},
+  } cases[] = {{16, "iq2_xxs (16)"}, {9, "q8_1 (9)"}, {15, "q8_K (15)"}, {28, "f64 (28)"}, {4, "q4_2 (removed) (4)"},
                {39, "mxfp4 (39)"}, {1000, "unknown ggml type (1000)"}};
   for (const auto& c : cases) {
     GgufWriter w;

@@ -67,10 +67,11 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace) : 
     const WeightTensor& t = model.get(pw.name);
     if (t.dtype != pw.dtype) fail("{}: program expects {}, file has {}", pw.name, dtype_name(pw.dtype), dtype_name(t.dtype));
     if (t.shape != pw.shape) fail("{}: expected {}, got {}", pw.name, shape_str(pw.shape), shape_str(t.shape));
-    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16 && t.dtype != DType::Q8_0)
+    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16 && !dtype_is_quantized(t.dtype))
       fail("{}: the cpu backend cannot read {} weights", pw.name, dtype_name(t.dtype));
     WeightRef w;
     w.dtype = t.dtype;
+    w.quant = quant::quant_type(t.dtype);
     w.data = t.data;
     w.row_elems = t.shape.back();
     w.row_bytes = dtype_bytes(t.dtype, w.row_elems);
@@ -117,7 +118,7 @@ void Interpreter::step(std::span<const int32_t> tokens, int64_t n_past) {
   if (failed_.load()) fail("cpu: the interpreter failed in an earlier step: {}", error_);
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n < 1 || n > p_.max_tokens) fail("cpu: {} tokens in one step (the program allows 1..{})", n, p_.max_tokens);
-  if (n_past < 0 || n_past + n > p_.n_ctx)
+  if (n_past < 0 || (p_.n_ctx > 0 && n_past + n > p_.n_ctx))  // no KV cache (op tests): no context limit
     fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, n, p_.n_ctx);
   int32_t* tok = reinterpret_cast<int32_t*>(arena_ + p_.buffers[static_cast<size_t>(p_.tokens_buffer)].offset);
   std::memcpy(tok, tokens.data(), static_cast<size_t>(n) * 4);

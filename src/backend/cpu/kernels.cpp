@@ -99,9 +99,10 @@ inline float act(Act a, float v) {
 const float* weight_span(const WeightRef& w, int64_t row, int64_t c0, int64_t c1, float* tmp) {
   if (w.f32) return w.f32 + row * w.row_elems + c0;
   const uint8_t* src = w.data + static_cast<size_t>(row) * w.row_bytes;
-  if (w.dtype == DType::Q8_0) {  // convert whole blocks, then point inside
-    int64_t b0 = c0 / 32 * 32, b1 = (c1 + 31) / 32 * 32;
-    to_f32(w.dtype, src + static_cast<size_t>(b0 / 32) * 34, tmp, b1 - b0);
+  if (w.quant) {  // dequantize the blocks covering [c0, c1), then point inside
+    const int64_t bs = w.quant->block_size;
+    const int64_t b0 = c0 / bs * bs, b1 = (c1 + bs - 1) / bs * bs;
+    w.quant->dequantize_row(src + static_cast<size_t>(b0 / bs * w.quant->block_bytes), tmp, b1 - b0);
     return tmp + (c0 - b0);
   }
   to_f32(w.dtype, src + static_cast<size_t>(c0) * (w.dtype == DType::F32 ? 4 : 2), tmp, c1 - c0);
@@ -171,7 +172,20 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* utmp = s + 4 * stride;  // 4 converted up rows
   float* tile = s + 8 * stride;  // [R, T]
   const WeightRef& W = c.w(o.w);
-  if (R < 4) {
+  if (R == 1 && W.quant) {
+    // Decode over quantized weights: each row's blocks are dequantized inside the dot (the same bits
+    // as dequantize-then-dot, src/quant/quant.h), never expanded to a float row.
+    const WeightRef& U = c.w(o.w_up);
+    for (int64_t j = in.c0; j < in.c1; ++j) {
+      float v = W.quant->dot(W.data + static_cast<size_t>(j) * W.row_bytes, x, K);
+      if (o.glu != Act::none) {
+        const float u = U.quant ? U.quant->dot(U.data + static_cast<size_t>(j) * U.row_bytes, x, K)
+                                : dot(x, weight_span(U, j, 0, K, utmp), K);
+        v = act(o.glu, v) * u;
+      }
+      tile[j - in.c0] = v;
+    }
+  } else if (R < 4) {
     // Decode: stream the weight tile row after row (one sequential stream reads ~25% faster than
     // four interleaved ones here); the GLU's up rows are a second pass over their own tile.
     for (int64_t j = in.c0; j < in.c1; ++j) {
@@ -288,8 +302,8 @@ size_t scratch_floats(const Program& p) {
       case Opcode::attention:
         n = p.n_ctx + 16 + o.head_dim + 16;
         break;
-      default:
-        n = 3 * o.k + o.tile_cols + 2 * o.n_rot + 160;
+      default:  // + 512: a quantized embedding tile dequantizes whole blocks of up to 256 around it
+        n = 3 * o.k + o.tile_cols + 2 * o.n_rot + 160 + 512;
     }
     need = std::max(need, n);
   }

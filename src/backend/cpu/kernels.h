@@ -7,12 +7,15 @@
 #include <vector>
 
 #include "isa/program.h"
+#include "quant/quant.h"
 
 namespace mk::cpu {
 
-// A weight bound to model data: rows of `row_elems` elements, `row_bytes` apart.
+// A weight bound to model data: rows of `row_elems` elements, `row_bytes` apart. Quantized weights
+// stay in their blocks; matmul reads them block by block through `quant` (src/quant/).
 struct WeightRef {
   DType dtype = DType::F32;
+  const quant::QuantType* quant = nullptr;  // set for the ggml block types
   const uint8_t* data = nullptr;
   int64_t row_elems = 0;
   size_t row_bytes = 0;

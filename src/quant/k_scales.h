@@ -1,0 +1,63 @@
+// The 12-byte scale/min packing shared by q4_K and q5_K (ggml-quants.c get_scale_min_k4): eight
+// 6-bit scales and eight 6-bit mins. j < 4: sc = s[j] & 63, m = s[j + 4] & 63; j >= 4: the low 4 bits
+// in s[j + 4] (scale low nibble, min high nibble), the top 2 bits in bits 6..7 of s[j - 4] (scale)
+// and s[j] (min).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "quant/quant_impl.h"
+
+namespace mk::quant::detail {
+
+inline void get_scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+inline void pack_scale_min_k4(const uint8_t* sc, const uint8_t* m, uint8_t* s) {
+  for (int j = 0; j < 12; ++j) s[j] = 0;
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      s[j] |= sc[j];
+      s[j + 4] |= m[j];
+    } else {
+      s[j + 4] = static_cast<uint8_t>((sc[j] & 0x0f) | ((m[j] & 0x0f) << 4));
+      s[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
+      s[j] |= static_cast<uint8_t>((m[j] >> 4) << 6);
+    }
+  }
+}
+
+// Per sub-block of 32: scale (max - min) / qmax and min -min (min clamped to <= 0), then 6-bit
+// super-block quantization of both. Writes f16 d and dmin and returns their rounded values.
+inline void quantize_scale_min(const float* x, int qmax, uint8_t* d_out, uint8_t* dmin_out, uint8_t* sc, uint8_t* m,
+                               float* d, float* dmin) {
+  float scale[8], mins[8], max_scale = 0, max_min = 0;
+  for (int s = 0; s < 8; ++s) {
+    float mn = 0, mx = x[32 * s];
+    for (int l = 0; l < 32; ++l) {
+      mn = std::min(mn, x[32 * s + l]);
+      mx = std::max(mx, x[32 * s + l]);
+    }
+    scale[s] = (mx - mn) / static_cast<float>(qmax);
+    mins[s] = -mn;
+    max_scale = std::max(max_scale, scale[s]);
+    max_min = std::max(max_min, mins[s]);
+  }
+  st_f16(d_out, max_scale / 63);
+  st_f16(dmin_out, max_min / 63);
+  *d = ld_f16(d_out);
+  *dmin = ld_f16(dmin_out);
+  for (int s = 0; s < 8; ++s) {
+    sc[s] = static_cast<uint8_t>(*d > 0 ? std::clamp(nearest_int(scale[s] / *d), 0, 63) : 0);
+    m[s] = static_cast<uint8_t>(*dmin > 0 ? std::clamp(nearest_int(mins[s] / *dmin), 0, 63) : 0);
+  }
+}
+
+}  // namespace mk::quant::detail

@@ -1,0 +1,67 @@
+// q2_K (ggml id 10): 256 elements in 84 bytes, { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }
+// (ggml-common.h block_q2_K). Sixteen sub-blocks of 16: scales[i] low nibble is the scale, high
+// nibble the min. Element e (nb = e / 128, j = e % 128 / 32, h = e % 32 / 16, l = e % 16) is bits
+// 2j..2j+1 of qs[32 nb + 16 h + l] with sub-block 8 nb + 2 j + h; value (d*sc) * q - (dmin*m).
+#include <algorithm>
+
+#include "quant/quant_impl.h"
+
+namespace mk::quant {
+namespace {
+using namespace detail;
+constexpr int kQK = 256, kBytes = 84;
+
+inline void dequant_block(const uint8_t* b, float* y) {
+  const float d = ld_f16(b + 80), dmin = ld_f16(b + 82);
+  const uint8_t* q = b + 16;
+  int is = 0;
+  for (int n = 0; n < kQK; n += 128, q += 32)
+    for (int shift = 0; shift < 8; shift += 2)
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t sc = b[is++];
+        const float dl = d * static_cast<float>(sc & 0x0f), ml = dmin * static_cast<float>(sc >> 4);
+        for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>((q[16 * h + l] >> shift) & 3) - ml;
+      }
+}
+
+void quantize_row(const float* x, void* dst, int64_t n) {
+  uint8_t* b = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK, b += kBytes) {
+    std::memset(b, 0, kBytes);
+    float scale[16], mins[16], max_scale = 0, max_min = 0;
+    for (int s = 0; s < 16; ++s) {
+      float mn = 0, mx = x[16 * s];
+      for (int l = 0; l < 16; ++l) {
+        mn = std::min(mn, x[16 * s + l]);
+        mx = std::max(mx, x[16 * s + l]);
+      }
+      scale[s] = (mx - mn) / 3;
+      mins[s] = -mn;
+      max_scale = std::max(max_scale, scale[s]);
+      max_min = std::max(max_min, mins[s]);
+    }
+    st_f16(b + 80, max_scale / 15);
+    st_f16(b + 82, max_min / 15);
+    const float d = ld_f16(b + 80), dmin = ld_f16(b + 82);
+    for (int s = 0; s < 16; ++s) {
+      const int sc = d > 0 ? std::clamp(nearest_int(scale[s] / d), 0, 15) : 0;
+      const int m = dmin > 0 ? std::clamp(nearest_int(mins[s] / dmin), 0, 15) : 0;
+      b[s] = static_cast<uint8_t>(sc | (m << 4));
+      const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(m);
+      const int nb = s / 8, j = s % 8 / 2, h = s % 2;
+      for (int l = 0; l < 16; ++l) {
+        const int q = dl > 0 ? std::clamp(nearest_int((x[16 * s + l] + ml) / dl), 0, 3) : 0;
+        b[16 + 32 * nb + 16 * h + l] |= static_cast<uint8_t>(q << (2 * j));
+      }
+    }
+  }
+}
+
+int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {80, 82}); }
+
+MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+}  // namespace
+
+extern const QuantType kQ2_K = {DType::Q2_K, "q2_K", 10, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+}  // namespace mk::quant

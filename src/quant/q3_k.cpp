@@ -1,0 +1,79 @@
+// q3_K (ggml id 11): 256 elements in 110 bytes, { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }
+// (ggml-common.h block_q3_K). Sixteen sub-blocks of 16 with 6-bit scales stored minus 32: scale k's
+// low 4 bits are the low (k < 8) or high (k >= 8) nibble of scales[k % 8], its top 2 bits are bits
+// 2 (k / 4)..+1 of scales[8 + k % 4]. Element e (nb, j, h, l as q2_K) has low bits 2j..2j+1 of
+// qs[32 nb + 16 h + l] and high bit (4 nb + j) of hmask[16 h + l]; value (d*(sc-32)) * (q - 4) where
+// q = low | high << 2 (a clear high bit subtracts 4).
+#include <algorithm>
+
+#include "quant/quant_impl.h"
+
+namespace mk::quant {
+namespace {
+using namespace detail;
+constexpr int kQK = 256, kBytes = 110;
+
+inline int scale6(const uint8_t* s, int k) {
+  const int lo = k < 8 ? (s[k] & 0x0f) : (s[k - 8] >> 4);
+  const int hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+inline void dequant_block(const uint8_t* b, float* y) {
+  const float d = ld_f16(b + 108);
+  const uint8_t *hm = b, *q = b + 32, *sc = b + 96;
+  int is = 0;
+  uint8_t m = 1;
+  for (int n = 0; n < kQK; n += 128, q += 32)
+    for (int shift = 0; shift < 8; shift += 2, m = static_cast<uint8_t>(m << 1))
+      for (int h = 0; h < 2; ++h) {
+        const float dl = d * static_cast<float>(scale6(sc, is++));
+        for (int l = 0; l < 16; ++l) {
+          const int v = ((q[16 * h + l] >> shift) & 3) - ((hm[16 * h + l] & m) ? 0 : 4);
+          *y++ = dl * static_cast<float>(v);
+        }
+      }
+}
+
+void quantize_row(const float* x, void* dst, int64_t n) {
+  uint8_t* b = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK, b += kBytes) {
+    std::memset(b, 0, kBytes);
+    float scale[16], big = 0;
+    for (int s = 0; s < 16; ++s) {
+      float a = 0, signed_max = 0;
+      for (int l = 0; l < 16; ++l)
+        if (std::fabs(x[16 * s + l]) > a) {
+          a = std::fabs(x[16 * s + l]);
+          signed_max = x[16 * s + l];
+        }
+      scale[s] = signed_max / -4;  // the largest value maps to q = -4, the most negative code
+      if (std::fabs(scale[s]) > std::fabs(big)) big = scale[s];
+    }
+    st_f16(b + 108, big / -32);
+    const float d = ld_f16(b + 108);
+    for (int s = 0; s < 16; ++s) {
+      const int sc = d != 0 ? std::clamp(nearest_int(scale[s] / d), -32, 31) : 0;
+      const int u = sc + 32;
+      if (s < 8) b[96 + s] |= static_cast<uint8_t>(u & 0x0f);
+      else b[96 + s - 8] |= static_cast<uint8_t>((u & 0x0f) << 4);
+      b[96 + 8 + s % 4] |= static_cast<uint8_t>((u >> 4) << (2 * (s / 4)));
+      const float dl = d * static_cast<float>(sc);
+      const int nb = s / 8, j = s % 8 / 2, h = s % 2;
+      for (int l = 0; l < 16; ++l) {
+        const int q = dl != 0 ? std::clamp(nearest_int(x[16 * s + l] / dl), -4, 3) + 4 : 4;
+        b[32 + 32 * nb + 16 * h + l] |= static_cast<uint8_t>((q & 3) << (2 * j));
+        if (q & 4) b[16 * h + l] |= static_cast<uint8_t>(1u << (4 * nb + j));
+      }
+    }
+  }
+}
+
+int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {108}); }
+
+MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+}  // namespace
+
+extern const QuantType kQ3_K = {DType::Q3_K, "q3_K", 11, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+}  // namespace mk::quant

@@ -1,0 +1,97 @@
+#include "quant/quant.h"
+
+#include <array>
+
+#include "model/model_file.h"
+#include "quant/quant_impl.h"
+#include "support/error.h"
+
+namespace mk::quant {
+
+extern const QuantType kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K;
+
+namespace {
+const std::array<const QuantType*, 10> kTypes = {&kQ4_0, &kQ4_1, &kQ5_0, &kQ5_1, &kQ8_0,
+                                                 &kQ2_K, &kQ3_K, &kQ4_K, &kQ5_K, &kQ6_K};
+}  // namespace
+
+namespace detail {
+Isa runtime_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return Isa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2")) return Isa::avx2;
+  return Isa::generic;
+}
+}  // namespace detail
+
+DotIsa dot_isa() { return detail::runtime_isa(); }
+
+bool dot_isa_available(DotIsa isa) {
+  const DotIsa have = detail::runtime_isa();
+  return isa == DotIsa::generic || static_cast<int>(isa) <= static_cast<int>(have);
+}
+
+std::string_view dot_isa_name(DotIsa isa) {
+  switch (isa) {
+    case DotIsa::avx512: return "avx512";
+    case DotIsa::avx2: return "avx2";
+    case DotIsa::generic: return "generic";
+  }
+  return "generic";
+}
+
+const QuantType* quant_type(DType t) {
+  for (const QuantType* q : kTypes)
+    if (q->dtype == t) return q;
+  return nullptr;
+}
+
+const QuantType* quant_type_from_ggml(uint32_t id) {
+  for (const QuantType* q : kTypes)
+    if (q->ggml_type == id) return q;
+  return nullptr;
+}
+
+std::span<const QuantType* const> quant_types() { return kTypes; }
+
+ModelFile quantize_model(const ModelFile& m, const std::function<std::optional<DType>(const WeightTensor&)>& type_of) {
+  ModelFile out;
+  out.path = m.path;
+  out.format = m.format;
+  out.metadata = m.metadata;
+  out.files = m.files;
+  out.owned = m.owned;
+  for (const WeightTensor& src : m.tensors()) {
+    WeightTensor w = src;
+    const bool plain = src.dtype == DType::F32 || src.dtype == DType::F16 || src.dtype == DType::BF16;
+    const std::optional<DType> to = plain ? type_of(src) : std::nullopt;
+    const QuantType* q = to ? quant_type(*to) : nullptr;
+    if (to && !q) fail("quantize: {}: {} is not a quantized type", src.name, dtype_name(*to));
+    if (q && !src.shape.empty() && src.shape.back() % q->block_size == 0) {
+      std::vector<float> f(static_cast<size_t>(src.numel()));
+      to_f32(src.dtype, src.data, f.data(), src.numel());
+      auto buf = std::make_shared<std::vector<uint8_t>>(dtype_bytes(q->dtype, src.numel()));
+      const int64_t K = src.shape.back(), rows = src.numel() / K;
+      const size_t row_bytes = dtype_bytes(q->dtype, K);
+      for (int64_t r = 0; r < rows; ++r)
+        q->quantize_row(f.data() + r * K, buf->data() + static_cast<size_t>(r) * row_bytes, K);
+      w.dtype = q->dtype;
+      w.data = buf->data();
+      w.nbytes = buf->size();
+      out.owned.push_back(std::move(buf));
+    }
+    out.add_tensor(std::move(w));
+  }
+  return out;
+}
+
+ModelFile quantize_model(const ModelFile& m, DType t, std::optional<DType> fallback) {
+  return quantize_model(m, [&](const WeightTensor& w) -> std::optional<DType> {
+    if (w.shape.size() != 2) return std::nullopt;
+    if (w.shape[1] % dtype_block_size(t) == 0) return t;
+    return fallback;
+  });
+}
+
+}  // namespace mk::quant

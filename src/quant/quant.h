@@ -1,0 +1,91 @@
+// Quantized weight types: one table entry per ggml block type, each defined in its own file
+// (q4_0.cpp, ..., q6_k.cpp).
+//
+// Block layouts follow the ggml/GGUF type table (ggml/src/ggml-common.h `block_*` structs, the
+// `type_traits` table in ggml.c and gguf-py `GGML_QUANT_SIZES`; ids from ggml.h `enum ggml_type`).
+// All values are little-endian; "f16" is an IEEE half. QK_K = 256.
+//
+//   type  id  elems  bytes  layout (byte offsets)                          value of element i
+//   q4_0   2    32     18   d:f16@0 qs[16]@2 (low nibbles 0..15, high 16..31) d * (q - 8)
+//   q4_1   3    32     20   d:f16@0 m:f16@2 qs[16]@4                        d * q + m
+//   q5_0   6    32     22   d:f16@0 qh:u32@2 (bit i = 5th bit) qs[16]@6     d * (q - 16)
+//   q5_1   7    32     24   d:f16@0 m:f16@2 qh:u32@4 qs[16]@8               d * q + m
+//   q8_0   8    32     34   d:f16@0 qs:i8[32]@2                              d * q
+//   q2_K  10   256     84   scales[16]@0 (lo 4 bits scale, hi 4 bits min) qs[64]@16 (2 bits)
+//                           d:f16@80 dmin:f16@82                           (d*sc) * q - (dmin*m)
+//   q3_K  11   256    110   hmask[32]@0 qs[64]@32 (2 low bits) scales[12]@96 (16 x 6 bits)
+//                           d:f16@108                                      (d*(sc-32)) * (q - 4*!hbit)
+//   q4_K  12   256    144   d:f16@0 dmin:f16@2 scales[12]@4 (8 x 6-bit scale, 8 x 6-bit min)
+//                           qs[128]@16                                     (d*sc) * q - (dmin*m)
+//   q5_K  13   256    176   as q4_K, qh[32]@16 (5th bits), qs[128]@48      (d*sc) * q - (dmin*m)
+//   q6_K  14   256    210   ql[128]@0 qh[64]@128 scales:i8[16]@192 d:f16@208 (d*sc) * (q - 32)
+//
+// Every product and sum is one float32 operation in the order shown (no fused multiply-add), which
+// is what ggml's reference `dequantize_row_*` and gguf-py's `gguf.quants` compute: dequantization is
+// bit-exact against both (tests/unit/test_quant.cpp, fixtures from tests/data/quant/).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "model/dtype.h"
+
+namespace mk {
+class ModelFile;
+struct WeightTensor;
+}
+
+namespace mk::quant {
+
+struct QuantType {
+  DType dtype;
+  std::string_view name;  // ggml's name: "q4_0", "q4_K", ...
+  uint32_t ggml_type;     // ggml.h enum ggml_type, the id in GGUF tensor infos
+  int64_t block_size;     // elements per block
+  int64_t block_bytes;    // bytes per block
+  // dst[0, n) = the n elements (a whole number of blocks) at src.
+  void (*dequantize_row)(const void* src, float* dst, int64_t n);
+  // Round-to-nearest quantizer (n a whole number of blocks). q4_0..q8_0 compute what ggml's
+  // `quantize_row_*_ref` computes; the K-quants use a plain min/max scale per sub-block (no search
+  // for the best scale as llama.cpp's quantizer does): valid blocks, somewhat larger error.
+  void (*quantize_row)(const float* src, void* dst, int64_t n);
+  // sum_i w[i] * x[i] over n elements (whole blocks) of weights w and float32 activations x. Bit
+  // for bit the value of dequantize_row followed by a float32 dot in 16 lanes (lane = i mod 16,
+  // acc[lane] += x[i] * w[i], lanes combined in the tree (l, l + 8), (l, l + 4), (l, l + 2),
+  // (l, l + 1)): the CPU interpreter's dot, so fused and dequantize-then-dot paths agree exactly.
+  // Picks, once, the fastest variant this CPU runs (__builtin_cpu_supports): a hand-written AVX2
+  // kernel (q4_0, q4_1, q8_0, q4_K, q6_K), else the compiler-vectorised loops (see dot_variants).
+  float (*dot)(const void* w, const float* x, int64_t n);
+  // The same dot built for each instruction set, indexed by DotIsa (tests call every one the CPU
+  // has, see dot_isa_available): all give the same bits.
+  float (*dot_variants[3])(const void* w, const float* x, int64_t n);
+  // Index of the first of n_blocks blocks whose f16 scale (d, and m/dmin where present) is NaN or
+  // infinite, or -1 when all are finite.
+  int64_t (*find_bad_scale)(const void* src, int64_t n_blocks);
+};
+
+// The entry for a quantized type, or nullptr for f32, f16, bf16, i32.
+const QuantType* quant_type(DType t);
+// The entry for a ggml type id, or nullptr when that id is not a supported quantized type.
+const QuantType* quant_type_from_ggml(uint32_t ggml_type);
+// All supported quantized types, in ggml id order.
+std::span<const QuantType* const> quant_types();
+// Instruction sets the dots are built for: generic = the build target (-march=native by default).
+enum class DotIsa { generic = 0, avx2 = 1, avx512 = 2 };
+// The one QuantType::dot uses on this machine, whether the CPU can run one, and its name.
+DotIsa dot_isa();
+bool dot_isa_available(DotIsa isa);
+std::string_view dot_isa_name(DotIsa isa);
+
+// A copy of `m` with weight tensors quantized with quantize_row (for tests and benchmarks: a model
+// quantized in memory). `type_of` picks each tensor's type, or nullopt to keep it as it is; only
+// f32/f16/bf16 tensors whose rows are a whole number of blocks of the chosen type are converted
+// (others are kept). Throws mk::Error when `type_of` names a type that is not quantized.
+ModelFile quantize_model(const ModelFile& m, const std::function<std::optional<DType>(const WeightTensor&)>& type_of);
+// Every 2-D matrix (token embeddings and output included; norms stay float32) to `t`, or to
+// `fallback` where its rows do not fit `t`'s blocks (as llama.cpp falls back for K-quants).
+ModelFile quantize_model(const ModelFile& m, DType t, std::optional<DType> fallback = std::nullopt);
+
+}  // namespace mk::quant

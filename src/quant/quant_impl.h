@@ -1,0 +1,131 @@
+// Internals shared by the per-type files: little-endian field reads, the 16-lane dot over
+// dequantized blocks (instantiated per instruction set), scale checks and quantizer helpers.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+
+#include "quant/quant.h"
+
+namespace mk::quant::detail {
+
+inline uint16_t ld_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t ld_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+// IEEE half to float, exact for every input (subnormals, inf, NaN): the bit manipulation of ggml's
+// fp16 fallback (after Maratyszcza's FP16 library), branch-free and inlinable, unlike
+// mk::f16_to_f32 (a call with ldexp, which cost as much as the rest of a small block's dot).
+inline float f16_to_f32_fast(uint16_t h) {
+  auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  auto to_bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float normalized = from_bits((two_w >> 4) + (0xe0u << 23)) * 0x1.0p-112f;
+  const float denormalized = from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t result = sign | (two_w < (1u << 27) ? to_bits(denormalized) : to_bits(normalized));
+  return from_bits(result);
+}
+inline float ld_f16(const uint8_t* p) { return f16_to_f32_fast(ld_u16(p)); }
+inline void st_f16(uint8_t* p, float v) {
+  uint16_t h = f32_to_f16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// First block (of n_blocks, `bytes` apart) with a NaN/inf f16 at one of `offsets`, or -1.
+inline int64_t first_bad_f16(const void* src, int64_t n_blocks, int64_t bytes, std::initializer_list<int> offsets) {
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  for (int64_t b = 0; b < n_blocks; ++b, p += bytes)
+    for (int o : offsets)
+      if ((ld_u16(p + o) & 0x7c00) == 0x7c00) return b;
+  return -1;
+}
+
+// The 16-lane dot of quant.h over blocks dequantized by DEQ(block, out[QK]).
+template <int QK, int BYTES, void (*DEQ)(const uint8_t*, float*)>
+[[gnu::always_inline]] inline float dot_blocks(const void* w, const float* __restrict x, int64_t n) {
+  static_assert(QK % 16 == 0);
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  float acc[16] = {};
+  alignas(64) float buf[QK];
+  for (int64_t b = 0; b < n / QK; ++b, p += BYTES, x += QK) {
+    DEQ(p, buf);
+    for (int j = 0; j < QK; j += 16)
+      for (int l = 0; l < 16; ++l) acc[l] += x[j + l] * buf[j + l];
+  }
+  for (int s = 8; s > 0; s /= 2)
+    for (int l = 0; l < s; ++l) acc[l] += acc[l + s];
+  return acc[0];
+}
+
+using Isa = DotIsa;
+Isa runtime_isa();  // quant.cpp: from __builtin_cpu_supports
+
+// Defines NAME_generic, NAME_avx2, NAME_avx512 (builds of dot_blocks for the build target and with
+// target attributes) and `float NAME(const void*, const float*, int64_t)`, which picks one once.
+// All give the same bits: the same per-lane operations in the same order, no contraction (these
+// files use -ffp-contract=off). MK_QUANT_DOT_HAND_AVX2 instead takes a hand-written AVX2 function
+// (avx2.h), used on AVX2 and AVX-512 machines alike.
+#define MK_QUANT_DOT_VARIANTS(NAME, QK, BYTES, DEQ)                                                      \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,bmi2"))) float NAME##_avx512(                \
+      const void* w, const float* x, int64_t n) {                                                        \
+    return ::mk::quant::detail::dot_blocks<QK, BYTES, DEQ>(w, x, n);                                     \
+  }                                                                                                      \
+  float NAME##_generic(const void* w, const float* x, int64_t n) {                                       \
+    return ::mk::quant::detail::dot_blocks<QK, BYTES, DEQ>(w, x, n);                                     \
+  }
+
+#define MK_QUANT_DOT(NAME, QK, BYTES, DEQ)                                                               \
+  MK_QUANT_DOT_VARIANTS(NAME, QK, BYTES, DEQ)                                                            \
+  __attribute__((target("avx2,fma,bmi2"))) float NAME##_avx2(const void* w, const float* x, int64_t n) { \
+    return ::mk::quant::detail::dot_blocks<QK, BYTES, DEQ>(w, x, n);                                     \
+  }                                                                                                      \
+  float NAME(const void* w, const float* x, int64_t n) {                                                 \
+    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                      \
+    if (isa == ::mk::quant::detail::Isa::avx512) return NAME##_avx512(w, x, n);                          \
+    if (isa == ::mk::quant::detail::Isa::avx2) return NAME##_avx2(w, x, n);                              \
+    return NAME##_generic(w, x, n);                                                                      \
+  }
+
+#define MK_QUANT_DOT_HAND_AVX2(NAME, QK, BYTES, DEQ, AVX2_FN)                                            \
+  MK_QUANT_DOT_VARIANTS(NAME, QK, BYTES, DEQ)                                                            \
+  float NAME##_avx2(const void* w, const float* x, int64_t n) { return AVX2_FN(w, x, n); }               \
+  float NAME(const void* w, const float* x, int64_t n) {                                                 \
+    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                      \
+    if (isa != ::mk::quant::detail::Isa::generic) return AVX2_FN(w, x, n);                               \
+    return NAME##_generic(w, x, n);                                                                      \
+  }
+
+// Row loop over blocks for dequantize_row.
+template <int QK, int BYTES, void (*DEQ)(const uint8_t*, float*)>
+void dequantize_blocks(const void* src, float* dst, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  for (int64_t b = 0; b < n / QK; ++b) DEQ(p + b * BYTES, dst + b * QK);
+}
+
+// ggml's nearest_int: round half away from zero is not what it does; it rounds to nearest even via
+// the 1.5 * 2^23 trick. Used by the K-quant quantizers.
+inline int nearest_int(float f) { return static_cast<int>(std::lrintf(f)); }
+inline float amax(const float* x, int n) {
+  float m = 0;
+  for (int i = 0; i < n; ++i) m = std::fmax(m, std::fabs(x[i]));
+  return m;
+}
+
+}  // namespace mk::quant::detail

@@ -1,0 +1,373 @@
+// Quantized weight types (src/quant/): the block table against ggml's, dequantization bit-exact
+// against gguf-py's gguf.quants (fixtures from tests/data/quant/gen_quant_fixtures.py), the
+// reference quantizers of q4_0..q8_0 bit-exact against gguf-py, the K-quant quantizers' round-trip
+// error, every dot variant equal to dequantize-then-dot, and each type's matmul (and quantized
+// embedding lookup) on the cpu and reference backends against an f64 product.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "archs/arch.h"
+#include "backend/backend.h"
+#include "backend/cuda/codegen.h"
+#include "ir/graph.h"
+#include "model/model_file.h"
+#include "passes/pass.h"
+#include "quant/quant.h"
+#include "quant/quant_impl.h"
+#include "support/compare.h"
+#include "support/error.h"
+#include "support/errors.h"
+
+using namespace mk;
+using quant::QuantType;
+
+namespace {
+
+std::vector<uint8_t> read_bin(const std::string& name) {
+  const std::string path = std::string(MK_SOURCE_DIR) + "/tests/data/quant/" + name;
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << "missing fixture " << path;
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+
+std::vector<float> as_floats(const std::vector<uint8_t>& b) {
+  std::vector<float> f(b.size() / 4);
+  std::memcpy(f.data(), b.data(), f.size() * 4);
+  return f;
+}
+
+std::string type_name(const QuantType* q) { return std::string(q->name); }
+
+// The CPU interpreter's dot (backend/cpu/kernels.cpp): 16 lanes, fixed tree.
+float dot16(const float* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  for (int64_t i = 0; i < n; ++i) acc[i % 16] += a[i] * b[i];
+  for (int s = 8; s > 0; s /= 2)
+    for (int l = 0; l < s; ++l) acc[l] += acc[l + s];
+  return acc[0];
+}
+
+// Random float32 data with a few outliers, as real weight rows have.
+std::vector<float> random_weights(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = nd(rng);
+  for (int64_t i = 0; i < n; i += 97) v[static_cast<size_t>(i)] *= 8;
+  return v;
+}
+
+std::vector<uint8_t> quantize(const QuantType* q, const std::vector<float>& f) {
+  std::vector<uint8_t> b(dtype_bytes(q->dtype, static_cast<int64_t>(f.size())));
+  q->quantize_row(f.data(), b.data(), static_cast<int64_t>(f.size()));
+  return b;
+}
+
+}  // namespace
+
+TEST(QuantTable, LayoutsAndIdsAreGgmls) {
+  // ggml.h enum ggml_type ids and ggml-common.h block sizes (gguf-py GGML_QUANT_SIZES).
+  struct Row {
+    DType t;
+    const char* name;
+    uint32_t id;
+    int64_t elems, bytes;
+  } rows[] = {{DType::Q4_0, "q4_0", 2, 32, 18},    {DType::Q4_1, "q4_1", 3, 32, 20},   {DType::Q5_0, "q5_0", 6, 32, 22},
+              {DType::Q5_1, "q5_1", 7, 32, 24},    {DType::Q8_0, "q8_0", 8, 32, 34},   {DType::Q2_K, "q2_K", 10, 256, 84},
+              {DType::Q3_K, "q3_K", 11, 256, 110}, {DType::Q4_K, "q4_K", 12, 256, 144}, {DType::Q5_K, "q5_K", 13, 256, 176},
+              {DType::Q6_K, "q6_K", 14, 256, 210}};
+  ASSERT_EQ(quant::quant_types().size(), std::size(rows));
+  for (const Row& r : rows) {
+    const QuantType* q = quant::quant_type(r.t);
+    ASSERT_NE(q, nullptr) << r.name;
+    EXPECT_EQ(q->name, r.name);
+    EXPECT_EQ(dtype_name(r.t), r.name);
+    EXPECT_EQ(q->ggml_type, r.id) << r.name;
+    EXPECT_EQ(quant::quant_type_from_ggml(r.id), q);
+    EXPECT_EQ(dtype_block_size(r.t), r.elems) << r.name;
+    EXPECT_EQ(dtype_block_bytes(r.t), r.bytes) << r.name;
+    EXPECT_TRUE(dtype_is_quantized(r.t));
+    EXPECT_EQ(dtype_bytes(r.t, 2 * r.elems), static_cast<size_t>(2 * r.bytes));
+    EXPECT_THROW(dtype_bytes(r.t, r.elems + 16), Error) << r.name;
+  }
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I32}) EXPECT_EQ(quant::quant_type(t), nullptr);
+  for (uint32_t id : {0u, 1u, 9u, 15u, 16u, 30u, 1000u}) EXPECT_EQ(quant::quant_type_from_ggml(id), nullptr) << id;
+}
+
+TEST(QuantDequant, FastHalfConversionIsExact) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float a = quant::detail::f16_to_f32_fast(static_cast<uint16_t>(h)), b = f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(b)) {
+      ASSERT_TRUE(std::isnan(a)) << h;
+    } else {
+      uint32_t ua, ub;
+      std::memcpy(&ua, &a, 4);
+      std::memcpy(&ub, &b, 4);
+      ASSERT_EQ(ua, ub) << "half " << h << ": " << a << " vs " << b;
+    }
+  }
+}
+
+TEST(QuantDequant, BitExactAgainstGgufPy) {
+  for (const QuantType* q : quant::quant_types()) {
+    SCOPED_TRACE(type_name(q));
+    const auto blocks = read_bin(type_name(q) + ".blocks.bin");
+    const auto expected = as_floats(read_bin(type_name(q) + ".f32.bin"));
+    ASSERT_FALSE(blocks.empty());
+    const int64_t nb = static_cast<int64_t>(blocks.size()) / q->block_bytes;
+    ASSERT_EQ(static_cast<int64_t>(expected.size()), nb * q->block_size);
+    EXPECT_EQ(q->find_bad_scale(blocks.data(), nb), -1);
+    // The whole run as one row, then each block on its own (a row's tail block included), then via to_f32.
+    std::vector<float> got(expected.size(), NAN);
+    q->dequantize_row(blocks.data(), got.data(), nb * q->block_size);
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * 4), 0);
+    for (int64_t b = 0; b < nb; ++b) {
+      std::vector<float> one(static_cast<size_t>(q->block_size), NAN);
+      q->dequantize_row(blocks.data() + b * q->block_bytes, one.data(), q->block_size);
+      for (int64_t i = 0; i < q->block_size; ++i) {
+        const float e = expected[static_cast<size_t>(b * q->block_size + i)];
+        uint32_t ub, ue;
+        std::memcpy(&ub, &one[static_cast<size_t>(i)], 4);
+        std::memcpy(&ue, &e, 4);
+        ASSERT_EQ(ub, ue) << "block " << b << " element " << i << ": " << one[static_cast<size_t>(i)] << " vs " << e;
+      }
+    }
+    std::vector<float> via(expected.size());
+    to_f32(q->dtype, blocks.data(), via.data(), nb * q->block_size);
+    EXPECT_EQ(std::memcmp(via.data(), expected.data(), via.size() * 4), 0);
+  }
+}
+
+TEST(QuantQuantize, ReferenceQuantizersBitExactAgainstGgufPy) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
+    const QuantType* q = quant::quant_type(t);
+    SCOPED_TRACE(type_name(q));
+    const auto in = as_floats(read_bin(type_name(q) + ".qin.bin"));
+    const auto expected = read_bin(type_name(q) + ".qout.bin");
+    ASSERT_EQ(expected.size(), dtype_bytes(t, static_cast<int64_t>(in.size())));
+    const auto got = quantize(q, in);
+    for (size_t b = 0; b < got.size() / static_cast<size_t>(q->block_bytes); ++b)
+      EXPECT_EQ(std::memcmp(got.data() + b * q->block_bytes, expected.data() + b * q->block_bytes, q->block_bytes), 0)
+          << "block " << b;
+  }
+}
+
+TEST(QuantQuantize, RoundTripErrorPerType) {
+  // rel. L2 of dequantize(quantize(w)) on Gaussian rows with outliers: bounds a few times above the
+  // measured values (bits per weight: q2_K 2.6 ... q8_0 8.5); a packing bug gives errors near 1.
+  struct Bound {
+    DType t;
+    double max_rel;
+  } bounds[] = {{DType::Q8_0, 0.015}, {DType::Q6_K, 0.04}, {DType::Q5_0, 0.1}, {DType::Q5_1, 0.1},
+                {DType::Q5_K, 0.1},  {DType::Q4_0, 0.2}, {DType::Q4_1, 0.2}, {DType::Q4_K, 0.2},
+                {DType::Q3_K, 0.35}, {DType::Q2_K, 0.6}};
+  const auto w = random_weights(4096, 7);
+  for (const Bound& b : bounds) {
+    const QuantType* q = quant::quant_type(b.t);
+    const auto bytes = quantize(q, w);
+    EXPECT_EQ(q->find_bad_scale(bytes.data(), 4096 / q->block_size), -1);
+    std::vector<float> back(w.size());
+    q->dequantize_row(bytes.data(), back.data(), 4096);
+    const double err = test::rel_l2(back, w);
+    EXPECT_LT(err, b.max_rel) << q->name;
+    EXPECT_GT(err, 0.0) << q->name;
+    std::printf("  %s round trip rel. L2 %.4f\n", std::string(q->name).c_str(), err);
+  }
+  // Degenerate blocks: all zero and one repeated value stay exact (zero) or close.
+  for (const QuantType* q : quant::quant_types()) {
+    std::vector<float> zero(256, 0.0f), same(256, 0.25f), back(256, 1.0f);
+    q->dequantize_row(quantize(q, zero).data(), back.data(), 256);
+    for (float v : back) ASSERT_EQ(v, 0.0f) << q->name;
+    q->dequantize_row(quantize(q, same).data(), back.data(), 256);
+    for (float v : back) ASSERT_NEAR(v, 0.25f, 0.25f * 0.3) << q->name;
+  }
+}
+
+TEST(QuantDot, EveryVariantEqualsDequantizeThenDot) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const QuantType* q : quant::quant_types()) {
+    SCOPED_TRACE(type_name(q));
+    // Fixture blocks (extreme scales) and quantized rows, several lengths.
+    std::vector<std::vector<uint8_t>> rows = {read_bin(type_name(q) + ".blocks.bin"),
+                                              quantize(q, random_weights(4 * q->block_size, 11)),
+                                              quantize(q, random_weights(q->block_size, 12))};
+    for (const auto& row : rows) {
+      const int64_t n = static_cast<int64_t>(row.size()) / q->block_bytes * q->block_size;
+      std::vector<float> w(static_cast<size_t>(n)), x(static_cast<size_t>(n));
+      for (auto& v : x) v = u(rng);
+      q->dequantize_row(row.data(), w.data(), n);
+      const float want = dot16(x.data(), w.data(), n);
+      uint32_t bw, bg;
+      std::memcpy(&bw, &want, 4);
+      const float got = q->dot(row.data(), x.data(), n);
+      std::memcpy(&bg, &got, 4);
+      EXPECT_EQ(bg, bw) << "dot: " << got << " vs " << want << " (n " << n << ")";
+      for (int i = 0; i < 3; ++i) {
+        const auto isa = static_cast<quant::DotIsa>(i);
+        if (!quant::dot_isa_available(isa)) continue;
+        const float v = q->dot_variants[i](row.data(), x.data(), n);
+        std::memcpy(&bg, &v, 4);
+        EXPECT_EQ(bg, bw) << quant::dot_isa_name(isa) << ": " << v << " vs " << want;
+      }
+    }
+  }
+}
+
+TEST(QuantDot, ScaleChecksFindNonFiniteScales) {
+  // The f16 scale fields of each block (ggml-common.h): d, and m / dmin where the type has one.
+  const std::pair<DType, std::vector<int>> fields[] = {
+      {DType::Q4_0, {0}},     {DType::Q4_1, {0, 2}}, {DType::Q5_0, {0}},    {DType::Q5_1, {0, 2}}, {DType::Q8_0, {0}},
+      {DType::Q2_K, {80, 82}}, {DType::Q3_K, {108}}, {DType::Q4_K, {0, 2}}, {DType::Q5_K, {0, 2}}, {DType::Q6_K, {208}}};
+  for (const auto& [t, offsets] : fields) {
+    const QuantType* q = quant::quant_type(t);
+    const auto row = quantize(q, random_weights(3 * q->block_size, 5));
+    ASSERT_EQ(q->find_bad_scale(row.data(), 3), -1) << q->name;
+    for (int off : offsets)
+      for (uint16_t h : {uint16_t{0x7c00}, uint16_t{0xfc00}, uint16_t{0x7e01}}) {  // +inf, -inf, NaN
+        auto bad = row;
+        std::memcpy(bad.data() + 2 * q->block_bytes + off, &h, 2);
+        EXPECT_EQ(q->find_bad_scale(bad.data(), 3), 2) << q->name << " offset " << off;
+        EXPECT_EQ(q->find_bad_scale(bad.data(), 2), -1) << q->name << " offset " << off;
+      }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One matmul (and the embedding lookup feeding it) through the cpu and reference backends.
+
+namespace {
+
+struct OneMatmul {
+  ModelFile m;
+  Graph g;
+};
+
+// tokens -> embed(token_embd [V, K], emb_type) -> matmul(w [N, K], w_type) [-> GLU with w_up].
+OneMatmul one_matmul(DType emb_type, DType w_type, int64_t K, int64_t N, bool glu) {
+  const int64_t V = 16;
+  OneMatmul r;
+  r.m.path = "quant-test";
+  r.m.format = "gguf";
+  auto add = [&](const std::string& name, DType t, int64_t rows, int64_t cols, uint32_t seed) {
+    auto f = random_weights(rows * cols, seed);
+    if (name == "token_embd.weight")
+      for (auto& v : f) v *= 50;  // activations of order 1
+    WeightTensor w;
+    w.name = name;
+    w.dtype = t;
+    w.shape = {rows, cols};
+    auto buf = std::make_shared<std::vector<uint8_t>>();
+    if (const QuantType* q = quant::quant_type(t)) {
+      *buf = quantize(q, f);
+    } else {
+      buf->resize(f.size() * 4);
+      std::memcpy(buf->data(), f.data(), buf->size());
+    }
+    w.data = buf->data();
+    w.nbytes = buf->size();
+    r.m.owned.push_back(buf);
+    r.m.add_tensor(w);
+  };
+  add("token_embd.weight", emb_type, V, K, 1);
+  add("w", w_type, N, K, 2);
+  if (glu) add("w_up", w_type, N, K, 3);
+  Graph& g = r.g;
+  int tokens = g.add_input("tokens");
+  int x = g.add(Op::embed, {g.add_weight("token_embd.weight", emb_type, {V, K}), tokens}, {}, "x");
+  int y = g.add(Op::matmul, {x, g.add_weight("w", w_type, {N, K})}, {}, "y");
+  if (glu) {
+    int up = g.add(Op::matmul, {x, g.add_weight("w_up", w_type, {N, K})}, {}, "up");
+    y = g.add(Op::mul, {g.add(Op::silu, {y}, {}, "gate"), up}, {}, "glu");
+  }
+  g.add_output(y, "logits");
+  return r;
+}
+
+std::vector<float> dequantized(const ModelFile& m, const std::string& name) {
+  const WeightTensor& t = m.get(name);
+  std::vector<float> f(static_cast<size_t>(t.numel()));
+  to_f32(t.dtype, t.data, f.data(), t.numel());
+  return f;
+}
+
+// f64 product over the dequantized weights: the oracle of the budget.
+std::vector<double> f64_product(const ModelFile& m, const std::vector<int32_t>& ids, int64_t K, int64_t N, bool glu) {
+  const auto emb = dequantized(m, "token_embd.weight"), w = dequantized(m, "w");
+  const auto up = glu ? dequantized(m, "w_up") : std::vector<float>{};
+  std::vector<double> out;
+  for (int32_t id : ids)
+    for (int64_t j = 0; j < N; ++j) {
+      double a = 0, b = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        a += static_cast<double>(emb[static_cast<size_t>(id * K + k)]) * w[static_cast<size_t>(j * K + k)];
+        if (glu) b += static_cast<double>(emb[static_cast<size_t>(id * K + k)]) * up[static_cast<size_t>(j * K + k)];
+      }
+      out.push_back(glu ? a / (1 + std::exp(-a)) * b : a);
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST(QuantMatmul, EveryTypeWithinBudgetOfF64OnCpuAndReference) {
+  const int64_t K = 512, N = 40;
+  for (const QuantType* q : quant::quant_types())
+    for (bool glu : {false, true})
+      for (bool quant_emb : {false, true}) {
+        SCOPED_TRACE(type_name(q) + (glu ? " glu" : "") + (quant_emb ? " quantized embedding" : ""));
+        OneMatmul t = one_matmul(quant_emb ? q->dtype : DType::F32, q->dtype, K, N, glu);
+        for (const char* backend : {"cpu", "reference"}) {
+          BackendOptions o;
+          o.threads = 2;
+          auto b = make_backend(backend, t.g, t.m, o);
+          // One row (decode: the fused block-by-block dot), then five (prefill: dequantized rows).
+          for (std::vector<int32_t> ids : {std::vector<int32_t>{5}, std::vector<int32_t>{0, 3, 15, 7, 9}}) {
+            b->reset();
+            const auto got = b->forward(ids, 0);
+            const auto want = f64_product(t.m, ids, K, N, glu);
+            ASSERT_EQ(got.size(), want.size()) << backend;
+            EXPECT_LT(test::rel_l2(got, want), 1e-5) << backend << ", " << ids.size() << " rows";
+          }
+        }
+      }
+}
+
+TEST(QuantMatmul, DecodeAndPrefillRowsGiveTheSameBits) {
+  // The fused decode dot and the prefill path (dequantize a row, then dot) agree bit for bit.
+  for (const QuantType* q : quant::quant_types()) {
+    OneMatmul t = one_matmul(q->dtype, q->dtype, 256, 24, true);
+    BackendOptions o;
+    o.threads = 3;
+    auto b = make_backend("cpu", t.g, t.m, o);
+    const std::vector<int32_t> ids = {2, 11, 4, 6, 1};
+    const auto all = b->forward(ids, 0);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      b->reset();
+      const auto one = b->forward(std::span<const int32_t>(&ids[i], 1), 0);
+      ASSERT_EQ(one.size(), 24u);
+      EXPECT_EQ(std::memcmp(one.data(), all.data() + i * 24, 24 * 4), 0) << q->name << " row " << i;
+    }
+  }
+}
+
+TEST(QuantCuda, CodegenRefusesTheNewTypesNamingThem) {
+  // The CUDA device code reads f32/f16/bf16 (q8_0 is expanded at upload); a quantized model is a
+  // clear error naming the type, not a crash or wrong numbers.
+  const ModelFile f32 = load_model(std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf");
+  for (DType t : {DType::Q4_0, DType::Q5_1}) {
+    const ModelFile m = quant::quantize_model(f32, t);
+    CompileOptions co;
+    co.workers = 4;
+    const Program p = compile_program(build_graph(m, BuildOptions{64, false}), co);
+    cuda::CudaCodegenOptions o;
+    o.weight_dtypes = cuda::device_weight_dtypes(p);
+    const std::string msg = test::error_of([&] { cuda::generate_cuda(p, o); });
+    EXPECT_NE(msg.find("weights of type " + std::string(dtype_name(t)) + " are not supported"), std::string::npos) << msg;
+  }
+}
