@@ -9,5 +9,7 @@ void add_info_command(CLI::App& app);
 void add_logits_command(CLI::App& app);
 void add_compile_command(CLI::App& app);
 void add_bench_copy_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
 
 }  // namespace mk::cli

@@ -25,4 +25,15 @@ ModelFile load_model(const std::string& path) {
   }
 }
 
+ModelFile load_model_vocab(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return load_hf_dir(path);
+  {
+    auto file = MappedFile::open(path);
+    if (file->size() < 4 || std::memcmp(file->data(), "GGUF", 4) != 0)
+      fail("{}: not a GGUF file or a Hugging Face directory; only those carry a vocabulary", path);
+  }
+  return load_gguf_metadata(path);
+}
+
 }  // namespace mk

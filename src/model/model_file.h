@@ -73,6 +73,12 @@ ModelFile load_model(const std::string& path);
 
 ModelFile load_gguf(const std::string& path);
 ModelFile load_gguf(std::shared_ptr<MappedFile> file);
+// Header and metadata only (no tensor infos): enough for the vocabulary, and works for vocab-only
+// files and for files whose tensor types cannot be run.
+ModelFile load_gguf_metadata(const std::string& path);
+// What the tokenizer of the model at `path` needs, without reading weights: GGUF metadata, or for
+// an HF directory its config files (tokenizer.json is read by load_hf_tokenizer). Throws like load_model.
+ModelFile load_model_vocab(const std::string& path);
 ModelFile load_llama2c(const std::string& path);
 ModelFile load_llama2c(std::shared_ptr<MappedFile> file);
 // A Hugging Face model directory (config.json + safetensors weights); see model/hf.h.

@@ -271,8 +271,13 @@ class HfBpeTokenizer final : public Tokenizer {
  public:
   HfBpeTokenizer(const Json& j, const std::string& source, const std::vector<int32_t>& eos_ids);
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override;
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const override;
   std::string token_bytes(int32_t prev, int32_t id) const override;
+  std::string token_text(int32_t id) const override {
+    if (id >= 0 && static_cast<size_t>(id) < is_special_.size() && is_special_[static_cast<size_t>(id)])
+      return id_to_token_[static_cast<size_t>(id)];
+    return token_bytes(-1, id);
+  }
   int32_t n_vocab() const override { return static_cast<int32_t>(id_to_token_.size()); }
 
  private:
@@ -553,17 +558,17 @@ void HfBpeTokenizer::pick_eos(const std::vector<int32_t>& eos_ids) {
 
 // --- encoding --------------------------------------------------------------------------------
 
-std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_bos) const {
+std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
   check_utf8(text);
   std::vector<int32_t> out;
-  if (add_bos && bos_id >= 0) out.push_back(bos_id);
+  if (add_bos && this->add_bos && bos_id >= 0) out.push_back(bos_id);
 
   // Added tokens first: the longest one starting at each position wins; text between them is encoded.
   size_t seg_start = 0, i = 0;
   while (i < text.size()) {
     const AddedToken* hit = nullptr;
     for (uint32_t k : added_by_byte_[static_cast<uint8_t>(text[i])])
-      if (text.compare(i, added_[k].content.size(), added_[k].content) == 0) {
+      if ((parse_special || !added_[k].special) && text.compare(i, added_[k].content.size(), added_[k].content) == 0) {
         hit = &added_[k];
         break;
       }
@@ -582,6 +587,7 @@ std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_bos)
     seg_start = i;
   }
   encode_segment(text.substr(seg_start), seg_start == 0, out);
+  if (add_bos && add_eos && eos_id >= 0) out.push_back(eos_id);
   return out;
 }
 
@@ -781,6 +787,15 @@ std::string HfBpeTokenizer::token_bytes(int32_t prev, int32_t id) const {
 }
 
 }  // namespace
+
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const nlohmann::json& doc, const std::string& source,
+                                             const std::vector<int32_t>& eos_ids) {
+  try {
+    return std::make_unique<HfBpeTokenizer>(doc, source, eos_ids);
+  } catch (const Json::exception& e) {  // a field of an unexpected JSON type
+    fail("{}: malformed tokenizer description: {}", source, e.what());
+  }
+}
 
 std::unique_ptr<Tokenizer> parse_hf_tokenizer_json(std::string_view json_text, const std::string& source,
                                                    const std::vector<int32_t>& eos_ids) {

@@ -127,7 +127,7 @@ class SpmTokenizer final : public Tokenizer {
 
   int32_t n_vocab() const override { return static_cast<int32_t>(vocab_.pieces.size()); }
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool /*parse_special*/) const override {
     std::vector<int32_t> ids;
     if (add_bos && bos_id >= 0) ids.push_back(bos_id);
     if (text.empty()) return ids;
@@ -362,9 +362,10 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model) {
     if (!model.has("tokenizer.ggml.model"))
       fail("{}: no tokenizer in this GGUF file (tokenizer.ggml.model missing); pass one with -z", model.path);
     const std::string type = model.get_str("tokenizer.ggml.model");
+    if (type == "gpt2") return load_gguf_bpe_tokenizer(model);
     if (type != "llama")
-      fail("{}: tokenizer model \"{}\" is not supported (supported: \"llama\", SentencePiece BPE)", model.path,
-           type);
+      fail("{}: tokenizer model \"{}\" is not supported (supported: \"llama\", SentencePiece BPE; \"gpt2\", "
+           "byte-level BPE)", model.path, type);
     return load_gguf_spm_tokenizer(model);
   }
   if (model.format == "llama2c") fail("{}: no tokenizer in this model file; pass one with -z", model.path);
