@@ -71,7 +71,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   if (!s.tokenizer) fail("generate: the session has no tokenizer");
   if (o.n_new < 0) fail("number of tokens to generate must be >= 0, got {}", o.n_new);
   GenerateResult r;
-  r.prompt_ids = s.tokenizer->encode(o.prompt, true);
+  r.prompt_ids = o.prompt_ids.empty() ? s.tokenizer->encode(o.prompt, o.add_bos, /*parse_special=*/true) : o.prompt_ids;
   if (r.prompt_ids.empty()) fail("the prompt encodes to no tokens and the tokenizer has no BOS token");
   if (static_cast<int64_t>(r.prompt_ids.size()) > s.n_ctx - s.n_past)
     fail("prompt is {} tokens but only {} fit the context ({}); use a shorter prompt or a larger -c", r.prompt_ids.size(),

@@ -52,6 +52,13 @@ struct GenerateOptions {
   SamplerOptions sampler;
   bool ignore_eos = false;
   bool echo_prompt = false;  // pass the prompt text to on_text once it is known to fit the context
+  // Add the vocabulary's BOS/EOS around the prompt (off for a rendered chat template, which writes
+  // its own special tokens, as Hugging Face's apply_chat_template does). Special tokens written in
+  // the prompt text are always parsed.
+  bool add_bos = true;
+  // When not empty: these tokens are the prompt (evaluated at the session's n_past), `prompt` is
+  // only echoed.
+  std::vector<int32_t> prompt_ids;
 };
 
 struct GenerateResult {

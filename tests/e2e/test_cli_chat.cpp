@@ -1,0 +1,81 @@
+// `run --chat` / `run --messages` with a chat template on a Hugging Face fixture directory.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+std::string run_cli(const std::string& args, int* status) {
+  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 65536> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  *status = WEXITSTATUS(pclose(p));
+  return out;
+}
+
+const std::string kDir = std::string(MK_SHARED_DIR) + "/fixtures/hf/qwen2_bias_float32";
+const std::string kTemplate = std::string(MK_SOURCE_DIR) + "/tests/chat/templates/chatml.jinja";
+
+TEST(E2EChatCli, ChatAndMessagesRenderTheTemplate) {
+  int status = 0;
+  std::string out = run_cli("run --json --temp 0 -n 3 -m " + kDir + " --chat-template-file " + kTemplate +
+                                " --chat -p 'Hi there' --system 'Be brief.'", &status);
+  ASSERT_EQ(status, 0) << out;
+  auto chat = nlohmann::json::parse(out);
+  const std::string want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+                           "<|im_start|>assistant\n";
+  EXPECT_EQ(chat["rendered"], want);
+  EXPECT_EQ(chat["generated_ids"].size(), 3u);
+
+  // The same conversation from a messages file gives the same prompt and the same greedy tokens.
+  const auto path = std::filesystem::temp_directory_path() / ("mk_messages_" + std::to_string(getpid()) + ".json");
+  std::ofstream(path) << R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}])";
+  out = run_cli("run --json --temp 0 -n 3 -m " + kDir + " --chat-template-file " + kTemplate + " --messages " +
+                    path.string(), &status);
+  ASSERT_EQ(status, 0) << out;
+  auto msgs = nlohmann::json::parse(out);
+  EXPECT_EQ(msgs["rendered"], want);
+  EXPECT_EQ(msgs["prompt_ids"], chat["prompt_ids"]);
+  EXPECT_EQ(msgs["generated_ids"], chat["generated_ids"]);
+
+  // Raw prompts report themselves as the rendered text.
+  out = run_cli("run --json --temp 0 -n 1 -m " + kDir + " -p 'Hello world'", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["rendered"], "Hello world");
+
+  std::ofstream(path) << R"({"role": "user"})";
+  out = run_cli("run -m " + kDir + " --chat-template-file " + kTemplate + " --messages " + path.string(), &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("error: " + path.string() + ": messages must be a JSON array"), std::string::npos) << out;
+  std::filesystem::remove(path);
+
+  out = run_cli("run -m " + kDir + " --chat -p hi", &status);  // the fixture has no template
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("no chat template"), std::string::npos) << out;
+}
+
+TEST(E2EChatCli, InteractiveChatKeepsTheConversation) {
+  int status = 0;
+  const std::string cmd = "printf 'Hello\\nAgain\\n/exit\\nignored\\n' | " + std::string(MK_CLI_PATH) +
+                          " chat --temp 0 -n 2 -m " + kDir + " --chat-template-file " + kTemplate + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) out.append(buf.data(), n);
+  status = WEXITSTATUS(pclose(p));
+  ASSERT_EQ(status, 0) << out;
+  // Two prompts answered ("> " before each turn and once more before /exit).
+  size_t prompts = 0;
+  for (size_t p = out.find("> "); p != std::string::npos; p = out.find("> ", p + 2)) ++prompts;
+  EXPECT_EQ(prompts, 3u) << out;
+}
+
+}  // namespace
