@@ -169,7 +169,11 @@ std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model) {
   tok->unk_id = unk;
   tok->add_bos = bool_key(model, "tokenizer.ggml.add_bos_token", pre->add_bos);
   tok->add_eos = bool_key(model, "tokenizer.ggml.add_eos_token", false);
-  if (tok->add_bos && bos < 0) fail("{}: tokenizer.ggml.add_bos_token is set but there is no bos_token_id", path);
+  if (tok->add_bos && bos < 0) {
+    if (model.has("tokenizer.ggml.add_bos_token"))
+      fail("{}: tokenizer.ggml.add_bos_token is set but there is no bos_token_id", path);
+    tok->add_bos = false;  // the pre-tokenizer's default, without a BOS to add
+  }
   return tok;
 }
 

@@ -212,25 +212,25 @@ TEST(TokenizerGgufBpe, ControlAndUserDefinedTokens) {
 TEST(TokenizerGgufBpe, BosEosFlagsAndIds) {
   VocabSpec spec;
   spec.specials = {{"<s>", 3}, {"</s>", 3}, {"<eot>", 3}};
-  spec.extra = {{"tokenizer.ggml.bos_token_id", 258}, {"tokenizer.ggml.eos_token_id", 259},
-                {"tokenizer.ggml.eot_token_id", 260}};
+  spec.extra = {{"tokenizer.ggml.bos_token_id", 256}, {"tokenizer.ggml.eos_token_id", 257},
+                {"tokenizer.ggml.eot_token_id", 258}};
   ModelFile m = vocab_model(spec);
   auto tok = load_model_tokenizer(m);
-  EXPECT_EQ(tok->bos_id, 258);
-  EXPECT_EQ(tok->eos_id, 259);
-  EXPECT_TRUE(tok->is_eos(260));
+  EXPECT_EQ(tok->bos_id, 256);
+  EXPECT_EQ(tok->eos_id, 257);
+  EXPECT_TRUE(tok->is_eos(258));
   EXPECT_FALSE(tok->add_bos);  // llama.cpp's default for gpt2 vocabs
   EXPECT_EQ(tok->encode("a", true), (std::vector<int32_t>{'a'}));
 
   m.metadata["tokenizer.ggml.add_bos_token"] = true;
   m.metadata["tokenizer.ggml.add_eos_token"] = true;
   tok = load_model_tokenizer(m);
-  EXPECT_EQ(tok->encode("a", true), (std::vector<int32_t>{258, 'a', 259}));
+  EXPECT_EQ(tok->encode("a", true), (std::vector<int32_t>{256, 'a', 257}));
   EXPECT_EQ(tok->encode("a", false), (std::vector<int32_t>{'a'}));
 
   spec.pre = "llama-bpe";  // Llama 3 adds BOS unless the file says otherwise
   m = vocab_model(spec);
-  EXPECT_EQ(load_model_tokenizer(m)->encode("a", true), (std::vector<int32_t>{258, 'a'}));
+  EXPECT_EQ(load_model_tokenizer(m)->encode("a", true), (std::vector<int32_t>{256, 'a'}));
   m.metadata["tokenizer.ggml.add_bos_token"] = false;
   EXPECT_EQ(load_model_tokenizer(m)->encode("a", true), (std::vector<int32_t>{'a'}));
 }
@@ -283,7 +283,7 @@ TEST(TokenizerGgufBpe, TokenizeCommandOnAVocabOnlyFile) {
   spec.pre = "smollm";
   spec.merges = {{"h", "i"}, {"Ġ", "hi"}};
   spec.specials = {{"<|im_start|>", 3}};
-  spec.extra = {{"tokenizer.ggml.bos_token_id", 259}, {"tokenizer.ggml.add_bos_token", true}};
+  spec.extra = {{"tokenizer.ggml.bos_token_id", 258}, {"tokenizer.ggml.add_bos_token", true}};  // <|im_start|>
   const ModelFile m = vocab_model(spec);
   Writer w;
   w.put("general.architecture", "llama");
@@ -300,7 +300,7 @@ TEST(TokenizerGgufBpe, TokenizeCommandOnAVocabOnlyFile) {
   auto j = nlohmann::json::parse(out);
   // Without --parse-special the control token is plain text: 12 byte tokens.
   EXPECT_EQ(j["ids"].size(), 1u + 12u + 2u);
-  EXPECT_EQ(j["ids"][0], 259);
+  EXPECT_EQ(j["ids"][0], 258);
   EXPECT_EQ(j["pieces"].back(), " hi");
 
   out = run_cli("tokenize -m " + path + " -f " + (dir / "text.txt").string() + " --json --parse-special --no-bos",
