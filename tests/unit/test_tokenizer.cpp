@@ -361,8 +361,13 @@ void expect_error(const ModelFile& m, const std::string& needle) {
 TEST(TokenizerGguf, BadMetadataIsAnError) {
   {
     ModelFile m = tok512_as_gguf();
-    m.metadata["tokenizer.ggml.model"] = "gpt2";
-    expect_error(m, "\"gpt2\"");
+    m.metadata["tokenizer.ggml.model"] = "bert";  // WordPiece: not supported
+    expect_error(m, "tokenizer model \"bert\" is not supported");
+  }
+  {
+    ModelFile m = tok512_as_gguf();
+    m.metadata["tokenizer.ggml.model"] = "gpt2";  // a SentencePiece vocab has no merges
+    expect_error(m, "missing metadata key tokenizer.ggml.merges");
   }
   {
     ModelFile m = tok512_as_gguf();
