@@ -197,6 +197,12 @@ class SpmTokenizer final : public Tokenizer {
     return ids;
   }
 
+  // Control pieces show their text; others their bytes as in mid-text (with the leading space).
+  std::string token_text(int32_t id) const override {
+    if (id >= 0 && id < n_vocab() && kinds_[id] == PieceKind::kSpecial) return vocab_.pieces[id];
+    return token_bytes(/*prev=*/n_vocab(), id);  // a `prev` that is neither the start nor BOS
+  }
+
   std::string token_bytes(int32_t prev, int32_t id) const override {
     if (id < 0 || id >= n_vocab()) fail("tokenizer: token id {} is outside the vocab [0, {})", id, n_vocab());
     switch (kinds_[id]) {

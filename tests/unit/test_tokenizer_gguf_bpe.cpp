@@ -319,5 +319,17 @@ TEST(TokenizerGgufBpe, TokenizeCommandOnAVocabOnlyFile) {
   std::filesystem::remove_all(dir);
 }
 
+// The SentencePiece vocabulary of stories260K.gguf through the same command: pieces as llama.cpp's
+// llama-tokenize shows them (BOS by name, the space of each word kept).
+TEST(TokenizerGgufBpe, TokenizeCommandOnASentencePieceVocab) {
+  int status = 0;
+  const std::string out = run_cli("tokenize --json -m " + std::string(MK_SHARED_DIR) +
+                                      "/models/stories260K/stories260K.gguf -p 'Once upon a time'", &status);
+  ASSERT_EQ(status, 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["ids"], nlohmann::json::parse("[1, 403, 407, 261, 378]"));  // reference_greedy.json's prompt_ids
+  EXPECT_EQ(j["pieces"], nlohmann::json::parse(R"(["<s>", " Once", " upon", " a", " time"])"));
+}
+
 }  // namespace
 }  // namespace mk
