@@ -1,7 +1,7 @@
-// GGUF files of the qwen2, qwen3 and gemma families, converted here from the Hugging Face fixtures
+// GGUF files of the qwen2, qwen3, gemma and phi3 families, converted here from the Hugging Face fixtures
 // the way llama.cpp's convert_hf_to_gguf.py writes them (GGUF tensor names, ne[] reversed, q/k not
 // permuted for these NEOX-RoPE families, Gemma's norm weights stored as 1 + w), give the logits
-// that transformers computed (reference.json).
+// that transformers computed (reference.json). Phi-3 keeps its fused attn_qkv and ffn_up ([gate; up]).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,6 +12,7 @@
 
 #include "archs/hf_common.h"
 #include "archs/registry.h"
+#include "model/hf.h"
 #include "model/model_file.h"
 #include "runtime/session.h"
 #include "support/compare.h"
@@ -72,7 +73,8 @@ std::string convert(const std::string& dir, const std::string& arch) {
   w.put_f32(arch + ".attention.layer_norm_rms_epsilon", static_cast<float>(hp.norm_eps));
   const auto& rp = c.contains("rope_parameters") ? c["rope_parameters"] : c;
   w.put_f32(arch + ".rope.freq_base", rp.value("rope_theta", 10000.0f));
-  w.put_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(hp.head_dim));
+  w.put_u32(arch + ".rope.dimension_count",
+            static_cast<uint32_t>(static_cast<double>(hp.head_dim) * read_hf_rope(c).partial_rotary_factor));
   std::vector<std::string> names = {"token_embd.weight", "output_norm.weight", "output.weight"};
   for (int64_t il = 0; il < hp.n_layer; ++il)
     for (const char* part : {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
@@ -81,7 +83,21 @@ std::string convert(const std::string& dir, const std::string& arch) {
       names.push_back("blk." + std::to_string(il) + "." + part);
   int n = 0;
   for (const auto& name : names) {
-    const WeightTensor* t = hf.find(hf_llama_tensor_name(name, false));
+    std::string hf_name = hf_llama_tensor_name(name, false);
+    if (arch == "phi3") {  // llama.cpp keeps Phi-3's fused projections
+      if (name.find(".attn_k.") != std::string::npos || name.find(".attn_v.") != std::string::npos ||
+          name.find(".ffn_gate.") != std::string::npos)
+        continue;
+      const std::string layer = "model.layers." + name.substr(4, name.find('.', 4) - 4);
+      if (name.ends_with(".attn_q.weight")) {
+        const WeightTensor& t = hf.get(layer + ".self_attn.qkv_proj.weight");
+        w.tensor(name.substr(0, name.size() - 14) + ".attn_qkv.weight", t.shape, f32_values(t));
+        ++n;
+        continue;
+      }
+      if (name.ends_with(".ffn_up.weight")) hf_name = layer + ".mlp.gate_up_proj.weight";
+    }
+    const WeightTensor* t = hf.find(hf_name);
     if (!t) continue;
     std::vector<float> v = f32_values(*t);
     if (arch == "gemma" && name.ends_with("norm.weight"))
@@ -89,7 +105,7 @@ std::string convert(const std::string& dir, const std::string& arch) {
     w.tensor(name, t->shape, v);
     ++n;
   }
-  EXPECT_GE(n, 9 * static_cast<int>(hp.n_layer));
+  EXPECT_GE(n, (arch == "phi3" ? 6 : 9) * static_cast<int>(hp.n_layer));
   return w.bytes();
 }
 
@@ -98,7 +114,10 @@ TEST(E2EGgufFamilies, ConvertedHfFixturesMatchTransformers) {
   const auto tmp = std::filesystem::temp_directory_path() / ("mk_gguf_families_" + std::to_string(getpid()));
   std::filesystem::create_directories(tmp);
   for (const auto& [fixture, arch] : std::vector<std::pair<std::string, std::string>>{
-           {"qwen2_bias_float32", "qwen2"}, {"qwen3_qknorm_float32", "qwen3"}, {"gemma_float32", "gemma"}}) {
+           {"qwen2_bias_float32", "qwen2"},
+           {"qwen3_qknorm_float32", "qwen3"},
+           {"gemma_float32", "gemma"},
+           {"phi3_float32", "phi3"}}) {
     const std::string path = (tmp / (arch + ".gguf")).string();
     std::ofstream(path, std::ios::binary) << convert(root + fixture, arch);
     std::ifstream in(root + fixture + "/reference.json");
