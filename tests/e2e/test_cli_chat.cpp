@@ -7,6 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "runtime/chat.h"
+#include "runtime/session.h"
 
 namespace {
 
@@ -76,6 +80,37 @@ TEST(E2EChatCli, InteractiveChatKeepsTheConversation) {
   size_t prompts = 0;
   for (size_t p = out.find("> "); p != std::string::npos; p = out.find("> ", p + 2)) ++prompts;
   EXPECT_EQ(prompts, 3u) << out;
+}
+
+// A second turn on the kept KV cache gives what a fresh session gives for the whole rendered
+// conversation (greedy), so reusing the cached prefix changes nothing.
+TEST(E2EChatConversation, SecondTurnMatchesAFreshSession) {
+  std::ifstream in(kTemplate);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  mk::SessionOptions so;
+  so.model_path = kDir;
+  so.backend = "reference";
+  mk::Session s(so);
+  mk::ChatConversation conv(s, ss.str(), "Be brief.");
+  mk::GenerateOptions g;
+  g.n_new = 4;
+  g.sampler.temperature = 0;
+  conv.reply("Hello", g);
+  const int64_t after_first = s.n_past;
+  const mk::GenerateResult second = conv.reply("And again?", g);
+  EXPECT_GT(s.n_past, after_first);
+  ASSERT_EQ(conv.messages().size(), 5u);  // system, user, assistant, user, assistant
+
+  nlohmann::ordered_json history = conv.messages();
+  history.erase(history.size() - 1);  // up to the second user turn
+  mk::Session fresh(so);
+  mk::GenerateOptions g2 = g;
+  g2.prompt = mk::render_model_chat(fresh.model, *fresh.tokenizer, history, kTemplate);
+  g2.add_bos = false;
+  const mk::GenerateResult want = mk::generate(fresh, g2);
+  EXPECT_EQ(second.generated_ids, want.generated_ids);
+  EXPECT_EQ(second.text, want.text);
 }
 
 }  // namespace
