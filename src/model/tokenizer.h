@@ -117,6 +117,9 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const nlohmann::json& doc, const st
 // Throws mk::Error naming the file and key (unknown pre-tokenizer: listing the known ones; merges
 // naming tokens outside the vocabulary; ids out of range).
 std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model);
+// Token texts llama.cpp treats as end of generation in GGUF vocabularies even without an
+// eot_token_id key: <|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>, <|endoftext|>, <|eom_id|>, ...
+bool is_end_of_generation_name(std::string_view text);
 std::vector<std::string> gguf_bpe_pre_names();
 // <model.path>/tokenizer.json of an HF directory, with EOS ids from its generation_config.json/config.json.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const ModelFile& model);

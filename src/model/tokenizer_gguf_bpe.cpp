@@ -77,6 +77,11 @@ constexpr const char* kEndOfGenerationNames[] = {
 
 }  // namespace
 
+bool is_end_of_generation_name(std::string_view text) {
+  return std::find(std::begin(kEndOfGenerationNames), std::end(kEndOfGenerationNames), text) !=
+         std::end(kEndOfGenerationNames);
+}
+
 std::vector<std::string> gguf_bpe_pre_names() {
   std::vector<std::string> names;
   for (const auto& p : pre_tokenizers())
@@ -161,8 +166,7 @@ std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model) {
   add_eog(eot);
   add_eog(eom);
   for (size_t i = 0; i < n; ++i)
-    for (const char* name : kEndOfGenerationNames)
-      if (text[i] == name) add_eog(static_cast<int32_t>(i));
+    if (is_end_of_generation_name(text[i])) add_eog(static_cast<int32_t>(i));
 
   auto tok = make_hf_tokenizer(doc, path + ": tokenizer.ggml", eog);
   tok->bos_id = bos;

@@ -358,6 +358,10 @@ std::unique_ptr<Tokenizer> load_gguf_spm_tokenizer(const ModelFile& model) {
     fail("{}: {}", path, e.what());
   }
   if (eot_id >= 0 && eot_id != tokenizer->eos_id) tokenizer->extra_eos_ids.push_back(eot_id);
+  // Pieces llama.cpp treats as end of generation by name (Gemma's <end_of_turn>, ...).
+  for (int32_t i = 0; i < tokenizer->n_vocab(); ++i)
+    if (is_end_of_generation_name(tokens[static_cast<size_t>(i)].get_ref<const std::string&>()) && !tokenizer->is_eos(i))
+      tokenizer->extra_eos_ids.push_back(i);
   return tokenizer;
 }
 

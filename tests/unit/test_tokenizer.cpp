@@ -340,6 +340,15 @@ TEST(TokenizerGguf, AddSpacePrefixFalse) {
   EXPECT_EQ(tok->decode(tok->encode("Once upon", true)), "Once upon");
 }
 
+TEST(TokenizerGguf, EndOfTurnNamesEndGeneration) {
+  ModelFile m = tok512_as_gguf();
+  m.metadata["tokenizer.ggml.tokens"][300] = "<end_of_turn>";  // as in Gemma's vocabulary
+  const auto tok = load_model_tokenizer(m);
+  EXPECT_TRUE(tok->is_eos(300));
+  EXPECT_TRUE(tok->is_eos(2));
+  EXPECT_FALSE(tok->is_eos(299));
+}
+
 TEST(TokenizerGguf, EotIsAnExtraEos) {
   ModelFile m = tok512_as_gguf();
   m.metadata["tokenizer.ggml.eot_token_id"] = 0;
