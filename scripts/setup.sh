@@ -32,3 +32,8 @@ if [[ -d /usr/local/cuda ]] && ! command -v cuobjdump >/dev/null && [[ ! -x /usr
   fi
   rm -rf "$tmp"
 fi
+# Models the tests and the demo use when present (never stored in the repo). Best effort: offline,
+# the SmolLM2 tests are skipped and the demo falls back to stories260K. MK_FETCH_MODELS=0 skips it.
+if [[ "${MK_FETCH_MODELS:-1}" == 1 ]]; then
+  "$(dirname "$0")/get-model.sh" smollm2 >/dev/null || echo "setup: note: SmolLM2 not fetched; its tests will be skipped" >&2
+fi

@@ -3,6 +3,7 @@
 // Source: transformers modeling_gemma.py (GemmaRMSNorm, GemmaModel's `normalizer`).
 #include <cmath>
 
+#include "archs/gguf_common.h"
 #include "archs/hf_common.h"
 #include "archs/registry.h"
 
@@ -16,6 +17,16 @@ Graph build_hf_gemma(const ModelFile& m, const BuildOptions& o) {
     const float scale = std::sqrt(static_cast<float>(s.hp.n_embd));
     s.embed_scale_value = static_cast<double>(bf16_to_f32(f32_to_bf16(scale)));
   }
+  return build_decoder(m, s);
+}
+
+// GGUF "gemma": llama.cpp's converter stores the norm weights as (1 + w), so the norms are plain
+// RMSNorm here; NEOX RoPE, embeddings * sqrt(n_embd), GELU (tanh) gated FFN, tied classifier
+// unless output.weight is present.
+Graph build_gguf_gemma(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s = gguf_decoder_spec(m, o, "halves");
+  s.embed_scale = true;
+  s.ffn_act = "gelu_tanh";
   return build_decoder(m, s);
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <optional>
 
+#include "archs/gguf_common.h"
 #include "archs/registry.h"
 #include "model/hparams.h"
 
@@ -146,19 +147,29 @@ Hparams read_gguf_llama_hparams(const ModelFile& m) {
   return hp;
 }
 
-Graph build_gguf_llama(const ModelFile& m, const BuildOptions& o) {
+DecoderSpec gguf_decoder_spec(const ModelFile& m, const BuildOptions& o, const char* rope_mode) {
   DecoderSpec s;
   s.hp = read_gguf_llama_hparams(m);
   const std::string& a = s.hp.arch;
   s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.hp.n_ctx_train;
   s.all_logits = o.all_logits;
-  s.rope_mode = "adjacent";
+  s.rope_mode = rope_mode;
   s.rope_theta = m.get_float(a + ".rope.freq_base", 10000.0);
   s.n_rot = checked_hparam("n_rot", m.get_int(a + ".rope.dimension_count", s.hp.head_dim),
                            m.path + ": " + a + ".rope.dimension_count");
-  if (s.n_rot <= 0) fail("{}: {}.rope.dimension_count must be positive, got {}", m.path, a, s.n_rot);
+  if (s.n_rot <= 0 || s.n_rot > s.hp.head_dim || s.n_rot % 2 != 0)
+    fail("{}: {}.rope.dimension_count must be even and in (0, head_dim {}], got {}", m.path, a, s.hp.head_dim, s.n_rot);
   s.rope_scaling = read_rope_scaling(m, a);
-  return build_decoder(m, s);
+  return s;
+}
+
+void gguf_require_per_layer(const ModelFile& m, const DecoderSpec& s, std::initializer_list<const char*> names) {
+  for (int64_t il = 0; il < s.hp.n_layer; ++il)
+    for (const char* n : names) m.get(fmt::format("blk.{}.{}", il, n));
+}
+
+Graph build_gguf_llama(const ModelFile& m, const BuildOptions& o) {
+  return build_decoder(m, gguf_decoder_spec(m, o, "adjacent"));
 }
 
 }  // namespace mk

@@ -1,6 +1,7 @@
 // Qwen3 (Qwen3ForCausalLM): the Llama layout plus an RMSNorm over each head of q and k (q_norm,
 // k_norm, weight [head_dim]) before RoPE; head_dim is set apart from hidden_size / n_head.
 // Source: transformers modeling_qwen3.py.
+#include "archs/gguf_common.h"
 #include "archs/hf_common.h"
 #include "archs/registry.h"
 
@@ -9,6 +10,15 @@ namespace mk {
 Graph build_hf_qwen3(const ModelFile& m, const BuildOptions& o) {
   DecoderSpec s = hf_llama_spec(m, o, false);  // Qwen3Config defaults tie_word_embeddings to false
   s.qk_norm = true;
+  return build_decoder(m, s);
+}
+
+// GGUF "qwen3": NEOX RoPE, blk.N.attn_{q,k}_norm.weight ([head_dim]) required; head_dim from
+// qwen3.attention.key_length.
+Graph build_gguf_qwen3(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s = gguf_decoder_spec(m, o, "halves");
+  s.qk_norm = true;
+  gguf_require_per_layer(m, s, {"attn_q_norm.weight", "attn_k_norm.weight"});
   return build_decoder(m, s);
 }
 

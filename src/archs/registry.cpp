@@ -16,6 +16,10 @@ struct ArchEntry {
 
 const ArchEntry kArchs[] = {
     {"gguf", "llama", read_gguf_llama_hparams, build_gguf_llama},
+    {"gguf", "qwen2", read_gguf_llama_hparams, build_gguf_qwen2},
+    {"gguf", "qwen3", read_gguf_llama_hparams, build_gguf_qwen3},
+    {"gguf", "gemma", read_gguf_llama_hparams, build_gguf_gemma},
+    {"gguf", "phi3", read_gguf_llama_hparams, build_gguf_phi3},
     {"hf", "llama", read_hf_hparams, build_hf_llama},
     {"hf", "mistral", read_hf_hparams, build_hf_llama},
     {"hf", "qwen2", read_hf_hparams, build_hf_qwen2},

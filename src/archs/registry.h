@@ -7,6 +7,10 @@ namespace mk {
 
 Hparams read_gguf_llama_hparams(const ModelFile& m);
 Graph build_gguf_llama(const ModelFile& m, const BuildOptions& o);
+Graph build_gguf_qwen2(const ModelFile& m, const BuildOptions& o);
+Graph build_gguf_qwen3(const ModelFile& m, const BuildOptions& o);
+Graph build_gguf_gemma(const ModelFile& m, const BuildOptions& o);
+Graph build_gguf_phi3(const ModelFile& m, const BuildOptions& o);
 
 // Hugging Face directories (hparams: read_hf_hparams in hf_common.h serves them all).
 Graph build_hf_llama(const ModelFile& m, const BuildOptions& o);  // llama, mistral

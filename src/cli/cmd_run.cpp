@@ -2,7 +2,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "runtime/chat.h"
 #include "runtime/session.h"
+#include "support/error.h"
 
 namespace mk::cli {
 
@@ -12,6 +14,8 @@ void add_run_command(CLI::App& app) {
     GenerateOptions gen;
     bool json = false;
     std::string ids;
+    std::string messages_file, system, template_file;
+    bool chat = false;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("run", "generate text from a prompt");
@@ -32,18 +36,43 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file");
   cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
   cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");
+  auto* messages = cmd->add_option("--messages", o->messages_file,
+                                   "chat: a JSON file with [{\"role\": .., \"content\": ..}, ...], rendered by the model's template");
+  auto* chat = cmd->add_flag("--chat", o->chat, "chat: the prompt (-p) is one user turn, rendered by the model's template");
+  cmd->add_option("--system", o->system, "chat: a system message before the user turn (with --chat)")->needs(chat);
+  cmd->add_option("--chat-template-file", o->template_file, "chat: Jinja2 template to use instead of the model's");
+  messages->excludes(chat);
+  messages->excludes(ids);
+  chat->excludes(ids);
   cmd->callback([o, ids] {
+    if (o->chat && o->gen.prompt.empty()) fail("--chat needs the user's text with -p");
+    if (!o->messages_file.empty() && !o->gen.prompt.empty()) fail("--messages and -p cannot be combined");
+    if (!o->template_file.empty() && !o->chat && o->messages_file.empty())
+      fail("--chat-template-file needs --chat or --messages");
     if (ids->count() > 0) {  // a tokenizer only decodes the output: synthetic models have none
       o->gen.prompt_ids = parse_ids(o->ids);
       o->session.need_tokenizer = false;
       o->session.tokenizer_if_available = true;
     }
     Session s(o->session);
+    const bool chat_mode = o->chat || !o->messages_file.empty();
+    if (chat_mode) {
+      nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+      if (!o->messages_file.empty()) {
+        msgs = read_chat_messages(o->messages_file);
+      } else {
+        if (!o->system.empty()) msgs.push_back({{"role", "system"}, {"content", o->system}});
+        msgs.push_back({{"role", "user"}, {"content", o->gen.prompt}});
+      }
+      o->gen.prompt = render_model_chat(s.model, *s.tokenizer, msgs, o->template_file);
+      o->gen.add_bos = false;  // the template writes the special tokens it wants
+    }
     GenerateResult r;
     if (o->json) {
       r = generate(s, o->gen);
       s.backend->finish();  // traces and summaries go to files and stderr, stdout stays one JSON object
       nlohmann::ordered_json j;
+      j["rendered"] = o->gen.prompt;
       j["prompt_ids"] = r.prompt_ids;
       j["generated_ids"] = r.generated_ids;
       j["text"] = r.text;
@@ -54,7 +83,7 @@ void add_run_command(CLI::App& app) {
       std::puts(j.dump().c_str());
       return;
     }
-    o->gen.echo_prompt = true;
+    o->gen.echo_prompt = !chat_mode;  // a chat prints the answer only
     const bool ids_only = !s.tokenizer;  // no tokenizer: print the generated ids, space-separated
     r = generate(
         s, o->gen,

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   mk::cli::add_logits_command(app);
   mk::cli::add_compile_command(app);
   mk::cli::add_bench_copy_command(app);
+  mk::cli::add_tokenize_command(app);
+  mk::cli::add_chat_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

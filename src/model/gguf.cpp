@@ -90,7 +90,7 @@ class GgufParser {
  public:
   explicit GgufParser(std::shared_ptr<MappedFile> file) : file_(std::move(file)), r_(file_->bytes(), file_->path()) {}
 
-  ModelFile parse() {
+  ModelFile parse(bool metadata_only = false) {
     ModelFile m;
     m.path = file_->path();
     m.format = "gguf";
@@ -98,6 +98,7 @@ class GgufParser {
 
     read_header();
     for (uint64_t i = 0; i < kv_count_; ++i) read_kv(m, i);
+    if (metadata_only) return m;
     uint64_t alignment = read_alignment(m);
 
     struct Info {
@@ -318,5 +319,6 @@ class GgufParser {
 ModelFile load_gguf(std::shared_ptr<MappedFile> file) { return GgufParser(std::move(file)).parse(); }
 
 ModelFile load_gguf(const std::string& path) { return load_gguf(MappedFile::open(path)); }
+ModelFile load_gguf_metadata(const std::string& path) { return GgufParser(MappedFile::open(path)).parse(true); }
 
 }  // namespace mk

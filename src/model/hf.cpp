@@ -81,20 +81,6 @@ void load_sharded(ModelFile& model, const fs::path& dir, const std::string& inde
   }
 }
 
-// Rows [row0, row0 + n_rows) of a 2-D tensor (or elements of a 1-D one) as a tensor sharing its data.
-WeightTensor row_view(const WeightTensor& t, int64_t row0, int64_t n_rows, std::string name) {
-  const int64_t row_elems = t.shape.size() == 2 ? t.shape[1] : 1;
-  const size_t row_bytes = dtype_bytes(t.dtype, row_elems);
-  WeightTensor v;
-  v.name = std::move(name);
-  v.dtype = t.dtype;
-  v.shape = t.shape.size() == 2 ? std::vector<int64_t>{n_rows, row_elems} : std::vector<int64_t>{n_rows};
-  v.data = t.data + static_cast<size_t>(row0) * row_bytes;
-  v.nbytes = static_cast<size_t>(n_rows) * row_bytes;
-  v.file_offset = t.file_offset ? t.file_offset + static_cast<size_t>(row0) * row_bytes : 0;
-  return v;
-}
-
 // The transpose of a 2-D tensor, [a, b] -> [b, a], held in model.owned.
 WeightTensor transposed(ModelFile& m, const WeightTensor& t, std::string name) {
   const size_t es = dtype_bytes(t.dtype, 1);

@@ -16,13 +16,57 @@ ModelFile load_model(const std::string& path) {
   if (ec) fail("{}: cannot access: {}", path, ec.message());
   if (std::filesystem::is_directory(status)) return load_hf_dir(path);
   auto file = MappedFile::open(path);
-  if (file->size() >= 4 && std::memcmp(file->data(), "GGUF", 4) == 0) return load_gguf(std::move(file));
+  if (file->size() >= 4 && std::memcmp(file->data(), "GGUF", 4) == 0) {
+    ModelFile m = load_gguf(std::move(file));
+    if (m.has("general.architecture") && m.get_str("general.architecture") == "phi3") add_gguf_phi3_views(m);
+    return m;
+  }
   try {
     return load_llama2c(std::move(file));
   } catch (const Error& e) {
     fail("{}: not a GGUF file (no GGUF magic), a Hugging Face directory, or a valid llama2.c checkpoint: {}", path,
          e.what());
   }
+}
+
+// llama.cpp's phi3 GGUF keeps Phi-3's fused projections: blk.N.attn_qkv.weight ([q; k; v] rows)
+// and blk.N.ffn_up.weight with 2 * n_ff rows ([gate; up], llama.cpp's swiglu split). Their parts
+// become row views: blk.N.attn_q/attn_k/attn_v.weight, blk.N.ffn_gate.weight and
+// blk.N.ffn_up_half.weight (the phi3 family reads ffn_up from there).
+void add_gguf_phi3_views(ModelFile& m) {
+  const int64_t n_embd = m.get_int("phi3.embedding_length"), n_head = m.get_int("phi3.attention.head_count");
+  const int64_t n_head_kv = m.get_int("phi3.attention.head_count_kv", n_head), n_ff = m.get_int("phi3.feed_forward_length");
+  if (n_head <= 0 || n_embd % n_head != 0 || n_ff <= 0)
+    fail("{}: phi3 hyperparameters: embedding_length {} is not a multiple of head_count {} (or feed_forward_length {})",
+         m.path, n_embd, n_head, n_ff);
+  const int64_t head_dim = n_embd / n_head, q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
+  for (int il = 0;; ++il) {
+    const std::string p = fmt::format("blk.{}.", il);
+    if (const WeightTensor* qkv_p = m.find(p + "attn_qkv.weight")) {
+      const WeightTensor qkv = m.get(qkv_p->name, {q_dim + 2 * kv_dim, n_embd});  // a copy: add_tensor may move it
+      m.add_tensor(row_view(qkv, 0, q_dim, p + "attn_q.weight"));
+      m.add_tensor(row_view(qkv, q_dim, kv_dim, p + "attn_k.weight"));
+      m.add_tensor(row_view(qkv, q_dim + kv_dim, kv_dim, p + "attn_v.weight"));
+    } else if (!m.find(p + "attn_q.weight")) {
+      break;
+    }
+    if (const WeightTensor* up = m.find(p + "ffn_up.weight"); up && !m.find(p + "ffn_gate.weight")) {
+      const WeightTensor gu = m.get(up->name, {2 * n_ff, n_embd});
+      m.add_tensor(row_view(gu, 0, n_ff, p + "ffn_gate.weight"));
+      m.add_tensor(row_view(gu, n_ff, n_ff, p + "ffn_up_half.weight"));
+    }
+  }
+}
+
+ModelFile load_model_vocab(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return load_hf_dir(path);
+  {
+    auto file = MappedFile::open(path);
+    if (file->size() < 4 || std::memcmp(file->data(), "GGUF", 4) != 0)
+      fail("{}: not a GGUF file or a Hugging Face directory; only those carry a vocabulary", path);
+  }
+  return load_gguf_metadata(path);
 }
 
 }  // namespace mk

@@ -38,6 +38,10 @@ struct WeightTensor {
 
 std::string shape_str(const std::vector<int64_t>& shape);  // "[64, 512]"
 
+// Rows [row0, row0 + n_rows) of a 2-D tensor (or elements of a 1-D one) as a tensor named `name`
+// sharing its data (fused projections split at load: HF Phi-3, GGUF phi3).
+WeightTensor row_view(const WeightTensor& t, int64_t row0, int64_t n_rows, std::string name);
+
 class ModelFile {
  public:
   std::string path;
@@ -73,6 +77,15 @@ ModelFile load_model(const std::string& path);
 
 ModelFile load_gguf(const std::string& path);
 ModelFile load_gguf(std::shared_ptr<MappedFile> file);
+// GGUF phi3: registers the parts of the fused attn_qkv / ffn_up tensors as row views (load.cpp;
+// load_model calls it). Throws mk::Error when a fused tensor has the wrong shape.
+void add_gguf_phi3_views(ModelFile& m);
+// Header and metadata only (no tensor infos): enough for the vocabulary, and works for vocab-only
+// files and for files whose tensor types cannot be run.
+ModelFile load_gguf_metadata(const std::string& path);
+// What the tokenizer of the model at `path` needs, without reading weights: GGUF metadata, or for
+// an HF directory its config files (tokenizer.json is read by load_hf_tokenizer). Throws like load_model.
+ModelFile load_model_vocab(const std::string& path);
 ModelFile load_llama2c(const std::string& path);
 ModelFile load_llama2c(std::shared_ptr<MappedFile> file);
 // A Hugging Face model directory (config.json + safetensors weights); see model/hf.h.

@@ -16,9 +16,7 @@ bool Tokenizer::is_eos(int32_t id) const {
 }
 
 std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
-  std::vector<int32_t> ids = encode(text, add_bos_token);
-  if (add_eos_token && eos_id >= 0) ids.push_back(eos_id);
-  return ids;
+  return encode(text, true);
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,24 +21,32 @@ class MappedFile;
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // Encodes text; prepends BOS when add_bos and the tokenizer has one.
-  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
+  // Encodes text; with add_bos, adds the vocabulary's special tokens: BOS in front (when the
+  // tokenizer has one and its `add_bos` is set) and EOS at the end (when `add_eos` is set).
+  // parse_special: control/special tokens written in the text (e.g. "<|im_start|>") become their
+  // ids, as llama.cpp's parse_special; without it they are encoded as plain text. User-defined
+  // (non-special) added tokens always match. SentencePiece vocabs match none.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special = true) const = 0;
   // Raw bytes of one token in context: `prev` is the token before it (-1 at the start); SentencePiece
   // drops the dummy-prefix space of the first piece after BOS (and, when the vocab adds a dummy
   // prefix, of the first piece of the text, prev == -1, so decode(encode(s, false)) == s).
   // Control tokens (BOS, EOS, unknown) give "". Throws mk::Error for an id outside [0, n_vocab).
   virtual std::string token_bytes(int32_t prev, int32_t id) const = 0;
   virtual int32_t n_vocab() const = 0;
+  // The token as `tokenize` shows it: token_bytes(-1, id), except that control/special tokens give
+  // their literal text ("<|im_end|>") instead of "".
+  virtual std::string token_text(int32_t id) const { return token_bytes(-1, id); }
   int32_t bos_id = -1;
   int32_t eos_id = -1;
   int32_t unk_id = -1;
-  std::vector<int32_t> extra_eos_ids;  // e.g. generation_config.json lists several
+  bool add_bos = true;   // GGUF tokenizer.ggml.add_bos_token (llama.cpp: default false for gpt2 vocabs)
+  bool add_eos = false;  // GGUF tokenizer.ggml.add_eos_token
+  // End-of-generation ids besides eos_id: generation_config.json lists several; GGUF: EOT, EOM and
+  // control tokens named like an end of turn (<|im_end|>, <|eot_id|>, <end_of_turn>, ...).
+  std::vector<int32_t> extra_eos_ids;
   bool is_eos(int32_t id) const;
-  // Whether a prompt starts with BOS / ends with EOS (GGUF tokenizer.ggml.add_bos_token /
-  // add_eos_token, as llama.cpp's tokenize with add_special applies them). Default: BOS only.
-  bool add_bos_token = true;
-  bool add_eos_token = false;
-  // A prompt as the model expects it: encode(text, add_bos_token), then EOS when add_eos_token.
+  // A prompt as the model expects it: encode(text, true), i.e. BOS / EOS as add_bos / add_eos say
+  // (GGUF tokenizer.ggml.add_bos_token / add_eos_token, as llama.cpp's tokenize with add_special).
   std::vector<int32_t> encode_prompt(std::string_view text) const;
 
   // Decodes a whole id sequence to valid UTF-8 (invalid bytes become U+FFFD).
@@ -77,7 +86,7 @@ std::unique_ptr<Tokenizer> make_spm_tokenizer(SpmVocab vocab);
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int32_t n_vocab);
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::shared_ptr<MappedFile> file, int32_t n_vocab);
 // Tokenizer stored in a model (GGUF tokenizer.ggml.* keys, or tokenizer.json of an HF directory).
-// GGUF: tokenizer.ggml.model must be "llama"; reads .tokens, .scores, .token_type (optional),
+// GGUF: tokenizer.ggml.model "gpt2" (load_gguf_bpe_tokenizer below) or "llama", which reads .tokens, .scores, .token_type (optional),
 // .bos_token_id, .eos_token_id, .unknown_token_id, .eot_token_id (an extra EOS),
 // .add_space_prefix (default true), .add_bos_token (default true), .add_eos_token (default false;
 // true needs an EOS id). llama2.c checkpoints carry none: throws, asking for -z.
@@ -100,6 +109,22 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path, const
 // The same from JSON text in memory; `source` names it in errors.
 std::unique_ptr<Tokenizer> parse_hf_tokenizer_json(std::string_view json_text, const std::string& source,
                                                    const std::vector<int32_t>& eos_ids = {});
+// The same from a parsed tokenizer.json document (nlohmann::json). The GGUF "gpt2" vocabulary is
+// turned into this form, so both share one byte-level BPE implementation.
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const nlohmann::json& doc, const std::string& source,
+                                             const std::vector<int32_t>& eos_ids = {});
+// GGUF `tokenizer.ggml.model == "gpt2"`: byte-level BPE (tokenizer_gguf_bpe.cpp). Reads .tokens,
+// .merges ("left right", by rank), .token_type (3 control and 2 unknown: special; 4 user-defined:
+// an added token matched in text), .pre (the pre-tokenizer regexes, as llama.cpp names them;
+// gguf_bpe_pre_names() lists the known ones; missing: "default"), .bos/.eos/.eot/.eom/
+// .unknown_token_id, .add_bos_token (default false, true for llama-bpe), .add_eos_token.
+// Throws mk::Error naming the file and key (unknown pre-tokenizer: listing the known ones; merges
+// naming tokens outside the vocabulary; ids out of range).
+std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model);
+// Token texts llama.cpp treats as end of generation in GGUF vocabularies even without an
+// eot_token_id key: <|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>, <|endoftext|>, <|eom_id|>, ...
+bool is_end_of_generation_name(std::string_view text);
+std::vector<std::string> gguf_bpe_pre_names();
 // <model.path>/tokenizer.json of an HF directory, with EOS ids from its generation_config.json/config.json.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const ModelFile& model);
 

@@ -312,8 +312,13 @@ class HfBpeTokenizer final : public Tokenizer {
  public:
   HfBpeTokenizer(const Json& j, const std::string& source, const std::vector<int32_t>& eos_ids);
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override;
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const override;
   std::string token_bytes(int32_t prev, int32_t id) const override;
+  std::string token_text(int32_t id) const override {
+    if (id >= 0 && static_cast<size_t>(id) < is_special_.size() && is_special_[static_cast<size_t>(id)])
+      return id_to_token_[static_cast<size_t>(id)];
+    return token_bytes(-1, id);
+  }
   int32_t n_vocab() const override { return static_cast<int32_t>(id_to_token_.size()); }
 
  private:
@@ -326,7 +331,7 @@ class HfBpeTokenizer final : public Tokenizer {
   void parse_post_processor(const Json& p);
   void pick_eos(const std::vector<int32_t>& eos_ids);
 
-  std::vector<AddedSplit> split_added(std::string_view s, bool normalized) const;
+  std::vector<AddedSplit> split_added(std::string_view s, bool normalized, bool parse_special) const;
   std::string normalize(std::string text) const;
   void encode_segment(std::string_view segment, bool at_start, std::vector<int32_t>& out) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
@@ -377,12 +382,12 @@ HfBpeTokenizer::HfBpeTokenizer(const Json& j, const std::string& source, const s
     for (int b = 0; b < 256; ++b) byte_token_[b] = lookup(fmt::format("<0x{:02X}>", b));
   pick_eos(eos_ids);
   if (template_eos_id_ >= 0) {
-    // The template appends a token to every prompt: it must be the EOS token, which encode_prompt appends.
+    // The template appends a token to every prompt: it must be the EOS token, which encode appends when add_eos is set.
     if (eos_id < 0) eos_id = template_eos_id_;
     if (template_eos_id_ != eos_id)
       fail("{}: post_processor appends token {} which is not the EOS token {} (not supported)", source_,
            template_eos_id_, eos_id);
-    add_eos_token = true;
+    add_eos = true;
   }
 }
 
@@ -672,7 +677,7 @@ void HfBpeTokenizer::parse_post_processor(const Json& p) {
       fail("{}: post_processor template {} adds more than one token at an end (not supported)", source_,
            clip_json(single));
     if (!before.empty()) bos_id = before[0];
-    else add_bos_token = false;
+    else add_bos = false;
     if (!after.empty()) template_eos_id_ = after[0];
   } else {
     fail("{}: post_processor {} is not supported (supported: TemplateProcessing, ByteLevel, Sequence)", source_,
@@ -700,13 +705,14 @@ void HfBpeTokenizer::pick_eos(const std::vector<int32_t>& eos_ids) {
 // tokenizers' AddedVocabulary::find_matches: leftmost-longest matches of the added tokens whose
 // `normalized` flag is `normalized`; a single_word match next to a word character is dropped (the
 // search goes on after it), lstrip/rstrip widen a match over the whitespace beside it.
-std::vector<AddedSplit> HfBpeTokenizer::split_added(std::string_view s, bool normalized) const {
+std::vector<AddedSplit> HfBpeTokenizer::split_added(std::string_view s, bool normalized, bool parse_special) const {
   std::vector<AddedSplit> out;
   size_t start_offset = 0, i = 0;
   while (i < s.size()) {
     const AddedToken* hit = nullptr;
     for (uint32_t k : added_by_byte_[static_cast<uint8_t>(s[i])])  // longest first
-      if (added_[k].normalized == normalized && s.compare(i, added_[k].pattern.size(), added_[k].pattern) == 0) {
+      if (added_[k].normalized == normalized && (parse_special || !added_[k].special) &&
+          s.compare(i, added_[k].pattern.size(), added_[k].pattern) == 0) {
         hit = &added_[k];
         break;
       }
@@ -740,25 +746,26 @@ std::vector<AddedSplit> HfBpeTokenizer::split_added(std::string_view s, bool nor
   return out;
 }
 
-std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_bos) const {
+std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
   check_utf8(text);
   std::vector<int32_t> out;
-  if (add_bos && bos_id >= 0) out.push_back(bos_id);
+  if (add_bos && this->add_bos && bos_id >= 0) out.push_back(bos_id);
 
   // As tokenizers' extract_and_normalize: added tokens with normalized=false are cut out of the raw
   // text; each remaining piece is normalized, then added tokens with normalized=true are cut out of
   // it; what is left goes through the pre-tokenizer and the model.
-  for (const AddedSplit& raw : split_added(text, false)) {
+  for (const AddedSplit& raw : split_added(text, false, parse_special)) {
     if (raw.id >= 0) {
       out.push_back(raw.id);
       continue;
     }
     const std::string norm = normalize(std::string(text.substr(raw.b, raw.e - raw.b)));
-    for (const AddedSplit& piece : split_added(norm, true)) {
+    for (const AddedSplit& piece : split_added(norm, true, parse_special)) {
       if (piece.id >= 0) out.push_back(piece.id);
       else encode_segment(std::string_view(norm).substr(piece.b, piece.e - piece.b), raw.b == 0 && piece.b == 0, out);
     }
   }
+  if (add_bos && add_eos && eos_id >= 0) out.push_back(eos_id);
   return out;
 }
 
@@ -968,6 +975,15 @@ std::string HfBpeTokenizer::token_bytes(int32_t prev, int32_t id) const {
 }
 
 }  // namespace
+
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const nlohmann::json& doc, const std::string& source,
+                                             const std::vector<int32_t>& eos_ids) {
+  try {
+    return std::make_unique<HfBpeTokenizer>(doc, source, eos_ids);
+  } catch (const Json::exception& e) {  // a field of an unexpected JSON type
+    fail("{}: malformed tokenizer description: {}", source, e.what());
+  }
+}
 
 std::unique_ptr<Tokenizer> parse_hf_tokenizer_json(std::string_view json_text, const std::string& source,
                                                    const std::vector<int32_t>& eos_ids) {

@@ -127,10 +127,13 @@ class SpmTokenizer final : public Tokenizer {
 
   int32_t n_vocab() const override { return static_cast<int32_t>(vocab_.pieces.size()); }
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool /*parse_special*/) const override {
     std::vector<int32_t> ids;
-    if (add_bos && bos_id >= 0) ids.push_back(bos_id);
-    if (text.empty()) return ids;
+    if (add_bos && this->add_bos && bos_id >= 0) ids.push_back(bos_id);
+    if (text.empty()) {
+      if (add_bos && add_eos && eos_id >= 0) ids.push_back(eos_id);
+      return ids;
+    }
     std::string prefixed(vocab_.add_dummy_prefix ? 1 : 0, ' ');
     prefixed += text;
     const std::string normalized = spaces_from_markers(prefixed);
@@ -194,7 +197,14 @@ class SpmTokenizer final : public Tokenizer {
         ids.push_back(unk_id);
       }
     }
+    if (add_bos && add_eos && eos_id >= 0) ids.push_back(eos_id);
     return ids;
+  }
+
+  // Control pieces show their text; others their bytes as in mid-text (with the leading space).
+  std::string token_text(int32_t id) const override {
+    if (id >= 0 && id < n_vocab() && kinds_[id] == PieceKind::kSpecial) return vocab_.pieces[id];
+    return token_bytes(/*prev=*/n_vocab(), id);  // a `prev` that is neither the start nor BOS
   }
 
   std::string token_bytes(int32_t prev, int32_t id) const override {
@@ -358,6 +368,10 @@ std::unique_ptr<Tokenizer> load_gguf_spm_tokenizer(const ModelFile& model) {
     fail("{}: {}", path, e.what());
   }
   if (eot_id >= 0 && eot_id != tokenizer->eos_id) tokenizer->extra_eos_ids.push_back(eot_id);
+  // Pieces llama.cpp treats as end of generation by name (Gemma's <end_of_turn>, ...).
+  for (int32_t i = 0; i < tokenizer->n_vocab(); ++i)
+    if (is_end_of_generation_name(tokens[static_cast<size_t>(i)].get_ref<const std::string&>()) && !tokenizer->is_eos(i))
+      tokenizer->extra_eos_ids.push_back(i);
   return tokenizer;
 }
 
@@ -370,11 +384,11 @@ void apply_gguf_special_flags(const ModelFile& model, Tokenizer& t) {
     if (!v.is_boolean()) fail("{}: metadata key {} is not a boolean", model.path, key);
     return v.get<bool>();
   };
-  t.add_bos_token = flag("tokenizer.ggml.add_bos_token", true);
-  t.add_eos_token = flag("tokenizer.ggml.add_eos_token", false);
-  if (model.has("tokenizer.ggml.add_bos_token") && t.add_bos_token && t.bos_id < 0)
+  t.add_bos = flag("tokenizer.ggml.add_bos_token", true);
+  t.add_eos = flag("tokenizer.ggml.add_eos_token", false);
+  if (model.has("tokenizer.ggml.add_bos_token") && t.add_bos && t.bos_id < 0)
     fail("{}: tokenizer.ggml.add_bos_token is true but the vocab has no BOS token", model.path);
-  if (t.add_eos_token && t.eos_id < 0)
+  if (t.add_eos && t.eos_id < 0)
     fail("{}: tokenizer.ggml.add_eos_token is true but the vocab has no EOS token", model.path);
 }
 
@@ -385,9 +399,10 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model) {
     if (!model.has("tokenizer.ggml.model"))
       fail("{}: no tokenizer in this GGUF file (tokenizer.ggml.model missing); pass one with -z", model.path);
     const std::string type = model.get_str("tokenizer.ggml.model");
+    if (type == "gpt2") return load_gguf_bpe_tokenizer(model);
     if (type != "llama")
-      fail("{}: tokenizer model \"{}\" is not supported (supported: \"llama\", SentencePiece BPE)", model.path,
-           type);
+      fail("{}: tokenizer model \"{}\" is not supported (supported: \"llama\", SentencePiece BPE; \"gpt2\", "
+           "byte-level BPE)", model.path, type);
     std::unique_ptr<Tokenizer> t = load_gguf_spm_tokenizer(model);
     apply_gguf_special_flags(model, *t);
     return t;

@@ -85,7 +85,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     for (int32_t t : r.prompt_ids)
       if (t < 0 || t >= s.hparams.n_vocab) fail("prompt token id {} is outside the vocabulary [0, {})", t, s.hparams.n_vocab);
   } else {
-    r.prompt_ids = tok->encode_prompt(o.prompt);
+    r.prompt_ids = tok->encode(o.prompt, o.add_bos, /*parse_special=*/true);
   }
   if (r.prompt_ids.empty()) fail("the prompt encodes to no tokens and the tokenizer adds no BOS token");
   if (static_cast<int64_t>(r.prompt_ids.size()) > s.n_ctx - s.n_past)

@@ -53,11 +53,17 @@ class Session {
 
 struct GenerateOptions {
   std::string prompt;
-  std::vector<int32_t> prompt_ids;  // non-empty: the prompt as token ids (no BOS added), not `prompt`
+  // Non-empty: the prompt as token ids (no BOS added; evaluated at the session's n_past), not
+  // `prompt`, which is then only echoed.
+  std::vector<int32_t> prompt_ids;
   int n_new = 256;
   SamplerOptions sampler;
   bool ignore_eos = false;
   bool echo_prompt = false;  // pass the prompt text to on_text once it is known to fit the context
+  // Add the vocabulary's BOS/EOS around the prompt (off for a rendered chat template, which writes
+  // its own special tokens, as Hugging Face's apply_chat_template does). Special tokens written in
+  // the prompt text are always parsed.
+  bool add_bos = true;
 };
 
 struct GenerateResult {

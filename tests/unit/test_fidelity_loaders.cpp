@@ -27,7 +27,7 @@ const std::string kStoriesGguf = std::string(MK_SHARED_DIR) + "/models/stories26
 TEST(TokenizerGgufFlags, AddBosFalseFixture) {
   ModelFile m = load_model(kBugs + "add_bos_false.gguf");
   auto t = load_model_tokenizer(m);
-  EXPECT_FALSE(t->add_bos_token);
+  EXPECT_FALSE(t->add_bos);
   EXPECT_EQ(t->encode_prompt("Once upon a time"), (std::vector<int32_t>{403, 407, 261, 378}));
 }
 

@@ -340,6 +340,15 @@ TEST(TokenizerGguf, AddSpacePrefixFalse) {
   EXPECT_EQ(tok->decode(tok->encode("Once upon", true)), "Once upon");
 }
 
+TEST(TokenizerGguf, EndOfTurnNamesEndGeneration) {
+  ModelFile m = tok512_as_gguf();
+  m.metadata["tokenizer.ggml.tokens"][300] = "<end_of_turn>";  // as in Gemma's vocabulary
+  const auto tok = load_model_tokenizer(m);
+  EXPECT_TRUE(tok->is_eos(300));
+  EXPECT_TRUE(tok->is_eos(2));
+  EXPECT_FALSE(tok->is_eos(299));
+}
+
 TEST(TokenizerGguf, EotIsAnExtraEos) {
   ModelFile m = tok512_as_gguf();
   m.metadata["tokenizer.ggml.eot_token_id"] = 0;
@@ -361,8 +370,13 @@ void expect_error(const ModelFile& m, const std::string& needle) {
 TEST(TokenizerGguf, BadMetadataIsAnError) {
   {
     ModelFile m = tok512_as_gguf();
-    m.metadata["tokenizer.ggml.model"] = "gpt2";
-    expect_error(m, "\"gpt2\"");
+    m.metadata["tokenizer.ggml.model"] = "bert";  // WordPiece: not supported
+    expect_error(m, "tokenizer model \"bert\" is not supported");
+  }
+  {
+    ModelFile m = tok512_as_gguf();
+    m.metadata["tokenizer.ggml.model"] = "gpt2";  // a SentencePiece vocab has no merges
+    expect_error(m, "missing metadata key tokenizer.ggml.merges");
   }
   {
     ModelFile m = tok512_as_gguf();

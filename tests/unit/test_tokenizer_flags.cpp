@@ -119,7 +119,7 @@ TEST(TokenizerValidation, PostProcessorTemplateEnds) {
     return k.dump();
   };
   auto t = parse_hf_tokenizer_json(with(R"([{"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "<|endoftext|>"}}])"), "t");
-  EXPECT_TRUE(t->add_eos_token);
+  EXPECT_TRUE(t->add_eos);
   EXPECT_EQ(t->eos_id, 0);
   EXPECT_EQ(t->encode_prompt("e\u0301"), (std::vector<int32_t>{128, 103, 0}));
   t = parse_hf_tokenizer_json(with(R"([{"SpecialToken": {"id": "<|endoftext|>"}}, {"Sequence": {"id": "A"}}])"), "t");

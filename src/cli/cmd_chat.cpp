@@ -1,0 +1,65 @@
+// `chat`: an interactive, multi-turn conversation with the model's chat template; replies stream.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "runtime/chat.h"
+#include "runtime/session.h"
+#include "support/error.h"
+
+namespace mk::cli {
+
+void add_chat_command(CLI::App& app) {
+  struct Opts {
+    SessionOptions session;
+    GenerateOptions gen;
+    std::string system, template_file;
+  };
+  auto o = std::make_shared<Opts>();
+  o->gen.n_new = 1024;
+  auto* cmd = app.add_subcommand("chat", "talk with the model: one line per user turn, /exit (or end of input) ends");
+  cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file or HF directory with a chat template")->required();
+  cmd->add_option("--system", o->system, "system message at the start of the conversation");
+  cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
+  cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temp", o->gen.sampler.temperature, "sampling temperature (0 = greedy)");
+  cmd->add_option("--top-k", o->gen.sampler.top_k, "top-k sampling (0 = off)");
+  cmd->add_option("--top-p", o->gen.sampler.top_p, "top-p (nucleus) sampling (1 = off)");
+  cmd->add_option("--seed", o->gen.sampler.seed, "random seed");
+  cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length (0 = the model's, at most 4096)");
+  cmd->add_option("--backend", o->session.backend, "backend: reference, cpu, ... (default: the fastest available)");
+  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores)");
+  cmd->callback([o] {
+    Session s(o->session);
+    std::string source;
+    if (!o->template_file.empty()) {
+      std::ifstream in(o->template_file, std::ios::binary);
+      if (!in) fail("{}: cannot open", o->template_file);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      source = ss.str();
+    } else {
+      source = model_chat_template(s.model);
+    }
+    ChatConversation conv(s, source, o->system);
+    std::string line;
+    for (;;) {
+      std::fputs("> ", stderr);
+      std::fflush(stderr);
+      if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
+      if (line.empty()) continue;
+      GenerateResult r = conv.reply(line, o->gen, [](const std::string& t) {
+        std::fputs(t.c_str(), stdout);
+        std::fflush(stdout);
+      });
+      std::printf("\n");
+      std::fflush(stdout);
+      if (r.stop_reason == "context") std::fprintf(stderr, "note: the context (%lld tokens) is full\n", static_cast<long long>(s.n_ctx));
+    }
+    s.backend->finish();
+  });
+}
+
+}  // namespace mk::cli

@@ -1,0 +1,184 @@
+// GGUF "gpt2" vocabulary (byte-level BPE), turned into the tokenizer.json form that
+// tokenizer_hf.cpp encodes, so GGUF and Hugging Face files share one BPE implementation.
+//
+// Keys (ggml docs/gguf.md, "Tokenizer"): tokenizer.ggml.tokens, .merges, .token_type, .pre,
+// .bos/.eos/.eot/.eom/.unknown_token_id, .add_bos_token, .add_eos_token. The pre-tokenizer regexes
+// per `tokenizer.ggml.pre` name are the ones llama.cpp applies (src/llama-vocab.cpp,
+// llm_tokenizer_bpe): each regex splits every piece left by the previous one, keeping both the
+// matches and the text between them (tokenizers' Split with behavior Isolated); the pieces are then
+// mapped to GPT-2's byte alphabet and merged by rank.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "model/model_file.h"
+#include "model/tokenizer.h"
+#include "support/error.h"
+
+namespace mk {
+
+namespace {
+
+// GGUF token types (llama.cpp's llama_token_type).
+enum GgufTokenType : int { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+
+// The GPT-2 regex, the base of most families (contractions, letters, digits, other, spaces).
+constexpr const char* kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
+// Llama 3 / Qwen2: case-insensitive contractions, a letter run with one leading non-letter, digit
+// groups (1-3 for Llama 3, single digits for Qwen2), punctuation with trailing newlines.
+constexpr const char* kLlama3 =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kQwen2 =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kBloom =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+struct PreTokenizer {
+  std::vector<const char*> names;
+  std::vector<const char*> regexes;
+  bool ignore_merges = false;  // a piece that is a whole vocabulary entry is taken as is
+  bool add_bos = false;        // llama.cpp's default when tokenizer.ggml.add_bos_token is absent
+};
+
+const std::vector<PreTokenizer>& pre_tokenizers() {
+  static const std::vector<PreTokenizer> table = {
+      {{"default"}, {R"([\p{P}\$\+<=>\^~\|]+)", kGpt2, R"(\p{N}+)", "[0-9][0-9][0-9]"}},
+      {{"llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral"}, {kLlama3}, true, true},
+      {{"dbrx", "smaug-bpe"}, {kLlama3}},
+      {{"gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion"}, {kGpt2}},
+      {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {kQwen2}},
+      {{"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}, {R"(\p{N})", kGpt2}},
+      {{"falcon"}, {R"([\p{P}\$\+<=>\^~\|`]+)", kGpt2, "[0-9][0-9][0-9]"}},
+      {{"poro-chat", "bloom", "gpt3-finnish", "seed-coder"}, {kBloom}},
+  };
+  return table;
+}
+
+const nlohmann::ordered_json* array_of(const ModelFile& model, const std::string& key, bool required) {
+  if (!model.has(key)) {
+    if (required) fail("{}: missing metadata key {}", model.path, key);
+    return nullptr;
+  }
+  const auto& v = model.metadata.at(key);
+  if (!v.is_array()) fail("{}: metadata key {} is not an array", model.path, key);
+  return &v;
+}
+
+bool bool_key(const ModelFile& model, const std::string& key, bool def) {
+  if (!model.has(key)) return def;
+  const auto& v = model.metadata.at(key);
+  if (!v.is_boolean()) fail("{}: metadata key {} is not a boolean", model.path, key);
+  return v.get<bool>();
+}
+
+// Names llama.cpp treats as end of generation besides the EOS/EOT/EOM ids (llama-vocab.cpp).
+constexpr const char* kEndOfGenerationNames[] = {
+    "<|eot_id|>", "<|im_end|>",   "<|end|>",         "<end_of_turn>",     "<|endoftext|>", "<|eom_id|>",
+    "<EOT>",      "_<EOT>",       "<|end_of_text|>", "<end_of_utterance>", "<|return|>",    "<|call|>"};
+
+}  // namespace
+
+bool is_end_of_generation_name(std::string_view text) {
+  return std::find(std::begin(kEndOfGenerationNames), std::end(kEndOfGenerationNames), text) !=
+         std::end(kEndOfGenerationNames);
+}
+
+std::vector<std::string> gguf_bpe_pre_names() {
+  std::vector<std::string> names;
+  for (const auto& p : pre_tokenizers())
+    for (const char* n : p.names) names.emplace_back(n);
+  return names;
+}
+
+std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model) {
+  const std::string& path = model.path;
+  const auto& tokens = *array_of(model, "tokenizer.ggml.tokens", true);
+  const auto& merges = *array_of(model, "tokenizer.ggml.merges", true);
+  const auto* types = array_of(model, "tokenizer.ggml.token_type", false);
+  const size_t n = tokens.size();
+  if (n == 0) fail("{}: tokenizer.ggml.tokens is empty", path);
+  if (types && types->size() != n)
+    fail("{}: tokenizer.ggml.token_type has {} entries, tokenizer.ggml.tokens {}", path, types->size(), n);
+
+  const std::string pre_name = model.has("tokenizer.ggml.pre") ? model.get_str("tokenizer.ggml.pre") : "default";
+  const PreTokenizer* pre = nullptr;
+  for (const auto& p : pre_tokenizers())
+    if (std::find_if(p.names.begin(), p.names.end(), [&](const char* x) { return pre_name == x; }) != p.names.end())
+      pre = &p;
+  if (!pre) {
+    std::string known;
+    for (const auto& name : gguf_bpe_pre_names()) known += (known.empty() ? "" : ", ") + name;
+    fail("{}: unknown pre-tokenizer tokenizer.ggml.pre = \"{}\" (known: {})", path, pre_name, known);
+  }
+
+  nlohmann::json doc;
+  nlohmann::json& m = doc["model"];
+  m["type"] = "BPE";
+  m["ignore_merges"] = pre->ignore_merges;
+  nlohmann::json vocab = nlohmann::json::object();
+  nlohmann::json added = nlohmann::json::array();
+  std::vector<std::string> text(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!tokens[i].is_string()) fail("{}: tokenizer.ggml.tokens[{}] is not a string", path, i);
+    text[i] = tokens[i].get<std::string>();
+    if (text[i].empty()) fail("{}: tokenizer.ggml.tokens[{}] is empty", path, i);
+    int type = kNormal;
+    if (types) {
+      if (!(*types)[i].is_number_integer()) fail("{}: tokenizer.ggml.token_type[{}] is not an integer", path, i);
+      type = (*types)[i].get<int>();
+    }
+    // A repeated text (some vocabs pad with copies) keeps its id as a special token that the text
+    // never produces: the first id with that text is the one encoding gives.
+    const bool repeated = vocab.contains(text[i]);
+    if (!repeated) vocab[text[i]] = i;
+    if (repeated) added.push_back({{"id", i}, {"content", text[i]}, {"special", true}});
+    else if (type == kControl || type == kUnknown || type == kUserDefined)
+      added.push_back({{"id", i}, {"content", text[i]}, {"special", type != kUserDefined}});
+  }
+  m["vocab"] = std::move(vocab);
+  nlohmann::json merge_list = nlohmann::json::array();
+  for (size_t i = 0; i < merges.size(); ++i) {
+    if (!merges[i].is_string()) fail("{}: tokenizer.ggml.merges[{}] is not a string", path, i);
+    merge_list.push_back(merges[i].get<std::string>());
+  }
+  m["merges"] = std::move(merge_list);
+  doc["added_tokens"] = std::move(added);
+  nlohmann::json steps = nlohmann::json::array();
+  for (const char* re : pre->regexes)
+    steps.push_back({{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"}, {"invert", false}});
+  steps.push_back({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}});
+  doc["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", std::move(steps)}};
+  doc["decoder"] = {{"type", "ByteLevel"}};
+
+  auto id = [&](const char* key) -> int32_t {
+    const int64_t v = model.get_int(key, -1);
+    if (v < -1 || v >= static_cast<int64_t>(n)) fail("{}: {} = {} is outside the vocabulary [0, {})", path, key, v, n);
+    return static_cast<int32_t>(v);
+  };
+  const int32_t bos = id("tokenizer.ggml.bos_token_id"), eos = id("tokenizer.ggml.eos_token_id");
+  const int32_t eot = id("tokenizer.ggml.eot_token_id"), eom = id("tokenizer.ggml.eom_token_id");
+  const int32_t unk = id("tokenizer.ggml.unknown_token_id");
+
+  std::vector<int32_t> eog;
+  auto add_eog = [&](int32_t t) {
+    if (t >= 0 && std::find(eog.begin(), eog.end(), t) == eog.end()) eog.push_back(t);
+  };
+  add_eog(eos);
+  add_eog(eot);
+  add_eog(eom);
+  for (size_t i = 0; i < n; ++i)
+    if (is_end_of_generation_name(text[i])) add_eog(static_cast<int32_t>(i));
+
+  auto tok = make_hf_tokenizer(doc, path + ": tokenizer.ggml", eog);
+  tok->bos_id = bos;
+  tok->unk_id = unk;
+  tok->add_bos = bool_key(model, "tokenizer.ggml.add_bos_token", pre->add_bos);
+  tok->add_eos = bool_key(model, "tokenizer.ggml.add_eos_token", false);
+  if (tok->add_bos && bos < 0) {
+    if (model.has("tokenizer.ggml.add_bos_token"))
+      fail("{}: tokenizer.ggml.add_bos_token is set but there is no bos_token_id", path);
+    tok->add_bos = false;  // the pre-tokenizer's default, without a BOS to add
+  }
+  return tok;
+}
+
+}  // namespace mk

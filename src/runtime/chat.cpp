@@ -1,0 +1,170 @@
+// Chat template rendering with minja (see chat.h). The one translation unit that includes minja.
+#include "runtime/chat.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <minja/minja.hpp>
+#include <sstream>
+
+#include "support/error.h"
+
+namespace mk {
+
+namespace {
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail("{}: cannot open", p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// tokenizer_config.json "chat_template": a string, or a list of {"name", "template"} of which
+// "default" is the one apply_chat_template uses without a name.
+std::string template_from_config(const nlohmann::ordered_json& v, const std::string& source) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) {
+    for (const auto& t : v)
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+        return t["template"].get<std::string>();
+    fail("{}: chat_template is a list without a \"default\" entry", source);
+  }
+  fail("{}: chat_template is neither a string nor a list of named templates", source);
+}
+
+}  // namespace
+
+std::string model_chat_template(const ModelFile& model) {
+  if (model.format == "gguf") {
+    if (!model.has("tokenizer.chat_template"))
+      fail("{}: no chat template in this model (tokenizer.chat_template); pass one with --chat-template-file",
+           model.path);
+    return model.get_str("tokenizer.chat_template");
+  }
+  if (model.format == "hf") {
+    namespace fs = std::filesystem;
+    const fs::path dir(model.path);
+    if (fs::is_regular_file(dir / "chat_template.jinja")) return read_text(dir / "chat_template.jinja");
+    const fs::path cfg = dir / "tokenizer_config.json";
+    if (fs::is_regular_file(cfg)) {
+      nlohmann::ordered_json j;
+      try {
+        j = nlohmann::ordered_json::parse(read_text(cfg));
+      } catch (const nlohmann::json::exception& e) {
+        fail("{}: invalid JSON: {}", cfg.string(), e.what());
+      }
+      if (j.is_object() && j.contains("chat_template") && !j["chat_template"].is_null())
+        return template_from_config(j["chat_template"], cfg.string());
+    }
+    fail("{}: no chat template (tokenizer_config.json chat_template or chat_template.jinja); pass one with "
+         "--chat-template-file", model.path);
+  }
+  fail("{}: {} models carry no chat template; pass one with --chat-template-file", model.path, model.format);
+}
+
+void check_chat_messages(const nlohmann::ordered_json& messages, const std::string& source) {
+  if (!messages.is_array()) fail("{}: messages must be a JSON array of {{\"role\", \"content\"}} objects", source);
+  if (messages.empty()) fail("{}: messages is empty", source);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object()) fail("{}: message {} is not an object", source, i);
+    if (!m.contains("role") || !m["role"].is_string()) fail("{}: message {} has no string \"role\"", source, i);
+    if (!m.contains("content")) fail("{}: message {} has no \"content\"", source, i);
+    const auto& c = m["content"];
+    if (!c.is_string() && !c.is_null() && !c.is_array())
+      fail("{}: message {}: \"content\" must be a string, null or an array of parts", source, i);
+  }
+}
+
+std::string render_chat_template(const std::string& source, const nlohmann::ordered_json& messages,
+                                 const ChatRenderOptions& o) {
+  try {
+    auto root = minja::Parser::parse(source, minja::Options{/*trim_blocks=*/true, /*lstrip_blocks=*/true,
+                                                            /*keep_trailing_newline=*/false});
+    auto ctx = minja::Context::make(minja::Value(nlohmann::ordered_json{
+        {"messages", messages},
+        {"add_generation_prompt", o.add_generation_prompt},
+        {"bos_token", o.bos_token},
+        {"eos_token", o.eos_token},
+    }));
+    const std::time_t now = o.now != 0 ? o.now : std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    ctx->set("strftime_now", minja::Value::callable([now](const std::shared_ptr<minja::Context>&,
+                                                            minja::ArgumentsValue& args) -> minja::Value {
+      args.expectArgs("strftime_now", {1, 1}, {0, 0});
+      const std::string format = args.args[0].get<std::string>();
+      std::tm local{};
+      localtime_r(&now, &local);
+      std::ostringstream ss;
+      ss << std::put_time(&local, format.c_str());
+      return ss.str();
+    }));
+    return root->render(ctx);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("chat template: {}", e.what());
+  }
+}
+
+ChatRenderOptions chat_options_for(const Tokenizer& tokenizer) {
+  ChatRenderOptions o;
+  if (tokenizer.bos_id >= 0) o.bos_token = tokenizer.token_text(tokenizer.bos_id);
+  if (tokenizer.eos_id >= 0) o.eos_token = tokenizer.token_text(tokenizer.eos_id);
+  return o;
+}
+
+std::string render_model_chat(const ModelFile& model, const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+                              const std::string& template_file) {
+  const std::string source = template_file.empty() ? model_chat_template(model) : read_text(template_file);
+  return render_chat_template(source, messages, chat_options_for(tokenizer));
+}
+
+ChatConversation::ChatConversation(Session& session, std::string template_source, std::string system_prompt)
+    : session_(session), template_(std::move(template_source)) {
+  if (!session_.tokenizer) fail("chat: the session has no tokenizer");
+  if (!system_prompt.empty()) messages_.push_back({{"role", "system"}, {"content", std::move(system_prompt)}});
+}
+
+GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOptions o,
+                                       const std::function<void(const std::string&)>& on_text) {
+  messages_.push_back({{"role", "user"}, {"content", user_text}});
+  const std::string rendered = render_chat_template(template_, messages_, chat_options_for(*session_.tokenizer));
+  const std::vector<int32_t> ids = session_.tokenizer->encode(rendered, /*add_bos=*/false, /*parse_special=*/true);
+  const bool extends = cached_.size() < ids.size() && std::equal(cached_.begin(), cached_.end(), ids.begin()) &&
+                       static_cast<int64_t>(cached_.size()) == session_.n_past;
+  if (!extends) {
+    session_.reset();
+    cached_.clear();
+  }
+  o.prompt.clear();
+  o.echo_prompt = false;
+  o.prompt_ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(cached_.size()), ids.end());
+  GenerateResult r;
+  try {
+    r = generate(session_, o, on_text);
+  } catch (...) {
+    messages_.erase(messages_.size() - 1);  // the turn did not happen
+    throw;
+  }
+  cached_.insert(cached_.end(), r.prompt_ids.begin(), r.prompt_ids.end());
+  cached_.insert(cached_.end(), r.generated_ids.begin(), r.generated_ids.end());
+  cached_.resize(static_cast<size_t>(session_.n_past));  // the last sampled token may not be evaluated
+  messages_.push_back({{"role", "assistant"}, {"content", r.text}});
+  return r;
+}
+
+nlohmann::ordered_json read_chat_messages(const std::string& path) {
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+  check_chat_messages(j, path);
+  return j;
+}
+
+}  // namespace mk

@@ -1,0 +1,71 @@
+// Chat templates: a conversation (OpenAI-style messages) -> the prompt text a model was trained on.
+//
+// Templates are Jinja2 sources shipped with the model (GGUF `tokenizer.chat_template`, or
+// `chat_template` in tokenizer_config.json / chat_template.jinja of a Hugging Face directory),
+// rendered with minja (third_party/minja, a Jinja2 engine) under the conventions of Hugging Face's
+// `apply_chat_template`: trim_blocks and lstrip_blocks on, trailing newline dropped, variables
+// `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, and the functions
+// `raise_exception(msg)` and `strftime_now(format)`.
+#pragma once
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/model_file.h"
+#include "model/tokenizer.h"
+#include "runtime/session.h"
+
+namespace mk {
+
+struct ChatRenderOptions {
+  std::string bos_token, eos_token;  // the vocabulary's BOS/EOS text ("" when it has none)
+  bool add_generation_prompt = true;  // end with the header of the assistant's turn
+  std::time_t now = 0;                // strftime_now's time (local time zone); 0 = the current time
+};
+
+// The model's own chat template. Throws mk::Error when the model has none (suggesting
+// --chat-template-file) or the entry is malformed.
+std::string model_chat_template(const ModelFile& model);
+
+// Checks `messages`: a JSON array of objects, each with a string "role" and a "content" that is a
+// string, null, or an array of parts. Throws mk::Error naming the first bad message; `source`
+// names the input (a file) in the message.
+void check_chat_messages(const nlohmann::ordered_json& messages, const std::string& source);
+
+// Renders the template. Template syntax errors and raise_exception() calls throw mk::Error
+// ("chat template: ...").
+std::string render_chat_template(const std::string& source, const nlohmann::ordered_json& messages,
+                                 const ChatRenderOptions& options);
+
+// ChatRenderOptions with the tokenizer's BOS/EOS text.
+ChatRenderOptions chat_options_for(const Tokenizer& tokenizer);
+
+// The prompt text for `messages` with the generation prompt: the template from `template_file`
+// when not empty (as llama.cpp's --chat-template-file), else the model's own.
+std::string render_model_chat(const ModelFile& model, const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+                              const std::string& template_file = "");
+
+// A multi-turn conversation on one Session: each reply renders the whole conversation with the
+// template and evaluates only the tokens past what the KV cache already holds (the cache is reset
+// when the new prompt does not extend it, e.g. when a reply re-tokenizes differently).
+class ChatConversation {
+ public:
+  ChatConversation(Session& session, std::string template_source, std::string system_prompt = "");
+  // Adds the user's turn, generates the assistant's reply (streamed to on_text; it stops at
+  // EOS/EOT) and adds the reply as the assistant's turn. Throws mk::Error when the conversation no
+  // longer fits the context.
+  GenerateResult reply(const std::string& user_text, GenerateOptions options,
+                       const std::function<void(const std::string&)>& on_text = {});
+  const nlohmann::ordered_json& messages() const { return messages_; }
+
+ private:
+  Session& session_;
+  std::string template_;
+  nlohmann::ordered_json messages_ = nlohmann::ordered_json::array();
+  std::vector<int32_t> cached_;  // the tokens in the KV cache, in order (size == session_.n_past)
+};
+
+// Reads an OpenAI-style messages file ([{"role": .., "content": ..}, ...]) and checks it.
+nlohmann::ordered_json read_chat_messages(const std::string& path);
+
+}  // namespace mk

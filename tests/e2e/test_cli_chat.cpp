@@ -1,0 +1,116 @@
+// `run --chat` / `run --messages` with a chat template on a Hugging Face fixture directory.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "runtime/chat.h"
+#include "runtime/session.h"
+
+namespace {
+
+std::string run_cli(const std::string& args, int* status) {
+  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 65536> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  *status = WEXITSTATUS(pclose(p));
+  return out;
+}
+
+const std::string kDir = std::string(MK_SHARED_DIR) + "/fixtures/hf/qwen2_bias_float32";
+const std::string kTemplate = std::string(MK_SOURCE_DIR) + "/tests/chat/templates/chatml.jinja";
+
+TEST(E2EChatCli, ChatAndMessagesRenderTheTemplate) {
+  int status = 0;
+  std::string out = run_cli("run --json --temp 0 -n 3 -m " + kDir + " --chat-template-file " + kTemplate +
+                                " --chat -p 'Hi there' --system 'Be brief.'", &status);
+  ASSERT_EQ(status, 0) << out;
+  auto chat = nlohmann::json::parse(out);
+  const std::string want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+                           "<|im_start|>assistant\n";
+  EXPECT_EQ(chat["rendered"], want);
+  EXPECT_EQ(chat["generated_ids"].size(), 3u);
+
+  // The same conversation from a messages file gives the same prompt and the same greedy tokens.
+  const auto path = std::filesystem::temp_directory_path() / ("mk_messages_" + std::to_string(getpid()) + ".json");
+  std::ofstream(path) << R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}])";
+  out = run_cli("run --json --temp 0 -n 3 -m " + kDir + " --chat-template-file " + kTemplate + " --messages " +
+                    path.string(), &status);
+  ASSERT_EQ(status, 0) << out;
+  auto msgs = nlohmann::json::parse(out);
+  EXPECT_EQ(msgs["rendered"], want);
+  EXPECT_EQ(msgs["prompt_ids"], chat["prompt_ids"]);
+  EXPECT_EQ(msgs["generated_ids"], chat["generated_ids"]);
+
+  // Raw prompts report themselves as the rendered text.
+  out = run_cli("run --json --temp 0 -n 1 -m " + kDir + " -p 'Hello world'", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["rendered"], "Hello world");
+
+  std::ofstream(path) << R"({"role": "user"})";
+  out = run_cli("run -m " + kDir + " --chat-template-file " + kTemplate + " --messages " + path.string(), &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("error: " + path.string() + ": messages must be a JSON array"), std::string::npos) << out;
+  std::filesystem::remove(path);
+
+  out = run_cli("run -m " + kDir + " --chat -p hi", &status);  // the fixture has no template
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("no chat template"), std::string::npos) << out;
+}
+
+TEST(E2EChatCli, InteractiveChatKeepsTheConversation) {
+  int status = 0;
+  const std::string cmd = "printf 'Hello\\nAgain\\n/exit\\nignored\\n' | " + std::string(MK_CLI_PATH) +
+                          " chat --temp 0 -n 2 -m " + kDir + " --chat-template-file " + kTemplate + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) out.append(buf.data(), n);
+  status = WEXITSTATUS(pclose(p));
+  ASSERT_EQ(status, 0) << out;
+  // Two prompts answered ("> " before each turn and once more before /exit).
+  size_t prompts = 0;
+  for (size_t p = out.find("> "); p != std::string::npos; p = out.find("> ", p + 2)) ++prompts;
+  EXPECT_EQ(prompts, 3u) << out;
+}
+
+// A second turn on the kept KV cache gives what a fresh session gives for the whole rendered
+// conversation (greedy), so reusing the cached prefix changes nothing.
+TEST(E2EChatConversation, SecondTurnMatchesAFreshSession) {
+  std::ifstream in(kTemplate);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  mk::SessionOptions so;
+  so.model_path = kDir;
+  so.backend = "reference";
+  mk::Session s(so);
+  mk::ChatConversation conv(s, ss.str(), "Be brief.");
+  mk::GenerateOptions g;
+  g.n_new = 4;
+  g.sampler.temperature = 0;
+  conv.reply("Hello", g);
+  const int64_t after_first = s.n_past;
+  const mk::GenerateResult second = conv.reply("And again?", g);
+  EXPECT_GT(s.n_past, after_first);
+  ASSERT_EQ(conv.messages().size(), 5u);  // system, user, assistant, user, assistant
+
+  nlohmann::ordered_json history = conv.messages();
+  history.erase(history.size() - 1);  // up to the second user turn
+  mk::Session fresh(so);
+  mk::GenerateOptions g2 = g;
+  g2.prompt = mk::render_model_chat(fresh.model, *fresh.tokenizer, history, kTemplate);
+  g2.add_bos = false;
+  const mk::GenerateResult want = mk::generate(fresh, g2);
+  EXPECT_EQ(second.generated_ids, want.generated_ids);
+  EXPECT_EQ(second.text, want.text);
+}
+
+}  // namespace
