@@ -79,10 +79,9 @@ class Generator {
       const size_t at = body.find("  // inv_freq:");
       if (at != std::string::npos) {  // RoPE inverse frequencies: one constant-memory table per function
         const size_t eol = body.find('\n', at);
-        std::string values = body.substr(at + 14, eol - at - 14);
-        for (size_t k = 1; k < values.size(); ++k)
-          if (values[k] == ' ') values.replace(k, 1, ", ");
-        c += fmt::format("__constant__ double mk_inv_freq_{}[] = {{{}}};\n", f, values.substr(1));
+        std::string values;  // " v0 v1 ..." -> "v0, v1, ..."
+        for (char ch : body.substr(at + 14, eol - at - 14)) values += ch == ' ' ? std::string(", ") : std::string(1, ch);
+        c += fmt::format("__constant__ double mk_inv_freq_{}[] = {{{}}};\n", f, values.substr(2));
         const std::string name = fmt::format("mk_inv_freq_{}", f);
         for (size_t p = body.find("MK_INV_FREQ"); p != std::string::npos; p = body.find("MK_INV_FREQ", p + name.size()))
           body.replace(p, 11, name);
