@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/step_batch.h"
 #include "ir/graph.h"
 #include "model/model_file.h"
 
@@ -27,6 +28,16 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_past) = 0;
+  // Runs one ragged batch on the paged KV pool (backend/step_batch.h); returns
+  // [batch.logit_rows.size(), n_vocab] float32. Throws mk::Error for a malformed batch (rows of a
+  // sequence not consecutive, a position past the sequence's blocks, a block outside the pool, more
+  // rows than max_batch_rows()) and where the backend has no paged KV (the default).
+  virtual std::vector<float> forward(const StepBatch& batch);
+  // Paged KV geometry: rows per block and blocks in the pool (0 = the backend has no paged KV).
+  virtual int64_t kv_block_size() const { return 0; }
+  virtual int64_t kv_pool_blocks() const { return 0; }
+  // Most rows one forward(StepBatch) may carry.
+  virtual int64_t max_batch_rows() const { return 0; }
   // Forgets the KV cache contents (the next forward must start at n_past = 0).
   virtual void reset() {}
   // Called once after the last step (writes traces, prints summaries).

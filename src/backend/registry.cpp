@@ -31,6 +31,10 @@ std::vector<std::string> backend_names() {
 // The CUDA megakernel where a GPU and driver are present, else the CPU megakernel interpreter.
 std::string default_backend_name() { return cuda::cuda_available(nullptr) ? "cuda" : "cpu"; }
 
+std::vector<float> Backend::forward(const StepBatch&) {
+  fail("backend '{}' does not run ragged batches (no paged KV cache)", name());
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,
                                       const BackendOptions& options) {
   for (const auto& b : kBackends)
