@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# CPU speed, side by side in one run: megakernel vs llama.cpp (through llama-cpp-python) on the same
+# GGUF files — SmolLM2-135M-Instruct Q4_1 (scripts/get-model.sh smollm2) and a 768-wide synthetic
+# Llama quantized by llama.cpp to Q8_0 and Q4_K_M. Prints a Markdown table (docs/PERFORMANCE.md).
+#
+# Usage: bench/llamacpp_compare.sh [--threads N] [--prompt N] [--gen N] [--reps N]
+# Needs: build/megakernel (scripts/build.sh release megakernel), pip access to PyPI the first time:
+# the venv (llama-cpp-python 0.3.16 built from source, ~10 min on 2 cores; gguf; numpy) lives in
+# ${XDG_CACHE_HOME:-$HOME/.cache}/megakernel/venvs/llamacpp, generated models in .../bench/.
+# llama.cpp is never a runtime dependency of megakernel.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/megakernel"
+venv="$cache/venvs/llamacpp"
+bin="${MEGAKERNEL:-$root/build/megakernel}"
+[[ -x "$bin" ]] || { echo "error: $bin not found (scripts/build.sh release megakernel)" >&2; exit 1; }
+if ! "$venv/bin/python" -c "import llama_cpp, gguf, numpy" 2>/dev/null; then
+  echo "llamacpp_compare: building llama-cpp-python in $venv (about 10 minutes)" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --upgrade pip
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" install --quiet llama-cpp-python==0.3.16 gguf numpy
+fi
+smollm2="$("$root/scripts/get-model.sh" smollm2)"
+exec "$venv/bin/python" "$root/bench/llamacpp_compare.py" --megakernel "$bin" --model "$smollm2" \
+  --synth --vocab-from "$smollm2" --work "$cache/bench" "$@"
