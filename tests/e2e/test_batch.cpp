@@ -154,6 +154,19 @@ INSTANTIATE_TEST_SUITE_P(Backends, E2EBatch,
                            return n;
                          });
 
+// The other decoder shapes (learned positions without RoPE, biases, q/k norms, fused Phi-3 views,
+// Gemma's norms) through the same batch on the cpu interpreter.
+class E2EBatchFamilies : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(E2EBatchFamilies, RaggedBatchEqualsEachSequenceAlone) {
+  check_batched(std::string(MK_SHARED_DIR) + "/fixtures/hf/" + GetParam(), BackendCase{"cpu", "dynamic", 2});
+}
+
+INSTANTIATE_TEST_SUITE_P(Hf, E2EBatchFamilies,
+                         ::testing::Values("gpt2_float32", "qwen2_bias_float32", "qwen3_qknorm_float32", "gemma_float32",
+                                           "phi3_float32", "mistral_float32"),
+                         [](const auto& info) { return info.param; });
+
 // A logits row no sequence asks for is not returned; asking for none returns nothing.
 TEST(E2EBatchRows, LogitRowsSelectsAndEmptyReturnsNothing) {
   ModelFile m = load_model(kStories);
