@@ -84,6 +84,60 @@ void BM_CpuDecode(benchmark::State& state, const std::string& path, const std::s
       benchmark::Counter(static_cast<double>(n) / 1000.0, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
+// Continuous batching: n_seqs sequences decode together, one row each per step (a ragged batch
+// over the paged KV pool, blocks interleaved between sequences), at positions 64..127. tokens/s
+// counts rows; compare n_seqs = 1 with more to see what one step's shared weight reads buy.
+void BM_CpuBatchedDecode(benchmark::State& state, const std::string& path, int threads, int n_seqs) {
+  Loaded& l = loaded(path);
+  BuildOptions bo{128, false};
+  bo.kv_pool_tokens = 128 * n_seqs;
+  bo.kv_block_size = 16;
+  Graph g = build_graph(l.model, bo);
+  BackendOptions o;
+  o.threads = threads;
+  auto b = make_backend("cpu", g, l.model, o);
+  StepBatch batch;
+  for (int s = 0; s < n_seqs; ++s) {  // block j of sequence s is j * n_seqs + s: interleaved
+    batch.block_tables.emplace_back();
+    for (int j = 0; j < 8; ++j) batch.block_tables.back().push_back(j * n_seqs + s);
+  }
+  int64_t pos = 0;
+  auto refill = [&] {
+    b->reset();
+    StepBatch p = batch;
+    for (int s = 0; s < n_seqs; ++s)
+      for (int i = 0; i < 64; ++i) {
+        p.tokens.push_back(static_cast<int32_t>((i * 37 + s * 11 + 1) % l.n_vocab));
+        p.positions.push_back(i);
+        p.seq.push_back(s);
+      }
+    for (int s = 0; s < n_seqs; ++s) p.logit_rows.push_back(64 * s + 63);
+    b->forward(p);
+    pos = 64;
+  };
+  refill();
+  int64_t n = 0;
+  for (auto _ : state) {
+    if (pos >= 128) {
+      state.PauseTiming();
+      refill();
+      state.ResumeTiming();
+    }
+    StepBatch d = batch;
+    for (int s = 0; s < n_seqs; ++s) {
+      d.tokens.push_back(static_cast<int32_t>((pos * 31 + s * 7) % l.n_vocab));
+      d.positions.push_back(static_cast<int32_t>(pos));
+      d.seq.push_back(s);
+      d.logit_rows.push_back(s);
+    }
+    auto logits = b->forward(d);
+    benchmark::DoNotOptimize(logits.data());
+    ++pos;
+    n += n_seqs;
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate);
+}
+
 const std::string kStories260K = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
 const std::string kSynth110M = "synth:stories110m";
 
@@ -124,3 +178,8 @@ static void BM_ReadBandwidth(benchmark::State& state) {
                                               benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+BENCHMARK_CAPTURE(BM_CpuBatchedDecode, stories260K_cpu_t2_seqs1, kStories260K, 2, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuBatchedDecode, stories260K_cpu_t2_seqs8, kStories260K, 2, 8)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuBatchedDecode, synth110m_cpu_t2_seqs1, kSynth110M, 2, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuBatchedDecode, synth110m_cpu_t2_seqs8, kSynth110M, 2, 8)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -53,7 +53,10 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
   if (tokenizer && tokenizer->n_vocab() > hparams.n_vocab)
     fail("tokenizer has {} tokens but the model's vocabulary is {}", tokenizer->n_vocab(), hparams.n_vocab);
   stop_at_bos = model.format == "llama2c";
-  graph = build_graph(model, BuildOptions{n_ctx, o.all_logits});
+  BuildOptions bo{n_ctx, o.all_logits};
+  bo.kv_pool_tokens = o.kv_pool_tokens;
+  bo.kv_block_size = o.kv_block_size;
+  graph = build_graph(model, bo);
   backend = make_backend(o.backend.empty() ? default_backend_name() : o.backend, graph, model, o.backend_options);
 }
 

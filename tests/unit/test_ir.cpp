@@ -1,16 +1,30 @@
 #include <gtest/gtest.h>
 
 #include "ir/graph.h"
+#include "isa/program.h"
 #include "support/error.h"
 
 using namespace mk;
 
 TEST(IrSym, PrintParseRoundTrip) {
-  for (std::string s : {"64", "n_tokens", "n_past + n_tokens", "2*n_tokens + 1", "n_past - 3", "-n_tokens"}) {
+  for (std::string s : {"64", "n_tokens", "n_out + n_tokens", "2*n_tokens + 1", "n_out - 3", "-n_tokens"}) {
     EXPECT_EQ(SymExpr::parse(s).str(), s);
   }
-  EXPECT_EQ((SymExpr::past() + SymExpr::tokens()).eval({5, 7}), 12);
+  EXPECT_EQ((SymExpr::out() + SymExpr::tokens()).eval({5, 7}), 12);
   EXPECT_THROW(SymExpr::parse("n_foo"), Error);
+  EXPECT_THROW(SymExpr::parse("n_past"), Error);  // per-row positions replaced it (step inputs)
+}
+
+// sym_provably_le over n_tokens >= 1, 1 <= n_out <= n_tokens.
+TEST(IrSym, ProvablyLeKnowsNOutIsBetweenOneAndNTokens) {
+  const SymExpr one = SymExpr::constant(1), out = SymExpr::out(), tok = SymExpr::tokens();
+  EXPECT_TRUE(sym_provably_le(one, out));
+  EXPECT_TRUE(sym_provably_le(out, tok));
+  EXPECT_FALSE(sym_provably_le(tok, out));
+  EXPECT_FALSE(sym_provably_le(out, one));
+  EXPECT_FALSE(sym_provably_le(SymExpr::constant(2), out));
+  EXPECT_TRUE(sym_provably_le(out + one, tok + one));
+  EXPECT_FALSE(sym_provably_le(out + one, tok));
 }
 
 TEST(IrGraph, BuildPrintParseRoundTrip) {
