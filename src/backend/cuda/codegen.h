@@ -67,7 +67,8 @@ struct CudaCodegenOptions {
   int threads = 512;                // threads per block (a multiple of 32)
   int64_t max_smem_bytes = 200 * 1024;  // dynamic shared memory budget per block (H100/H200: 227 KB)
   // Element type each weight has on the device, indexed like Program::weights; empty = the
-  // program's. Q8_0 weights must be given as F32 (the backend converts them on upload).
+  // program's. Matmul and embedding weights may be any ggml block type of device/quant.cuh (rows
+  // device_row_bytes apart); norm and bias vectors f32/f16/bf16.
   std::vector<DType> weight_dtypes;
   bool trace = false;  // MK_TRACE: the megakernel records a globaltimer trace (see MkTraceRec)
   // Emit the per-op baseline kernels (cuda-perop, cuda-graph). Off for the megakernel alone: they
@@ -100,9 +101,14 @@ struct DeviceTables {
 };
 DeviceTables build_device_tables(const Program& p, const CudaSource& src);
 
-// Element type each weight has on the device: the program's, except Q8_0, which the backend
-// converts to f32 on upload. What the backend passes as CudaCodegenOptions::weight_dtypes.
+// Element type each weight has on the device: the program's (quantized types stay in their ggml
+// blocks). What the backend passes as CudaCodegenOptions::weight_dtypes.
 std::vector<DType> device_weight_dtypes(const Program& p);
+// Bytes from one row of a weight matrix (rows of row_elems elements, the GGUF ne[0]) to the next on
+// the device: dtype_bytes for f32/f16/bf16; for the ggml block types the row's raw blocks rounded up
+// to a multiple of 16 bytes (so that the device reads whole 16-byte chunks, device/quant.cuh). The
+// backend uploads quantized tensors row by row at this stride, with 256 bytes of slack at the end.
+int64_t device_row_bytes(DType t, int64_t row_elems);
 
 // Development aid for the watchdog check (MK_DEBUG_BREAK_WAIT=1 in the cuda backend): makes one
 // wait impossible to satisfy by asking for one signal more than its counter gets per step (the
@@ -118,6 +124,7 @@ int break_one_wait(Program& p);
 namespace text {
 extern const char* const abi;
 extern const char* const ptx;
+extern const char* const quant;
 extern const char* const prelude;
 extern const char* const interpreter;
 extern const char* const emu_host;
