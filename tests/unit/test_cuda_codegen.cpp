@@ -172,7 +172,7 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
                                                return l0 ? DType::Q4_K : DType::Q4_1;  // ffn_gate / ffn_up
                                              }),
                        ScheduleKind::dynamic, 256));
-  add("stories260K-q4_1", compile_for_h200(quant::quantize_model(load_model(kStories), DType::Q4_1), ScheduleKind::dynamic, 256));
+  add("quant-stories260K-q4_1", compile_for_h200(quant::quantize_model(load_model(kStories), DType::Q4_1), ScheduleKind::dynamic, 256));
   // The benchmark shapes, from tensors without data (no multi-GB allocation), cut to 2 layers: the
   // device functions depend on the shapes, not on the layer count, and the passes take ~30 s on
   // the full 8B program (56k instructions).

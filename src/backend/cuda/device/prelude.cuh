@@ -258,18 +258,49 @@ __device__ __forceinline__ int mk_xi(int k) {
   else return k + k / XU * 4;
 }
 
+// acc[rb] += unit u of the quantized weight row `row` . staged row rb (unit start xu, nvb valid blocks):
+// the unit's NCH 16-byte loads first (mk_q_load), then 32 elements at a time dequantized in registers.
+template <class C, int RB>
+__device__ __forceinline__ void mk_q_unit_dot(const char* row, int u, const float* xu, int nvb, int nr, float (&acc)[RB]) {
+  using W = typename C::W;
+  mk_u32 w[MkQUnit<W>::NWORDS];
+  mk_q_load<W>(row, u, w);
+#pragma unroll
+  for (int b = 0; b < W::UB; ++b) {
+    if (b < nvb) {
+#pragma unroll
+      for (int g = 0; g < W::QK / 32; ++g) {
+        float y[32];
+        W::deq32(w, b * W::BYTES, g, y);
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {
+          if (rb < nr) {
+            const float* xr = xu + rb * C::XK + b * W::QK + g * 32;
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 32; e += 4) {
+              const float4 x4 = *(const float4*)(xr + e);
+              s += y[e] * x4.x + y[e + 1] * x4.y + y[e + 2] * x4.z + y[e + 3] * x4.w;
+            }
+            acc[rb] += s;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The column loop of mk_matmul for a quantized W (quant.cuh): rows of K / QK blocks, WRS bytes apart.
-// A column's row is split into NU units of UB blocks; LPC lanes (a power of two, at most 32, NU
-// rounded up) share a column and each streams whole units (mk_q_load: NCH 16-byte loads issued
-// together, 2 NCH with GLU), dequantizes them 32 elements at a time in registers and multiplies
-// with the staged rows; the warp covers 32 / LPC columns at once and reduces each over its LPC lanes.
-// The staged rows carry 4 floats of padding after every unit (XK floats per row), so lanes reading
-// different units hit different shared-memory banks.
+// A column's row is split into NU units of UB blocks; LPC lanes (NU rounded up to a power of two, at
+// most 32) share a column and each streams whole units (mk_q_unit_dot; with GLU the gate unit, then
+// the up unit, so that only one unit's words are live); the warp covers 32 / LPC columns at once and
+// reduces each over its LPC lanes. The staged rows carry 4 floats of padding after every unit (XK
+// floats per row), so lanes reading different units hit different shared-memory banks.
 template <class C, int RB>
 __device__ __forceinline__ void mk_matmul_cols_q(const float* xs, float* tile, const MkOpArgs& a, int c0, int nc, int nr) {
   using W = typename C::W;
   using U = MkQUnit<W>;
-  constexpr int K = C::K, T = C::T, XK = C::XK;
+  constexpr int K = C::K, T = C::T;
   constexpr int NB = K / W::QK, NU = (NB + W::UB - 1) / W::UB;
   constexpr int LPC = NU >= 32 ? 32 : mk_pow2_floor(NU) == NU ? NU : 2 * mk_pow2_floor(NU);
   constexpr int CPW = 32 / LPC;  // columns per warp step
@@ -278,43 +309,14 @@ __device__ __forceinline__ void mk_matmul_cols_q(const float* xs, float* tile, c
   for (int j0 = warp * CPW; j0 < nc; j0 += MK_WARPS * CPW) {
     const int jc = j0 + lane / LPC;
     const mk_i64 col = c0 + min(jc, nc - 1);
-    const char* wrow = (const char*)a.w + col * (mk_i64)C::WRS;
-    const char* urow = C::GLU ? (const char*)a.w_up + col * (mk_i64)C::WRS : nullptr;
     float acc[RB], accu[RB];
 #pragma unroll
     for (int rb = 0; rb < RB; ++rb) acc[rb] = accu[rb] = 0.0f;
     for (int u = li; u < NU; u += LPC) {
-      mk_u32 w[U::NWORDS], uw[C::GLU ? U::NWORDS : 1];
-      mk_q_load<W>(wrow, u, w);
-      if constexpr (C::GLU) mk_q_load<W>(urow, u, uw);
       const int nvb = min(W::UB, NB - u * W::UB);
       const float* xu = xs + u * (U::UQ + 4);
-#pragma unroll
-      for (int b = 0; b < W::UB; ++b) {
-        if (b < nvb) {
-#pragma unroll
-          for (int g = 0; g < W::QK / 32; ++g) {
-            float y[32], yu[C::GLU ? 32 : 1];
-            W::deq32(w, b * W::BYTES, g, y);
-            if constexpr (C::GLU) W::deq32(uw, b * W::BYTES, g, yu);
-#pragma unroll
-            for (int rb = 0; rb < RB; ++rb) {
-              if (rb < nr) {
-                const float* xr = xu + rb * XK + b * W::QK + g * 32;
-                float s = 0.0f, su = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 32; e += 4) {
-                  const float4 x4 = *(const float4*)(xr + e);
-                  s += y[e] * x4.x + y[e + 1] * x4.y + y[e + 2] * x4.z + y[e + 3] * x4.w;
-                  if constexpr (C::GLU) su += yu[e] * x4.x + yu[e + 1] * x4.y + yu[e + 2] * x4.z + yu[e + 3] * x4.w;
-                }
-                acc[rb] += s;
-                if constexpr (C::GLU) accu[rb] += su;
-              }
-            }
-          }
-        }
-      }
+      mk_q_unit_dot<C, RB>((const char*)a.w + col * (mk_i64)C::WRS, u, xu, nvb, nr, acc);
+      if constexpr (C::GLU) mk_q_unit_dot<C, RB>((const char*)a.w_up + col * (mk_i64)C::WRS, u, xu, nvb, nr, accu);
     }
     const bool owner = li == 0 && jc < nc;
 #pragma unroll
