@@ -1,7 +1,7 @@
 // Program -> one CUDA C++ source: the persistent megakernel and the per-op baseline kernels.
 //
-// The source is the fixed device text (device/abi.cuh, ptx.cuh, prelude.cuh: ABI structs, memory
-// helpers, one template per opcode) followed by, per Program:
+// The source is the fixed device text (device/abi.cuh, ptx.cuh, quant.cuh, prelude.cuh: ABI structs,
+// memory helpers, the ggml block types of weights, one template per opcode) followed by, per Program:
 //   - one config struct and one __device__ function per distinct op *signature*: shapes, strides,
 //     tile width, dtypes and constants (eps, scale, RoPE frequencies) baked in as constexpr. Ops
 //     that differ only in their operands (the same projection in every layer) share a function;
@@ -118,7 +118,8 @@ int64_t device_row_bytes(DType t, int64_t row_elems);
 int break_one_wait(Program& p);
 
 // The device sources (src/backend/cuda/device/*.cuh, embedded at build time by cmake/embed_text.cmake):
-// abi.cuh (structs shared with the host), ptx.cuh (inline PTX behind named wrappers), prelude.cuh
+// abi.cuh (structs shared with the host), ptx.cuh (inline PTX behind named wrappers), quant.cuh
+// (ggml block types, dequantized in registers), prelude.cuh
 // (helpers, one template per opcode), interpreter.cuh (the persistent kernel), and emu_host.h (the
 // host versions of the wrappers, prepended when cuda-emu compiles the source for the CPU).
 namespace text {
