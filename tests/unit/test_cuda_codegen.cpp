@@ -27,6 +27,7 @@
 #include "model/model_file.h"
 #include "model/synth.h"
 #include "passes/pass.h"
+#include "quant/quant.h"
 #include "support/error.h"
 
 using namespace mk;
@@ -153,6 +154,25 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
           s == ScheduleKind::static_cp);
   }
   add("synthetic-llama-bf16", compile_for_h200(synthetic_llama_bf16(512, 256, 2, 4, 2, 512, 7), ScheduleKind::dynamic, 256));
+  // Quantized weights read raw by the device (device/quant.cuh): all ten ggml block types in one
+  // 512-wide model (plain matmuls, GLU pairs, a quantized embedding), and stories260K in q4_1
+  // (64-wide rows: a unit per column, several columns per warp).
+  add("synthetic-llama-all-quant-types",
+      compile_for_h200(quant::quantize_model(synthetic_llama_bf16(512, 512, 2, 4, 2, 512, 9),
+                                             [](const WeightTensor& w) -> std::optional<DType> {
+                                               if (w.shape.size() != 2) return std::nullopt;
+                                               const bool l0 = w.name.starts_with("blk.0.");
+                                               if (w.name == "token_embd.weight") return DType::Q8_0;
+                                               if (w.name == "output.weight") return DType::Q6_K;
+                                               if (w.name.ends_with("attn_q.weight")) return l0 ? DType::Q4_0 : DType::Q5_0;
+                                               if (w.name.ends_with("attn_k.weight")) return l0 ? DType::Q5_1 : DType::Q2_K;
+                                               if (w.name.ends_with("attn_v.weight")) return l0 ? DType::Q3_K : DType::Q4_1;
+                                               if (w.name.ends_with("attn_output.weight")) return l0 ? DType::Q4_K : DType::Q5_K;
+                                               if (w.name.ends_with("ffn_down.weight")) return l0 ? DType::Q6_K : DType::Q8_0;
+                                               return l0 ? DType::Q4_K : DType::Q4_1;  // ffn_gate / ffn_up
+                                             }),
+                       ScheduleKind::dynamic, 256));
+  add("quant-stories260K-q4_1", compile_for_h200(quant::quantize_model(load_model(kStories), DType::Q4_1), ScheduleKind::dynamic, 256));
   // The benchmark shapes, from tensors without data (no multi-GB allocation), cut to 2 layers: the
   // device functions depend on the shapes, not on the layer count, and the passes take ~30 s on
   // the full 8B program (56k instructions).
@@ -181,6 +201,9 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
       EXPECT_NE(c.src.code.find("using W = MkBF16"), std::string::npos);
       EXPECT_NE(c.src.code.find("HPG = 2"), std::string::npos);  // grouped-query attention baked in
     }
+    if (c.name == "synthetic-llama-all-quant-types")
+      for (const char* t : {"MkQ4_0", "MkQ4_1", "MkQ5_0", "MkQ5_1", "MkQ8_0", "MkQ2_K", "MkQ3_K", "MkQ4_K", "MkQ5_K", "MkQ6_K"})
+        EXPECT_NE(c.src.code.find(std::string("using W = ") + t), std::string::npos) << t;
     if (c.name.find("bfloat16") != std::string::npos) {
       EXPECT_NE(c.src.code.find("using W = MkBF16"), std::string::npos) << c.name;
     }
@@ -276,13 +299,32 @@ TEST(CudaCodegen, UnsupportedWeightTypeIsAClearError) {
   ModelFile m = load_model(kStories);
   Program p = compile_for_h200(m, ScheduleKind::dynamic, 64);
   cuda::CudaCodegenOptions o;
+  o.weight_dtypes.assign(p.weights.size(), DType::I32);
+  try {
+    cuda::generate_cuda(p, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weights of type i32 are not supported"), std::string::npos) << e.what();
+  }
+  // Matrices may be quantized, norm vectors may not (they are read element by element).
   o.weight_dtypes.assign(p.weights.size(), DType::Q8_0);
   try {
     cuda::generate_cuda(p, o);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("q8_0 norm/bias weights are not supported"), std::string::npos) << e.what();
   }
+}
+
+// Quantized rows on the device: raw ggml blocks, each row starting at a multiple of 16 bytes.
+TEST(CudaCodegen, DeviceRowBytesPadsQuantizedRowsTo16) {
+  EXPECT_EQ(cuda::device_row_bytes(DType::F32, 576), 576 * 4);
+  EXPECT_EQ(cuda::device_row_bytes(DType::BF16, 576), 576 * 2);
+  EXPECT_EQ(cuda::device_row_bytes(DType::Q4_1, 576), 368);   // 18 blocks of 20 = 360
+  EXPECT_EQ(cuda::device_row_bytes(DType::Q8_0, 576), 624);   // 18 x 34 = 612
+  EXPECT_EQ(cuda::device_row_bytes(DType::Q4_K, 512), 288);   // 2 x 144, already aligned
+  EXPECT_EQ(cuda::device_row_bytes(DType::Q6_K, 256), 224);   // 210
+  EXPECT_EQ(cuda::device_row_bytes(DType::Q4_0, 1536), 864);  // 48 x 18, already aligned
 }
 
 // The watchdog check's mutation: one wait asks for one signal more than its counter gets per step,

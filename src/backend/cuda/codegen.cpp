@@ -4,6 +4,7 @@
 #include <map>
 #include <numeric>
 
+#include "quant/quant.h"
 #include "support/error.h"
 
 namespace mk::cuda {
@@ -13,12 +14,39 @@ namespace {
 // Doubles printed so that they round-trip exactly.
 std::string lit(double v) { return fmt::format("{:.17g}", v); }
 
+// Device block types (device/quant.cuh): name, elements and bytes per block, blocks per matmul unit.
+struct QuantDev {
+  DType t;
+  const char* name;
+  int qk, bytes, ub;
+};
+constexpr QuantDev kQuantDev[] = {
+    {DType::Q4_0, "MkQ4_0", 32, 18, 8},   {DType::Q4_1, "MkQ4_1", 32, 20, 4},   {DType::Q5_0, "MkQ5_0", 32, 22, 8},
+    {DType::Q5_1, "MkQ5_1", 32, 24, 4},   {DType::Q8_0, "MkQ8_0", 32, 34, 4},   {DType::Q2_K, "MkQ2_K", 256, 84, 1},
+    {DType::Q3_K, "MkQ3_K", 256, 110, 1}, {DType::Q4_K, "MkQ4_K", 256, 144, 1}, {DType::Q5_K, "MkQ5_K", 256, 176, 1},
+    {DType::Q6_K, "MkQ6_K", 256, 210, 1},
+};
+const QuantDev* quant_dev(DType t) {
+  for (const QuantDev& q : kQuantDev)
+    if (q.t == t) {
+      const quant::QuantType* qt = quant::quant_type(t);
+      if (!qt || qt->block_size != q.qk || qt->block_bytes != q.bytes)
+        fail("cuda codegen: the device table of {} disagrees with src/quant", dtype_name(t));
+      return &q;
+    }
+  return nullptr;
+}
+
 const char* weight_type(DType t, const std::string& what) {
   switch (t) {
     case DType::F32: return "MkF32";
     case DType::F16: return "MkF16";
     case DType::BF16: return "MkBF16";
-    default: fail("cuda codegen: {}: weights of type {} are not supported (f32, f16, bf16)", what, dtype_name(t));
+    default:
+      if (const QuantDev* q = quant_dev(t)) return q->name;
+      fail("cuda codegen: {}: weights of type {} are not supported (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, "
+           "q3_K, q4_K, q5_K, q6_K)",
+           what, dtype_name(t));
   }
 }
 
@@ -69,6 +97,7 @@ class Generator {
                      p_.instrs.size(), p_.schedule == ScheduleKind::dynamic ? 0 : 1, o_.trace ? 1 : 0);
     c += text::abi;
     c += text::ptx;
+    c += text::quant;
     c += text::prelude;
     c += "\n// ---- op signatures: one config and one function each --------------------------------------\n";
     for (size_t f = 0; f < bodies.size(); ++f) {
@@ -137,6 +166,26 @@ class Generator {
     if (w < 0) return "MkF32";
     return weight_type(wdtype(w), op.name + " (" + p_.weights[static_cast<size_t>(w)].name + ")");
   }
+  // Norm and bias vectors are read element by element: float types only (GGUF stores them as f32).
+  std::string vtype(int w, const OpDesc& op) const {
+    if (w >= 0 && quant_dev(wdtype(w)))
+      fail("cuda codegen: {} ({}): {} norm/bias weights are not supported (f32, f16, bf16)", op.name,
+           p_.weights[static_cast<size_t>(w)].name, dtype_name(wdtype(w)));
+    return wtype(w, op);
+  }
+  // Bytes between rows of a weight matrix on the device, and the staged row stride (floats) of a matmul.
+  int64_t wrs(int w, int64_t k, const OpDesc& op) const {
+    const DType t = wdtype(w);
+    if (const QuantDev* q = quant_dev(t))
+      if (k % q->qk) fail("cuda codegen: {}: rows of {} elements are not whole {} blocks of {}", op.name, k, dtype_name(t), q->qk);
+    return device_row_bytes(t, k);
+  }
+  int64_t staged_row(int w, int64_t k) const {
+    const QuantDev* q = quant_dev(wdtype(w));
+    if (!q) return k;
+    const int64_t uq = static_cast<int64_t>(q->ub) * q->qk;
+    return k + (k + uq - 1) / uq * 4;
+  }
   int64_t stride(int b) const { return b < 0 ? 0 : p_.buffers[static_cast<size_t>(b)].cols; }
   static std::string rows_fn(const char* name, const SymExpr& e) {
     return fmt::format("  __device__ static __forceinline__ int {}(const MkSym& s) {{ return {} + {} * s.n_tokens + {} * s.n_out; }}\n",
@@ -165,16 +214,18 @@ class Generator {
         const int64_t K = op.k, T = op.tile_cols;
         if (K <= 0 || T <= 0) fail("cuda codegen: {}: bad matmul shape (k {}, tile {})", op.name, K, T);
         const int64_t max_rows = op.rows.is_const() ? op.rows.c : op.rows.eval({p_.max_tokens, p_.max_tokens});
+        const int64_t XK = staged_row(op.w, K);  // staged x row (padded per unit for quantized weights)
         const int64_t budget = (o_.max_smem_bytes / 4 - T * 8 - static_cast<int64_t>(red) - 64);
-        int64_t rb = std::clamp<int64_t>(budget / std::max<int64_t>(K + T, 1), 1, 8);
+        int64_t rb = std::clamp<int64_t>(budget / std::max<int64_t>(XK + T, 1), 1, 8);
         rb = std::max<int64_t>(1, std::min(rb, max_rows));
-        if (rb * (K + T) > budget) fail("cuda codegen: {}: k = {} does not fit the shared-memory budget", op.name, K);
+        if (rb * (XK + T) > budget) fail("cuda codegen: {}: k = {} does not fit the shared-memory budget", op.name, K);
         const bool glu = op.glu != Act::none;
         const bool rope = op.epi == Epi::rope || op.epi == Epi::rope_store;
-        b += fmt::format("  using W = {};\n  using NormW = {};\n", wtype(op.w, op), wtype(op.norm_w, op));
+        b += fmt::format("  using W = {};\n  using NormW = {};\n", wtype(op.w, op), vtype(op.norm_w, op));
         if (glu && wdtype(op.w_up) != wdtype(op.w)) fail("cuda codegen: {}: gate and up weights differ in type", op.name);
-        b += fmt::format("  static constexpr int K = {}, T = {}, RB = {}, XS = {}, OS = {}, RS = {};\n", K, T, rb, stride(op.x),
-                         stride(op.out), stride(op.res));
+        b += fmt::format("  static constexpr int K = {}, T = {}, RB = {}, XS = {}, OS = {}, RS = {}, XK = {};\n", K, T, rb,
+                         stride(op.x), stride(op.out), stride(op.res), XK);
+        b += fmt::format("  static constexpr long long WRS = {};\n", wrs(op.w, K, op));
         b += fmt::format("  static constexpr bool VEC = {}, XVEC = {}, PRO_RMS = {}, ADD = {}, ROPE = {}, STORE = {};\n",
                          K % 8 == 0 ? "true" : "false", K % 4 == 0 && stride(op.x) % 4 == 0 ? "true" : "false",
                          op.pro_rms ? "true" : "false", op.epi == Epi::add ? "true" : "false", rope ? "true" : "false",
@@ -182,7 +233,7 @@ class Generator {
         b += fmt::format("  static constexpr int GLU = {};\n  static constexpr double EPS = {}, WOFF = {};\n",
                          static_cast<int>(op.glu), lit(op.eps), lit(op.weight_offset));
         if (rope) b += rope_fields(op);
-        *smem_floats = static_cast<size_t>(rb * (K + T)) + 4 + red;
+        *smem_floats = static_cast<size_t>(rb * (XK + T)) + 4 + red;
         break;
       }
       case Opcode::attention: {
@@ -205,12 +256,13 @@ class Generator {
         if (shape.size() != 2) fail("cuda codegen: {}: embedding table must be 2-D", op.name);
         b += fmt::format("  using W = {};\n  static constexpr int K = {}, NROWS = {}, OS = {};\n", wtype(op.w, op), shape[1],
                          shape[0], stride(op.out));
+        b += fmt::format("  static constexpr long long WRS = {};\n", wrs(op.w, shape[1], op));
         *smem_floats = 4;
         break;
       }
       case Opcode::rms_norm:
         if (op.group <= 0 || op.k % op.group) fail("cuda codegen: {}: group {} does not divide {}", op.name, op.group, op.k);
-        b += fmt::format("  using NormW = {};\n  static constexpr int K = {}, GROUP = {}, XS = {}, OS = {};\n", wtype(op.norm_w, op),
+        b += fmt::format("  using NormW = {};\n  static constexpr int K = {}, GROUP = {}, XS = {}, OS = {};\n", vtype(op.norm_w, op),
                          op.k, op.group, stride(op.x), stride(op.out));
         b += fmt::format("  static constexpr bool HAS_W = {};\n  static constexpr double EPS = {}, WOFF = {};\n",
                          op.norm_w >= 0 ? "true" : "false", lit(op.eps), lit(op.weight_offset));
@@ -218,7 +270,7 @@ class Generator {
         break;
       case Opcode::layer_norm:
         b += fmt::format("  using NormW = {};\n  using BiasW = {};\n  static constexpr int K = {}, XS = {}, OS = {};\n",
-                         wtype(op.norm_w, op), wtype(op.bias, op), op.k, stride(op.x), stride(op.out));
+                         vtype(op.norm_w, op), vtype(op.bias, op), op.k, stride(op.x), stride(op.out));
         b += fmt::format("  static constexpr bool HAS_W = {}, HAS_B = {};\n  static constexpr double EPS = {};\n",
                          op.norm_w >= 0 ? "true" : "false", op.bias >= 0 ? "true" : "false", lit(op.eps));
         *smem_floats = red;
@@ -232,7 +284,7 @@ class Generator {
         const int opc = op.opcode == Opcode::add ? 0 : op.opcode == Opcode::mul ? 1 : op.opcode == Opcode::scale ? 2
                         : op.opcode == Opcode::silu ? 3 : op.opcode == Opcode::gelu ? 4 : 5;
         if (opc <= 1 && op.y < 0 && op.bias < 0) fail("cuda codegen: {}: second operand missing", op.name);
-        b += fmt::format("  using BiasW = {};\n  static constexpr int OPC = {}, XS = {}, YS = {}, OS = {};\n", wtype(op.bias, op),
+        b += fmt::format("  using BiasW = {};\n  static constexpr int OPC = {}, XS = {}, YS = {}, OS = {};\n", vtype(op.bias, op),
                          opc, stride(op.x), stride(op.y), stride(op.out));
         b += fmt::format("  static constexpr bool HAS_BIAS = {};\n  static constexpr double SCALE = {};\n",
                          op.y < 0 && op.bias >= 0 ? "true" : "false", lit(op.scale));
@@ -283,8 +335,13 @@ CudaSource generate_cuda(const Program& p, const CudaCodegenOptions& options) { 
 
 std::vector<DType> device_weight_dtypes(const Program& p) {
   std::vector<DType> r;
-  for (const ProgramWeight& w : p.weights) r.push_back(w.dtype == DType::Q8_0 ? DType::F32 : w.dtype);
+  for (const ProgramWeight& w : p.weights) r.push_back(w.dtype);
   return r;
+}
+
+int64_t device_row_bytes(DType t, int64_t row_elems) {
+  if (const QuantDev* q = quant_dev(t)) return (row_elems / q->qk * q->bytes + 15) / 16 * 16;
+  return dtype_bytes(t, row_elems);
 }
 
 int break_one_wait(Program& p) {

@@ -1,7 +1,7 @@
 // Program -> one CUDA C++ source: the persistent megakernel and the per-op baseline kernels.
 //
-// The source is the fixed device text (device/abi.cuh, ptx.cuh, prelude.cuh: ABI structs, memory
-// helpers, one template per opcode) followed by, per Program:
+// The source is the fixed device text (device/abi.cuh, ptx.cuh, quant.cuh, prelude.cuh: ABI structs,
+// memory helpers, the ggml block types of weights, one template per opcode) followed by, per Program:
 //   - one config struct and one __device__ function per distinct op *signature*: shapes, strides,
 //     tile width, dtypes and constants (eps, scale, RoPE frequencies) baked in as constexpr. Ops
 //     that differ only in their operands (the same projection in every layer) share a function;
@@ -68,7 +68,8 @@ struct CudaCodegenOptions {
   int threads = 512;                // threads per block (a multiple of 32)
   int64_t max_smem_bytes = 200 * 1024;  // dynamic shared memory budget per block (H100/H200: 227 KB)
   // Element type each weight has on the device, indexed like Program::weights; empty = the
-  // program's. Q8_0 weights must be given as F32 (the backend converts them on upload).
+  // program's. Matmul and embedding weights may be any ggml block type of device/quant.cuh (rows
+  // device_row_bytes apart); norm and bias vectors f32/f16/bf16.
   std::vector<DType> weight_dtypes;
   bool trace = false;  // MK_TRACE: the megakernel records a globaltimer trace (see MkTraceRec)
   // Emit the per-op baseline kernels (cuda-perop, cuda-graph). Off for the megakernel alone: they
@@ -101,9 +102,14 @@ struct DeviceTables {
 };
 DeviceTables build_device_tables(const Program& p, const CudaSource& src);
 
-// Element type each weight has on the device: the program's, except Q8_0, which the backend
-// converts to f32 on upload. What the backend passes as CudaCodegenOptions::weight_dtypes.
+// Element type each weight has on the device: the program's (quantized types stay in their ggml
+// blocks). What the backend passes as CudaCodegenOptions::weight_dtypes.
 std::vector<DType> device_weight_dtypes(const Program& p);
+// Bytes from one row of a weight matrix (rows of row_elems elements, the GGUF ne[0]) to the next on
+// the device: dtype_bytes for f32/f16/bf16; for the ggml block types the row's raw blocks rounded up
+// to a multiple of 16 bytes (so that the device reads whole 16-byte chunks, device/quant.cuh). The
+// backend uploads quantized tensors row by row at this stride, with 256 bytes of slack at the end.
+int64_t device_row_bytes(DType t, int64_t row_elems);
 
 // Development aid for the watchdog check (MK_DEBUG_BREAK_WAIT=1 in the cuda backend): makes one
 // wait impossible to satisfy by asking for one signal more than its counter gets per step (the
@@ -113,12 +119,14 @@ std::vector<DType> device_weight_dtypes(const Program& p);
 int break_one_wait(Program& p);
 
 // The device sources (src/backend/cuda/device/*.cuh, embedded at build time by cmake/embed_text.cmake):
-// abi.cuh (structs shared with the host), ptx.cuh (inline PTX behind named wrappers), prelude.cuh
+// abi.cuh (structs shared with the host), ptx.cuh (inline PTX behind named wrappers), quant.cuh
+// (ggml block types, dequantized in registers), prelude.cuh
 // (helpers, one template per opcode), interpreter.cuh (the persistent kernel), and emu_host.h (the
 // host versions of the wrappers, prepended when cuda-emu compiles the source for the CPU).
 namespace text {
 extern const char* const abi;
 extern const char* const ptx;
+extern const char* const quant;
 extern const char* const prelude;
 extern const char* const interpreter;
 extern const char* const emu_host;

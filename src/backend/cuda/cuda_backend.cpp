@@ -7,7 +7,7 @@
 //
 // Setup: compile the Program for one block per SM (workers = SM count; cuda-emu: its block count),
 // generate the source, compile it for the device (NVRTC, or the host compiler; disk-cached), upload
-// weights (Q8_0 converted to f32), allocate the arena, KV storage, counters and tables. A step: copy
+// weights (ggml blocks raw, rows padded to 16 bytes), allocate the arena, KV storage, counters and tables. A step: copy
 // tokens/positions/symbols from pinned staging, launch, copy the logits back, synchronise, then read
 // the host-mapped error record (a counter wait that timed out, a bad token id, on cuda-emu a race)
 // and turn it into an mk::Error. After a device error the backend refuses further steps until reset().
@@ -36,6 +36,7 @@
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/device_runtime.h"
 #include "passes/pass.h"
+#include "quant/quant.h"
 #include "support/error.h"
 
 namespace mk {
@@ -47,6 +48,13 @@ enum class CudaMode { megakernel, perop, graph };
 int64_t env_int(const char* name, int64_t def) {
   const char* v = std::getenv(name);
   return v && *v ? std::strtoll(v, nullptr, 10) : def;
+}
+
+// Bytes a weight tensor takes on the device (quantized matrices: rows cuda::device_row_bytes apart).
+size_t device_bytes(const WeightTensor& t) {
+  if (!quant::quant_type(t.dtype) || t.shape.empty()) return t.nbytes;
+  const int64_t k = t.shape.back();
+  return static_cast<size_t>(t.numel() / k * cuda::device_row_bytes(t.dtype, k));
 }
 
 // Compiles the graph into the Program the device runs (one worker per SM or emulated block).
@@ -75,7 +83,9 @@ class CudaBackend final : public Backend {
     }
     const Program& p = program_;
 
-    // Weights: device dtype (Q8_0 becomes f32), 256-byte aligned in one allocation.
+    // Weights: their file dtype (ggml blocks stay raw; each row of a quantized matrix starts at a
+    // multiple of 16 bytes, cuda::device_row_bytes), 256-byte aligned in one allocation with 256
+    // bytes of slack at the end (a matmul lane's last 16-byte window may reach past its row).
     cuda::CudaCodegenOptions cg;
     cg.threads = dev.threads;
     cg.max_smem_bytes = std::max(48 * 1024, dev.smem_optin - 1024);
@@ -86,13 +96,12 @@ class CudaBackend final : public Backend {
     for (const ProgramWeight& pw : p.weights) {
       const WeightTensor& t = model.get(pw.name, pw.shape);
       if (t.dtype != pw.dtype) fail("{}: program expects {}, file has {}", pw.name, dtype_name(pw.dtype), dtype_name(t.dtype));
-      DType dt = t.dtype == DType::Q8_0 ? DType::F32 : t.dtype;
-      if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16)
-        fail("{}: the CUDA backend cannot read {} weights", pw.name, dtype_name(t.dtype));
-      cg.weight_dtypes.push_back(dt);
+      if (t.dtype == DType::I32) fail("{}: the CUDA backend cannot read {} weights", pw.name, dtype_name(t.dtype));
+      cg.weight_dtypes.push_back(t.dtype);
       woff.push_back(wbytes);
-      wbytes += (dtype_bytes(dt, t.numel()) + 255) / 256 * 256;
+      wbytes += (device_bytes(t) + 255) / 256 * 256;
     }
+    wbytes += 256;
     src_ = cuda::generate_cuda(p, cg);
     tables_ = cuda::build_device_tables(p, src_);
     const cuda::ModuleInfo built = rt_->load(src_, p);
@@ -116,10 +125,14 @@ class CudaBackend final : public Backend {
     weights_ = rt_->alloc(wbytes);
     for (size_t i = 0; i < p.weights.size(); ++i) {
       const WeightTensor& t = model.get(p.weights[i].name);
-      if (t.dtype == DType::Q8_0) {
-        std::vector<float> f(static_cast<size_t>(t.numel()));
-        to_f32(t.dtype, t.data, f.data(), t.numel());
-        rt_->copy_to_device(weights_ + woff[i], f.data(), f.size() * 4, false);
+      if (quant::quant_type(t.dtype) && device_bytes(t) != t.nbytes) {  // rows padded to 16 bytes
+        const int64_t k = t.shape.back(), rows = t.numel() / k;
+        const size_t src_row = dtype_bytes(t.dtype, k), dst_row = static_cast<size_t>(cuda::device_row_bytes(t.dtype, k));
+        std::vector<uint8_t> padded(static_cast<size_t>(rows) * dst_row, 0);
+        for (int64_t r = 0; r < rows; ++r)
+          std::memcpy(padded.data() + static_cast<size_t>(r) * dst_row, static_cast<const uint8_t*>(t.data) + static_cast<size_t>(r) * src_row,
+                      src_row);
+        rt_->copy_to_device(weights_ + woff[i], padded.data(), padded.size(), false);
       } else {
         rt_->copy_to_device(weights_ + woff[i], t.data, t.nbytes, false);
       }

@@ -31,6 +31,7 @@ __device__ __forceinline__ float mk_bf16(mk_u32 bits16) { return __uint_as_float
 // load8: elements [i, i+8) of a row starting at `row` (16-byte aligned when the row is); load1: one.
 struct MkF32 {
   static constexpr int kBytes = 4;
+  static constexpr bool kQuant = false;
   __device__ static __forceinline__ void load8(const void* row, int i, float* o) {
     const char* p = (const char*)row + (mk_i64)i * 4;
     uint4 a = mk_ldw16(p), b = mk_ldw16(p + 16);
@@ -43,6 +44,7 @@ struct MkF32 {
 };
 struct MkBF16 {
   static constexpr int kBytes = 2;
+  static constexpr bool kQuant = false;
   __device__ static __forceinline__ void load8(const void* row, int i, float* o) {
     uint4 a = mk_ldw16((const char*)row + (mk_i64)i * 2);
     o[0] = __uint_as_float(a.x << 16); o[1] = __uint_as_float(a.x & 0xffff0000u);
@@ -56,6 +58,7 @@ struct MkBF16 {
 };
 struct MkF16 {
   static constexpr int kBytes = 2;
+  static constexpr bool kQuant = false;
   __device__ static __forceinline__ void load8(const void* row, int i, float* o) {
     uint4 a = mk_ldw16((const char*)row + (mk_i64)i * 2);
     mk_u32 v[4] = {a.x, a.y, a.z, a.w};
@@ -242,6 +245,92 @@ __device__ __forceinline__ void mk_matmul_cols(const float* xs, float* tile, con
   }
 }
 
+// Staged activation rows of a matmul: element k of a row sits at mk_xi<XU, PAD>(k): PAD == 0 (float
+// weights) keeps k; quantized weights put 4 floats of padding after every unit of XU elements.
+template <class W>
+__host__ __device__ constexpr int mk_x_unit(int k) {
+  if constexpr (W::kQuant) return MkQUnit<W>::UQ;
+  else return k;
+}
+template <int XU, int PAD>
+__device__ __forceinline__ int mk_xi(int k) {
+  if constexpr (PAD == 0) return k;
+  else return k + k / XU * 4;
+}
+
+// acc[rb] += unit u of the quantized weight row `row` . staged row rb (unit start xu, nvb valid blocks):
+// the unit's NCH 16-byte loads first (mk_q_load), then 32 elements at a time dequantized in registers.
+template <class C, int RB>
+__device__ __forceinline__ void mk_q_unit_dot(const char* row, int u, const float* xu, int nvb, int nr, float (&acc)[RB]) {
+  using W = typename C::W;
+  mk_u32 w[MkQUnit<W>::NWORDS];
+  mk_q_load<W>(row, u, w);
+#pragma unroll
+  for (int b = 0; b < W::UB; ++b) {
+    if (b < nvb) {
+#pragma unroll
+      for (int g = 0; g < W::QK / 32; ++g) {
+        float y[32];
+        W::deq32(w, b * W::BYTES, g, y);
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {
+          if (rb < nr) {
+            const float* xr = xu + rb * C::XK + b * W::QK + g * 32;
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 32; e += 4) {
+              const float4 x4 = *(const float4*)(xr + e);
+              s += y[e] * x4.x + y[e + 1] * x4.y + y[e + 2] * x4.z + y[e + 3] * x4.w;
+            }
+            acc[rb] += s;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The column loop of mk_matmul for a quantized W (quant.cuh): rows of K / QK blocks, WRS bytes apart.
+// A column's row is split into NU units of UB blocks; LPC lanes (NU rounded up to a power of two, at
+// most 32) share a column and each streams whole units (mk_q_unit_dot; with GLU the gate unit, then
+// the up unit, so that only one unit's words are live); the warp covers 32 / LPC columns at once and
+// reduces each over its LPC lanes. The staged rows carry 4 floats of padding after every unit (XK
+// floats per row), so lanes reading different units hit different shared-memory banks.
+template <class C, int RB>
+__device__ __forceinline__ void mk_matmul_cols_q(const float* xs, float* tile, const MkOpArgs& a, int c0, int nc, int nr) {
+  using W = typename C::W;
+  using U = MkQUnit<W>;
+  constexpr int K = C::K, T = C::T;
+  constexpr int NB = K / W::QK, NU = (NB + W::UB - 1) / W::UB;
+  constexpr int LPC = NU >= 32 ? 32 : mk_pow2_floor(NU) == NU ? NU : 2 * mk_pow2_floor(NU);
+  constexpr int CPW = 32 / LPC;  // columns per warp step
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int li = lane & (LPC - 1);
+  for (int j0 = warp * CPW; j0 < nc; j0 += MK_WARPS * CPW) {
+    const int jc = j0 + lane / LPC;
+    const mk_i64 col = c0 + min(jc, nc - 1);
+    float acc[RB], accu[RB];
+#pragma unroll
+    for (int rb = 0; rb < RB; ++rb) acc[rb] = accu[rb] = 0.0f;
+    for (int u = li; u < NU; u += LPC) {
+      const int nvb = min(W::UB, NB - u * W::UB);
+      const float* xu = xs + u * (U::UQ + 4);
+      mk_q_unit_dot<C, RB>((const char*)a.w + col * (mk_i64)C::WRS, u, xu, nvb, nr, acc);
+      if constexpr (C::GLU) mk_q_unit_dot<C, RB>((const char*)a.w_up + col * (mk_i64)C::WRS, u, xu, nvb, nr, accu);
+    }
+    const bool owner = li == 0 && jc < nc;
+#pragma unroll
+    for (int rb = 0; rb < RB; ++rb) {
+#pragma unroll
+      for (int o = LPC / 2; o > 0; o >>= 1) {
+        acc[rb] += __shfl_xor_sync(0xffffffffu, acc[rb], o);
+        if constexpr (C::GLU) accu[rb] += __shfl_xor_sync(0xffffffffu, accu[rb], o);
+      }
+      if (owner && rb < nr) tile[rb * T + jc] = C::GLU ? mk_act<C::GLU>(acc[rb]) * accu[rb] : acc[rb];
+    }
+  }
+}
+
 // matmul: out[:, c0:c1] = epi(glu(pro(x) @ w[c0:c1]^T)), f32 accumulation.
 // x rows are staged in shared memory RB at a time (rms-normalised there when PRO_RMS); each warp
 // computes groups of columns (mk_matmul_cols: lanes read 16-byte chunks of the weight rows,
@@ -251,8 +340,11 @@ __device__ __forceinline__ void mk_matmul_cols(const float* xs, float* tile, con
 template <class C>
 __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   constexpr int K = C::K, RB = C::RB, T = C::T;
-  float* xs = (float*)smem;                    // [RB][K]
-  float* tile = xs + RB * K;                   // [RB][T]
+  // Staged row stride: K floats, plus 4 after every unit of UQ elements for quantized weights.
+  constexpr int XU = mk_x_unit<typename C::W>(K), XK = K + (K + XU - 1) / XU * (C::W::kQuant ? 4 : 0);
+  static_assert(XK == C::XK, "codegen and prelude disagree on the staged row stride");
+  float* xs = (float*)smem;                    // [RB][XK]
+  float* tile = xs + RB * XK;                  // [RB][T]
   double* red = (double*)(tile + RB * T + 2);  // [MK_WARPS + 1]
   red = (double*)(((unsigned long long)red + 7) & ~7ull);
   const int R = C::rows(s);
@@ -262,28 +354,34 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
     if constexpr (C::XVEC) {
       for (int i = threadIdx.x; i < nr * (K / 4); i += MK_THREADS) {
         const int rb = i / (K / 4), k4 = i - rb * (K / 4);
-        *(float4*)(xs + rb * K + k4 * 4) = mk_ld4(a.x + (mk_i64)(r0 + rb) * C::XS + k4 * 4);
+        *(float4*)(xs + rb * XK + mk_xi<XU, XK - K>(k4 * 4)) = mk_ld4(a.x + (mk_i64)(r0 + rb) * C::XS + k4 * 4);
       }
     } else {
       for (int i = threadIdx.x; i < nr * K; i += MK_THREADS) {
         const int rb = i / K, k = i - rb * K;
-        xs[i] = mk_ld(a.x + (mk_i64)(r0 + rb) * C::XS + k);
+        xs[rb * XK + mk_xi<XU, XK - K>(k)] = mk_ld(a.x + (mk_i64)(r0 + rb) * C::XS + k);
       }
     }
     __syncthreads();
     if constexpr (C::PRO_RMS) {
       for (int rb = 0; rb < nr; ++rb) {
         double ss = 0;
-        for (int k = threadIdx.x; k < K; k += MK_THREADS) ss += (double)xs[rb * K + k] * xs[rb * K + k];
+        float* xr = xs + rb * XK;
+        for (int k = threadIdx.x; k < K; k += MK_THREADS) ss += (double)xr[mk_xi<XU, XK - K>(k)] * xr[mk_xi<XU, XK - K>(k)];
         ss = mk_block_sum(ss, red);
         const float inv = (float)(1.0 / sqrt(ss / (double)K + C::EPS));
         for (int k = threadIdx.x; k < K; k += MK_THREADS)
-          xs[rb * K + k] = xs[rb * K + k] * inv * (C::NormW::load1(a.norm_w, k) + (float)C::WOFF);
+          xr[mk_xi<XU, XK - K>(k)] = xr[mk_xi<XU, XK - K>(k)] * inv * (C::NormW::load1(a.norm_w, k) + (float)C::WOFF);
       }
       __syncthreads();
     }
-    if (nr == 1) mk_matmul_cols<C, 1>(xs, tile, a, c0, nc, 1);
-    else mk_matmul_cols<C, RB>(xs, tile, a, c0, nc, nr);
+    if constexpr (C::W::kQuant) {
+      if (nr == 1) mk_matmul_cols_q<C, 1>(xs, tile, a, c0, nc, 1);
+      else mk_matmul_cols_q<C, RB>(xs, tile, a, c0, nc, nr);
+    } else {
+      if (nr == 1) mk_matmul_cols<C, 1>(xs, tile, a, c0, nc, 1);
+      else mk_matmul_cols<C, RB>(xs, tile, a, c0, nc, nr);
+    }
     __syncthreads();
     if constexpr (C::ROPE) {  // whole heads per tile: c0 and nc are multiples of HD
       constexpr int half = C::NROT / 2;
@@ -308,7 +406,7 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
 // Bytes of weights an instruction of a matmul reads: prefetched into L2 before its wait.
 template <class C>
 __device__ __forceinline__ void mk_matmul_prefetch(const MkInstr& in, const MkOpArgs& a) {
-  const mk_i64 row_bytes = (mk_i64)C::K * C::W::kBytes;
+  const mk_i64 row_bytes = C::WRS;
   const char* base = (const char*)a.w + (mk_i64)in.c0 * row_bytes;
   const mk_i64 bytes = (mk_i64)(in.c1 - in.c0) * row_bytes;
   for (mk_i64 o = (mk_i64)threadIdx.x * 128; o < bytes; o += (mk_i64)MK_THREADS * 128) mk_prefetch_l2(base + o);
@@ -415,18 +513,38 @@ __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& 
   }
 }
 
-// embed: out[r, c0:c1] = table[ids[r], c0:c1]
+// embed: out[r, c0:c1] = table[ids[r], c0:c1]. Quantized tables (rows WRS bytes apart): one thread per
+// 32-element group of the row, dequantized from its block (mk_q_group).
 template <class C>
 __device__ void mk_embed(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem, const MkParams& p, int idx) {
   const int R = C::rows(s), nc = in.c1 - in.c0;
-  for (int i = threadIdx.x; i < R * nc; i += MK_THREADS) {
-    const int r = i / nc, j = i - r * nc;
-    int id = mk_ld_i32(a.ids + r);
-    if (id < 0 || id >= C::NROWS) {
-      mk_report(p, 2, idx, id, (mk_u32)C::NROWS, 0u);
-      id = 0;
+  if constexpr (C::W::kQuant) {
+    const int g0 = in.c0 / 32, ng = (in.c1 + 31) / 32 - g0;
+    for (int i = threadIdx.x; i < R * ng; i += MK_THREADS) {
+      const int r = i / ng, g = g0 + (i - r * ng);
+      int id = mk_ld_i32(a.ids + r);
+      if (id < 0 || id >= C::NROWS) {
+        mk_report(p, 2, idx, id, (mk_u32)C::NROWS, 0u);
+        id = 0;
+      }
+      float y[32];
+      mk_q_group<typename C::W>((const char*)a.w + (mk_i64)id * C::WRS, g, y);
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        const int col = 32 * g + e;
+        if (col >= in.c0 && col < in.c1) mk_st(a.out + (mk_i64)r * C::OS + col, y[e]);
+      }
     }
-    mk_st(a.out + (mk_i64)r * C::OS + in.c0 + j, C::W::load1(a.w, (mk_i64)id * C::K + in.c0 + j));
+  } else {
+    for (int i = threadIdx.x; i < R * nc; i += MK_THREADS) {
+      const int r = i / nc, j = i - r * nc;
+      int id = mk_ld_i32(a.ids + r);
+      if (id < 0 || id >= C::NROWS) {
+        mk_report(p, 2, idx, id, (mk_u32)C::NROWS, 0u);
+        id = 0;
+      }
+      mk_st(a.out + (mk_i64)r * C::OS + in.c0 + j, C::W::load1(a.w, (mk_i64)id * C::K + in.c0 + j));
+    }
   }
 }
 
