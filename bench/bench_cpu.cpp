@@ -104,15 +104,15 @@ void BM_CpuBatchedDecode(benchmark::State& state, const std::string& path, int t
   int64_t pos = 0;
   auto refill = [&] {
     b->reset();
-    StepBatch p = batch;
-    for (int s = 0; s < n_seqs; ++s)
+    for (int s = 0; s < n_seqs; ++s) {  // one 64-row prefill chunk per step (rows per step <= n_ctx)
+      StepBatch p = batch;
       for (int i = 0; i < 64; ++i) {
         p.tokens.push_back(static_cast<int32_t>((i * 37 + s * 11 + 1) % l.n_vocab));
         p.positions.push_back(i);
         p.seq.push_back(s);
       }
-    for (int s = 0; s < n_seqs; ++s) p.logit_rows.push_back(64 * s + 63);
-    b->forward(p);
+      b->forward(p);
+    }
     pos = 64;
   };
   refill();

@@ -92,6 +92,14 @@ std::vector<float> select_logit_rows(std::span<const float> out, int64_t rows, i
   return r;
 }
 
+StepInputs one_sequence_step(std::span<const int32_t> tokens, int64_t n_past, const StepLimits& l, bool all_rows) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (l.block_size > 0 && n_past + n > l.pool_blocks * l.block_size)
+    fail("context overflow: {} tokens in the cache + {} new > the KV pool of {} rows (kv_pool_tokens)", n_past, n,
+         l.pool_blocks * l.block_size);
+  return prepare_step(one_sequence_batch(tokens, n_past, l.block_size, all_rows), l);
+}
+
 StepBatch one_sequence_batch(std::span<const int32_t> tokens, int64_t n_past, int64_t block_size, bool all_rows) {
   StepBatch b;
   const auto n = static_cast<int64_t>(tokens.size());

@@ -72,5 +72,8 @@ std::vector<float> select_logit_rows(std::span<const float> out, int64_t rows, i
 // The one-sequence case: tokens at positions n_past.., block table 0, 1, 2, ... (pool row ==
 // position), logits of the last row, or of every row when all_rows.
 StepBatch one_sequence_batch(std::span<const int32_t> tokens, int64_t n_past, int64_t block_size, bool all_rows);
+// one_sequence_batch checked and flattened; a sequence longer than the pool (kv_pool_tokens < n_ctx)
+// is a "context overflow" error naming the pool.
+StepInputs one_sequence_step(std::span<const int32_t> tokens, int64_t n_past, const StepLimits& limits, bool all_rows);
 
 }  // namespace mk

@@ -195,6 +195,24 @@ TEST(E2EBatchRows, LogitRowsSelectsAndEmptyReturnsNothing) {
   (void)all;
 }
 
+// A pool smaller than the context: one sequence may fill the pool, not more.
+TEST(E2EBatchRows, OneSequenceLongerThanThePoolIsAContextOverflow) {
+  ModelFile m = load_model(kStories);
+  BuildOptions o;
+  o.n_ctx = kCtx;
+  o.kv_pool_tokens = 20;  // rounded up to whole blocks: 2 blocks of 16 = 32 rows
+  Graph g = build_graph(m, o);
+  for (const std::string name : {"reference", "cpu"}) {
+    auto b = make_backend(name, g, m, BackendOptions{});
+    EXPECT_EQ(b->kv_pool_blocks(), 2) << name;
+    std::vector<int32_t> t(33, 5);
+    EXPECT_EQ(test::error_of([&] { b->forward(std::span<const int32_t>(t.data(), 32), 0); }), "<no error>") << name;
+    EXPECT_EQ(test::error_of([&] { b->forward(std::span<const int32_t>(t.data() + 32, 1), 32); }),
+              "context overflow: 32 tokens in the cache + 1 new > the KV pool of 32 rows (kv_pool_tokens)")
+        << name;
+  }
+}
+
 class E2EBatchErrors : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(E2EBatchErrors, MalformedBatchesNameTheProblem) {

@@ -132,7 +132,7 @@ void Interpreter::step(std::span<const int32_t> tokens, int64_t n_past) {
   bool all_rows = false;
   for (const auto& [name, b] : p_.outputs)
     if (name == "logits") all_rows = p_.buffers[static_cast<size_t>(b)].rows == SymExpr::tokens();
-  step(prepare_step(one_sequence_batch(tokens, n_past, p_.kv_block_size, all_rows), limits()));
+  step(one_sequence_step(tokens, n_past, limits(), all_rows));
 }
 
 void Interpreter::step(const StepInputs& in) {

@@ -245,9 +245,8 @@ class CudaBackend final : public Backend {
     // Steps of at most max_tokens tokens: the KV cache carries the earlier chunks.
     for (int64_t off = 0; off < n; off += program_.max_tokens) {
       const int64_t m = std::min<int64_t>(program_.max_tokens, n - off);
-      StepBatch b = one_sequence_batch(tokens.subspan(static_cast<size_t>(off), static_cast<size_t>(m)), n_past + off,
-                                       program_.kv_block_size, all_rows);
-      last = step(prepare_step(b, limits_));
+      last = step(one_sequence_step(tokens.subspan(static_cast<size_t>(off), static_cast<size_t>(m)), n_past + off, limits_,
+                                    all_rows));
       all.insert(all.end(), last.begin(), last.end());
     }
     return all_rows ? all : last;

@@ -48,7 +48,7 @@ class ReferenceBackend final : public Backend {
       fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, n_tokens, n_ctx_);
     StepLimits one = limits_;
     one.max_rows = 0;  // the oracle takes a whole prompt in one step
-    return run(prepare_step(one_sequence_batch(tokens, n_past, limits_.block_size, all_rows_), one));
+    return run(one_sequence_step(tokens, n_past, one, all_rows_));
   }
 
   std::vector<float> forward(const StepBatch& batch) override {
