@@ -291,42 +291,41 @@ __device__ __forceinline__ void mk_q_unit_dot(const char* row, int u, const floa
 }
 
 // The column loop of mk_matmul for a quantized W (quant.cuh): rows of K / QK blocks, WRS bytes apart.
-// A column's row is split into NU units of UB blocks; LPC lanes (NU rounded up to a power of two, at
-// most 32) share a column and each streams whole units (mk_q_unit_dot; with GLU the gate unit, then
-// the up unit, so that only one unit's words are live); the warp covers 32 / LPC columns at once and
-// reduces each over its LPC lanes. The staged rows carry 4 floats of padding after every unit (XK
-// floats per row), so lanes reading different units hit different shared-memory banks.
+// A weight row is split into NU units of UB blocks; LPC lanes (NU rounded up to a power of two, at
+// most 32, at most 16 with GLU) share a row and each streams whole units (mk_q_unit_dot), so a warp
+// covers 32 / LPC rows at once. With GLU, lane group 2k takes column k's gate row and group 2k + 1
+// its up row (each lane holds one unit's words, not two), and the two sums meet by one shuffle.
+// The staged rows carry 4 floats of padding after every unit (XK floats per row), so lanes reading
+// different units hit different shared-memory banks.
 template <class C, int RB>
 __device__ __forceinline__ void mk_matmul_cols_q(const float* xs, float* tile, const MkOpArgs& a, int c0, int nc, int nr) {
   using W = typename C::W;
   using U = MkQUnit<W>;
   constexpr int K = C::K, T = C::T;
   constexpr int NB = K / W::QK, NU = (NB + W::UB - 1) / W::UB;
-  constexpr int LPC = NU >= 32 ? 32 : mk_pow2_floor(NU) == NU ? NU : 2 * mk_pow2_floor(NU);
-  constexpr int CPW = 32 / LPC;  // columns per warp step
+  constexpr int LPC0 = NU >= 32 ? 32 : mk_pow2_floor(NU) == NU ? NU : 2 * mk_pow2_floor(NU);
+  constexpr int LPC = C::GLU && LPC0 > 16 ? 16 : LPC0;
+  constexpr int CPW = (32 / LPC) / (C::GLU ? 2 : 1);  // output columns per warp step
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int li = lane & (LPC - 1);
+  const int li = lane & (LPC - 1), grp = lane / LPC;
+  const bool up = C::GLU && (grp & 1) != 0;
   for (int j0 = warp * CPW; j0 < nc; j0 += MK_WARPS * CPW) {
-    const int jc = j0 + lane / LPC;
+    const int jc = j0 + (C::GLU ? grp >> 1 : grp);
     const mk_i64 col = c0 + min(jc, nc - 1);
-    float acc[RB], accu[RB];
+    const char* row = (const char*)(up ? a.w_up : a.w) + col * (mk_i64)C::WRS;
+    float acc[RB];
 #pragma unroll
-    for (int rb = 0; rb < RB; ++rb) acc[rb] = accu[rb] = 0.0f;
-    for (int u = li; u < NU; u += LPC) {
-      const int nvb = min(W::UB, NB - u * W::UB);
-      const float* xu = xs + u * (U::UQ + 4);
-      mk_q_unit_dot<C, RB>((const char*)a.w + col * (mk_i64)C::WRS, u, xu, nvb, nr, acc);
-      if constexpr (C::GLU) mk_q_unit_dot<C, RB>((const char*)a.w_up + col * (mk_i64)C::WRS, u, xu, nvb, nr, accu);
-    }
-    const bool owner = li == 0 && jc < nc;
+    for (int rb = 0; rb < RB; ++rb) acc[rb] = 0.0f;
+    for (int u = li; u < NU; u += LPC)
+      mk_q_unit_dot<C, RB>(row, u, xs + u * (U::UQ + 4), min(W::UB, NB - u * W::UB), nr, acc);
+    const bool owner = li == 0 && !up && jc < nc;
 #pragma unroll
     for (int rb = 0; rb < RB; ++rb) {
 #pragma unroll
-      for (int o = LPC / 2; o > 0; o >>= 1) {
-        acc[rb] += __shfl_xor_sync(0xffffffffu, acc[rb], o);
-        if constexpr (C::GLU) accu[rb] += __shfl_xor_sync(0xffffffffu, accu[rb], o);
-      }
-      if (owner && rb < nr) tile[rb * T + jc] = C::GLU ? mk_act<C::GLU>(acc[rb]) * accu[rb] : acc[rb];
+      for (int o = LPC / 2; o > 0; o >>= 1) acc[rb] += __shfl_xor_sync(0xffffffffu, acc[rb], o);
+      float v = acc[rb];
+      if constexpr (C::GLU) v = mk_act<C::GLU>(v) * __shfl_xor_sync(0xffffffffu, v, LPC);  // gate lanes get the up sum
+      if (owner && rb < nr) tile[rb * T + jc] = v;
     }
   }
 }
