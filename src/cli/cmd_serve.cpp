@@ -60,7 +60,7 @@ void send_error(httplib::Response& res, const HttpError& e) {
   res.set_content(error_json(e.message, e.type, e.param, e.code).dump(), "application/json");
 }
 
-[[noreturn]] void bad(const std::string& param, const std::string& message) { throw HttpError{400, message, "invalid_request_error", param}; }
+[[noreturn]] void bad(const std::string& param, const std::string& message) { throw HttpError{400, message, "invalid_request_error", param, ""}; }
 
 // Typed field access: absent or null -> the default; a wrong type -> 400 naming the field.
 const json* field(const json& body, const char* name) {
@@ -152,7 +152,7 @@ class Server {
     if (chat) {
       const json* msgs = field(body, "messages");
       if (!msgs) bad("messages", "'messages' is required");
-      if (!tok) throw HttpError{400, "this model has no tokenizer, so it cannot chat", "invalid_request_error", "messages"};
+      if (!tok) throw HttpError{400, "this model has no tokenizer, so it cannot chat", "invalid_request_error", "messages", ""};
       std::string prompt;
       try {
         check_chat_messages(*msgs, "messages");
@@ -205,7 +205,7 @@ class Server {
       if (ex.shutting_down) throw HttpError{503, ex.what(), "server_error", "", "shutting_down"};
       throw HttpError{429, ex.what(), "rate_limit_error", "", "queue_full"};
     } catch (const Error& ex) {
-      throw HttpError{400, ex.what(), "invalid_request_error", ""};
+      throw HttpError{400, ex.what(), "invalid_request_error", "", ""};
     }
   }
 
@@ -233,6 +233,17 @@ class Server {
   }
 
   void handle_generate(const httplib::Request& http_req, httplib::Response& res, bool chat) {
+    // Counted in flight until the response is written: shutdown waits for it. A stream hands the
+    // count to its resource releaser, which runs when the stream ends or the client is gone.
+    ++in_flight_;
+    bool handed_over = false;
+    struct Release {
+      std::atomic<int>& n;
+      bool& handed_over;
+      ~Release() {
+        if (!handed_over) --n;
+      }
+    } release{in_flight_, handed_over};
     ParsedRequest pr = parse(http_req.body, chat);
     auto req = submit(pr.params);
     const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -252,8 +263,8 @@ class Server {
       res.set_content(j.dump(), "application/json");
       return;
     }
-    ++in_flight_;
     res.set_header("Cache-Control", "no-cache");
+    handed_over = true;
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, req, pr, id, created, chat](size_t, httplib::DataSink& sink) {
@@ -326,7 +337,7 @@ class Server {
         } catch (const HttpError& e) {
           send_error(res, e);
         } catch (const std::exception& e) {
-          send_error(res, {500, fmt::format("internal error: {}", e.what()), "server_error", ""});
+          send_error(res, {500, fmt::format("internal error: {}", e.what()), "server_error", "", ""});
         }
       };
     };
@@ -351,7 +362,7 @@ class Server {
       }
       res.set_content(text, "text/plain; version=0.0.4");
     });
-    svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
       std::string msg = res.status == 404   ? "no such endpoint"
                         : res.status == 413 ? "the request body is too large (see --max-body)"
@@ -359,7 +370,7 @@ class Server {
                                             : fmt::format("HTTP {}", res.status);
       res.set_content(error_json(msg, "invalid_request_error", "", "").dump(), "application/json");
       return httplib::Server::HandlerResponse::Handled;
-    });
+    }));
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
       std::lock_guard lock(codes_mu_);
       ++codes_[res.status];

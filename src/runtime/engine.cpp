@@ -386,7 +386,8 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
 
 void Engine::start() {
   std::lock_guard lock(mu_);
-  if (thread_.joinable()) return;
+  if (started_) return;
+  started_ = true;
   thread_ = std::thread([this] {
     for (;;) {
       {
@@ -407,7 +408,9 @@ void Engine::begin_drain() {
 }
 
 void Engine::shutdown(bool cancel_all) {
+  std::lock_guard shutdown_lock(shutdown_mu_);  // one caller at a time (a signal thread and main may both call)
   std::thread t;
+  bool started;
   {
     std::lock_guard lock(mu_);
     draining_ = true;
@@ -417,10 +420,11 @@ void Engine::shutdown(bool cancel_all) {
     }
     stop_ = true;
     t = std::move(thread_);
+    started = started_;
   }
   cv_.notify_all();
-  if (t.joinable()) {
-    t.join();
+  if (started) {
+    if (t.joinable()) t.join();
   } else {
     while (step()) {  // no scheduler thread: drive the remaining work here
     }

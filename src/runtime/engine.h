@@ -30,6 +30,7 @@
 #include "model/tokenizer.h"
 #include "runtime/kv_blocks.h"
 #include "runtime/sampler.h"
+#include "support/error.h"
 
 namespace mk {
 
@@ -171,8 +172,9 @@ class Engine {
   std::deque<std::unique_ptr<Seq>> queue_;
   std::vector<std::unique_ptr<Seq>> running_;  // scheduler thread only
   EngineStats stats_;
-  bool draining_ = false, stop_ = false;
+  bool draining_ = false, stop_ = false, started_ = false;
   std::thread thread_;
+  std::mutex shutdown_mu_;
 };
 
 }  // namespace mk
