@@ -275,10 +275,18 @@ bool Engine::sample_and_emit(Seq& s, std::span<const float> logits) {
 
 bool Engine::step() {
   auto now = clock::now();
+  // Ends of running requests that were cancelled or timed out: their blocks are free for admission.
+  bool ended = false;
+  for (auto& s : running_) {
+    if (s->req->cancelled_) finish(*s, FinishReason::cancelled);
+    else if (now >= s->deadline) finish(*s, FinishReason::timeout);
+    ended |= s->finished;
+  }
   // Admission (FCFS) and ends of queued requests that were cancelled or timed out.
   std::vector<std::unique_ptr<Seq>> dropped;
   {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(mu_);  // running_ changes only under mu_ (submit and stats read its size)
+    std::erase_if(running_, [](const auto& s) { return s->finished; });
     for (auto it = queue_.begin(); it != queue_.end();) {
       if ((*it)->req->cancelled_ || now >= (*it)->deadline) {
         dropped.push_back(std::move(*it));
@@ -297,15 +305,10 @@ bool Engine::step() {
     update_gauges_locked();
   }
   for (auto& s : dropped) finish(*s, s->req->cancelled_ ? FinishReason::cancelled : FinishReason::timeout);
-  for (auto& s : running_) {
-    if (s->req->cancelled_) finish(*s, FinishReason::cancelled);
-    else if (now >= s->deadline) finish(*s, FinishReason::timeout);
-  }
-  {
-    std::lock_guard lock(mu_);  // running_ changes only under mu_ (submit and stats read its size)
-    std::erase_if(running_, [](const auto& s) { return s->finished; });
+  if (running_.empty()) {
+    std::lock_guard lock(mu_);
     update_gauges_locked();
-    if (running_.empty()) return !dropped.empty();
+    return ended || !dropped.empty();
   }
 
   // The batch: one decode row per sequence past its prompt, then prompt chunks in arrival order.

@@ -97,6 +97,7 @@ class FakeBackend : public Backend {
     std::vector<float> l(static_cast<size_t>(n_vocab_));
     for (int64_t v = 0; v < n_vocab_; ++v) l[v] = static_cast<float>(std::sin(static_cast<double>((h >> 17) % 10007) * 0.001 + v * 0.37) * 4);
     l[(h >> 29) % static_cast<uint64_t>(n_vocab_)] += 6;
+    l[kPoison] = -1e30f;  // never generated: only a prompt can hold it
     return l;
   }
   int64_t n_vocab_, block_size_, n_blocks_, max_rows_;
@@ -143,7 +144,7 @@ std::vector<std::vector<int32_t>> run_alone(int n, bool paged) {
     auto req = e.submit(make_request(i));
     run_until_idle(e);
     RequestOutput out = collect(*req);
-    EXPECT_EQ(out.finish, FinishReason::length);
+    EXPECT_EQ(out.finish, FinishReason::length) << out.error;
     r.push_back(out.token_ids);
   }
   return r;
@@ -193,7 +194,7 @@ TEST(Engine, BatchedEqualsAloneAndFreesEveryBlock) {
   run_until_idle(e);
   for (int i = 0; i < n; ++i) {
     RequestOutput out = collect(*reqs[i]);
-    EXPECT_EQ(out.finish, FinishReason::length) << i;
+    EXPECT_EQ(out.finish, FinishReason::length) << i << " " << out.error;
     EXPECT_EQ(out.token_ids, alone[i]) << "request " << i;
     EXPECT_EQ(out.n_generated, static_cast<int64_t>(alone[i].size()));
     EXPECT_EQ(out.n_prompt, static_cast<int64_t>(make_request(i).prompt_ids.size()));
@@ -243,7 +244,7 @@ TEST(Engine, ThreadedSchedulerMatchesAlone) {
   for (int i = 0; i < n; ++i) clients.emplace_back([&, i] { outs[i] = collect(*e.submit(make_request(i))); });
   for (auto& t : clients) t.join();
   e.shutdown(false);
-  for (int i = 0; i < n; ++i) EXPECT_EQ(outs[i].token_ids, alone[i]) << i;
+  for (int i = 0; i < n; ++i) EXPECT_EQ(outs[i].token_ids, alone[i]) << i << " " << finish_reason_name(outs[i].finish) << " " << outs[i].error;
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
   EXPECT_THROW(e.submit(make_request(0)), EngineBusy);  // shut down: refused
 }
