@@ -204,7 +204,7 @@ def lifecycle_checks():
                                                              "temperature": 0, "stream": True}),
                  headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
-    got = resp.fp.readline()
+    got = resp.readline()
     conn.sock.shutdown(2)
     conn.close()
     check(got.startswith(b"data: "), "stream started before the disconnect")
@@ -224,7 +224,7 @@ def lifecycle_checks():
                                                              "stream_options": {"include_usage": True}}),
                  headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
-    first = resp.fp.readline()
+    first = resp.readline()
     srv.proc.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     refused = False
@@ -233,7 +233,7 @@ def lifecycle_checks():
     except OSError:
         refused = True
     usage = None
-    for line in resp.fp:
+    for line in resp:
         if line.startswith(b"data: {"):
             usage = json.loads(line[6:]).get("usage") or usage
     conn.close()
