@@ -11,8 +11,12 @@
 namespace mk {
 
 struct BuildOptions {
-  int64_t n_ctx = 0;        // KV cache rows; 0 = the model's context length
-  bool all_logits = false;  // logits for every position, else only the last one
+  int64_t n_ctx = 0;        // positions per sequence; 0 = the model's context length
+  bool all_logits = false;  // logits for every row, else only the rows a step asks for (the last one)
+  // Paged KV cache (backend/step_batch.h): rows in the pool shared by all sequences (0 = n_ctx,
+  // enough for one full-length sequence) and rows per block (0 = 16).
+  int64_t kv_pool_tokens = 0;
+  int64_t kv_block_size = 0;
 };
 
 // Hyperparameters every decoder family shares (glossary terms).

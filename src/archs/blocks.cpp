@@ -100,8 +100,8 @@ class DecoderBuilder {
         q = rope(q, pos, b + ".q_rope");
         k = rope(k, pos, b + ".k_rope");
       }
-      int kc = g_.add(Op::kv_store, {k, g_.add_kv_cache(il, "k", s_.n_ctx, kv_dim)}, {}, b + ".k_cache");
-      int vc = g_.add(Op::kv_store, {v, g_.add_kv_cache(il, "v", s_.n_ctx, kv_dim)}, {}, b + ".v_cache");
+      int kc = g_.add(Op::kv_store, {k, g_.add_kv_cache(il, "k", s_.n_ctx, kv_dim, s_.kv_pool_tokens, s_.kv_block_size)}, {}, b + ".k_cache");
+      int vc = g_.add(Op::kv_store, {v, g_.add_kv_cache(il, "v", s_.n_ctx, kv_dim, s_.kv_pool_tokens, s_.kv_block_size)}, {}, b + ".v_cache");
       int a = g_.add(Op::attention, {q, kc, vc},
                      {{"n_head", hp_.n_head}, {"n_head_kv", hp_.n_head_kv}, {"head_dim", hd}, {"scale", scale}},
                      b + ".attn");

@@ -13,8 +13,9 @@ namespace mk {
 
 struct DecoderSpec {
   Hparams hp;
-  int64_t n_ctx = 0;  // KV cache rows
+  int64_t n_ctx = 0;  // positions per sequence
   bool all_logits = false;
+  int64_t kv_pool_tokens = 0, kv_block_size = 0;  // paged KV pool (BuildOptions)
 
   enum class Norm { rms, layer } norm = Norm::rms;
   double norm_weight_offset = 0.0;  // Gemma stores w and scales by (1 + w)
@@ -37,7 +38,8 @@ struct DecoderSpec {
 
 // Builds the graph; required weights are looked up and shape-checked against hp, optional ones
 // (biases, q/k norms, a separate classifier) are used when present. Output "logits":
-// [n_tokens, n_vocab] when all_logits, else [1, n_vocab] (the last position).
+// [n_tokens, n_vocab] when all_logits, else [n_out, n_vocab] (the rows a step asks for: the last one
+// for one sequence).
 Graph build_decoder(const ModelFile& model, const DecoderSpec& spec);
 
 }  // namespace mk

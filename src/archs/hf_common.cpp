@@ -102,6 +102,8 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
     fail("{}: context of {} tokens exceeds the sliding attention window of {} (windowed attention is not supported)",
          m.path, s.n_ctx, w);
   s.all_logits = o.all_logits;
+  s.kv_pool_tokens = o.kv_pool_tokens;
+  s.kv_block_size = o.kv_block_size;
   s.ffn_act = hf_activation(c);
 
   const HfRope rope = read_hf_rope(c);

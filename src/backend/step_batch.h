@@ -17,6 +17,7 @@
 // is 0, 1, 2, ... (pool row == position): exactly the layout of a contiguous per-sequence cache.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace mk {
@@ -33,5 +34,43 @@ struct StepBatch {
 
   int64_t n_rows() const { return static_cast<int64_t>(tokens.size()); }
 };
+
+// What a backend checks a batch against: rows per step, positions per sequence, the pool.
+struct StepLimits {
+  int64_t max_rows = 0;            // rows per step (the program's max_tokens)
+  int64_t n_ctx = 0;               // positions per sequence; 0 = unbounded (no KV cache)
+  int64_t block_size = 0;          // rows per KV block; 0 = the program has no KV cache
+  int64_t pool_blocks = 0;         // blocks in the pool
+  int64_t max_blocks_per_seq = 0;  // columns of the flat block table: ceil(n_ctx / block_size)
+};
+
+// The flat i32 inputs a compiled program reads in one step (isa/program.h), from a checked batch.
+struct StepInputs {
+  std::vector<int32_t> tokens, positions;
+  std::vector<int32_t> kv_slot;      // [n_rows] pool row of each row's K/V (empty without a KV cache)
+  std::vector<int32_t> row_seq;      // [n_rows] row of block_table holding the row's sequence
+  std::vector<int32_t> block_table;  // [n_seqs, max_blocks_per_seq], the sequences in order of first row; 0-padded
+  std::vector<int32_t> logit_rows;   // [n_out >= 1]: the batch's logit_rows, or the last row when it lists none
+  int64_t n_seqs = 0;
+  int64_t n_rows() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t n_out() const { return static_cast<int64_t>(logit_rows.size()); }
+};
+
+// Checks `batch` and flattens it. Throws mk::Error ("step batch: ...") naming the row, sequence or
+// block for: no rows or more than max_rows, per-row vectors of different lengths, a sequence index
+// outside block_tables, rows of one sequence not consecutive or positions not consecutive, a
+// position outside [0, n_ctx), a position past its sequence's blocks, a block outside the pool, two
+// rows writing one KV slot, logit_rows not ascending in [0, n_rows).
+StepInputs prepare_step(const StepBatch& batch, const StepLimits& limits);
+
+// The logits forward(StepBatch) returns, from a step's output [rows, cols]: rows == n_out (the
+// program gathered logit_rows) or rows == n_rows (an all-rows program: picked here). Returns
+// [batch.logit_rows.size(), cols].
+std::vector<float> select_logit_rows(std::span<const float> out, int64_t rows, int64_t cols, const StepBatch& batch,
+                                     const StepInputs& in);
+
+// The one-sequence case: tokens at positions n_past.., block table 0, 1, 2, ... (pool row ==
+// position), logits of the last row, or of every row when all_rows.
+StepBatch one_sequence_batch(std::span<const int32_t> tokens, int64_t n_past, int64_t block_size, bool all_rows);
 
 }  // namespace mk

@@ -91,12 +91,13 @@ void infer_node(const Graph& g, Node& n) {
         if (!d.is_const()) fail("{}: weight @{} has a symbolic shape", where(), n.weight);
       return;
     case Op::kv_cache: {
-      int64_t n_ctx = n.attr_int("n_ctx"), kv_dim = n.attr_int("kv_dim");
+      int64_t kv_dim = n.attr_int("kv_dim");
       n.attr_int("layer");
       std::string kind = n.attr_str("kind");
       if (kind != "k" && kind != "v") fail("{}: kind must be k or v", where());
-      if (n_ctx <= 0 || kv_dim <= 0) fail("{}: bad cache size", where());
-      n.shape = {SymExpr::constant(n_ctx), SymExpr::constant(kv_dim)};
+      if (kv_dim <= 0) fail("{}: bad cache size", where());
+      KvGeometry kv = kv_geometry(n);
+      n.shape = {SymExpr::constant(kv.pool_rows), SymExpr::constant(kv_dim)};
       n.dtype = DType::F32;
       return;
     }
@@ -193,7 +194,7 @@ void infer_node(const Graph& g, Node& n) {
       if (c.op != Op::kv_cache) fail("{}: second input must be a kv_cache", where());
       need_eq(x.shape[0], SymExpr::tokens(), "rows (must be n_tokens)");
       need_eq(x.shape[1], c.shape[1], "kv_dim");
-      n.shape = {SymExpr::past() + SymExpr::tokens(), c.shape[1]};
+      n.shape = c.shape;  // the whole pool: rows land at each row's KV slot
       n.dtype = DType::F32;
       return;
     }
@@ -258,7 +259,7 @@ void infer_node(const Graph& g, Node& n) {
         if (c.op != Op::kv_cache) fail("{}: cache input must be a kv_cache", where());
         need_eq(y[0], SymExpr::tokens(), "rows (must be n_tokens)");
         need_eq(y[1], c.shape[1], "kv_dim");
-        y = {SymExpr::past() + SymExpr::tokens(), c.shape[1]};
+        y = c.shape;
       }
       n.shape = y;
       n.dtype = DType::F32;
@@ -266,7 +267,7 @@ void infer_node(const Graph& g, Node& n) {
     }
     case Op::last_row:
       need_rank(in(0), 2, "x");
-      n.shape = {SymExpr::constant(1), in(0).shape[1]};
+      n.shape = {SymExpr::out(), in(0).shape[1]};
       n.dtype = in(0).dtype;
       return;
   }
@@ -299,10 +300,26 @@ int Graph::add_weight(const std::string& tensor_name, DType dtype, std::vector<i
 
 int Graph::add_input(const std::string& kind) { return add(Op::input, {}, {{"kind", kind}}, "inp_" + kind); }
 
-int Graph::add_kv_cache(int layer, const std::string& kind, int64_t n_ctx, int64_t kv_dim) {
-  return add(Op::kv_cache, {},
-             {{"layer", int64_t{layer}}, {"kind", kind}, {"n_ctx", n_ctx}, {"kv_dim", kv_dim}},
-             fmt::format("cache_{}_l{}", kind, layer));
+int Graph::add_kv_cache(int layer, const std::string& kind, int64_t n_ctx, int64_t kv_dim, int64_t kv_pool_tokens,
+                        int64_t kv_block_size) {
+  Attrs a{{"layer", int64_t{layer}}, {"kind", kind}, {"n_ctx", n_ctx}, {"kv_dim", kv_dim}};
+  const int64_t block = kv_block_size > 0 ? kv_block_size : std::min(kDefaultKvBlockSize, n_ctx);
+  if (kv_block_size > 0) a["kv_block"] = kv_block_size;
+  if (kv_pool_tokens > 0) a["kv_pool"] = (kv_pool_tokens + block - 1) / block * block;  // whole blocks
+  return add(Op::kv_cache, {}, std::move(a), fmt::format("cache_{}_l{}", kind, layer));
+}
+
+KvGeometry kv_geometry(const Node& n) {
+  KvGeometry g;
+  g.n_ctx = n.attr_int("n_ctx");
+  if (g.n_ctx <= 0) fail("%{}: kv_cache n_ctx must be positive, got {}", n.id, g.n_ctx);
+  g.block_size = n.attr_int("kv_block", std::min(kDefaultKvBlockSize, g.n_ctx));
+  if (g.block_size <= 0 || g.block_size > (int64_t{1} << 20))
+    fail("%{}: kv_cache kv_block must be in [1, 2^20], got {}", n.id, g.block_size);
+  g.pool_rows = n.attr_int("kv_pool", (g.n_ctx + g.block_size - 1) / g.block_size * g.block_size);
+  if (g.pool_rows <= 0 || g.pool_rows % g.block_size || g.pool_rows > (int64_t{1} << 31) - 1)
+    fail("%{}: kv_cache kv_pool {} must be a positive multiple of kv_block {} below 2^31", n.id, g.pool_rows, g.block_size);
+  return g;
 }
 
 namespace {

@@ -66,11 +66,26 @@ class Graph {
   int add(Op op, std::vector<int> inputs, Attrs attrs = {}, std::string name = {});
   int add_weight(const std::string& tensor_name, DType dtype, std::vector<int64_t> shape);
   int add_input(const std::string& kind);  // "tokens" | "positions"
-  int add_kv_cache(int layer, const std::string& kind, int64_t n_ctx, int64_t kv_dim);
+  // A layer's K or V pool (see KvGeometry); kv_pool_tokens / kv_block_size 0 = the defaults.
+  int add_kv_cache(int layer, const std::string& kind, int64_t n_ctx, int64_t kv_dim, int64_t kv_pool_tokens = 0,
+                   int64_t kv_block_size = 0);
   void add_output(int value, std::string name) { outputs.push_back({value, std::move(name)}); }
 
   std::string str() const;  // the text form
 };
+
+// Paged KV geometry of a kv_cache node {n_ctx, kv_dim[, kv_pool][, kv_block]}: a sequence holds at
+// most n_ctx positions; the pool has pool_rows rows (attr kv_pool, default n_ctx rounded up to
+// whole blocks) in blocks of block_size rows (attr kv_block, default 16, or n_ctx when smaller). Every layer's pool has the
+// same geometry, so one block table addresses them all (backend/step_batch.h).
+struct KvGeometry {
+  int64_t n_ctx = 0, block_size = 0, pool_rows = 0;
+  int64_t pool_blocks() const { return block_size > 0 ? pool_rows / block_size : 0; }
+  int64_t max_blocks_per_seq() const { return block_size > 0 ? (n_ctx + block_size - 1) / block_size : 0; }
+};
+constexpr int64_t kDefaultKvBlockSize = 16;
+// Throws mk::Error for a non-positive size or a pool that is not a whole number of blocks.
+KvGeometry kv_geometry(const Node& kv_cache);
 
 // Computes the shape and dtype of `n` from its inputs in `g`; throws mk::Error naming the op.
 void infer_node(const Graph& g, Node& n);

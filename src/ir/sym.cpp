@@ -16,7 +16,7 @@ std::string SymExpr::str() const {
     if (a != 1) s += std::to_string(a) + "*";
     s += name;
   };
-  term(n_past, "n_past");
+  term(n_out, "n_out");
   term(n_tokens, "n_tokens");
   if (c != 0 || s.empty()) {
     if (s.empty()) s = std::to_string(c);
@@ -55,7 +55,7 @@ SymExpr SymExpr::parse(const std::string& text) {
       std::string name = text.substr(i, j - i);
       i = j;
       if (name == "n_tokens") e.n_tokens += sign * k;
-      else if (name == "n_past") e.n_past += sign * k;
+      else if (name == "n_out") e.n_out += sign * k;
       else fail("bad symbolic dimension '{}': unknown symbol '{}'", text, name);
     }
     any = true;

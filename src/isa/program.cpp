@@ -139,8 +139,8 @@ std::string Program::listing() const {
 }
 
 std::string Program::str() const {
-  std::string s = fmt::format("program workers={} max_tokens={} n_ctx={} schedule={}\n", workers, max_tokens, n_ctx,
-                              schedule_name(schedule));
+  std::string s = fmt::format("program workers={} max_tokens={} n_ctx={} kv_block={} kv_pool={} schedule={}\n", workers,
+                              max_tokens, n_ctx, kv_block_size, kv_pool_rows, schedule_name(schedule));
   s += fmt::format("weights ({})\n", weights.size());
   for (size_t i = 0; i < weights.size(); ++i) {
     std::string sh = "[";
@@ -172,9 +172,12 @@ std::string Program::str() const {
 }
 
 bool sym_provably_le(const SymExpr& a, const SymExpr& b) {
-  // b - a = c + t*n_tokens + p*n_past >= 0 for all n_tokens >= 1, n_past >= 0.
+  // b - a = c + t*n_tokens + o*n_out >= 0 for all n_tokens >= 1, 1 <= n_out <= n_tokens: the
+  // minimum over n_out is at n_out = 1 (o >= 0) or n_out = n_tokens (o < 0); then linear in n_tokens.
   SymExpr d = b + a * -1;
-  return d.n_tokens >= 0 && d.n_past >= 0 && d.c + d.n_tokens >= 0;
+  const int64_t slope = d.n_out >= 0 ? d.n_tokens : d.n_tokens + d.n_out;
+  const int64_t at_one = d.c + (d.n_out >= 0 ? d.n_out : 0) + slope;
+  return slope >= 0 && at_one >= 0;
 }
 
 bool accesses_may_overlap(const Access& a, const Access& b) {
@@ -195,7 +198,10 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
   };
   auto full_cols = [&](int b) { return p.buffers.at(static_cast<size_t>(b)).cols; };
   const SymExpr R = o.rows;
-  const SymExpr past = SymExpr::past();
+  // KV pools: a row's K/V goes to its slot and attention reads through block tables, both step
+  // inputs, so a store may write and attention may read any pool row: whole-pool regions. Attention
+  // then waits for every store tile of its columns, and nothing else touches a pool in a step.
+  const SymExpr pool = SymExpr::constant(p.kv_pool_rows);
   switch (o.opcode) {
     case Opcode::embed:
       read(o.ids, zero, R, 0, 1);
@@ -206,7 +212,7 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       read(o.res, zero, R, in.c0, in.c1);
       read(o.pos, zero, R, 0, 1);
       if (o.epi == Epi::store || o.epi == Epi::rope_store)
-        write(o.out, past, past + R, in.c0, in.c1);
+        write(o.out, zero, pool, in.c0, in.c1);
       else
         write(o.out, zero, R, in.c0, in.c1);
       break;
@@ -214,8 +220,8 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       int64_t hpg = o.n_head / o.n_head_kv;
       int64_t g0 = in.c0 / o.head_dim / hpg, g1 = (in.c1 / o.head_dim - 1) / hpg + 1;
       read(o.x, zero, R, in.c0, in.c1);
-      read(o.y, zero, past + R, g0 * o.head_dim, g1 * o.head_dim);
-      read(o.z, zero, past + R, g0 * o.head_dim, g1 * o.head_dim);
+      read(o.y, zero, pool, g0 * o.head_dim, g1 * o.head_dim);
+      read(o.z, zero, pool, g0 * o.head_dim, g1 * o.head_dim);
       write(o.out, zero, R, in.c0, in.c1);
       break;
     }
@@ -250,14 +256,12 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       break;
     case Opcode::kv_store:
       read(o.x, zero, R, in.c0, in.c1);
-      write(o.out, past, past + R, in.c0, in.c1);
+      write(o.out, zero, pool, in.c0, in.c1);
       break;
-    case Opcode::last_row: {
-      SymExpr rx = p.buffers.at(static_cast<size_t>(o.x)).rows;
-      read(o.x, rx + SymExpr::constant(-1), rx, in.c0, in.c1);
-      write(o.out, zero, SymExpr::constant(1), in.c0, in.c1);
+    case Opcode::last_row:  // a gather of the rows logit_rows lists: any row of x
+      read(o.x, zero, p.buffers.at(static_cast<size_t>(o.x)).rows, in.c0, in.c1);
+      write(o.out, zero, R, in.c0, in.c1);
       break;
-    }
   }
   (void)full_cols;
   return a;

@@ -120,8 +120,10 @@ ScheduleKind schedule_from_name(std::string_view name);  // "dynamic" | "static-
 
 struct Program {
   int workers = 1;           // the worker count it was tiled and scheduled for
-  int64_t max_tokens = 1;    // bound on n_tokens per step (buffers are sized for it)
-  int64_t n_ctx = 0;         // KV cache rows
+  int64_t max_tokens = 1;    // bound on n_tokens (rows of a ragged batch) per step (buffers are sized for it)
+  int64_t n_ctx = 0;         // positions per sequence (0: no KV cache)
+  int64_t kv_block_size = 0;  // paged KV: rows per block (0: no KV cache)
+  int64_t kv_pool_rows = 0;   // paged KV: rows of every layer's K and V pool, whole blocks
   std::vector<ProgramWeight> weights;
   std::vector<Buffer> buffers;
   std::vector<OpDesc> ops;
@@ -130,6 +132,12 @@ struct Program {
   ScheduleKind schedule = ScheduleKind::dynamic;
   std::vector<std::vector<int32_t>> lists;  // static schedules: instruction indices per worker
   int tokens_buffer = -1, positions_buffer = -1;
+  // Per-step i32 inputs of a ragged batch (backend/step_batch.h; -1 when the program has no use):
+  // kv_slot[n_tokens]: pool row where each row's K/V goes; row_seq[n_tokens]: each row's sequence
+  // (a row of block_table); block_table[max_tokens, max_blocks_per_seq()]: pool blocks of each
+  // sequence of the step; logit_rows[n_out]: the rows `last_row` gathers.
+  int kv_slot_buffer = -1, row_seq_buffer = -1, block_table_buffer = -1, logit_rows_buffer = -1;
+  int64_t max_blocks_per_seq() const { return kv_block_size > 0 ? (n_ctx + kv_block_size - 1) / kv_block_size : 0; }
   std::vector<std::pair<std::string, int>> outputs;  // graph output name -> buffer id
   int64_t arena_bytes = 0, kv_bytes = 0;
 
@@ -155,7 +163,7 @@ struct Access {
 // pass and the validator both use this one definition.
 std::vector<Access> instr_accesses(const Program& p, const Instr& in);
 
-// For all n_tokens >= 1, n_past >= 0: a <= b.
+// For all n_tokens >= 1 and 1 <= n_out <= n_tokens: a <= b.
 bool sym_provably_le(const SymExpr& a, const SymExpr& b);
 // Row/column intervals may intersect for some symbol values.
 bool accesses_may_overlap(const Access& a, const Access& b);

@@ -53,6 +53,8 @@ class Lowering {
     for (const Node& n : g_.nodes)
       for (int i : n.inputs) users_[static_cast<size_t>(i)].push_back(n.id);
     for (const Node& n : g_.nodes) lower(n);
+    // Attention reads each row's position even where no op does (a graph without RoPE).
+    if (p_.kv_block_size > 0) step_input(&p_.positions_buffer, "inp_positions", SymExpr::tokens(), 1);
     for (const auto& o : g_.outputs) {
       int b = value_buf_.at(static_cast<size_t>(o.value));
       if (b < 0) fail("tile: output {} is not a computed value", o.name);
@@ -69,12 +71,25 @@ class Lowering {
     b.dtype = dt;
     b.rows = rows;
     b.cols = cols;
-    b.max_rows = rows.eval({o_.max_tokens, 0});
+    b.max_rows = rows.eval({o_.max_tokens, o_.max_tokens});
     if (kind == BufferKind::kv) b.max_rows = rows.c;
     p_.buffers.push_back(b);
     return static_cast<int>(p_.buffers.size()) - 1;
   }
   int act(const Node& n) { return buffer(n, BufferKind::activation, DType::F32, n.shape[0], n.shape[1].c); }
+  // A per-step i32 input the host writes (ragged batch inputs, isa/program.h), made once.
+  void step_input(int* id, const std::string& name, SymExpr rows, int64_t cols) {
+    if (*id >= 0) return;
+    Buffer b;
+    b.name = name;
+    b.kind = BufferKind::input;
+    b.dtype = DType::I32;
+    b.rows = rows;
+    b.cols = cols;
+    b.max_rows = o_.max_tokens;
+    p_.buffers.push_back(b);
+    *id = static_cast<int>(p_.buffers.size()) - 1;
+  }
   int buf(int value) const {
     int b = value_buf_.at(static_cast<size_t>(value));
     MK_CHECK(b >= 0, "value %{} has no buffer", value);
@@ -212,7 +227,15 @@ class Lowering {
       case Op::kv_cache: {
         int b = buffer(n, BufferKind::kv, DType::F32, n.shape[0], n.shape[1].c);
         value_buf_[static_cast<size_t>(n.id)] = b;
-        p_.n_ctx = n.shape[0].c;
+        const KvGeometry kv = kv_geometry(n);
+        if (p_.kv_block_size > 0 && (kv.n_ctx != p_.n_ctx || kv.block_size != p_.kv_block_size || kv.pool_rows != p_.kv_pool_rows))
+          fail("tile: {}: every KV pool must have one geometry (n_ctx, kv_block, kv_pool)", n.name);
+        p_.n_ctx = kv.n_ctx;
+        p_.kv_block_size = kv.block_size;
+        p_.kv_pool_rows = kv.pool_rows;
+        step_input(&p_.kv_slot_buffer, "inp_kv_slot", SymExpr::tokens(), 1);
+        step_input(&p_.row_seq_buffer, "inp_row_seq", SymExpr::tokens(), 1);
+        step_input(&p_.block_table_buffer, "inp_block_table", SymExpr::constant(o_.max_tokens), p_.max_blocks_per_seq());
         return;
       }
       case Op::matmul:
@@ -316,6 +339,7 @@ class Lowering {
       }
       case Op::last_row: {
         OpDesc d = desc(n, Opcode::last_row);
+        step_input(&p_.logit_rows_buffer, "inp_logit_rows", SymExpr::out(), 1);
         d.x = buf(in(0));
         d.k = d.cols;
         d.out = act(n);

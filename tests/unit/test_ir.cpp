@@ -6,10 +6,10 @@
 using namespace mk;
 
 TEST(IrSym, PrintParseRoundTrip) {
-  for (std::string s : {"64", "n_tokens", "n_past + n_tokens", "2*n_tokens + 1", "n_past - 3", "-n_tokens"}) {
+  for (std::string s : {"64", "n_tokens", "n_out + n_tokens", "2*n_tokens + 1", "n_out - 3", "-n_tokens"}) {
     EXPECT_EQ(SymExpr::parse(s).str(), s);
   }
-  EXPECT_EQ((SymExpr::past() + SymExpr::tokens()).eval({5, 7}), 12);
+  EXPECT_EQ((SymExpr::out() + SymExpr::tokens()).eval({5, 7}), 12);
   EXPECT_THROW(SymExpr::parse("n_foo"), Error);
 }
 

@@ -72,8 +72,8 @@ bool oracle_safe(const Program& p, std::string* why) {
     }
   }
   // Replay the queue over concrete 4-byte words.
-  for (SymValues s : {SymValues{1, 0}, SymValues{3, 5}}) {
-    if (s.n_past + s.n_tokens > p.n_ctx || s.n_tokens > p.max_tokens) continue;
+  for (SymValues s : {SymValues{1, 1}, SymValues{3, 2}}) {
+    if (s.n_tokens > p.max_tokens) continue;
     const size_t words[2] = {static_cast<size_t>(p.arena_bytes / 4), static_cast<size_t>(p.kv_bytes / 4)};
     std::vector<int> last_writer[2];
     std::vector<std::vector<int>> readers[2];

@@ -20,7 +20,7 @@ class CpuBackend final : public Backend {
     co.schedule = schedule_from_name(o.schedule.empty() ? "dynamic" : o.schedule);
     int64_t n_ctx = 0;
     for (const Node& n : g.nodes)
-      if (n.op == Op::kv_cache) n_ctx = n.shape[0].c;
+      if (n.op == Op::kv_cache) n_ctx = kv_geometry(n).n_ctx;
     co.max_tokens = n_ctx > 0 ? std::min<int64_t>(co.max_tokens, n_ctx) : co.max_tokens;
     interp_ = std::make_unique<cpu::Interpreter>(compile_program(g, co), m, !trace_path_.empty());
   }
@@ -43,6 +43,17 @@ class CpuBackend final : public Backend {
     }
     return all;
   }
+
+  std::vector<float> forward(const StepBatch& batch) override {
+    StepInputs in = prepare_step(batch, interp_->limits());
+    interp_->step(in);
+    int64_t rows = 0, cols = 0;
+    auto out = interp_->output("logits", &rows, &cols);
+    return select_logit_rows(out, rows, cols, batch, in);
+  }
+  int64_t kv_block_size() const override { return interp_->program().kv_block_size; }
+  int64_t kv_pool_blocks() const override { return interp_->limits().pool_blocks; }
+  int64_t max_batch_rows() const override { return interp_->program().max_tokens; }
 
   void reset() override { interp_->reset_kv(); }
 

@@ -114,18 +114,47 @@ int64_t Interpreter::now_ns() const {
 
 void Interpreter::reset_kv() { std::memset(kv_, 0, static_cast<size_t>(p_.kv_bytes)); }
 
+StepLimits Interpreter::limits() const {
+  StepLimits l;
+  l.max_rows = p_.max_tokens;
+  l.n_ctx = p_.n_ctx;
+  l.block_size = p_.kv_block_size;
+  l.pool_blocks = p_.kv_block_size > 0 ? p_.kv_pool_rows / p_.kv_block_size : 0;
+  l.max_blocks_per_seq = p_.max_blocks_per_seq();
+  return l;
+}
+
 void Interpreter::step(std::span<const int32_t> tokens, int64_t n_past) {
-  if (failed_.load()) fail("cpu: the interpreter failed in an earlier step: {}", error_);
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n < 1 || n > p_.max_tokens) fail("cpu: {} tokens in one step (the program allows 1..{})", n, p_.max_tokens);
   if (n_past < 0 || (p_.n_ctx > 0 && n_past + n > p_.n_ctx))  // no KV cache (op tests): no context limit
     fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, n, p_.n_ctx);
-  int32_t* tok = reinterpret_cast<int32_t*>(arena_ + p_.buffers[static_cast<size_t>(p_.tokens_buffer)].offset);
-  std::memcpy(tok, tokens.data(), static_cast<size_t>(n) * 4);
-  if (p_.positions_buffer >= 0) {
-    int32_t* pos = reinterpret_cast<int32_t*>(arena_ + p_.buffers[static_cast<size_t>(p_.positions_buffer)].offset);
-    for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(n_past + i);
+  bool all_rows = false;
+  for (const auto& [name, b] : p_.outputs)
+    if (name == "logits") all_rows = p_.buffers[static_cast<size_t>(b)].rows == SymExpr::tokens();
+  step(prepare_step(one_sequence_batch(tokens, n_past, p_.kv_block_size, all_rows), limits()));
+}
+
+void Interpreter::step(const StepInputs& in) {
+  if (failed_.load()) fail("cpu: the interpreter failed in an earlier step: {}", error_);
+  const int64_t n = in.n_rows();
+  if (n < 1 || n > p_.max_tokens) fail("cpu: {} tokens in one step (the program allows 1..{})", n, p_.max_tokens);
+  auto put = [&](int buffer, const std::vector<int32_t>& v) {
+    if (buffer < 0) return;
+    const Buffer& B = p_.buffers[static_cast<size_t>(buffer)];
+    MK_CHECK(static_cast<int64_t>(v.size()) <= B.max_rows * B.cols, "step input {} too long", B.name);
+    std::memcpy(arena_ + B.offset, v.data(), v.size() * 4);
+  };
+  put(p_.tokens_buffer, in.tokens);
+  put(p_.positions_buffer, in.positions);
+  if (p_.kv_block_size > 0) {
+    MK_CHECK(static_cast<int64_t>(in.kv_slot.size()) == n && in.block_table.size() == static_cast<size_t>(in.n_seqs * p_.max_blocks_per_seq()),
+             "step inputs were prepared for another KV geometry");
+    put(p_.kv_slot_buffer, in.kv_slot);
+    put(p_.row_seq_buffer, in.row_seq);
+    put(p_.block_table_buffer, in.block_table);
   }
+  put(p_.logit_rows_buffer, in.logit_rows);
   for (const OpDesc& o : p_.ops) {  // table lookups must stay inside the table
     if (o.opcode != Opcode::embed) continue;
     const int32_t* ids = reinterpret_cast<const int32_t*>(arena_ + p_.buffers[static_cast<size_t>(o.ids)].offset);
@@ -133,7 +162,8 @@ void Interpreter::step(std::span<const int32_t> tokens, int64_t n_past) {
     for (int64_t i = 0; i < n; ++i)
       if (ids[i] < 0 || ids[i] >= rows) fail("{}: id {} out of range [0, {})", o.name, ids[i], rows);
   }
-  sym_ = {n, n_past};
+  const int64_t n_out = in.n_out();
+  sym_ = {n, n_out};
   const int64_t t_begin = now_ns();
   done_.store(0, std::memory_order_relaxed);
   ++epoch_;

@@ -1,6 +1,6 @@
 // The CPU megakernel: persistent worker threads interpret one Program.
 //
-// Each step (one forward over n_tokens tokens at n_past), the host writes the inputs, bumps the
+// Each step (one ragged batch of n_tokens rows, backend/step_batch.h), the host writes the inputs, bumps the
 // step epoch and wakes the workers; the calling thread is worker 0 and runs its share itself. A worker takes instructions from the dynamic queue (one
 // global atomic claim index, epoch-relative: never reset) or walks its static list; before an
 // instruction it spins (acquire) until each waited counter reaches epoch * count — after a short
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/step_batch.h"
 #include "isa/program.h"
 #include "model/model_file.h"
 
@@ -39,8 +40,14 @@ class Interpreter {
   Interpreter(const Interpreter&) = delete;
   Interpreter& operator=(const Interpreter&) = delete;
 
-  // One step over tokens.size() <= max_tokens tokens at positions n_past...
+  // One step: a checked ragged batch (prepare_step with limits()). Throws mk::Error for a token id
+  // outside the embedding table or a failure of an instruction (wait timeout).
+  void step(const StepInputs& in);
+  // The one-sequence case: tokens.size() <= max_tokens tokens at positions n_past.., block table
+  // 0, 1, 2, ..., the last row's logits (every row's for an all-rows output).
   void step(std::span<const int32_t> tokens, int64_t n_past);
+  // Rows per step, context, KV geometry of the program.
+  StepLimits limits() const;
   // The named graph output after the last step: rows x cols floats, row-major.
   std::span<const float> output(const std::string& name, int64_t* rows = nullptr, int64_t* cols = nullptr) const;
   void reset_kv();

@@ -236,8 +236,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   }
   const int64_t oc = c.cols(o.out);
   float* out = c.buf(o.out);
-  int64_t row0 = 0;
-  if (o.epi == Epi::store || o.epi == Epi::rope_store) row0 = c.m.sym.n_past;
+  const int32_t* slot = o.epi == Epi::store || o.epi == Epi::rope_store ? c.ibuf(c.p.kv_slot_buffer) : nullptr;
   if (o.epi == Epi::rope || o.epi == Epi::rope_store) {
     const int32_t* pos = c.ibuf(o.pos);
     size_t at = static_cast<size_t>(tile + R * T - c.scratch);
@@ -251,7 +250,8 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       for (int64_t j = 0; j < T; ++j) out[r * oc + in.c0 + j] = tile[r * T + j] + res[r * rs + in.c0 + j];
     return;
   }
-  for (int64_t r = 0; r < R; ++r) std::memcpy(out + (row0 + r) * oc + in.c0, tile + r * T, static_cast<size_t>(T) * 4);
+  for (int64_t r = 0; r < R; ++r)
+    std::memcpy(out + (slot ? slot[r] : r) * oc + in.c0, tile + r * T, static_cast<size_t>(T) * 4);
 }
 
 void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
@@ -262,23 +262,30 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* out = c.buf(o.out);
   const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
   const float scale = static_cast<float>(o.scale);
+  const int32_t* pos = c.ibuf(c.p.positions_buffer);
+  const int32_t* row_seq = c.ibuf(c.p.row_seq_buffer);
+  const int32_t* block_table = c.ibuf(c.p.block_table_buffer);
+  const int64_t B = c.p.kv_block_size, mb = c.p.max_blocks_per_seq();
   float* score = c.scratch;
-  float* acc = c.scratch + c.p.n_ctx + 16;
+  int32_t* kv_row = reinterpret_cast<int32_t*>(c.scratch + c.p.n_ctx + 16);  // pool row of each position
+  float* acc = c.scratch + 2 * (c.p.n_ctx + 16);
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t n_kv = c.m.sym.n_past + r + 1;
+    const int64_t n_kv = pos[r] + 1;  // causal: positions [0, pos[r]] of the row's sequence
+    const int32_t* bt = block_table + row_seq[r] * mb;
+    for (int64_t j = 0; j < n_kv; ++j) kv_row[j] = static_cast<int32_t>(bt[j / B] * B + j % B);
     for (int64_t h = in.c0 / hd; h < in.c1 / hd; ++h) {
       const int64_t g = h / hpg;
       const float* qh = q + r * qs + h * hd;
       float mx = -INFINITY;
       for (int64_t j = 0; j < n_kv; ++j) {
-        score[j] = dot(qh, kc + j * ks + g * hd, hd) * scale;
+        score[j] = dot(qh, kc + kv_row[j] * ks + g * hd, hd) * scale;
         mx = std::max(mx, score[j]);
       }
       float sum = 0;
       for (int64_t j = 0; j < n_kv; ++j) sum += (score[j] = std::exp(score[j] - mx));
       std::fill(acc, acc + hd, 0.0f);
       for (int64_t j = 0; j < n_kv; ++j) {
-        const float* vj = vc + j * vs + g * hd;
+        const float* vj = vc + kv_row[j] * vs + g * hd;
         const float pj = score[j];
         for (int64_t i = 0; i < hd; ++i) acc[i] += pj * vj[i];
       }
@@ -293,14 +300,14 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
 size_t scratch_floats(const Program& p) {
   int64_t need = 1024;
   for (const OpDesc& o : p.ops) {
-    int64_t R = o.rows.eval({p.max_tokens, 0});
+    int64_t R = o.rows.eval({p.max_tokens, p.max_tokens});
     int64_t n = 0;
     switch (o.opcode) {
       case Opcode::matmul:
         n = 2 * R * o.k + 8 * (o.k + 32) + R * o.tile_cols + 2 * o.n_rot + 64;
         break;
       case Opcode::attention:
-        n = p.n_ctx + 16 + o.head_dim + 16;
+        n = 2 * (p.n_ctx + 16) + o.head_dim + 16;  // scores, pool rows (i32), accumulator
         break;
       default:  // + 512: a quantized embedding tile dequantizes whole blocks of up to 256 around it
         n = 3 * o.k + o.tile_cols + 2 * o.n_rot + 160 + 512;
@@ -408,15 +415,16 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       const float* x = c.buf(o.x);
       float* cache = c.buf(o.out);
       const int64_t xs = c.cols(o.x), cs = c.cols(o.out);
-      for (int64_t r = 0; r < R; ++r)
-        std::memcpy(cache + (m.sym.n_past + r) * cs + c0, x + r * xs + c0, static_cast<size_t>(T) * 4);
+      const int32_t* slot = c.ibuf(p.kv_slot_buffer);
+      for (int64_t r = 0; r < R; ++r) std::memcpy(cache + slot[r] * cs + c0, x + r * xs + c0, static_cast<size_t>(T) * 4);
       return;
     }
     case Opcode::last_row: {
       const float* x = c.buf(o.x);
       float* out = c.buf(o.out);
-      const int64_t rx = p.buffers[static_cast<size_t>(o.x)].rows.eval(m.sym);
-      std::memcpy(out + c0, x + (rx - 1) * o.cols + c0, static_cast<size_t>(T) * 4);
+      const int32_t* rows = c.ibuf(p.logit_rows_buffer);  // R = n_out rows, each a row of x
+      for (int64_t r = 0; r < R; ++r)
+        std::memcpy(out + r * o.cols + c0, x + rows[r] * o.cols + c0, static_cast<size_t>(T) * 4);
       return;
     }
   }

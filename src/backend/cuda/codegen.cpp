@@ -139,8 +139,8 @@ class Generator {
   }
   int64_t stride(int b) const { return b < 0 ? 0 : p_.buffers[static_cast<size_t>(b)].cols; }
   static std::string rows_fn(const char* name, const SymExpr& e) {
-    return fmt::format("  __device__ static __forceinline__ int {}(const MkSym& s) {{ return {} + {} * s.n_tokens + {} * s.n_past; }}\n",
-                       name, e.c, e.n_tokens, e.n_past);
+    return fmt::format("  __device__ static __forceinline__ int {}(const MkSym& s) {{ return {} + {} * s.n_tokens + {} * s.n_out; }}\n",
+                       name, e.c, e.n_tokens, e.n_out);
   }
   std::string rope_fields(const OpDesc& op) const {
     if (op.n_rot <= 0 || op.n_rot % 2 || op.n_rot > op.head_dim || static_cast<int64_t>(op.inv_freq.size()) != op.n_rot / 2)
@@ -164,7 +164,7 @@ class Generator {
       case Opcode::matmul: {
         const int64_t K = op.k, T = op.tile_cols;
         if (K <= 0 || T <= 0) fail("cuda codegen: {}: bad matmul shape (k {}, tile {})", op.name, K, T);
-        const int64_t max_rows = op.rows.is_const() ? op.rows.c : op.rows.eval({p_.max_tokens, 0});
+        const int64_t max_rows = op.rows.is_const() ? op.rows.c : op.rows.eval({p_.max_tokens, p_.max_tokens});
         const int64_t budget = (o_.max_smem_bytes / 4 - T * 8 - static_cast<int64_t>(red) - 64);
         int64_t rb = std::clamp<int64_t>(budget / std::max<int64_t>(K + T, 1), 1, 8);
         rb = std::max<int64_t>(1, std::min(rb, max_rows));
@@ -193,6 +193,9 @@ class Generator {
         b += fmt::format("  static constexpr int HD = {}, HPG = {}, QS = {}, KS = {}, VS = {}, OS = {};\n", op.head_dim,
                          op.n_head / op.n_head_kv, stride(op.x), stride(op.y), stride(op.z), stride(op.out));
         b += fmt::format("  static constexpr double SCALE = {};\n", lit(op.scale));
+        if (p_.kv_block_size <= 0) fail("cuda codegen: {}: attention without a paged KV cache", op.name);
+        b += fmt::format("  static constexpr int KVB = {}, MB = {};  // KV block rows, block-table columns\n", p_.kv_block_size,
+                         p_.max_blocks_per_seq());
         b += fmt::format("  static constexpr bool KVEC = {};\n", op.head_dim % 4 == 0 && stride(op.y) % 4 == 0 ? "true" : "false");
         *smem_floats = static_cast<size_t>(op.head_dim + warps_ * (op.head_dim + 2) + warps_ * 32) + 4;
         break;
@@ -246,8 +249,7 @@ class Generator {
         *smem_floats = 4;
         break;
       case Opcode::last_row:
-        b += rows_fn("xrows", p_.buffers[static_cast<size_t>(op.x)].rows);
-        b += fmt::format("  static constexpr int XS = {};\n", stride(op.x));
+        b += fmt::format("  static constexpr int XS = {}, OS = {};\n", stride(op.x), stride(op.out));
         *smem_floats = 4;
         break;
     }

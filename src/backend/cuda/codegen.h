@@ -15,7 +15,8 @@
 //     function, then thread 0 signals (fence + red.release.gpu).
 //   - mk_perop_<f> (unless perop_kernels is off): one kernel per function for the baselines: block b runs the b-th instruction
 //     of one op (op_instrs), no waits or signals: kernel boundaries order the ops.
-// Only runtime symbols (n_tokens, n_past) and the epoch are kernel parameters.
+// Only runtime symbols (n_tokens, n_out) and the epoch are kernel parameters; per-row positions, KV
+// slots and block tables are step inputs in the arena (isa/program.h), read through MkOpArgs.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +36,7 @@ struct MkWait {
   uint32_t count, per_step, pad;
 };
 struct MkOpArgs {
-  uint64_t out, x, y, z, res, pos, ids, w, w_up, norm_w, bias, pad;  // device pointers
+  uint64_t out, x, y, z, res, pos, ids, w, w_up, norm_w, bias, tab;  // device pointers (abi.cuh: step inputs)
 };
 struct MkError {
   uint32_t flag;
@@ -45,7 +46,7 @@ struct MkError {
   uint32_t epoch;
 };
 struct MkSym {
-  int32_t n_tokens, n_past;
+  int32_t n_tokens, n_out;
 };
 struct MkParams {
   uint64_t instrs, waits, list_offsets, list_items, op_instrs, ops, counters, queue, error, abort_flag, sym_dev;

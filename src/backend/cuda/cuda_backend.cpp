@@ -55,7 +55,7 @@ Program compile_for_device(const Graph& graph, int workers, const BackendOptions
   co.workers = workers;
   co.max_tokens = env_int("MK_CUDA_MAX_TOKENS", 256);
   for (const Node& n : graph.nodes)  // as the cpu backend: no step is longer than the context
-    if (n.op == Op::kv_cache) co.max_tokens = std::min<int64_t>(co.max_tokens, n.shape[0].c);
+    if (n.op == Op::kv_cache) co.max_tokens = std::min<int64_t>(co.max_tokens, kv_geometry(n).n_ctx);
   co.schedule = schedule_from_name(options.schedule);
   return compile_program(graph, co);
 }
@@ -165,6 +165,16 @@ class CudaBackend final : public Backend {
       a.w_up = wt(o.w_up);
       a.norm_w = wt(o.norm_w);
       a.bias = wt(o.bias);
+      // Step inputs of a ragged batch (abi.cuh: which slot carries which).
+      const bool store = o.opcode == Opcode::kv_store ||
+                         (o.opcode == Opcode::matmul && (o.epi == Epi::store || o.epi == Epi::rope_store));
+      if (store) a.ids = buf(p.kv_slot_buffer);
+      if (o.opcode == Opcode::attention) {
+        a.pos = buf(p.positions_buffer);
+        a.ids = buf(p.row_seq_buffer);
+        a.tab = buf(p.block_table_buffer);
+      }
+      if (o.opcode == Opcode::last_row) a.ids = buf(p.logit_rows_buffer);
     }
     ops_ = upload(args);
 
@@ -172,12 +182,12 @@ class CudaBackend final : public Backend {
     error_host_ = static_cast<volatile cuda::MkError*>(rt_->host_alloc(sizeof(cuda::MkError), &error_dev_));
     if (p.tokens_buffer < 0) fail("{}: the program has no token input", name_);
     in_lo_ = static_cast<size_t>(p.buffers[static_cast<size_t>(p.tokens_buffer)].offset);
-    in_hi_ = in_lo_ + static_cast<size_t>(p.max_tokens) * 4;
-    if (p.positions_buffer >= 0) {
-      const Buffer& B = p.buffers[static_cast<size_t>(p.positions_buffer)];
-      in_lo_ = std::min(in_lo_, static_cast<size_t>(B.offset));
-      in_hi_ = std::max(in_hi_, static_cast<size_t>(B.offset) + static_cast<size_t>(p.max_tokens) * 4);
-    }
+    in_hi_ = in_lo_;
+    for (const Buffer& B : p.buffers)  // every step input (memplan pins them together at the arena's start)
+      if (B.kind == BufferKind::input) {
+        in_lo_ = std::min(in_lo_, static_cast<size_t>(B.offset));
+        in_hi_ = std::max(in_hi_, static_cast<size_t>(B.offset + B.bytes()));
+      }
     in_host_ = rt_->host_alloc(in_hi_ - in_lo_ + sizeof(cuda::MkSym), nullptr);
     out_buffer_ = -1;
     for (const auto& [oname, b] : p.outputs)
@@ -186,8 +196,12 @@ class CudaBackend final : public Backend {
     const Buffer& ob = p.buffers[static_cast<size_t>(out_buffer_)];
     out_host_ = rt_->host_alloc(static_cast<size_t>(ob.max_rows * ob.cols) * 4, nullptr);
     timeout_ns_ = static_cast<uint64_t>(env_int("MK_CUDA_WAIT_TIMEOUT_MS", 10000)) * 1000000ull;
-    for (const Buffer& b : p.buffers)
-      if (b.kind == BufferKind::kv) n_ctx_ = std::max(n_ctx_, b.max_rows);
+    n_ctx_ = p.n_ctx;
+    limits_.max_rows = p.max_tokens;
+    limits_.n_ctx = p.n_ctx;
+    limits_.block_size = p.kv_block_size;
+    limits_.pool_blocks = p.kv_block_size > 0 ? p.kv_pool_rows / p.kv_block_size : 0;
+    limits_.max_blocks_per_seq = p.max_blocks_per_seq();
   }
 
   std::string name() const override { return name_; }
@@ -213,15 +227,29 @@ class CudaBackend final : public Backend {
       fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, n, n_ctx_);
     std::vector<float> all;
     std::vector<float> last;
+    const Buffer& ob = program_.buffers[static_cast<size_t>(out_buffer_)];
+    const bool all_rows = ob.rows == SymExpr::tokens();  // all_logits programs return one row per token
     // Steps of at most max_tokens tokens: the KV cache carries the earlier chunks.
     for (int64_t off = 0; off < n; off += program_.max_tokens) {
       const int64_t m = std::min<int64_t>(program_.max_tokens, n - off);
-      last = step(tokens.subspan(static_cast<size_t>(off), static_cast<size_t>(m)), n_past + off);
+      StepBatch b = one_sequence_batch(tokens.subspan(static_cast<size_t>(off), static_cast<size_t>(m)), n_past + off,
+                                       program_.kv_block_size, all_rows);
+      last = step(prepare_step(b, limits_));
       all.insert(all.end(), last.begin(), last.end());
     }
-    const Buffer& ob = program_.buffers[static_cast<size_t>(out_buffer_)];
-    return ob.rows.is_const() ? last : all;  // all_logits programs return one row per token
+    return all_rows ? all : last;
   }
+
+  std::vector<float> forward(const StepBatch& batch) override {
+    if (!broken_.empty()) fail("{}: the backend stopped after a device error ({}); reset() first", name_, broken_);
+    StepInputs in = prepare_step(batch, limits_);
+    std::vector<float> out = step(in);
+    const int64_t cols = program_.buffers[static_cast<size_t>(out_buffer_)].cols;
+    return select_logit_rows(out, static_cast<int64_t>(out.size()) / cols, cols, batch, in);
+  }
+  int64_t kv_block_size() const override { return limits_.block_size; }
+  int64_t kv_pool_blocks() const override { return limits_.pool_blocks; }
+  int64_t max_batch_rows() const override { return limits_.max_rows; }
 
  private:
   template <class T>
@@ -259,21 +287,28 @@ class CudaBackend final : public Backend {
     }
   }
 
-  std::vector<float> step(std::span<const int32_t> tokens, int64_t n_past) {
+  std::vector<float> step(const StepInputs& si) {
     const Program& p = program_;
-    const int64_t m = static_cast<int64_t>(tokens.size());
+    const int64_t m = si.n_rows();
     // Stage inputs exactly as they lie in the arena, then the symbols.
     auto* in = static_cast<uint8_t*>(in_host_);
-    const size_t tok_off = static_cast<size_t>(p.buffers[static_cast<size_t>(p.tokens_buffer)].offset) - in_lo_;
-    std::memcpy(in + tok_off, tokens.data(), static_cast<size_t>(m) * 4);
-    if (p.positions_buffer >= 0) {
-      auto* pos = reinterpret_cast<int32_t*>(in + static_cast<size_t>(p.buffers[static_cast<size_t>(p.positions_buffer)].offset) - in_lo_);
-      for (int64_t i = 0; i < m; ++i) pos[i] = static_cast<int32_t>(n_past + i);
-    }
-    cuda::MkSym sym{static_cast<int32_t>(m), static_cast<int32_t>(n_past)};
+    auto put = [&](int buffer, const std::vector<int32_t>& v) {
+      if (buffer < 0) return;
+      const Buffer& B = p.buffers[static_cast<size_t>(buffer)];
+      MK_CHECK(static_cast<int64_t>(v.size()) <= B.max_rows * B.cols, "step input {} too long", B.name);
+      std::memcpy(in + static_cast<size_t>(B.offset) - in_lo_, v.data(), v.size() * 4);
+    };
+    put(p.tokens_buffer, si.tokens);
+    put(p.positions_buffer, si.positions);
+    put(p.kv_slot_buffer, si.kv_slot);
+    put(p.row_seq_buffer, si.row_seq);
+    put(p.block_table_buffer, si.block_table);
+    put(p.logit_rows_buffer, si.logit_rows);
+    const int64_t n_past = si.positions.empty() ? 0 : si.positions[0];  // for error messages
+    cuda::MkSym sym{static_cast<int32_t>(m), static_cast<int32_t>(si.n_out())};
     std::memcpy(in + (in_hi_ - in_lo_), &sym, sizeof sym);
     const Buffer& ob = p.buffers[static_cast<size_t>(out_buffer_)];
-    const int64_t out_rows = ob.rows.eval({m, n_past});
+    const int64_t out_rows = ob.rows.eval({m, si.n_out()});
     const size_t out_bytes = static_cast<size_t>(out_rows * ob.cols) * 4;
     const size_t out_max = static_cast<size_t>(ob.max_rows * ob.cols) * 4;
     const uint64_t out_dev = arena_ + static_cast<uint64_t>(ob.offset);
@@ -316,7 +351,7 @@ class CudaBackend final : public Backend {
     const std::string sync_error = rt_->synchronize();
     if (!sync_error.empty()) {
       broken_ = sync_error;
-      fail("{}: step at n_past {} failed: {}{}", name_, n_past, broken_, device_error_text());
+      fail("{}: step at position {} failed: {}{}", name_, n_past, broken_, device_error_text());
     }
     if (error_host_->flag) {
       broken_ = device_error_text();
@@ -420,6 +455,7 @@ class CudaBackend final : public Backend {
   size_t in_lo_ = 0, in_hi_ = 0;
   int out_buffer_ = -1;
   int64_t n_ctx_ = 0;
+  StepLimits limits_;
   uint64_t timeout_ns_ = 0;
   uint32_t epoch_ = 0;
   std::string broken_;

@@ -18,9 +18,14 @@ class ReferenceBackend final : public Backend {
     last_use_.assign(static_cast<size_t>(g_.size()), -1);
     for (const Node& n : g_.nodes)
       for (int i : n.inputs) last_use_[static_cast<size_t>(i)] = n.id;
+    all_rows_ = !g_.outputs.empty() && g_[g_.outputs[0].value].op != Op::last_row;
     for (const Node& n : g_.nodes) {
       if (n.op == Op::kv_cache) {
-        n_ctx_ = n.shape[0].c;
+        const KvGeometry kv = kv_geometry(n);
+        limits_.n_ctx = n_ctx_ = kv.n_ctx;
+        limits_.block_size = kv.block_size;
+        limits_.pool_blocks = kv.pool_blocks();
+        limits_.max_blocks_per_seq = kv.max_blocks_per_seq();
         caches_[n.id].assign(static_cast<size_t>(n.shape[0].c * n.shape[1].c), 0.0f);
       }
       if (n.op == Op::weight) {
@@ -41,7 +46,25 @@ class ReferenceBackend final : public Backend {
     if (n_tokens <= 0) fail("forward: no tokens");
     if (n_ctx_ > 0 && n_past + n_tokens > n_ctx_)
       fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, n_tokens, n_ctx_);
-    SymValues sym{n_tokens, n_past};
+    StepLimits one = limits_;
+    one.max_rows = 0;  // the oracle takes a whole prompt in one step
+    return run(prepare_step(one_sequence_batch(tokens, n_past, limits_.block_size, all_rows_), one));
+  }
+
+  std::vector<float> forward(const StepBatch& batch) override {
+    StepInputs in = prepare_step(batch, limits_);
+    std::vector<float> out = run(in);
+    const int64_t cols = g_[g_.outputs.at(0).value].shape[1].c;
+    return select_logit_rows(out, static_cast<int64_t>(out.size()) / cols, cols, batch, in);
+  }
+  int64_t kv_block_size() const override { return limits_.block_size; }
+  int64_t kv_pool_blocks() const override { return limits_.pool_blocks; }
+  int64_t max_batch_rows() const override { return limits_.max_rows; }
+
+ private:
+  std::vector<float> run(const StepInputs& step) {
+    const int64_t n_tokens = step.n_rows();
+    SymValues sym{n_tokens, step.n_out()};
     std::vector<std::vector<float>> val(static_cast<size_t>(g_.size()));  // owned results
     std::vector<const float*> ptr(static_cast<size_t>(g_.size()), nullptr);   // what readers see
     std::vector<size_t> len(static_cast<size_t>(g_.size()), 0);
@@ -57,8 +80,7 @@ class ReferenceBackend final : public Backend {
         case Op::input: {
           auto& iv = ival[static_cast<size_t>(n.id)];
           iv.resize(static_cast<size_t>(n_tokens));
-          bool is_pos = n.attr_str("kind") == "positions";
-          for (int64_t i = 0; i < n_tokens; ++i) iv[static_cast<size_t>(i)] = is_pos ? static_cast<int32_t>(n_past + i) : tokens[static_cast<size_t>(i)];
+          iv = n.attr_str("kind") == "positions" ? step.positions : step.tokens;
           break;
         }
         case Op::weight: {
@@ -181,10 +203,12 @@ class ReferenceBackend final : public Backend {
           break;
         }
         case Op::kv_store: {
-          auto& cache = caches_.at(n.inputs[1]);
-          std::copy_n(in(0), in_len(0), cache.begin() + n_past * cols);
-          out.assign(cache.begin(), cache.begin() + (n_past + n_tokens) * cols);
-          break;
+          auto& cache = caches_.at(n.inputs[1]);  // row r goes to pool row kv_slot[r]
+          for (int64_t r = 0; r < n_tokens; ++r)
+            std::copy_n(in(0) + r * cols, cols, cache.begin() + step.kv_slot[static_cast<size_t>(r)] * cols);
+          ptr[static_cast<size_t>(n.id)] = cache.data();  // readers see the pool itself
+          len[static_cast<size_t>(n.id)] = cache.size();
+          continue;
         }
         case Op::attention: {
           const float* q = in(0);
@@ -195,15 +219,21 @@ class ReferenceBackend final : public Backend {
           int64_t kv_cols = nkv * hd;
           out.assign(static_cast<size_t>(rows * cols), 0.0f);
           std::vector<double> score;
+          std::vector<int64_t> kv_row;
+          const int64_t B = limits_.block_size;
           for (int64_t t = 0; t < rows; ++t) {
-            int64_t n_kv = n_past + t + 1;  // causal: this token sees the cache up to itself
+            // causal: row t sees positions [0, positions[t]] of its sequence, through its block table
+            int64_t n_kv = step.positions[static_cast<size_t>(t)] + 1;
+            const int32_t* bt = &step.block_table[static_cast<size_t>(step.row_seq[static_cast<size_t>(t)] * limits_.max_blocks_per_seq)];
+            kv_row.resize(static_cast<size_t>(n_kv));
+            for (int64_t j = 0; j < n_kv; ++j) kv_row[static_cast<size_t>(j)] = bt[j / B] * B + j % B;
             score.resize(static_cast<size_t>(n_kv));
             for (int64_t h = 0; h < nh; ++h) {
               int64_t hk = h / (nh / nkv);
               const float* qh = &q[t * cols + h * hd];
               double mx = -INFINITY;
               for (int64_t j = 0; j < n_kv; ++j) {
-                const float* kj = &k[j * kv_cols + hk * hd];
+                const float* kj = &k[kv_row[static_cast<size_t>(j)] * kv_cols + hk * hd];
                 double d = 0;
                 for (int64_t i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kj[i];
                 score[j] = d * scale;
@@ -214,7 +244,7 @@ class ReferenceBackend final : public Backend {
               float* oh = &out[t * cols + h * hd];
               for (int64_t i = 0; i < hd; ++i) {
                 double acc = 0;
-                for (int64_t j = 0; j < n_kv; ++j) acc += score[j] * v[j * kv_cols + hk * hd + i];
+                for (int64_t j = 0; j < n_kv; ++j) acc += score[j] * v[kv_row[static_cast<size_t>(j)] * kv_cols + hk * hd + i];
                 oh[i] = static_cast<float>(acc / sum);
               }
             }
@@ -222,9 +252,8 @@ class ReferenceBackend final : public Backend {
           break;
         }
         case Op::last_row: {
-          const float* x = in(0);
-          int64_t xr = in_node(0).shape[0].eval(sym);
-          out.assign(x + (xr - 1) * cols, x + xr * cols);
+          const float* x = in(0);  // the rows logit_rows lists
+          for (int32_t r : step.logit_rows) out.insert(out.end(), x + r * cols, x + (r + 1) * cols);
           break;
         }
         case Op::fused_matmul:  // made by the compiler's fuse pass; the oracle runs unfused graphs
@@ -240,7 +269,6 @@ class ReferenceBackend final : public Backend {
     return val[static_cast<size_t>(g_.outputs[0].value)];
   }
 
- private:
   const std::vector<float>& weight_f32_ref(const Node& n) {
     auto it = wcache_.find(n.id);
     if (it != wcache_.end()) return it->second;
@@ -260,6 +288,8 @@ class ReferenceBackend final : public Backend {
   const Graph& g_;
   const ModelFile& m_;
   int64_t n_ctx_ = 0;
+  StepLimits limits_{256};  // rows per step: the compiled backends' default max_tokens
+  bool all_rows_ = false;   // the output is logits of every row (all_logits)
   std::unordered_map<int, std::vector<float>> caches_;
   std::unordered_map<int, std::vector<float>> wcache_;
   std::vector<int> last_use_;

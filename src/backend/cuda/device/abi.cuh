@@ -21,7 +21,11 @@ struct MkWait {
   mk_u32 per_step;   // the counter's signals per step (diagnostics; the wait target is epoch * count)
   mk_u32 pad;
 };
-struct MkOpArgs {  // device pointers of one op's operands (null when unused)
+// Device pointers of one op's operands (null when unused). The step inputs of a ragged batch
+// (isa/program.h) ride in the int slots: pos = positions (rope, matmul RoPE, attention); ids = the
+// token ids (embed), kv_slot (kv_store, matmul store), row_seq (attention), logit_rows (last_row);
+// tab = block_table (attention).
+struct MkOpArgs {
   float* out;
   const float* x;
   const float* y;
@@ -33,7 +37,7 @@ struct MkOpArgs {  // device pointers of one op's operands (null when unused)
   const void* w_up;
   const void* norm_w;
   const void* bias;
-  const void* pad;
+  const int* tab;
 };
 struct MkError {   // first failure wins; read by the host after each step
   mk_u32 flag;     // 0 = none
@@ -46,8 +50,8 @@ struct MkError {   // first failure wins; read by the host after each step
   mk_u32 epoch;
 };
 struct MkSym {
-  int n_tokens;
-  int n_past;
+  int n_tokens;  // rows of this step
+  int n_out;     // rows whose logits it returns
 };
 struct MkParams {
   const MkInstr* instrs;

@@ -257,7 +257,6 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
   red = (double*)(((unsigned long long)red + 7) & ~7ull);
   const int R = C::rows(s);
   const int c0 = in.c0, nc = in.c1 - in.c0;
-  const int row0 = C::STORE ? s.n_past : 0;
   for (int r0 = 0; r0 < R; r0 += RB) {
     const int nr = min(RB, R - r0);
     if constexpr (C::XVEC) {
@@ -299,7 +298,8 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
       const int rb = i / nc, j = i - rb * nc;
       float v = tile[rb * T + j];
       if constexpr (C::ADD) v += mk_ld(a.res + (mk_i64)(r0 + rb) * C::RS + c0 + j);
-      mk_st(a.out + (mk_i64)(row0 + r0 + rb) * C::OS + c0 + j, v);
+      const int orow = C::STORE ? mk_ld_i32(a.ids + r0 + rb) : r0 + rb;  // store: the row's KV slot
+      mk_st(a.out + (mk_i64)orow * C::OS + c0 + j, v);
     }
     __syncthreads();  // xs and tile are reused by the next row block
   }
@@ -318,11 +318,16 @@ __device__ __forceinline__ void mk_matmul_prefetch(const MkInstr& in, const MkOp
   }
 }
 
-// attention: heads [c0/HD, c1/HD) of every row r, causal over cache rows [0, n_past + r].
+// attention: heads [c0/HD, c1/HD) of every row r, causal over positions [0, pos[r]] of the row's
+// sequence; position j lives in pool row tab[row_seq[r] * MB + j / KVB] * KVB + j % KVB.
 // Warps take chunks of 32 cache rows; lane l scores row j0 + l against q (staged in shared memory),
 // the warp updates its online softmax (running max m, sum l) once per chunk, writes the chunk's
 // probabilities to shared memory, and every lane accumulates its head elements of p @ V over the
 // chunk's rows (coalesced V loads). The warps' partial results are combined in shared memory.
+template <class C>
+__device__ __forceinline__ int mk_kv_row(const int* bt, int j) {
+  return mk_ld_i32(bt + j / C::KVB) * C::KVB + j % C::KVB;
+}
 template <class C>
 __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   constexpr int HD = C::HD, PL = (HD + 31) / 32;  // head elements per lane
@@ -333,7 +338,8 @@ __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& 
   float* wp = probs + warp * 32;
   const int R = C::rows(s);
   for (int r = 0; r < R; ++r) {
-    const int n_kv = s.n_past + r + 1;
+    const int n_kv = mk_ld_i32(a.pos + r) + 1;
+    const int* bt = a.tab + (mk_i64)mk_ld_i32(a.ids + r) * C::MB;  // the row's block table
     for (int h = in.c0 / HD; h < in.c1 / HD; ++h) {
       const int g = h / C::HPG;
       for (int i = threadIdx.x; i < HD; i += MK_THREADS) qs[i] = mk_ld(a.x + (mk_i64)r * C::QS + h * HD + i);
@@ -345,7 +351,7 @@ __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& 
         const int j = j0 + lane;
         float d = MK_NEG_INF;
         if (j < n_kv) {
-          const float* kr = a.y + (mk_i64)j * C::KS + g * HD;
+          const float* kr = a.y + (mk_i64)mk_kv_row<C>(bt, j) * C::KS + g * HD;
           float t = 0.0f;
           if constexpr (C::KVEC) {
 #pragma unroll 4
@@ -370,7 +376,7 @@ __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& 
         const int nj = min(32, n_kv - j0);
         for (int jj = 0; jj < nj; ++jj) {
           const float pj = wp[jj];
-          const float* vr = a.z + (mk_i64)(j0 + jj) * C::VS + g * HD;
+          const float* vr = a.z + (mk_i64)mk_kv_row<C>(bt, j0 + jj) * C::VS + g * HD;
 #pragma unroll
           for (int e = 0; e < PL; ++e) {
             const int i = lane + 32 * e;
@@ -530,21 +536,24 @@ __device__ void mk_rope(const MkInstr& in, const MkOpArgs& a, const MkSym& s, ch
   }
 }
 
-// kv_store: cache[n_past + r, c0:c1] = x[r, c0:c1]
+// kv_store: pool[kv_slot[r], c0:c1] = x[r, c0:c1] (kv_slot rides in a.ids)
 template <class C>
 __device__ void mk_kv_store(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   const int R = C::rows(s), nc = in.c1 - in.c0;
   for (int i = threadIdx.x; i < R * nc; i += MK_THREADS) {
     const int r = i / nc, j = in.c0 + (i - r * nc);
-    mk_st(a.out + (mk_i64)(s.n_past + r) * C::OS + j, mk_ld(a.x + (mk_i64)r * C::XS + j));
+    mk_st(a.out + (mk_i64)mk_ld_i32(a.ids + r) * C::OS + j, mk_ld(a.x + (mk_i64)r * C::XS + j));
   }
 }
 
-// last_row: out[0, c0:c1] = x[rows(x) - 1, c0:c1]
+// last_row: out[i, c0:c1] = x[logit_rows[i], c0:c1] for i < n_out (logit_rows rides in a.ids)
 template <class C>
 __device__ void mk_last_row(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
-  const int rx = C::xrows(s);
-  for (int j = in.c0 + threadIdx.x; j < in.c1; j += MK_THREADS) mk_st(a.out + j, mk_ld(a.x + (mk_i64)(rx - 1) * C::XS + j));
+  const int R = C::rows(s), nc = in.c1 - in.c0;
+  for (int i = threadIdx.x; i < R * nc; i += MK_THREADS) {
+    const int r = i / nc, j = in.c0 + (i - r * nc);
+    mk_st(a.out + (mk_i64)r * C::OS + j, mk_ld(a.x + (mk_i64)mk_ld_i32(a.ids + r) * C::XS + j));
+  }
 }
 
 // ---- the interpreter's counter wait --------------------------------------------------------------

@@ -1,0 +1,111 @@
+#include "backend/step_batch.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "support/error.h"
+
+namespace mk {
+
+StepInputs prepare_step(const StepBatch& b, const StepLimits& l) {
+  const int64_t n = b.n_rows();
+  if (n < 1 || (l.max_rows > 0 && n > l.max_rows))
+    fail("step batch: {} rows (this program runs 1..{} rows per step)", n, l.max_rows);
+  if (static_cast<int64_t>(b.positions.size()) != n || static_cast<int64_t>(b.seq.size()) != n)
+    fail("step batch: {} tokens but {} positions and {} sequence indices (one of each per row)", n, b.positions.size(),
+         b.seq.size());
+  const int64_t n_tables = static_cast<int64_t>(b.block_tables.size());
+  StepInputs s;
+  s.tokens = b.tokens;
+  s.positions = b.positions;
+  s.row_seq.resize(static_cast<size_t>(n));
+  std::unordered_map<int32_t, int32_t> compact;  // batch sequence -> row of the flat block table
+  std::vector<int32_t> seqs;                       // flat row -> batch sequence
+  std::vector<int32_t> max_pos;                    // flat row -> its last position in the step
+  for (int64_t r = 0; r < n; ++r) {
+    const int32_t sq = b.seq[static_cast<size_t>(r)], pos = b.positions[static_cast<size_t>(r)];
+    if (sq < 0 || sq >= n_tables) fail("step batch: row {}: sequence {} out of range (block_tables has {})", r, sq, n_tables);
+    if (pos < 0 || (l.n_ctx > 0 && pos >= l.n_ctx))
+      fail("step batch: row {}: position {} outside the context [0, {})", r, pos, l.n_ctx);
+    const bool continues = r > 0 && b.seq[static_cast<size_t>(r - 1)] == sq;
+    if (continues) {
+      if (pos != b.positions[static_cast<size_t>(r - 1)] + 1)
+        fail("step batch: row {}: position {} does not follow {} (positions of a sequence must be consecutive)", r, pos,
+             b.positions[static_cast<size_t>(r - 1)]);
+    } else {
+      if (compact.count(sq)) fail("step batch: row {}: sequence {} appears again after other rows (a sequence's rows must be consecutive)", r, sq);
+      compact.emplace(sq, static_cast<int32_t>(seqs.size()));
+      seqs.push_back(sq);
+      max_pos.push_back(pos);
+    }
+    const int32_t f = compact.at(sq);
+    s.row_seq[static_cast<size_t>(r)] = f;
+    max_pos[static_cast<size_t>(f)] = pos;
+  }
+  s.n_seqs = static_cast<int64_t>(seqs.size());
+  if (l.block_size > 0) {
+    const int64_t mb = l.max_blocks_per_seq, B = l.block_size;
+    s.block_table.assign(static_cast<size_t>(s.n_seqs * mb), 0);
+    for (int64_t f = 0; f < s.n_seqs; ++f) {
+      const auto& t = b.block_tables[static_cast<size_t>(seqs[static_cast<size_t>(f)])];
+      const int64_t need = max_pos[static_cast<size_t>(f)] / B + 1;  // blocks holding positions [0, max]
+      if (static_cast<int64_t>(t.size()) < need)
+        fail("step batch: sequence {} has {} blocks, position {} needs {}", seqs[static_cast<size_t>(f)], t.size(),
+             max_pos[static_cast<size_t>(f)], need);
+      for (int64_t j = 0; j < need; ++j) {
+        const int32_t blk = t[static_cast<size_t>(j)];
+        if (blk < 0 || blk >= l.pool_blocks)
+          fail("step batch: sequence {} block {} is {}, outside the pool of {} blocks", seqs[static_cast<size_t>(f)], j, blk,
+               l.pool_blocks);
+        s.block_table[static_cast<size_t>(f * mb + j)] = blk;
+      }
+    }
+    s.kv_slot.resize(static_cast<size_t>(n));
+    std::unordered_map<int32_t, int64_t> writer;  // slot -> row
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t pos = b.positions[static_cast<size_t>(r)];
+      const int64_t blk = s.block_table[static_cast<size_t>(s.row_seq[static_cast<size_t>(r)] * mb + pos / B)];
+      const auto slot = static_cast<int32_t>(blk * B + pos % B);
+      auto [it, fresh] = writer.emplace(slot, r);
+      if (!fresh) fail("step batch: rows {} and {} write the same KV slot {} (their sequences share a block)", it->second, r, slot);
+      s.kv_slot[static_cast<size_t>(r)] = slot;
+    }
+  }
+  for (size_t i = 0; i < b.logit_rows.size(); ++i) {
+    const int32_t r = b.logit_rows[i];
+    if (r < 0 || r >= n || (i > 0 && r <= b.logit_rows[i - 1]))
+      fail("step batch: logit_rows[{}] = {}: logit rows must be ascending row indices in [0, {})", i, r, n);
+  }
+  s.logit_rows = b.logit_rows.empty() ? std::vector<int32_t>{static_cast<int32_t>(n - 1)} : b.logit_rows;
+  return s;
+}
+
+std::vector<float> select_logit_rows(std::span<const float> out, int64_t rows, int64_t cols, const StepBatch& batch,
+                                     const StepInputs& in) {
+  std::vector<float> r;
+  if (batch.logit_rows.empty()) return r;
+  MK_CHECK(rows == in.n_out() || rows == in.n_rows(), "logits output has {} rows for {} rows, {} wanted", rows, in.n_rows(),
+           in.n_out());
+  MK_CHECK(static_cast<int64_t>(out.size()) >= rows * cols);
+  if (rows == in.n_out()) return {out.begin(), out.begin() + rows * cols};
+  for (int32_t row : batch.logit_rows) r.insert(r.end(), out.begin() + row * cols, out.begin() + (row + 1) * cols);
+  return r;
+}
+
+StepBatch one_sequence_batch(std::span<const int32_t> tokens, int64_t n_past, int64_t block_size, bool all_rows) {
+  StepBatch b;
+  const auto n = static_cast<int64_t>(tokens.size());
+  b.tokens.assign(tokens.begin(), tokens.end());
+  b.seq.assign(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < n; ++i) b.positions.push_back(static_cast<int32_t>(n_past + i));
+  if (all_rows)
+    for (int64_t i = 0; i < n; ++i) b.logit_rows.push_back(static_cast<int32_t>(i));
+  else if (n > 0)
+    b.logit_rows.push_back(static_cast<int32_t>(n - 1));
+  b.block_tables.resize(1);
+  if (block_size > 0)
+    for (int64_t j = 0; j * block_size < n_past + n; ++j) b.block_tables[0].push_back(static_cast<int32_t>(j));
+  return b;
+}
+
+}  // namespace mk
