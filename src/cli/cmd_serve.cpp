@@ -402,6 +402,9 @@ void serve(ServeOptions o) {
   if (o.timeout_s < 0) fail("--timeout must be >= 0, got {}", o.timeout_s);
   o.session.need_tokenizer = false;
   o.session.tokenizer_if_available = true;
+  if (o.kv_tokens < 0) fail("--kv-tokens must be >= 0, got {}", o.kv_tokens);
+  o.session.kv_pool_tokens = o.kv_tokens;
+  o.session.kv_pool_seqs = o.parallel;  // default pool: every running request can reach the full context
   Session s(o.session);
   if (o.model_id.empty()) {
     std::filesystem::path p(o.session.model_path);
@@ -414,8 +417,6 @@ void serve(ServeOptions o) {
   eo.n_ctx = s.n_ctx;
   eo.n_vocab = s.hparams.n_vocab;
   eo.stop_at_bos = s.stop_at_bos;
-  eo.kv_tokens = o.kv_tokens;
-  if (o.kv_tokens < 0) fail("--kv-tokens must be >= 0, got {}", o.kv_tokens);
   Engine engine(*s.backend, s.tokenizer.get(), eo);
   if (!engine.paged() && o.parallel > 1)
     std::fprintf(stderr, "note: backend '%s' has no paged KV cache: requests run one at a time\n", s.backend->name().c_str());
@@ -492,7 +493,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", o->port, "TCP port (0 = any free port; the chosen one is printed)");
   cmd->add_option("--parallel", o->parallel, "most requests generating at once (one batch)")->check(CLI::PositiveNumber);
   cmd->add_option("--max-queue", o->max_queue, "requests waiting beyond --parallel; more get HTTP 429")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = the backend's pool)");
+  cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)");
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)");
   cmd->add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its end (0 = none)");
   cmd->add_option("--max-body", o->max_body, "largest request body in bytes (larger: HTTP 413)");
