@@ -15,8 +15,6 @@ constexpr int64_t kSerialBlockSize = 16;
 
 int64_t pool_blocks(Backend& b, const EngineOptions& o) {
   int64_t n = b.kv_pool_blocks() > 0 ? b.kv_pool_blocks() : (std::max<int64_t>(o.n_ctx, 1) + kSerialBlockSize - 1) / kSerialBlockSize;
-  int64_t bs = b.kv_pool_blocks() > 0 ? b.kv_block_size() : kSerialBlockSize;
-  if (o.kv_tokens > 0 && bs > 0) n = std::min(n, std::max<int64_t>(o.kv_tokens / bs, 1));
   return n;
 }
 int64_t block_size(Backend& b) { return b.kv_pool_blocks() > 0 ? b.kv_block_size() : kSerialBlockSize; }

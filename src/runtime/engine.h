@@ -41,7 +41,6 @@ struct EngineOptions {
   int64_t n_vocab = 0;      // logits row length; required
   int64_t prefill_chunk = 0;  // most prompt rows of one sequence per step; 0 = as many as the batch holds
   bool stop_at_bos = false;   // llama2.c convention: the model ends a story with BOS
-  int64_t kv_tokens = 0;      // use at most this many KV rows of the backend's pool; 0 = all of it
 };
 
 struct RequestParams {
