@@ -278,6 +278,22 @@ def chat_checks():
     streamed = "".join(ch.choices[0].delta.content or "" for ch in srv.client.chat.completions.create(
         model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, stream=True) if ch.choices)
     check(streamed == ref["text"], "streamed chat equals the non-streamed reply")
+    # Batched chat on a quantized GQA model: 8 requests, 4 at a time, each equal to `run --chat` alone.
+    questions = ["What is the capital of France?", "Name a color.", "How many legs does a cat have?", "Say hello."]
+    refs = {}
+    for qq in questions:
+        out = subprocess.run([BIN, "run", "-m", SMOLLM2, "--chat", "-p", qq, "-n", "12", "--temp", "0", "-t", "2", "-c", "512",
+                              "--json"], capture_output=True, text=True, timeout=300)
+        refs[qq] = json.loads(out.stdout)["text"]
+
+    def ask(qq):
+        return qq, srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": qq}], max_tokens=12,
+                                                      temperature=0).choices[0].message.content
+
+    with cf.ThreadPoolExecutor(4) as ex:
+        answers = list(ex.map(ask, questions * 2))
+    same = sum(1 for qq, a in answers if a == refs[qq])
+    check(same == len(answers), f"batched chat: {same}/{len(answers)} replies equal `run --chat --temp 0` alone")
     srv.blocks_free_at_end("chat")
     check(srv.stop() == 0, "chat server: exit code 0")
 
