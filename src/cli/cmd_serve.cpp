@@ -4,6 +4,7 @@
 // Errors are OpenAI error objects: {"error": {"message", "type", "param", "code"}}.
 #include <httplib.h>
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -431,6 +432,14 @@ void serve(ServeOptions o) {
   svr.set_write_timeout(10, 0);
   svr.set_keep_alive_timeout(5);
   server.install(svr);
+  // cpp-httplib 0.11 listens with a backlog of 5: simultaneous new connections beyond it were seen
+  // reset under load. Keep the listening socket (these options apply to it only) and deepen it.
+  int listen_fd = -1;
+  svr.set_socket_options([&listen_fd](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // what httplib's default does
+    listen_fd = static_cast<int>(sock);
+  });
   int port = o.port;
   if (port == 0) {
     port = svr.bind_to_any_port(o.host);
@@ -438,6 +447,7 @@ void serve(ServeOptions o) {
   } else if (!svr.bind_to_port(o.host, port)) {
     fail("cannot listen on {}:{} (in use, or not an address of this machine)", o.host, port);
   }
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);  // on Linux, listen() again sets the new backlog
 
   std::atomic<int> signals{0};
   std::atomic<bool> exiting{false};
