@@ -47,7 +47,8 @@ struct HttpError {
   std::string code;
 };
 
-json error_json(const std::string& message, const std::string& type, const std::string& param, const std::string& code) {
+json error_json(const std::string& message, const std::string& type, const std::string& param,
+                const std::string& code) {
   return json{{"error",
                {{"message", message},
                 {"type", type},
@@ -61,7 +62,9 @@ void send_error(httplib::Response& res, const HttpError& e) {
   res.set_content(error_json(e.message, e.type, e.param, e.code).dump(), "application/json");
 }
 
-[[noreturn]] void bad(const std::string& param, const std::string& message) { throw HttpError{400, message, "invalid_request_error", param, ""}; }
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw HttpError{400, message, "invalid_request_error", param, ""};
+}
 
 // Typed field access: absent or null -> the default; a wrong type -> 400 naming the field.
 const json* field(const json& body, const char* name) {
@@ -129,8 +132,10 @@ class Server {
     p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0, 0, 1));
     if (p.sampler.top_p <= 0) bad("top_p", "'top_p' must be greater than 0");
     p.sampler.top_k = static_cast<int>(get_int(body, "top_k", 0, 0, 1 << 30));
-    if (field(body, "seed")) p.sampler.seed = static_cast<uint64_t>(get_int(body, "seed", 0, INT64_MIN, INT64_MAX));
-    else p.sampler.seed = std::random_device{}();
+    if (field(body, "seed"))
+      p.sampler.seed = static_cast<uint64_t>(get_int(body, "seed", 0, INT64_MIN, INT64_MAX));
+    else
+      p.sampler.seed = std::random_device{}();
     p.ignore_eos = get_bool(body, "ignore_eos", false);
     const char* max_name = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     p.max_tokens = get_int(body, max_name, -1, 1, INT64_MAX);
@@ -153,7 +158,8 @@ class Server {
     if (chat) {
       const json* msgs = field(body, "messages");
       if (!msgs) bad("messages", "'messages' is required");
-      if (!tok) throw HttpError{400, "this model has no tokenizer, so it cannot chat", "invalid_request_error", "messages", ""};
+      if (!tok)
+        throw HttpError{400, "this model has no tokenizer, so it cannot chat", "invalid_request_error", "messages", ""};
       std::string prompt;
       try {
         check_chat_messages(*msgs, "messages");
@@ -190,11 +196,12 @@ class Server {
                                   e_.n_ctx(), n_prompt),
                       "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
     if (p.max_tokens > e_.n_ctx() - n_prompt)
-      throw HttpError{400,
-                      fmt::format("this model's context is {} tokens, but {} were requested ({} in the prompt, {} in {}); "
-                                  "lower {}",
-                                  e_.n_ctx(), n_prompt + p.max_tokens, n_prompt, p.max_tokens, max_name, max_name),
-                      "invalid_request_error", max_name, "context_length_exceeded"};
+      throw HttpError{
+          400,
+          fmt::format("this model's context is {} tokens, but {} were requested ({} in the prompt, {} in {}); "
+                      "lower {}",
+                      e_.n_ctx(), n_prompt + p.max_tokens, n_prompt, p.max_tokens, max_name, max_name),
+          "invalid_request_error", max_name, "context_length_exceeded"};
     if (o_.timeout_s > 0) p.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000));
     return r;
   }
@@ -215,9 +222,12 @@ class Server {
   HttpError end_error(const RequestOutput& out) {
     switch (out.finish) {
       case FinishReason::timeout:
-        return {408, fmt::format("the request did not finish within {} s (--timeout)", o_.timeout_s), "timeout_error", "", "timeout"};
-      case FinishReason::cancelled: return {503, "the request was cancelled: the server is shutting down", "server_error", "", "cancelled"};
-      default: return {500, "generation failed: " + out.error, "server_error", "", ""};
+        return {408, fmt::format("the request did not finish within {} s (--timeout)", o_.timeout_s), "timeout_error",
+                "", "timeout"};
+      case FinishReason::cancelled:
+        return {503, "the request was cancelled: the server is shutting down", "server_error", "", "cancelled"};
+      default:
+        return {500, "generation failed: " + out.error, "server_error", "", ""};
     }
   }
   static bool failed(const RequestOutput& out) {
@@ -225,12 +235,17 @@ class Server {
   }
 
   json usage(const RequestOutput& out) {
-    return {{"prompt_tokens", out.n_prompt}, {"completion_tokens", out.n_generated}, {"total_tokens", out.n_prompt + out.n_generated}};
+    return {{"prompt_tokens", out.n_prompt},
+            {"completion_tokens", out.n_generated},
+            {"total_tokens", out.n_prompt + out.n_generated}};
   }
 
   json chunk(const std::string& id, bool chat, int64_t created, json choice) {
-    return {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-            {"model", o_.model_id}, {"choices", json::array({std::move(choice)})}};
+    return {{"id", id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", o_.model_id},
+            {"choices", json::array({std::move(choice)})}};
   }
 
   void handle_generate(const httplib::Request& http_req, httplib::Response& res, bool chat) {
@@ -247,20 +262,27 @@ class Server {
     } release{in_flight_, handed_over};
     ParsedRequest pr = parse(http_req.body, chat);
     auto req = submit(pr.params);
-    const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const int64_t created =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_++);
     if (!pr.stream) {
       RequestOutput out;
       while (!out.done) req->wait(out, std::chrono::milliseconds(1000));
       if (failed(out)) return send_error(res, end_error(out));
       json choice = {{"index", 0}};
-      if (chat) choice["message"] = {{"role", "assistant"}, {"content", out.text}};
-      else choice["text"] = out.text;
+      if (chat)
+        choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+      else
+        choice["text"] = out.text;
       choice["logprobs"] = nullptr;
       choice["finish_reason"] = finish_name(out.finish);
       if (pr.return_token_ids) choice["token_ids"] = out.token_ids;
-      json j = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created}, {"model", o_.model_id},
-                {"choices", json::array({choice})}, {"usage", usage(out)}};
+      json j = {{"id", id},
+                {"object", chat ? "chat.completion" : "text_completion"},
+                {"created", created},
+                {"model", o_.model_id},
+                {"choices", json::array({choice})},
+                {"usage", usage(out)}};
       res.set_content(j.dump(), "application/json");
       return;
     }
@@ -273,8 +295,11 @@ class Server {
             std::string s = "data: " + j.dump() + "\n\n";
             return sink.write(s.data(), s.size());
           };
-          if (chat && !send(chunk(id, chat, created, {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                                       {"logprobs", nullptr}, {"finish_reason", nullptr}}))) {
+          if (chat && !send(chunk(id, chat, created,
+                                  {{"index", 0},
+                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr}}))) {
             req->cancel();
             return false;
           }
@@ -285,8 +310,10 @@ class Server {
             all.token_ids.insert(all.token_ids.end(), out.token_ids.begin(), out.token_ids.end());
             if (!out.text.empty() || (!out.token_ids.empty() && pr.return_token_ids)) {
               json c = {{"index", 0}};
-              if (chat) c["delta"] = {{"content", out.text}};
-              else c["text"] = out.text;
+              if (chat)
+                c["delta"] = {{"content", out.text}};
+              else
+                c["text"] = out.text;
               c["logprobs"] = nullptr;
               c["finish_reason"] = nullptr;
               if (pr.return_token_ids) c["token_ids"] = out.token_ids;
@@ -301,14 +328,20 @@ class Server {
               send(error_json(e.message, e.type, e.param, e.code));
             } else {
               json c = {{"index", 0}};
-              if (chat) c["delta"] = json::object();
-              else c["text"] = "";
+              if (chat)
+                c["delta"] = json::object();
+              else
+                c["text"] = "";
               c["logprobs"] = nullptr;
               c["finish_reason"] = finish_name(out.finish);
               send(chunk(id, chat, created, c));
               if (pr.include_usage) {
-                json u = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                          {"model", o_.model_id}, {"choices", json::array()}, {"usage", usage(out)}};
+                json u = {{"id", id},
+                          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                          {"created", created},
+                          {"model", o_.model_id},
+                          {"choices", json::array()},
+                          {"usage", usage(out)}};
                 send(u);
               }
             }
@@ -327,8 +360,10 @@ class Server {
   void install(httplib::Server& svr) {
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-      if (req.get_header_value("Authorization") == "Bearer " + o_.api_key) return httplib::Server::HandlerResponse::Unhandled;
-      send_error(res, {401, "invalid or missing API key: send 'Authorization: Bearer KEY'", "invalid_request_error", "", "invalid_api_key"});
+      if (req.get_header_value("Authorization") == "Bearer " + o_.api_key)
+        return httplib::Server::HandlerResponse::Unhandled;
+      send_error(res, {401, "invalid or missing API key: send 'Authorization: Bearer KEY'", "invalid_request_error", "",
+                       "invalid_api_key"});
       return httplib::Server::HandlerResponse::Handled;
     });
     auto guarded = [this](auto fn) {
@@ -348,18 +383,26 @@ class Server {
       res.set_content(json{{"status", draining ? "shutting down" : "ok"}}.dump(), "application/json");
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      json m = {{"id", o_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "megakernel"},
+      json m = {{"id", o_.model_id},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "megakernel"},
                 {"meta", {{"n_ctx", e_.n_ctx()}, {"n_vocab", s_.hparams.n_vocab}, {"backend", s_.backend->name()}}}};
       res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
     });
-    svr.Post("/v1/completions", guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); }));
-    svr.Post("/v1/chat/completions", guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, true); }));
+    svr.Post("/v1/completions",
+             guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); }));
+    svr.Post("/v1/chat/completions",
+             guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, true); }));
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       std::string text = prometheus_text(e_.stats());
-      text += "# HELP megakernel_http_responses_total HTTP responses by status code.\n# TYPE megakernel_http_responses_total counter\n";
+      text +=
+          "# HELP megakernel_http_responses_total HTTP responses by status code.\n# TYPE "
+          "megakernel_http_responses_total counter\n";
       {
         std::lock_guard lock(codes_mu_);
-        for (const auto& [code, n] : codes_) text += fmt::format("megakernel_http_responses_total{{code=\"{}\"}} {}\n", code, n);
+        for (const auto& [code, n] : codes_)
+          text += fmt::format("megakernel_http_responses_total{{code=\"{}\"}} {}\n", code, n);
       }
       res.set_content(text, "text/plain; version=0.0.4");
     });
@@ -409,7 +452,8 @@ void serve(ServeOptions o) {
   Session s(o.session);
   if (o.model_id.empty()) {
     std::filesystem::path p(o.session.model_path);
-    o.model_id = o.session.model_path.rfind("synth:", 0) == 0 ? o.session.model_path : p.filename().replace_extension().string();
+    o.model_id =
+        o.session.model_path.rfind("synth:", 0) == 0 ? o.session.model_path : p.filename().replace_extension().string();
     if (o.model_id.empty()) o.model_id = p.parent_path().filename().string();
   }
   EngineOptions eo;
@@ -420,7 +464,8 @@ void serve(ServeOptions o) {
   eo.stop_at_bos = s.stop_at_bos;
   Engine engine(*s.backend, s.tokenizer.get(), eo);
   if (!engine.paged() && o.parallel > 1)
-    std::fprintf(stderr, "note: backend '%s' has no paged KV cache: requests run one at a time\n", s.backend->name().c_str());
+    std::fprintf(stderr, "note: backend '%s' has no paged KV cache: requests run one at a time\n",
+                 s.backend->name().c_str());
   engine.start();
 
   Server server(o, s, engine);
@@ -428,7 +473,7 @@ void serve(ServeOptions o) {
   const size_t http_threads = static_cast<size_t>(std::max(engine.parallel(), 1) + o.max_queue + 4);
   svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
   svr.set_payload_max_length(o.max_body);
-  svr.set_read_timeout(10, 0);   // slow clients: a request must arrive within 10 s of silence
+  svr.set_read_timeout(10, 0);  // slow clients: a request must arrive within 10 s of silence
   svr.set_write_timeout(10, 0);
   svr.set_keep_alive_timeout(5);
   server.install(svr);
@@ -478,9 +523,12 @@ void serve(ServeOptions o) {
       }
     }
   });
-  std::fprintf(stderr, "serve: %s on %s backend, context %lld, %d parallel, KV %lld blocks x %lld tokens; listening on http://%s:%d\n",
-               o.model_id.c_str(), s.backend->name().c_str(), static_cast<long long>(engine.n_ctx()), engine.parallel(),
-               static_cast<long long>(engine.kv_blocks_total()), static_cast<long long>(engine.kv_block_size()), o.host.c_str(), port);
+  std::fprintf(
+      stderr,
+      "serve: %s on %s backend, context %lld, %d parallel, KV %lld blocks x %lld tokens; listening on http://%s:%d\n",
+      o.model_id.c_str(), s.backend->name().c_str(), static_cast<long long>(engine.n_ctx()), engine.parallel(),
+      static_cast<long long>(engine.kv_blocks_total()), static_cast<long long>(engine.kv_block_size()), o.host.c_str(),
+      port);
   std::fflush(stderr);
   bool ok = svr.listen_after_bind();
   engine.shutdown(true);
@@ -497,12 +545,15 @@ void serve(ServeOptions o) {
 void add_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
-  cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")->required();
+  cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")
+      ->required();
   cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
   cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", o->port, "TCP port (0 = any free port; the chosen one is printed)");
-  cmd->add_option("--parallel", o->parallel, "most requests generating at once (one batch)")->check(CLI::PositiveNumber);
-  cmd->add_option("--max-queue", o->max_queue, "requests waiting beyond --parallel; more get HTTP 429")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--parallel", o->parallel, "most requests generating at once (one batch)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-queue", o->max_queue, "requests waiting beyond --parallel; more get HTTP 429")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)");
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)");
   cmd->add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its end (0 = none)");

@@ -1,8 +1,9 @@
 #include "runtime/engine.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 
 #include "support/error.h"
 
@@ -14,7 +15,8 @@ using clock = std::chrono::steady_clock;
 constexpr int64_t kSerialBlockSize = 16;
 
 int64_t pool_blocks(Backend& b, const EngineOptions& o) {
-  int64_t n = b.kv_pool_blocks() > 0 ? b.kv_pool_blocks() : (std::max<int64_t>(o.n_ctx, 1) + kSerialBlockSize - 1) / kSerialBlockSize;
+  int64_t n = b.kv_pool_blocks() > 0 ? b.kv_pool_blocks()
+                                     : (std::max<int64_t>(o.n_ctx, 1) + kSerialBlockSize - 1) / kSerialBlockSize;
   return n;
 }
 int64_t block_size(Backend& b) { return b.kv_pool_blocks() > 0 ? b.kv_block_size() : kSerialBlockSize; }
@@ -26,12 +28,18 @@ std::vector<double> latency_buckets() {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::none: return "none";
-    case FinishReason::stop: return "stop";
-    case FinishReason::length: return "length";
-    case FinishReason::cancelled: return "cancelled";
-    case FinishReason::timeout: return "timeout";
-    case FinishReason::error: return "error";
+    case FinishReason::none:
+      return "none";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::cancelled:
+      return "cancelled";
+    case FinishReason::timeout:
+      return "timeout";
+    case FinishReason::error:
+      return "error";
   }
   return "none";
 }
@@ -99,8 +107,8 @@ struct Engine::Seq {
   std::vector<int32_t> blocks;
   Sampler sampler;
   Utf8Stream utf8;
-  std::string text;    // generated text so far (valid UTF-8)
-  size_t sent = 0;     // text[0, sent) has been published
+  std::string text;  // generated text so far (valid UTF-8)
+  size_t sent = 0;   // text[0, sent) has been published
   std::vector<int32_t> new_ids;
   clock::time_point submitted, deadline = clock::time_point::max(), last_token;
   double ttft_ms = 0;
@@ -276,8 +284,10 @@ bool Engine::step() {
   // Ends of running requests that were cancelled or timed out: their blocks are free for admission.
   bool ended = false;
   for (auto& s : running_) {
-    if (s->req->cancelled_) finish(*s, FinishReason::cancelled);
-    else if (now >= s->deadline) finish(*s, FinishReason::timeout);
+    if (s->req->cancelled_)
+      finish(*s, FinishReason::cancelled);
+    else if (now >= s->deadline)
+      finish(*s, FinishReason::timeout);
     ended |= s->finished;
   }
   // Admission (FCFS) and ends of queued requests that were cancelled or timed out.
@@ -360,7 +370,8 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
       Seq& s = *seqs[0];
       if (s.n_computed == 0) backend_.reset();
       logits = backend_.forward(std::span<const int32_t>(b.tokens), s.n_computed);
-      if (wanted.empty()) logits.clear();
+      if (wanted.empty())
+        logits.clear();
       else if (logits.size() > static_cast<size_t>(n_vocab_))  // graphs with all_logits: keep the last row
         logits.erase(logits.begin(), logits.end() - n_vocab_);
     }
@@ -374,8 +385,8 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     stats_.batch_rows += static_cast<uint64_t>(b.n_rows());
   }
   if (logits.size() != wanted.size() * static_cast<size_t>(n_vocab_)) {
-    std::string msg = fmt::format("backend '{}' returned {} logits for {} rows of {} tokens", backend_.name(), logits.size(),
-                                  wanted.size(), n_vocab_);
+    std::string msg = fmt::format("backend '{}' returned {} logits for {} rows of {} tokens", backend_.name(),
+                                  logits.size(), wanted.size(), n_vocab_);
     for (Seq* s : seqs) finish(*s, FinishReason::error, msg);
     return;
   }
@@ -447,8 +458,8 @@ std::string prometheus_text(const EngineStats& s) {
       cum += h.counts[i];
       o += fmt::format("megakernel_{}_bucket{{le=\"{}\"}} {}\n", name, h.bounds[i], cum);
     }
-    o += fmt::format("megakernel_{0}_bucket{{le=\"+Inf\"}} {1}\nmegakernel_{0}_sum {2}\nmegakernel_{0}_count {1}\n", name,
-                     h.count, h.sum);
+    o += fmt::format("megakernel_{0}_bucket{{le=\"+Inf\"}} {1}\nmegakernel_{0}_sum {2}\nmegakernel_{0}_count {1}\n",
+                     name, h.count, h.sum);
   };
   counter("requests_total", "Requests accepted into the queue.", s.requests_submitted);
   counter("requests_rejected_total", "Requests refused because the queue was full.", s.requests_rejected);
@@ -456,7 +467,8 @@ std::string prometheus_text(const EngineStats& s) {
        "# TYPE megakernel_requests_finished_total counter\n";
   for (const char* r : {"stop", "length", "cancelled", "timeout", "error"}) {
     auto it = s.finished.find(r);
-    o += fmt::format("megakernel_requests_finished_total{{reason=\"{}\"}} {}\n", r, it == s.finished.end() ? 0 : it->second);
+    o += fmt::format("megakernel_requests_finished_total{{reason=\"{}\"}} {}\n", r,
+                     it == s.finished.end() ? 0 : it->second);
   }
   counter("prompt_tokens_total", "Prompt tokens of accepted requests.", s.prompt_tokens);
   counter("generated_tokens_total", "Tokens generated.", s.generated_tokens);

@@ -35,10 +35,10 @@
 namespace mk {
 
 struct EngineOptions {
-  int parallel = 4;         // most sequences running at once (capped by the backend's max_batch_rows())
-  int max_queue = 32;       // requests waiting for admission; more -> EngineBusy
-  int64_t n_ctx = 0;        // per-sequence context (prompt + generated tokens); required
-  int64_t n_vocab = 0;      // logits row length; required
+  int parallel = 4;           // most sequences running at once (capped by the backend's max_batch_rows())
+  int max_queue = 32;         // requests waiting for admission; more -> EngineBusy
+  int64_t n_ctx = 0;          // per-sequence context (prompt + generated tokens); required
+  int64_t n_vocab = 0;        // logits row length; required
   int64_t prefill_chunk = 0;  // most prompt rows of one sequence per step; 0 = as many as the batch holds
   bool stop_at_bos = false;   // llama2.c convention: the model ends a story with BOS
 };
@@ -47,7 +47,7 @@ struct RequestParams {
   std::vector<int32_t> prompt_ids;  // evaluated as given (the caller adds BOS / renders the chat template)
   int64_t max_tokens = -1;          // most generated tokens (>= 1); -1 = until the context is full
   SamplerOptions sampler;
-  std::vector<std::string> stop;    // stop strings: generation ends before the first occurrence in the text
+  std::vector<std::string> stop;  // stop strings: generation ends before the first occurrence in the text
   bool ignore_eos = false;
   std::chrono::milliseconds timeout{0};  // from submit() to the end; 0 = none
 };

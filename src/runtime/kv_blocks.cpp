@@ -4,7 +4,8 @@
 
 namespace mk {
 
-KvBlockAllocator::KvBlockAllocator(int64_t n_blocks, int64_t block_size) : n_blocks_(n_blocks), block_size_(block_size) {
+KvBlockAllocator::KvBlockAllocator(int64_t n_blocks, int64_t block_size)
+    : n_blocks_(n_blocks), block_size_(block_size) {
   if (n_blocks <= 0) fail("KV pool must have at least one block, got {}", n_blocks);
   if (block_size <= 0) fail("KV block size must be positive, got {}", block_size);
   if (n_blocks > INT32_MAX) fail("KV pool of {} blocks is too large", n_blocks);

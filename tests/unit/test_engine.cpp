@@ -22,7 +22,11 @@ constexpr int32_t kPoison = 7;  // a prompt holding this token makes the fake ba
 class FakeBackend : public Backend {
  public:
   FakeBackend(int64_t n_vocab, int64_t block_size, int64_t n_blocks, int64_t max_rows, bool paged = true)
-      : n_vocab_(n_vocab), block_size_(block_size), n_blocks_(n_blocks), max_rows_(max_rows), paged_(paged),
+      : n_vocab_(n_vocab),
+        block_size_(block_size),
+        n_blocks_(n_blocks),
+        max_rows_(max_rows),
+        paged_(paged),
         pool_(static_cast<size_t>(n_blocks * block_size), -1) {}
   std::string name() const override { return "fake"; }
   int64_t kv_block_size() const override { return paged_ ? block_size_ : 0; }
@@ -96,7 +100,8 @@ class FakeBackend : public Backend {
     uint64_t h = 1469598103934665603ull;
     for (int32_t t : toks) h = (h ^ static_cast<uint64_t>(t + 1)) * 1099511628211ull;
     std::vector<float> l(static_cast<size_t>(n_vocab_));
-    for (int64_t v = 0; v < n_vocab_; ++v) l[v] = static_cast<float>(std::sin(static_cast<double>((h >> 17) % 10007) * 0.001 + v * 0.37) * 4);
+    for (int64_t v = 0; v < n_vocab_; ++v)
+      l[v] = static_cast<float>(std::sin(static_cast<double>((h >> 17) % 10007) * 0.001 + v * 0.37) * 4);
     l[(h >> 29) % static_cast<uint64_t>(n_vocab_)] += 6;
     l[kPoison] = -1e30f;  // never generated: only a prompt can hold it
     return l;
@@ -245,7 +250,8 @@ TEST(Engine, ThreadedSchedulerMatchesAlone) {
   for (int i = 0; i < n; ++i) clients.emplace_back([&, i] { outs[i] = collect(*e.submit(make_request(i))); });
   for (auto& t : clients) t.join();
   e.shutdown(false);
-  for (int i = 0; i < n; ++i) EXPECT_EQ(outs[i].token_ids, alone[i]) << i << " " << finish_reason_name(outs[i].finish) << " " << outs[i].error;
+  for (int i = 0; i < n; ++i)
+    EXPECT_EQ(outs[i].token_ids, alone[i]) << i << " " << finish_reason_name(outs[i].finish) << " " << outs[i].error;
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
   EXPECT_THROW(e.submit(make_request(0)), EngineBusy);  // shut down: refused
 }
@@ -392,8 +398,9 @@ TEST(E2EServeEngine, CpuBatchedEqualsGenerateAlone) {
   so.backend = "cpu";
   so.backend_options.threads = 2;
   so.n_ctx = 128;
-  const std::vector<std::string> prompts = {"Once upon a time", "The cat sat", "Lily and Tom went to the park to play with a big red ball",
-                                            "One day", "A dog", "The sun was hot and the children"};
+  const std::vector<std::string> prompts = {
+      "Once upon a time", "The cat sat", "Lily and Tom went to the park to play with a big red ball",
+      "One day",          "A dog",       "The sun was hot and the children"};
   std::vector<GenerateResult> alone;
   Session one(so);
   for (size_t i = 0; i < prompts.size(); ++i) {
