@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,11 @@ def stories_checks():
     srv = Server(STORIES, "--parallel", "8", "--max-queue", "64", "--timeout", "120")
     c = srv.client
     prompt = "Once upon a time"
+    # A slow client: half a request line, then silence. Checked after the load test (the server
+    # must serve everyone else meanwhile and drop this one after its 10 s read timeout).
+    slow = socket.create_connection(("127.0.0.1", srv.port))
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+    slow_t0 = time.time()
     ref = run_cli(STORIES, prompt, 40, "--temp", "0")
     r = c.completions.create(model="stories260K", prompt=prompt, max_tokens=40, temperature=0)
     check(r.choices[0].text == ref["text"], "completion (greedy) equals `run --temp 0`")
@@ -185,6 +191,14 @@ def stories_checks():
     m = srv.metrics()
     check(not any(k.startswith('megakernel_http_responses_total{code="5') for k in m), "no 5xx responses")
     srv.blocks_free_at_end("after the load test")
+    time.sleep(max(0.0, 11.0 - (time.time() - slow_t0)))
+    slow.settimeout(5)
+    try:
+        dropped = slow.recv(1024) is not None  # b"" (closed) or an error response: either way not held open
+    except (ConnectionResetError, socket.timeout) as e:
+        dropped = isinstance(e, ConnectionResetError)
+    slow.close()
+    check(dropped, "a slow client (half a request, then silence) is dropped after the read timeout")
 
     check(srv.stop() == 0, "stories260K server: exit code 0 after SIGTERM")
 
