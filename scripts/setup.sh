@@ -2,7 +2,8 @@
 # Installs the build dependencies from Debian 12 packages. Idempotent: does nothing when present.
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libfmt-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libboost-context-dev python3 libutf8proc-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libboost-context-dev python3 libutf8proc-dev
+      libcpp-httplib-dev python3-venv)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,4 +20,10 @@ fi
 # the SmolLM2 tests are skipped and the demo falls back to stories260K. MK_FETCH_MODELS=0 skips it.
 if [[ "${MK_FETCH_MODELS:-1}" == 1 ]]; then
   "$(dirname "$0")/get-model.sh" smollm2 >/dev/null || echo "setup: note: SmolLM2 not fetched; its tests will be skipped" >&2
+fi
+
+# The venv with the official openai client for the serve test and benchmark (outside the repo).
+# Best effort: offline, ctest Serve.OpenAIClient is skipped with a message.
+if [[ "${MK_SETUP_VENV:-1}" == 1 ]]; then
+  "$(dirname "$0")/../tests/scripts/openai_venv.sh" >/dev/null || echo "setup: note: no openai venv; Serve.OpenAIClient will be skipped" >&2
 fi

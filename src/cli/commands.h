@@ -14,6 +14,7 @@ void add_compile_command(CLI::App& app);
 void add_bench_copy_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 // "1,2,3" -> {1, 2, 3}; throws mk::Error naming `flag` for an empty list or a non-integer entry.
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag = "--ids");

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   mk::cli::add_bench_copy_command(app);
   mk::cli::add_tokenize_command(app);
   mk::cli::add_chat_command(app);
+  mk::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

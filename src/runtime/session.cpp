@@ -53,10 +53,12 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
   if (tokenizer && tokenizer->n_vocab() > hparams.n_vocab)
     fail("tokenizer has {} tokens but the model's vocabulary is {}", tokenizer->n_vocab(), hparams.n_vocab);
   stop_at_bos = model.format == "llama2c";
-  BuildOptions bo{n_ctx, o.all_logits};
-  bo.kv_pool_tokens = o.kv_pool_tokens;
-  bo.kv_block_size = o.kv_block_size;
-  graph = build_graph(model, bo);
+  BuildOptions build{n_ctx, o.all_logits};
+  if (o.kv_pool_tokens < 0) fail("KV pool size must be >= 0 tokens, got {}", o.kv_pool_tokens);
+  if (o.kv_pool_seqs < 1) fail("KV pool must hold at least one sequence, got {}", o.kv_pool_seqs);
+  build.kv_pool_tokens = o.kv_pool_tokens > 0 ? o.kv_pool_tokens : (o.kv_pool_seqs > 1 ? o.kv_pool_seqs * n_ctx : 0);
+  build.kv_block_size = o.kv_block_size;
+  graph = build_graph(model, build);
   backend = make_backend(o.backend.empty() ? default_backend_name() : o.backend, graph, model, o.backend_options);
 }
 

@@ -21,9 +21,10 @@ struct SessionOptions {
   BackendOptions backend_options;
   int64_t n_ctx = 0;           // 0 = the model's context length, capped at kDefaultMaxCtx
   bool all_logits = false;     // logits for every prompt position (the `logits` command)
-  // Paged KV pool for ragged batches (backend->forward(StepBatch)): rows per layer (0 = n_ctx) and
-  // rows per block (0 = 16); see BuildOptions.
+  // Paged KV pool (BuildOptions): rows shared by all sequences (0 = kv_pool_seqs x n_ctx; `run`
+  // has one sequence) and rows per block (0 = the default, 16). `serve` sizes it for --parallel.
   int64_t kv_pool_tokens = 0;
+  int64_t kv_pool_seqs = 1;
   int64_t kv_block_size = 0;
   bool need_tokenizer = true;
   // With need_tokenizer false: still load the tokenizer when there is one (-z, or the model's own),

@@ -1,0 +1,570 @@
+// `megakernel serve`: an OpenAI-compatible HTTP server (cpp-httplib) over the continuous-batching
+// engine (runtime/engine.h). Endpoints: GET /health, GET /v1/models, POST /v1/completions,
+// POST /v1/chat/completions (stream: Server-Sent Events), GET /metrics (Prometheus text).
+// Errors are OpenAI error objects: {"error": {"message", "type", "param", "code"}}.
+#include <httplib.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "cli/commands.h"
+#include "runtime/chat.h"
+#include "runtime/engine.h"
+#include "runtime/session.h"
+#include "support/error.h"
+
+namespace mk::cli {
+
+namespace {
+using json = nlohmann::ordered_json;
+
+struct ServeOptions {
+  SessionOptions session;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int parallel = 4;
+  int max_queue = 32;
+  int64_t kv_tokens = 0;
+  std::string api_key;
+  double timeout_s = 600;
+  size_t max_body = 1 << 20;
+  std::string template_file;
+  std::string model_id;
+};
+
+// A request the client got wrong (or cannot be served now): status, OpenAI error type and field.
+struct HttpError {
+  int status;
+  std::string message, type = "invalid_request_error", param;
+  std::string code;
+};
+
+json error_json(const std::string& message, const std::string& type, const std::string& param,
+                const std::string& code) {
+  return json{{"error",
+               {{"message", message},
+                {"type", type},
+                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+void send_error(httplib::Response& res, const HttpError& e) {
+  res.status = e.status;
+  if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
+  res.set_content(error_json(e.message, e.type, e.param, e.code).dump(), "application/json");
+}
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw HttpError{400, message, "invalid_request_error", param, ""};
+}
+
+// Typed field access: absent or null -> the default; a wrong type -> 400 naming the field.
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+double get_number(const json& body, const char* name, double def, double lo, double hi) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_number()) bad(name, fmt::format("'{}' must be a number", name));
+  double x = v->get<double>();
+  if (!(x >= lo && x <= hi)) bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
+  return x;
+}
+int64_t get_int(const json& body, const char* name, int64_t def, int64_t lo, int64_t hi) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_number_integer()) bad(name, fmt::format("'{}' must be an integer", name));
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    bad(name, fmt::format("'{}' is too large", name));
+  int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
+  return x;
+}
+bool get_bool(const json& body, const char* name, bool def) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_boolean()) bad(name, fmt::format("'{}' must be a boolean", name));
+  return v->get<bool>();
+}
+
+struct ParsedRequest {
+  RequestParams params;
+  bool stream = false, include_usage = false, return_token_ids = false;
+};
+
+class Server {
+ public:
+  Server(ServeOptions o, Session& s, Engine& e) : o_(std::move(o)), s_(s), e_(e) {}
+
+  ParsedRequest parse(const std::string& body_text, bool chat) {
+    json body;
+    try {
+      body = json::parse(body_text);
+    } catch (const json::exception& ex) {
+      bad("", fmt::format("the request body is not valid JSON: {}", ex.what()));
+    }
+    if (!body.is_object()) bad("", "the request body must be a JSON object");
+    ParsedRequest r;
+    if (const json* m = field(body, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
+    if (get_int(body, "n", 1, 1, 1) != 1) bad("n", "only n = 1 is supported");
+    if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
+      bad("logprobs", "logprobs are not supported");
+    r.stream = get_bool(body, "stream", false);
+    if (const json* so = field(body, "stream_options")) {
+      if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
+      if (const json* iu = field(*so, "include_usage")) {
+        if (!iu->is_boolean()) bad("stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
+        r.include_usage = iu->get<bool>();
+      }
+    }
+    r.return_token_ids = get_bool(body, "return_token_ids", false);
+    auto& p = r.params;
+    p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0, 0, 2));
+    p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0, 0, 1));
+    if (p.sampler.top_p <= 0) bad("top_p", "'top_p' must be greater than 0");
+    p.sampler.top_k = static_cast<int>(get_int(body, "top_k", 0, 0, 1 << 30));
+    if (field(body, "seed"))
+      p.sampler.seed = static_cast<uint64_t>(get_int(body, "seed", 0, INT64_MIN, INT64_MAX));
+    else
+      p.sampler.seed = std::random_device{}();
+    p.ignore_eos = get_bool(body, "ignore_eos", false);
+    const char* max_name = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    p.max_tokens = get_int(body, max_name, -1, 1, INT64_MAX);
+    if (const json* st = field(body, "stop")) {
+      if (st->is_string()) {
+        p.stop.push_back(st->get<std::string>());
+      } else if (st->is_array()) {
+        if (st->size() > 16) bad("stop", "'stop' may hold at most 16 strings");
+        for (const auto& x : *st) {
+          if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+          p.stop.push_back(x.get<std::string>());
+        }
+      } else {
+        bad("stop", "'stop' must be a string or an array of strings");
+      }
+      for (const auto& x : p.stop)
+        if (x.empty()) bad("stop", "stop strings must not be empty");
+    }
+    const Tokenizer* tok = s_.tokenizer.get();
+    if (chat) {
+      const json* msgs = field(body, "messages");
+      if (!msgs) bad("messages", "'messages' is required");
+      if (!tok)
+        throw HttpError{400, "this model has no tokenizer, so it cannot chat", "invalid_request_error", "messages", ""};
+      std::string prompt;
+      try {
+        check_chat_messages(*msgs, "messages");
+        if (msgs->empty()) bad("messages", "'messages' must not be empty");
+        prompt = render_model_chat(s_.model, *tok, *msgs, o_.template_file);
+      } catch (const Error& ex) {
+        bad("messages", ex.what());
+      }
+      p.prompt_ids = tok->encode(prompt, /*add_bos=*/false, /*parse_special=*/true);
+    } else {
+      const json* pr = field(body, "prompt");
+      if (!pr) bad("prompt", "'prompt' is required");
+      if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) pr = &(*pr)[0];
+      if (pr->is_string()) {
+        if (!tok) bad("prompt", "this model has no tokenizer: send the prompt as an array of token ids");
+        p.prompt_ids = tok->encode(pr->get<std::string>(), /*add_bos=*/true, /*parse_special=*/true);
+      } else if (pr->is_array()) {
+        for (const auto& x : *pr) {
+          if (!x.is_number_integer()) bad("prompt", "'prompt' must be a string, or an array of token ids (one prompt)");
+          int64_t id = x.get<int64_t>();
+          if (id < 0 || id >= s_.hparams.n_vocab)
+            bad("prompt", fmt::format("prompt token id {} is outside the vocabulary [0, {})", id, s_.hparams.n_vocab));
+          p.prompt_ids.push_back(static_cast<int32_t>(id));
+        }
+      } else {
+        bad("prompt", "'prompt' must be a string or an array of token ids");
+      }
+    }
+    if (p.prompt_ids.empty()) bad(chat ? "messages" : "prompt", "the prompt is empty");
+    int64_t n_prompt = static_cast<int64_t>(p.prompt_ids.size());
+    if (n_prompt >= e_.n_ctx())
+      throw HttpError{400,
+                      fmt::format("this model's context is {} tokens, but the prompt is {} tokens; shorten the prompt",
+                                  e_.n_ctx(), n_prompt),
+                      "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
+    if (p.max_tokens > e_.n_ctx() - n_prompt)
+      throw HttpError{
+          400,
+          fmt::format("this model's context is {} tokens, but {} were requested ({} in the prompt, {} in {}); "
+                      "lower {}",
+                      e_.n_ctx(), n_prompt + p.max_tokens, n_prompt, p.max_tokens, max_name, max_name),
+          "invalid_request_error", max_name, "context_length_exceeded"};
+    if (o_.timeout_s > 0) p.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000));
+    return r;
+  }
+
+  std::shared_ptr<Request> submit(RequestParams p) {
+    try {
+      return e_.submit(std::move(p));
+    } catch (const EngineBusy& ex) {
+      if (ex.shutting_down) throw HttpError{503, ex.what(), "server_error", "", "shutting_down"};
+      throw HttpError{429, ex.what(), "rate_limit_error", "", "queue_full"};
+    } catch (const Error& ex) {
+      throw HttpError{400, ex.what(), "invalid_request_error", "", ""};
+    }
+  }
+
+  static const char* finish_name(FinishReason r) { return r == FinishReason::length ? "length" : "stop"; }
+
+  HttpError end_error(const RequestOutput& out) {
+    switch (out.finish) {
+      case FinishReason::timeout:
+        return {408, fmt::format("the request did not finish within {} s (--timeout)", o_.timeout_s), "timeout_error",
+                "", "timeout"};
+      case FinishReason::cancelled:
+        return {503, "the request was cancelled: the server is shutting down", "server_error", "", "cancelled"};
+      default:
+        return {500, "generation failed: " + out.error, "server_error", "", ""};
+    }
+  }
+  static bool failed(const RequestOutput& out) {
+    return out.finish != FinishReason::stop && out.finish != FinishReason::length;
+  }
+
+  json usage(const RequestOutput& out) {
+    return {{"prompt_tokens", out.n_prompt},
+            {"completion_tokens", out.n_generated},
+            {"total_tokens", out.n_prompt + out.n_generated}};
+  }
+
+  json chunk(const std::string& id, bool chat, int64_t created, json choice) {
+    return {{"id", id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", o_.model_id},
+            {"choices", json::array({std::move(choice)})}};
+  }
+
+  void handle_generate(const httplib::Request& http_req, httplib::Response& res, bool chat) {
+    // Counted in flight until the response is written: shutdown waits for it. A stream hands the
+    // count to its resource releaser, which runs when the stream ends or the client is gone.
+    ++in_flight_;
+    bool handed_over = false;
+    struct Release {
+      std::atomic<int>& n;
+      bool& handed_over;
+      ~Release() {
+        if (!handed_over) --n;
+      }
+    } release{in_flight_, handed_over};
+    ParsedRequest pr = parse(http_req.body, chat);
+    auto req = submit(pr.params);
+    const int64_t created =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_++);
+    if (!pr.stream) {
+      RequestOutput out;
+      while (!out.done) req->wait(out, std::chrono::milliseconds(1000));
+      if (failed(out)) return send_error(res, end_error(out));
+      json choice = {{"index", 0}};
+      if (chat)
+        choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+      else
+        choice["text"] = out.text;
+      choice["logprobs"] = nullptr;
+      choice["finish_reason"] = finish_name(out.finish);
+      if (pr.return_token_ids) choice["token_ids"] = out.token_ids;
+      json j = {{"id", id},
+                {"object", chat ? "chat.completion" : "text_completion"},
+                {"created", created},
+                {"model", o_.model_id},
+                {"choices", json::array({choice})},
+                {"usage", usage(out)}};
+      res.set_content(j.dump(), "application/json");
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    handed_over = true;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, req, pr, id, created, chat](size_t, httplib::DataSink& sink) {
+          auto send = [&](const json& j) {
+            std::string s = "data: " + j.dump() + "\n\n";
+            return sink.write(s.data(), s.size());
+          };
+          if (chat && !send(chunk(id, chat, created,
+                                  {{"index", 0},
+                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr}}))) {
+            req->cancel();
+            return false;
+          }
+          RequestOutput all;
+          for (;;) {
+            RequestOutput out;
+            if (!req->wait(out, std::chrono::milliseconds(250))) continue;
+            all.token_ids.insert(all.token_ids.end(), out.token_ids.begin(), out.token_ids.end());
+            if (!out.text.empty() || (!out.token_ids.empty() && pr.return_token_ids)) {
+              json c = {{"index", 0}};
+              if (chat)
+                c["delta"] = {{"content", out.text}};
+              else
+                c["text"] = out.text;
+              c["logprobs"] = nullptr;
+              c["finish_reason"] = nullptr;
+              if (pr.return_token_ids) c["token_ids"] = out.token_ids;
+              if (!send(chunk(id, chat, created, c))) {
+                req->cancel();  // the client went away: its sequence ends at the next step
+                return false;
+              }
+            }
+            if (!out.done) continue;
+            if (failed(out)) {
+              HttpError e = end_error(out);
+              send(error_json(e.message, e.type, e.param, e.code));
+            } else {
+              json c = {{"index", 0}};
+              if (chat)
+                c["delta"] = json::object();
+              else
+                c["text"] = "";
+              c["logprobs"] = nullptr;
+              c["finish_reason"] = finish_name(out.finish);
+              send(chunk(id, chat, created, c));
+              if (pr.include_usage) {
+                json u = {{"id", id},
+                          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                          {"created", created},
+                          {"model", o_.model_id},
+                          {"choices", json::array()},
+                          {"usage", usage(out)}};
+                send(u);
+              }
+            }
+            std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+            sink.done();
+            return true;
+          }
+        },
+        [this, req](bool) {
+          req->cancel();  // no-op when it already ended
+          --in_flight_;
+        });
+  }
+
+  void install(httplib::Server& svr) {
+    svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      if (req.get_header_value("Authorization") == "Bearer " + o_.api_key)
+        return httplib::Server::HandlerResponse::Unhandled;
+      send_error(res, {401, "invalid or missing API key: send 'Authorization: Bearer KEY'", "invalid_request_error", "",
+                       "invalid_api_key"});
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    auto guarded = [this](auto fn) {
+      return [this, fn](const httplib::Request& req, httplib::Response& res) {
+        try {
+          fn(req, res);
+        } catch (const HttpError& e) {
+          send_error(res, e);
+        } catch (const std::exception& e) {
+          send_error(res, {500, fmt::format("internal error: {}", e.what()), "server_error", "", ""});
+        }
+      };
+    };
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      bool draining = draining_;
+      res.status = draining ? 503 : 200;
+      res.set_content(json{{"status", draining ? "shutting down" : "ok"}}.dump(), "application/json");
+    });
+    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      json m = {{"id", o_.model_id},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "megakernel"},
+                {"meta", {{"n_ctx", e_.n_ctx()}, {"n_vocab", s_.hparams.n_vocab}, {"backend", s_.backend->name()}}}};
+      res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+    });
+    svr.Post("/v1/completions",
+             guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); }));
+    svr.Post("/v1/chat/completions",
+             guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, true); }));
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      std::string text = prometheus_text(e_.stats());
+      text +=
+          "# HELP megakernel_http_responses_total HTTP responses by status code.\n# TYPE "
+          "megakernel_http_responses_total counter\n";
+      {
+        std::lock_guard lock(codes_mu_);
+        for (const auto& [code, n] : codes_)
+          text += fmt::format("megakernel_http_responses_total{{code=\"{}\"}} {}\n", code, n);
+      }
+      res.set_content(text, "text/plain; version=0.0.4");
+    });
+    svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      std::string msg = res.status == 404   ? "no such endpoint"
+                        : res.status == 413 ? "the request body is too large (see --max-body)"
+                        : res.status == 405 ? "method not allowed"
+                                            : fmt::format("HTTP {}", res.status);
+      res.set_content(error_json(msg, "invalid_request_error", "", "").dump(), "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      std::lock_guard lock(codes_mu_);
+      ++codes_[res.status];
+    });
+  }
+
+  std::atomic<int> in_flight_{0};
+  std::atomic<bool> draining_{false};
+
+ private:
+  ServeOptions o_;
+  Session& s_;
+  Engine& e_;
+  std::atomic<uint64_t> next_id_{1};
+  std::mutex codes_mu_;
+  std::map<int, uint64_t> codes_;
+};
+
+void serve(ServeOptions o) {
+  // Signals are taken by a dedicated thread (sigwait), so block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that disconnects must not kill the server
+
+  if (o.port < 0 || o.port > 65535) fail("--port must be in [0, 65535], got {}", o.port);
+  if (o.timeout_s < 0) fail("--timeout must be >= 0, got {}", o.timeout_s);
+  o.session.need_tokenizer = false;
+  o.session.tokenizer_if_available = true;
+  if (o.kv_tokens < 0) fail("--kv-tokens must be >= 0, got {}", o.kv_tokens);
+  o.session.kv_pool_tokens = o.kv_tokens;
+  o.session.kv_pool_seqs = o.parallel;  // default pool: every running request can reach the full context
+  Session s(o.session);
+  if (o.model_id.empty()) {
+    std::filesystem::path p(o.session.model_path);
+    o.model_id =
+        o.session.model_path.rfind("synth:", 0) == 0 ? o.session.model_path : p.filename().replace_extension().string();
+    if (o.model_id.empty()) o.model_id = p.parent_path().filename().string();
+  }
+  EngineOptions eo;
+  eo.parallel = o.parallel;
+  eo.max_queue = o.max_queue;
+  eo.n_ctx = s.n_ctx;
+  eo.n_vocab = s.hparams.n_vocab;
+  eo.stop_at_bos = s.stop_at_bos;
+  Engine engine(*s.backend, s.tokenizer.get(), eo);
+  if (!engine.paged() && o.parallel > 1)
+    std::fprintf(stderr, "note: backend '%s' has no paged KV cache: requests run one at a time\n",
+                 s.backend->name().c_str());
+  engine.start();
+
+  Server server(o, s, engine);
+  httplib::Server svr;
+  const size_t http_threads = static_cast<size_t>(std::max(engine.parallel(), 1) + o.max_queue + 4);
+  svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
+  svr.set_payload_max_length(o.max_body);
+  svr.set_read_timeout(10, 0);  // slow clients: a request must arrive within 10 s of silence
+  svr.set_write_timeout(10, 0);
+  svr.set_keep_alive_timeout(5);
+  server.install(svr);
+  // cpp-httplib 0.11 listens with a backlog of 5: simultaneous new connections beyond it were seen
+  // reset under load. Keep the listening socket (these options apply to it only) and deepen it.
+  int listen_fd = -1;
+  svr.set_socket_options([&listen_fd](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // what httplib's default does
+    listen_fd = static_cast<int>(sock);
+  });
+  int port = o.port;
+  if (port == 0) {
+    port = svr.bind_to_any_port(o.host);
+    if (port < 0) fail("cannot listen on {}: no free port", o.host);
+  } else if (!svr.bind_to_port(o.host, port)) {
+    fail("cannot listen on {}:{} (in use, or not an address of this machine)", o.host, port);
+  }
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);  // on Linux, listen() again sets the new backlog
+
+  std::atomic<int> signals{0};
+  std::atomic<bool> exiting{false};
+  std::thread drainer;
+  std::thread watcher([&] {
+    int sig = 0;
+    while (sigwait(&sigs, &sig) == 0) {
+      if (exiting) break;
+      if (sig != SIGTERM && sig != SIGINT) continue;
+      if (++signals == 1) {
+        std::fprintf(stderr, "serve: %s: no new requests; finishing the ones in flight (signal again to cancel them)\n",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        server.draining_ = true;
+        engine.begin_drain();
+        drainer = std::thread([&] {
+          // Every request in flight ends (finished, timed out, or cancelled by a second signal), then
+          // the listener stops and listen_after_bind() returns.
+          for (;;) {
+            EngineStats st = engine.stats();
+            if (st.queue_depth == 0 && st.running == 0 && server.in_flight_ == 0) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+          svr.stop();
+        });
+      } else {
+        std::fprintf(stderr, "serve: cancelling the requests in flight\n");
+        engine.shutdown(true);
+      }
+    }
+  });
+  std::fprintf(
+      stderr,
+      "serve: %s on %s backend, context %lld, %d parallel, KV %lld blocks x %lld tokens; listening on http://%s:%d\n",
+      o.model_id.c_str(), s.backend->name().c_str(), static_cast<long long>(engine.n_ctx()), engine.parallel(),
+      static_cast<long long>(engine.kv_blocks_total()), static_cast<long long>(engine.kv_block_size()), o.host.c_str(),
+      port);
+  std::fflush(stderr);
+  bool ok = svr.listen_after_bind();
+  engine.shutdown(true);
+  exiting = true;
+  pthread_kill(watcher.native_handle(), SIGTERM);  // wakes sigwait (the signal is blocked: no handler runs)
+  watcher.join();
+  if (drainer.joinable()) drainer.join();
+  s.backend->finish();
+  if (!ok && signals == 0) fail("the HTTP server stopped unexpectedly");
+  std::fprintf(stderr, "serve: stopped\n");
+}
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")
+      ->required();
+  cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
+  cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)");
+  cmd->add_option("--port", o->port, "TCP port (0 = any free port; the chosen one is printed)");
+  cmd->add_option("--parallel", o->parallel, "most requests generating at once (one batch)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-queue", o->max_queue, "requests waiting beyond --parallel; more get HTTP 429")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)");
+  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)");
+  cmd->add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its end (0 = none)");
+  cmd->add_option("--max-body", o->max_body, "largest request body in bytes (larger: HTTP 413)");
+  cmd->add_option("--chat-template-file", o->template_file, "Jinja2 chat template to use instead of the model's");
+  cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)");
+  cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length per request (0 = the model's, at most 4096)");
+  cmd->add_option("--backend", o->session.backend, "backend: cpu, cuda, ... (default: the fastest available)");
+  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores)");
+  cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");
+  cmd->callback([o] { serve(*o); });
+}
+
+}  // namespace mk::cli

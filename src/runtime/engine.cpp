@@ -1,0 +1,487 @@
+#include "runtime/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "support/error.h"
+
+namespace mk {
+
+namespace {
+using clock = std::chrono::steady_clock;
+// Bookkeeping block size of a backend without paged KV (one sequence at a time: pool row == position).
+constexpr int64_t kSerialBlockSize = 16;
+
+int64_t pool_blocks(Backend& b, const EngineOptions& o) {
+  int64_t n = b.kv_pool_blocks() > 0 ? b.kv_pool_blocks()
+                                     : (std::max<int64_t>(o.n_ctx, 1) + kSerialBlockSize - 1) / kSerialBlockSize;
+  return n;
+}
+int64_t block_size(Backend& b) { return b.kv_pool_blocks() > 0 ? b.kv_block_size() : kSerialBlockSize; }
+
+std::vector<double> latency_buckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::none:
+      return "none";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::cancelled:
+      return "cancelled";
+    case FinishReason::timeout:
+      return "timeout";
+    case FinishReason::error:
+      return "error";
+  }
+  return "none";
+}
+
+void Histogram::observe(double seconds) {
+  size_t i = 0;
+  while (i < bounds.size() && seconds > bounds[i]) ++i;
+  ++counts[i];
+  sum += seconds;
+  ++count;
+}
+
+StopScan scan_stop_strings(const std::string& text, const std::vector<std::string>& stop) {
+  StopScan r;
+  for (const auto& s : stop) {
+    if (s.empty()) continue;
+    size_t at = text.find(s);
+    if (at != std::string::npos && at < r.found) r.found = at;
+  }
+  if (r.found != std::string::npos) {
+    r.safe = r.found;
+    return r;
+  }
+  size_t hold = 0;  // longest suffix of text that is a proper prefix of a stop string
+  for (const auto& s : stop)
+    for (size_t n = std::min(s.size() - (s.empty() ? 0 : 1), text.size()); n > hold; --n)
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+  r.safe = text.size() - hold;
+  return r;
+}
+
+bool Request::wait(RequestOutput& out, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  auto has_news = [&] { return pending_.done || !pending_.text.empty() || !pending_.token_ids.empty(); };
+  if (!cv_.wait_for(lock, timeout, has_news)) return false;
+  out.text += pending_.text;
+  out.token_ids.insert(out.token_ids.end(), pending_.token_ids.begin(), pending_.token_ids.end());
+  pending_.text.clear();
+  pending_.token_ids.clear();
+  if (pending_.done) {
+    out.done = true;
+    out.finish = pending_.finish;
+    out.error = pending_.error;
+    out.n_prompt = pending_.n_prompt;
+    out.n_generated = pending_.n_generated;
+    out.ttft_ms = pending_.ttft_ms;
+  }
+  return true;
+}
+
+bool Request::done() const {
+  std::lock_guard lock(mu_);
+  return pending_.done;
+}
+
+// One sequence: its request, tokens (prompt then generated), KV blocks and detokenizer state.
+struct Engine::Seq {
+  std::shared_ptr<Request> req;
+  RequestParams params;
+  std::vector<int32_t> tokens;
+  int64_t n_prompt = 0, n_computed = 0, n_generated = 0, max_tokens = 0;
+  std::vector<int32_t> blocks;
+  Sampler sampler;
+  Utf8Stream utf8;
+  std::string text;  // generated text so far (valid UTF-8)
+  size_t sent = 0;   // text[0, sent) has been published
+  std::vector<int32_t> new_ids;
+  clock::time_point submitted, deadline = clock::time_point::max(), last_token;
+  double ttft_ms = 0;
+  bool finished = false;
+  explicit Seq(RequestParams p) : params(std::move(p)), sampler(params.sampler) {}
+};
+
+Engine::Engine(Backend& backend, const Tokenizer* tokenizer, EngineOptions options)
+    : backend_(backend),
+      tok_(tokenizer),
+      o_(options),
+      paged_(backend.kv_pool_blocks() > 0),
+      max_rows_(paged_ ? backend.max_batch_rows() : options.n_ctx),
+      n_vocab_(options.n_vocab),
+      blocks_(pool_blocks(backend, options), block_size(backend)) {
+  if (o_.n_ctx <= 0) fail("engine: context length must be positive, got {}", o_.n_ctx);
+  if (o_.n_vocab <= 0) fail("engine: vocabulary size must be positive, got {}", o_.n_vocab);
+  if (o_.parallel < 1) fail("--parallel must be at least 1, got {}", o_.parallel);
+  if (o_.max_queue < 0) fail("queue size must be >= 0, got {}", o_.max_queue);
+  if (paged_ && max_rows_ < 1) fail("backend '{}' has a paged KV pool but takes no batch rows", backend.name());
+  if (!paged_) o_.parallel = 1;  // one sequence at a time through forward(tokens, n_past)
+  o_.parallel = static_cast<int>(std::min<int64_t>(o_.parallel, max_rows_));
+  stats_.ttft = Histogram(latency_buckets());
+  stats_.itl = Histogram(latency_buckets());
+  stats_.kv_block_size = blocks_.block_size();
+  update_gauges_locked();
+}
+
+Engine::~Engine() { shutdown(true); }
+
+std::shared_ptr<Request> Engine::submit(RequestParams p) {
+  const int64_t n_prompt = static_cast<int64_t>(p.prompt_ids.size());
+  if (n_prompt == 0) fail("the prompt is empty (no tokens)");
+  for (int32_t t : p.prompt_ids)
+    if (t < 0 || t >= n_vocab_) fail("prompt token id {} is outside the vocabulary [0, {})", t, n_vocab_);
+  if (n_prompt >= o_.n_ctx)
+    fail("the prompt is {} tokens but the context is {} tokens (the prompt and at least one generated token must fit)",
+         n_prompt, o_.n_ctx);
+  if (p.max_tokens == 0 || p.max_tokens < -1) fail("max_tokens must be at least 1, got {}", p.max_tokens);
+  if (p.max_tokens > o_.n_ctx - n_prompt)
+    fail("the context is {} tokens, but {} were requested ({} in the prompt + {} max_tokens); lower max_tokens",
+         o_.n_ctx, n_prompt + p.max_tokens, n_prompt, p.max_tokens);
+  auto seq = std::make_unique<Seq>(std::move(p));  // Sampler checks temperature/top_k/top_p
+  seq->n_prompt = n_prompt;
+  seq->max_tokens = seq->params.max_tokens < 0 ? o_.n_ctx - n_prompt : seq->params.max_tokens;
+  // Reserve blocks for every row the sequence can write: the prompt and all but the last token.
+  int64_t need = blocks_.blocks_for(n_prompt + std::max<int64_t>(seq->max_tokens - 1, 0));
+  if (need > blocks_.n_blocks())
+    fail("the request needs {} KV blocks ({} tokens) but the pool has {}; lower max_tokens or raise --kv-tokens", need,
+         need * blocks_.block_size(), blocks_.n_blocks());
+  seq->tokens = seq->params.prompt_ids;
+  seq->req = std::make_shared<Request>();
+  seq->submitted = clock::now();
+  if (seq->params.timeout.count() > 0) seq->deadline = seq->submitted + seq->params.timeout;
+  auto req = seq->req;
+  {
+    std::lock_guard lock(mu_);
+    if (draining_) throw EngineBusy("the server is shutting down", true);
+    const int64_t free_slots = std::max<int64_t>(o_.parallel - static_cast<int64_t>(running_.size()), 0);
+    if (static_cast<int64_t>(queue_.size()) >= o_.max_queue + free_slots) {
+      ++stats_.requests_rejected;
+      throw EngineBusy(fmt::format("the queue is full ({} requests waiting)", queue_.size()), false);
+    }
+    queue_.push_back(std::move(seq));
+    ++stats_.requests_submitted;
+    stats_.prompt_tokens += static_cast<uint64_t>(n_prompt);
+    update_gauges_locked();
+  }
+  cv_.notify_all();
+  return req;
+}
+
+void Engine::update_gauges_locked() {
+  stats_.queue_depth = static_cast<int64_t>(queue_.size());
+  stats_.running = static_cast<int64_t>(running_.size());
+  stats_.kv_blocks_used = blocks_.n_used();
+  stats_.kv_blocks_free = blocks_.n_free();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void Engine::publish(Seq& s, bool final) {
+  StopScan scan = scan_stop_strings(s.text, s.params.stop);
+  size_t upto = final ? s.text.size() : scan.safe;
+  std::lock_guard lock(s.req->mu_);
+  auto& p = s.req->pending_;
+  if (upto > s.sent) {
+    p.text.append(s.text, s.sent, upto - s.sent);
+    s.sent = upto;
+  }
+  p.token_ids.insert(p.token_ids.end(), s.new_ids.begin(), s.new_ids.end());
+  s.new_ids.clear();
+}
+
+void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
+  if (s.finished) return;
+  s.finished = true;
+  if (why != FinishReason::stop || scan_stop_strings(s.text, s.params.stop).found == std::string::npos) {
+    std::string tail = s.utf8.flush();
+    s.text += tail;
+  }
+  publish(s, true);
+  blocks_.release(s.blocks);  // the same step: the next admission can take them
+  {
+    std::lock_guard lock(s.req->mu_);
+    auto& p = s.req->pending_;
+    p.done = true;
+    p.finish = why;
+    p.error = error;
+    p.n_prompt = s.n_prompt;
+    p.n_generated = s.n_generated;
+    p.ttft_ms = s.ttft_ms;
+  }
+  s.req->cv_.notify_all();
+  std::lock_guard lock(mu_);
+  ++stats_.finished[finish_reason_name(why)];
+}
+
+// Samples the next token from the sequence's logits row; returns true when the sequence goes on.
+bool Engine::sample_and_emit(Seq& s, std::span<const float> logits) {
+  auto now = clock::now();
+  int32_t next;
+  try {
+    check_finite_logits(logits, fmt::format("position {}", s.tokens.size() - 1));
+    next = s.sampler.sample(logits);
+  } catch (const Error& e) {
+    finish(s, FinishReason::error, e.what());
+    return false;
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (s.n_generated == 0) {
+      s.ttft_ms = std::chrono::duration<double, std::milli>(now - s.submitted).count();
+      stats_.ttft.observe(s.ttft_ms / 1000);
+    } else {
+      stats_.itl.observe(std::chrono::duration<double>(now - s.last_token).count());
+    }
+  }
+  s.last_token = now;
+  if (tok_ && !s.params.ignore_eos && (tok_->is_eos(next) || (o_.stop_at_bos && next == tok_->bos_id))) {
+    finish(s, FinishReason::stop);
+    return false;
+  }
+  int32_t prev = s.tokens.back();
+  s.tokens.push_back(next);
+  ++s.n_generated;
+  s.new_ids.push_back(next);
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.generated_tokens;
+  }
+  if (tok_) s.text += s.utf8.push(tok_->token_bytes(prev, next));
+  StopScan scan = scan_stop_strings(s.text, s.params.stop);
+  if (scan.found != std::string::npos) {
+    s.text.resize(scan.found);
+    finish(s, FinishReason::stop);
+    return false;
+  }
+  if (s.n_generated >= s.max_tokens || static_cast<int64_t>(s.tokens.size()) >= o_.n_ctx) {
+    finish(s, FinishReason::length);
+    return false;
+  }
+  publish(s, false);
+  s.req->cv_.notify_all();
+  return true;
+}
+
+bool Engine::step() {
+  auto now = clock::now();
+  // Ends of running requests that were cancelled or timed out: their blocks are free for admission.
+  bool ended = false;
+  for (auto& s : running_) {
+    if (s->req->cancelled_)
+      finish(*s, FinishReason::cancelled);
+    else if (now >= s->deadline)
+      finish(*s, FinishReason::timeout);
+    ended |= s->finished;
+  }
+  // Admission (FCFS) and ends of queued requests that were cancelled or timed out.
+  std::vector<std::unique_ptr<Seq>> dropped;
+  {
+    std::lock_guard lock(mu_);  // running_ changes only under mu_ (submit and stats read its size)
+    std::erase_if(running_, [](const auto& s) { return s->finished; });
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if ((*it)->req->cancelled_ || now >= (*it)->deadline) {
+        dropped.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    while (!queue_.empty() && static_cast<int>(running_.size()) < o_.parallel) {
+      Seq& s = *queue_.front();
+      int64_t need = blocks_.blocks_for(s.n_prompt + std::max<int64_t>(s.max_tokens - 1, 0));
+      if (!blocks_.allocate(need, s.blocks)) break;  // the head waits for blocks; nobody overtakes it
+      running_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    update_gauges_locked();
+  }
+  for (auto& s : dropped) finish(*s, s->req->cancelled_ ? FinishReason::cancelled : FinishReason::timeout);
+  if (running_.empty()) {
+    std::lock_guard lock(mu_);
+    update_gauges_locked();
+    return ended || !dropped.empty();
+  }
+
+  // The batch: one decode row per sequence past its prompt, then prompt chunks in arrival order.
+  std::vector<Seq*> seqs;
+  std::vector<int64_t> rows;
+  int64_t budget = max_rows_;
+  for (auto& s : running_)
+    if (s->n_computed >= s->n_prompt && budget > 0) {
+      seqs.push_back(s.get());
+      rows.push_back(1);
+      --budget;
+    }
+  for (auto& s : running_)
+    if (s->n_computed < s->n_prompt && budget > 0) {
+      int64_t n = std::min(s->n_prompt - s->n_computed, budget);
+      if (o_.prefill_chunk > 0) n = std::min(n, o_.prefill_chunk);
+      seqs.push_back(s.get());
+      rows.push_back(n);
+      budget -= n;
+    }
+  run_batch(seqs, rows);
+  std::lock_guard lock(mu_);
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  update_gauges_locked();
+  return true;
+}
+
+void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows) {
+  StepBatch b;
+  std::vector<Seq*> wanted;  // the sequence of each logit row
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq& s = *seqs[i];
+    for (int64_t r = 0; r < rows[i]; ++r) {
+      int64_t pos = s.n_computed + r;
+      b.tokens.push_back(s.tokens[static_cast<size_t>(pos)]);
+      b.positions.push_back(static_cast<int32_t>(pos));
+      b.seq.push_back(static_cast<int32_t>(i));
+    }
+    if (s.n_computed + rows[i] == static_cast<int64_t>(s.tokens.size())) {
+      b.logit_rows.push_back(static_cast<int32_t>(b.n_rows() - 1));
+      wanted.push_back(&s);
+    }
+    b.block_tables.push_back(s.blocks);
+  }
+  std::vector<float> logits;
+  try {
+    if (paged_) {
+      logits = backend_.forward(b);
+    } else {
+      MK_CHECK(seqs.size() == 1);
+      Seq& s = *seqs[0];
+      if (s.n_computed == 0) backend_.reset();
+      logits = backend_.forward(std::span<const int32_t>(b.tokens), s.n_computed);
+      if (wanted.empty())
+        logits.clear();
+      else if (logits.size() > static_cast<size_t>(n_vocab_))  // graphs with all_logits: keep the last row
+        logits.erase(logits.begin(), logits.end() - n_vocab_);
+    }
+  } catch (const Error& e) {
+    for (Seq* s : seqs) finish(*s, FinishReason::error, e.what());
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.steps;
+    stats_.batch_rows += static_cast<uint64_t>(b.n_rows());
+  }
+  if (logits.size() != wanted.size() * static_cast<size_t>(n_vocab_)) {
+    std::string msg = fmt::format("backend '{}' returned {} logits for {} rows of {} tokens", backend_.name(),
+                                  logits.size(), wanted.size(), n_vocab_);
+    for (Seq* s : seqs) finish(*s, FinishReason::error, msg);
+    return;
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->n_computed += rows[i];
+  for (size_t k = 0; k < wanted.size(); ++k)
+    sample_and_emit(*wanted[k], std::span<const float>(logits.data() + k * static_cast<size_t>(n_vocab_),
+                                                       static_cast<size_t>(n_vocab_)));
+}
+
+void Engine::start() {
+  std::lock_guard lock(mu_);
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this] {
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        if (stop_ && queue_.empty() && running_.empty()) return;
+      }
+      if (!step()) {
+        std::unique_lock lock(mu_);
+        cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_ || !queue_.empty(); });
+      }
+    }
+  });
+}
+
+void Engine::begin_drain() {
+  std::lock_guard lock(mu_);
+  draining_ = true;
+}
+
+void Engine::shutdown(bool cancel_all) {
+  std::lock_guard shutdown_lock(shutdown_mu_);  // one caller at a time (a signal thread and main may both call)
+  std::thread t;
+  bool started;
+  {
+    std::lock_guard lock(mu_);
+    draining_ = true;
+    if (cancel_all) {
+      for (auto& s : queue_) s->req->cancel();
+      for (auto& s : running_) s->req->cancel();  // the flag is atomic; the scheduler ends them
+    }
+    stop_ = true;
+    t = std::move(thread_);
+    started = started_;
+  }
+  cv_.notify_all();
+  if (started) {
+    if (t.joinable()) t.join();
+  } else {
+    while (step()) {  // no scheduler thread: drive the remaining work here
+    }
+  }
+}
+
+std::string prometheus_text(const EngineStats& s) {
+  std::string o;
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    o += fmt::format("# HELP megakernel_{0} {1}\n# TYPE megakernel_{0} counter\nmegakernel_{0} {2}\n", name, help, v);
+  };
+  auto gauge = [&](const char* name, const char* help, int64_t v) {
+    o += fmt::format("# HELP megakernel_{0} {1}\n# TYPE megakernel_{0} gauge\nmegakernel_{0} {2}\n", name, help, v);
+  };
+  auto histogram = [&](const char* name, const char* help, const Histogram& h) {
+    o += fmt::format("# HELP megakernel_{0} {1}\n# TYPE megakernel_{0} histogram\n", name, help);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cum += h.counts[i];
+      o += fmt::format("megakernel_{}_bucket{{le=\"{}\"}} {}\n", name, h.bounds[i], cum);
+    }
+    o += fmt::format("megakernel_{0}_bucket{{le=\"+Inf\"}} {1}\nmegakernel_{0}_sum {2}\nmegakernel_{0}_count {1}\n",
+                     name, h.count, h.sum);
+  };
+  counter("requests_total", "Requests accepted into the queue.", s.requests_submitted);
+  counter("requests_rejected_total", "Requests refused because the queue was full.", s.requests_rejected);
+  o += "# HELP megakernel_requests_finished_total Requests ended, by finish reason.\n"
+       "# TYPE megakernel_requests_finished_total counter\n";
+  for (const char* r : {"stop", "length", "cancelled", "timeout", "error"}) {
+    auto it = s.finished.find(r);
+    o += fmt::format("megakernel_requests_finished_total{{reason=\"{}\"}} {}\n", r,
+                     it == s.finished.end() ? 0 : it->second);
+  }
+  counter("prompt_tokens_total", "Prompt tokens of accepted requests.", s.prompt_tokens);
+  counter("generated_tokens_total", "Tokens generated.", s.generated_tokens);
+  counter("steps_total", "Batches run (forward steps).", s.steps);
+  counter("batch_rows_total", "Rows (tokens) of all batches run.", s.batch_rows);
+  gauge("queue_depth", "Requests waiting for admission.", s.queue_depth);
+  gauge("requests_running", "Sequences admitted and not yet ended.", s.running);
+  gauge("kv_blocks_used", "KV cache blocks held by sequences.", s.kv_blocks_used);
+  gauge("kv_blocks_free", "KV cache blocks free.", s.kv_blocks_free);
+  gauge("kv_block_size", "Token rows per KV cache block.", s.kv_block_size);
+  histogram("time_to_first_token_seconds", "From the request's arrival to its first generated token.", s.ttft);
+  histogram("inter_token_latency_seconds", "Between consecutive generated tokens of a request.", s.itl);
+  return o;
+}
+
+}  // namespace mk

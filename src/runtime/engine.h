@@ -1,0 +1,179 @@
+// Continuous batching: many requests share one Backend, one step at a time (Orca, Yu et al., OSDI
+// 2022; vLLM). Each step is one ragged batch (backend/step_batch.h): one decode row per running
+// sequence plus chunks of the prompts of newly admitted ones (chunked prefill, so running streams
+// keep flowing while a long prompt is read). Sequences own KV blocks of a shared paged pool
+// (runtime/kv_blocks.h), freed in the step the request ends.
+//
+// Admission is first come, first served: the head of the queue starts when a running slot
+// (EngineOptions::parallel) and KV blocks for its prompt + max_tokens are free; nobody overtakes it.
+// The queue is bounded: submit() throws EngineBusy when it is full.
+//
+// A backend without a paged KV pool (kv_pool_blocks() == 0) runs one sequence at a time through
+// forward(tokens, n_past), the whole prompt in one step: the same results as `run`.
+//
+// Threads: start() runs the scheduler on its own thread; submit(), Request::wait/cancel and stats()
+// may be called from any thread. Without start(), a single thread may drive it with step().
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/tokenizer.h"
+#include "runtime/kv_blocks.h"
+#include "runtime/sampler.h"
+#include "support/error.h"
+
+namespace mk {
+
+struct EngineOptions {
+  int parallel = 4;           // most sequences running at once (capped by the backend's max_batch_rows())
+  int max_queue = 32;         // requests waiting for admission; more -> EngineBusy
+  int64_t n_ctx = 0;          // per-sequence context (prompt + generated tokens); required
+  int64_t n_vocab = 0;        // logits row length; required
+  int64_t prefill_chunk = 0;  // most prompt rows of one sequence per step; 0 = as many as the batch holds
+  bool stop_at_bos = false;   // llama2.c convention: the model ends a story with BOS
+};
+
+struct RequestParams {
+  std::vector<int32_t> prompt_ids;  // evaluated as given (the caller adds BOS / renders the chat template)
+  int64_t max_tokens = -1;          // most generated tokens (>= 1); -1 = until the context is full
+  SamplerOptions sampler;
+  std::vector<std::string> stop;  // stop strings: generation ends before the first occurrence in the text
+  bool ignore_eos = false;
+  std::chrono::milliseconds timeout{0};  // from submit() to the end; 0 = none
+};
+
+// "stop": EOS/end of turn or a stop string; "length": max_tokens or the context is full;
+// "cancelled": Request::cancel() (client gone); "timeout"; "error": the backend failed (message in error).
+enum class FinishReason { none, stop, length, cancelled, timeout, error };
+const char* finish_reason_name(FinishReason r);
+
+// Output produced since the previous Request::wait.
+struct RequestOutput {
+  std::string text;                // valid UTF-8; text that may begin a stop string is held back
+  std::vector<int32_t> token_ids;  // generated ids (EOS not included)
+  bool done = false;
+  FinishReason finish = FinishReason::none;
+  std::string error;
+  int64_t n_prompt = 0, n_generated = 0;  // set when done
+  double ttft_ms = 0;                     // submit to first token; set when done (0: no token)
+};
+
+class Request {
+ public:
+  // Moves the output produced since the last call into `out` (appending text and ids). Blocks up to
+  // `timeout` while there is none; returns true when something new arrived or the request is done.
+  bool wait(RequestOutput& out, std::chrono::milliseconds timeout);
+  // Ends the request at the next step (a queued one never starts); its blocks are freed then.
+  void cancel() { cancelled_ = true; }
+  bool done() const;
+
+ private:
+  friend class Engine;
+  std::atomic<bool> cancelled_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  RequestOutput pending_;
+};
+
+// Raised by submit() when the queue is full or the engine is shutting down.
+class EngineBusy : public Error {
+ public:
+  EngineBusy(const std::string& what, bool shutting_down) : Error(what), shutting_down(shutting_down) {}
+  bool shutting_down;
+};
+
+// Prometheus-style histogram: counts per upper bound (seconds), plus +Inf, sum and count.
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<uint64_t> counts;  // bounds.size() + 1 (the last is +Inf), not cumulative
+  double sum = 0;
+  uint64_t count = 0;
+  explicit Histogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void observe(double seconds);
+};
+
+struct EngineStats {
+  uint64_t requests_submitted = 0, requests_rejected = 0, prompt_tokens = 0, generated_tokens = 0;
+  uint64_t steps = 0, batch_rows = 0;
+  std::map<std::string, uint64_t> finished;  // by finish_reason_name
+  int64_t queue_depth = 0, running = 0, kv_blocks_used = 0, kv_blocks_free = 0, kv_block_size = 0;
+  Histogram ttft, itl;  // time to first token, inter-token latency (seconds)
+};
+// Prometheus text exposition format (version 0.0.4), metric names prefixed "megakernel_".
+std::string prometheus_text(const EngineStats& s);
+
+// Stop strings in generated text: `found` is the offset of the earliest stop string (npos if
+// none); `safe` is the length of the prefix that no continuation can turn into part of a stop string
+// (the text minus its longest suffix that is a proper prefix of some stop string).
+struct StopScan {
+  size_t found = std::string::npos;
+  size_t safe = 0;
+};
+StopScan scan_stop_strings(const std::string& text, const std::vector<std::string>& stop);
+
+class Engine {
+ public:
+  // `tokenizer` may be null (synthetic models): then no EOS, no text, and stop strings never match.
+  // Throws mk::Error for options that cannot work (n_ctx <= 0, parallel < 1).
+  Engine(Backend& backend, const Tokenizer* tokenizer, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. Throws mk::Error for a request that can never run (empty prompt, a token
+  // outside the vocabulary, prompt + max_tokens beyond the context or the KV pool) and EngineBusy
+  // when the queue is full or the engine is shutting down.
+  std::shared_ptr<Request> submit(RequestParams params);
+  void start();  // runs step() on a scheduler thread until shutdown()
+  // Refuses new requests from now on (submit throws EngineBusy).
+  void begin_drain();
+  // begin_drain(); cancels every queued and running request when cancel_all, else lets them finish;
+  // then stops the scheduler thread.
+  void shutdown(bool cancel_all);
+  // One scheduler iteration: admit, end cancelled/timed-out requests, run one batch, sample.
+  // Returns false when there was nothing to run.
+  bool step();
+  EngineStats stats() const;
+  int64_t n_ctx() const { return o_.n_ctx; }
+  int64_t kv_block_size() const { return blocks_.block_size(); }
+  int64_t kv_blocks_total() const { return blocks_.n_blocks(); }
+  bool paged() const { return paged_; }
+  int parallel() const { return o_.parallel; }
+
+ private:
+  struct Seq;
+  void finish(Seq& s, FinishReason why, const std::string& error = {});
+  void publish(Seq& s, bool final);
+  bool sample_and_emit(Seq& s, std::span<const float> logits);
+  void run_batch(std::vector<Seq*>& batch_seqs, const std::vector<int64_t>& n_rows_of);
+  void update_gauges_locked();
+
+  Backend& backend_;
+  const Tokenizer* tok_;
+  EngineOptions o_;
+  bool paged_;
+  int64_t max_rows_;
+  int64_t n_vocab_ = 0;
+  KvBlockAllocator blocks_;
+
+  mutable std::mutex mu_;  // guards queue_, stats_, draining_, stop_
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Seq>> queue_;
+  std::vector<std::unique_ptr<Seq>> running_;  // scheduler thread only
+  EngineStats stats_;
+  bool draining_ = false, stop_ = false, started_ = false;
+  std::thread thread_;
+  std::mutex shutdown_mu_;
+};
+
+}  // namespace mk

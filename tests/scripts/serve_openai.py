@@ -1,0 +1,322 @@
+"""`megakernel serve` against the official openai client (ctest Serve.OpenAIClient).
+
+Starts servers on free loopback ports (--port 0; the port is read from the server's log) and stops
+them by PID. Checks completions and chat completions (streaming and not), usage, stop strings,
+seeds, malformed and hostile requests, the API key, the bounded queue (429 + Retry-After), a client
+that disconnects mid-stream, a load test whose greedy outputs equal `megakernel run --temp 0`, KV
+blocks all free in /metrics after every part, and SIGTERM (in-flight request finishes, exit 0).
+Env: MK_BIN (the binary), MK_SHARED_DIR.
+"""
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import openai
+
+BIN = os.environ["MK_BIN"]
+SHARED = os.environ["MK_SHARED_DIR"]
+STORIES = [f"{SHARED}/models/stories260K/stories260K.bin", "-z", f"{SHARED}/models/stories260K/tok512.bin"]
+SMOLLM2 = os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache") + "/megakernel/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+failures = []
+
+
+def check(cond, what):
+    print(("PASS: " if cond else "FAIL: ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+class Server:
+    def __init__(self, model_args, *extra):
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="mk_serve_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([BIN, "serve", "-m", *model_args, "--port", "0", "-t", "2", *extra],
+                                     stdout=self.log, stderr=self.log)
+        deadline = time.time() + 120
+        self.port = None
+        while time.time() < deadline and self.port is None:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited {self.proc.returncode}:\n" + open(self.log.name).read())
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(self.log.name).read())
+            if m:
+                self.port = int(m.group(1))
+            time.sleep(0.05)
+        if self.port is None:
+            raise SystemExit("server did not start:\n" + open(self.log.name).read())
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0, timeout=300)
+
+    def raw(self, method, path, body=None, headers=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        c.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        r = c.getresponse()
+        text = r.read().decode()
+        c.close()
+        return r.status, dict(r.getheaders()), text
+
+    def metrics(self):
+        st, _, text = self.raw("GET", "/metrics")
+        assert st == 200, st
+        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(megakernel_\S+) (\S+)$", text, re.M)}
+
+    def blocks_free_at_end(self, what):
+        for _ in range(100):
+            m = self.metrics()
+            if m["megakernel_kv_blocks_used"] == 0 and m["megakernel_requests_running"] == 0:
+                break
+            time.sleep(0.05)
+        check(m["megakernel_kv_blocks_used"] == 0, f"{what}: /metrics shows 0 KV blocks used at the end")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=60)
+        return rc
+
+
+def run_cli(model_args, prompt, n, *extra):
+    out = subprocess.run([BIN, "run", "-m", *model_args, "-p", prompt, "-n", str(n), "-t", "2", "--json", *extra],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def expect_error(srv, body, status, param=None, path="/v1/completions", what=""):
+    st, headers, text = srv.raw("POST", path, body)
+    try:
+        err = json.loads(text)["error"]
+    except Exception:
+        err = None
+    ok = st == status and err is not None and isinstance(err.get("message"), str)
+    if param is not None and err is not None:
+        ok = ok and err.get("param") == param
+    check(ok, f"{what or body!r:.80}: HTTP {status}" + (f" naming '{param}'" if param else "") + f" (got {st}: {text[:160]})")
+
+
+def stories_checks():
+    srv = Server(STORIES, "--parallel", "8", "--max-queue", "64", "--timeout", "120")
+    c = srv.client
+    prompt = "Once upon a time"
+    # A slow client: half a request line, then silence. Checked after the load test (the server
+    # must serve everyone else meanwhile and drop this one after its 10 s read timeout).
+    slow = socket.create_connection(("127.0.0.1", srv.port))
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+    slow_t0 = time.time()
+    ref = run_cli(STORIES, prompt, 40, "--temp", "0")
+    r = c.completions.create(model="stories260K", prompt=prompt, max_tokens=40, temperature=0)
+    check(r.choices[0].text == ref["text"], "completion (greedy) equals `run --temp 0`")
+    check(r.usage.prompt_tokens == len(ref["prompt_ids"]) and r.usage.completion_tokens == len(ref["generated_ids"])
+          and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, "completion usage counts")
+    check(r.choices[0].finish_reason == ("stop" if ref["stop_reason"] == "eos" else "length"), "completion finish_reason")
+
+    pieces, usage, finish = [], None, None
+    for ch in c.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=0, stream=True,
+                                   stream_options={"include_usage": True}):
+        if ch.choices:
+            pieces.append(ch.choices[0].text)
+            finish = ch.choices[0].finish_reason or finish
+        if ch.usage:
+            usage = ch.usage
+    check("".join(pieces) == ref["text"] and len(pieces) > 3, "streamed completion equals the non-streamed text")
+    check(usage is not None and usage.completion_tokens == len(ref["generated_ids"]), "stream_options.include_usage: usage chunk")
+    check(finish in ("stop", "length"), "streamed finish_reason")
+
+    # Seeds: the same seed gives the same text; equal to `run` with the same sampler settings.
+    s1 = c.completions.create(model="x", prompt=prompt, max_tokens=30, temperature=0.8, seed=5).choices[0].text
+    s2 = c.completions.create(model="x", prompt=prompt, max_tokens=30, temperature=0.8, seed=5).choices[0].text
+    s3 = c.completions.create(model="x", prompt=prompt, max_tokens=30, temperature=0.8, seed=6).choices[0].text
+    ref5 = run_cli(STORIES, prompt, 30, "--temp", "0.8", "--seed", "5", "--top-k", "0", "--top-p", "1")
+    check(s1 == s2 and s1 == ref5["text"], "seed 5 twice: same text, equal to `run --seed 5`")
+    check(s1 != s3, "seeds 5 and 6 give different texts")
+
+    # Stop strings: the text ends before the first occurrence; streamed pieces never show it.
+    text = ref["text"]
+    stop = text[len(text) // 2: len(text) // 2 + 5]
+    r = c.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=0, stop=[stop, "\u00e9zz"])
+    check(r.choices[0].text == text[: text.index(stop)] and r.choices[0].finish_reason == "stop",
+          f"stop string {stop!r}: text cut before it, finish_reason stop")
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=0,
+                                                                         stop=stop, stream=True) if ch.choices)
+    check(streamed == text[: text.index(stop)], "streamed text with a stop string")
+
+    # Malformed and hostile requests.
+    expect_error(srv, b"{not json", 400, what="bad JSON")
+    expect_error(srv, b"[1, 2]", 400, what="a JSON array body")
+    expect_error(srv, {"prompt": prompt, "temperature": "hot"}, 400, "temperature")
+    expect_error(srv, {"prompt": prompt, "max_tokens": "9"}, 400, "max_tokens")
+    expect_error(srv, {"prompt": prompt, "max_tokens": 10 ** 9}, 400, "max_tokens", what="huge max_tokens")
+    expect_error(srv, {"prompt": prompt, "max_tokens": 10 ** 30}, 400, "max_tokens", what="max_tokens past 64 bits")
+    expect_error(srv, {"prompt": prompt, "max_tokens": -5}, 400, "max_tokens", what="negative max_tokens")
+    expect_error(srv, {"prompt": prompt, "top_p": -1}, 400, "top_p", what="negative top_p")
+    expect_error(srv, {"prompt": prompt, "top_k": -1}, 400, "top_k", what="negative top_k")
+    expect_error(srv, {"prompt": prompt, "stop": [1]}, 400, "stop", what="stop of the wrong type")
+    expect_error(srv, {"prompt": prompt, "stream": "yes"}, 400, "stream")
+    expect_error(srv, {"prompt": prompt, "n": 2}, 400, "n")
+    expect_error(srv, {"max_tokens": 3}, 400, "prompt", what="missing prompt")
+    expect_error(srv, {"prompt": [1, 2, 100000]}, 400, "prompt", what="token id outside the vocabulary")
+    expect_error(srv, {"prompt": "word " * 2000}, 400, "prompt", what="prompt longer than the context")
+    expect_error(srv, {"prompt": prompt}, 400, "messages", path="/v1/chat/completions", what="chat without messages")
+    expect_error(srv, {"messages": [{"role": 3}]}, 400, "messages", path="/v1/chat/completions", what="chat with a bad message")
+    expect_error(srv, b"{\"prompt\": \"" + b"a" * (10 * 1024 * 1024) + b"\"}", 413, what="10 MB body")
+    st, _, _ = srv.raw("GET", "/v1/nothing")
+    check(st == 404, "unknown endpoint: 404")
+    st, _, text = srv.raw("GET", "/v1/models")
+    check(st == 200 and json.loads(text)["data"][0]["id"] == "stories260K", "/v1/models lists the model")
+    check(srv.raw("GET", "/health")[0] == 200, "/health")
+    srv.blocks_free_at_end("after the malformed requests")
+
+    # Load: 32 requests, 8 at a time, greedy; each equals `run --temp 0` of its prompt alone.
+    prompts = [f"{w} {i}" for i, w in enumerate(["Once upon a time", "The cat", "Lily saw", "Tom had a ball"] * 4)]
+    refs = {p: run_cli(STORIES, p, 24, "--temp", "0")["text"] for p in prompts}
+    jobs = prompts * 2
+
+    def one(p):
+        try:
+            return p, c.completions.create(model="x", prompt=p, max_tokens=24, temperature=0).choices[0].text, None
+        except openai.APIError as e:
+            return p, None, e
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(one, jobs))
+    errors = [e for _, _, e in results if e is not None]
+    check(not errors, f"load test: no errors ({errors[:2]})")
+    same = sum(1 for p, t, _ in results if t == refs[p])
+    check(same == len(jobs), f"load test: {same}/{len(jobs)} greedy outputs equal `run --temp 0`")
+    m = srv.metrics()
+    check(not any(k.startswith('megakernel_http_responses_total{code="5') for k in m), "no 5xx responses")
+    srv.blocks_free_at_end("after the load test")
+    time.sleep(max(0.0, 11.0 - (time.time() - slow_t0)))
+    slow.settimeout(5)
+    try:
+        dropped = slow.recv(1024) is not None  # b"" (closed) or an error response: either way not held open
+    except (ConnectionResetError, socket.timeout) as e:
+        dropped = isinstance(e, ConnectionResetError)
+    slow.close()
+    check(dropped, "a slow client (half a request, then silence) is dropped after the read timeout")
+
+    check(srv.stop() == 0, "stories260K server: exit code 0 after SIGTERM")
+
+
+def lifecycle_checks():
+    """A client that disconnects mid-stream, and SIGTERM with a stream in flight. On SmolLM2 when
+    present (tens of ms per token: the stream is surely still running), else on stories260K."""
+    slow = os.path.exists(SMOLLM2)
+    model = [SMOLLM2, "-c", "512"] if slow else STORIES
+    n = 100 if slow else 480
+    srv = Server(model, "--parallel", "4")
+    prompt = "Once upon a time"
+    # A client that disconnects mid-stream: its sequence is cancelled and its blocks freed.
+    before = srv.metrics().get('megakernel_requests_finished_total{reason="cancelled"}', 0)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": prompt, "max_tokens": n, "ignore_eos": True,
+                                                             "temperature": 0, "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    got = resp.readline()
+    conn.sock.shutdown(2)
+    conn.close()
+    check(got.startswith(b"data: "), "stream started before the disconnect")
+    for _ in range(200):
+        m = srv.metrics()
+        if m['megakernel_requests_finished_total{reason="cancelled"}'] > before:
+            break
+        time.sleep(0.05)
+    check(m['megakernel_requests_finished_total{reason="cancelled"}'] == before + 1, "disconnected stream: request cancelled")
+    srv.blocks_free_at_end("after the disconnect")
+
+
+    # SIGTERM with a stream in flight: it runs to its end, new requests are refused, exit code 0.
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": prompt, "max_tokens": n, "ignore_eos": True,
+                                                             "temperature": 0, "stream": True,
+                                                             "stream_options": {"include_usage": True}}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    first = resp.readline()
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    refused = False
+    try:
+        refused = srv.raw("GET", "/health")[0] == 503
+    except OSError:
+        refused = True
+    usage = None
+    for line in resp:
+        if line.startswith(b"data: {"):
+            usage = json.loads(line[6:]).get("usage") or usage
+    conn.close()
+    check(first.startswith(b"data: ") and usage is not None and usage["completion_tokens"] == n,
+          f"SIGTERM: the stream in flight ran to its end ({usage})")
+    check(refused, "SIGTERM: new requests refused (503 or connection refused)")
+    rc = srv.proc.wait(timeout=60)
+    check(rc == 0, f"SIGTERM: exit code 0 (got {rc})")
+
+
+def auth_and_queue_checks():
+    srv = Server(STORIES, "--parallel", "1", "--max-queue", "0", "--api-key", "sekret")
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": "Hi"})
+    check(st == 401 and "error" in json.loads(text), "--api-key: no key -> 401")
+    st, _, _ = srv.raw("POST", "/v1/completions", {"prompt": "Hi"}, {"Authorization": "Bearer wrong"})
+    check(st == 401, "--api-key: wrong key -> 401")
+    check(srv.raw("GET", "/health")[0] == 200, "--api-key: /health stays open")
+    good = {"Authorization": "Bearer sekret"}
+    body = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+    with cf.ThreadPoolExecutor(4) as ex:
+        res = list(ex.map(lambda _: srv.raw("POST", "/v1/completions", body, good), range(4)))
+    codes = sorted(r[0] for r in res)
+    check(codes.count(200) >= 1 and codes.count(429) >= 1 and set(codes) <= {200, 429}, f"queue full -> 429 ({codes})")
+    check(all("Retry-After" in r[1] for r in res if r[0] == 429), "429 carries Retry-After")
+    st, _, text = srv.raw("GET", "/metrics", headers=good)
+    check(st == 200 and "megakernel_kv_blocks_used 0" in text, "metrics with the key: 0 KV blocks used")
+    check(srv.stop() == 0, "SIGTERM when idle: exit code 0")
+
+
+def chat_checks():
+    if not os.path.exists(SMOLLM2):
+        print(f"SKIPPED: chat checks: {SMOLLM2} not found (scripts/get-model.sh smollm2)")
+        return
+    srv = Server([SMOLLM2], "--parallel", "4", "-c", "512")
+    q = "What is the capital of France?"
+    ref = subprocess.run([BIN, "run", "-m", SMOLLM2, "--chat", "-p", q, "-n", "16", "--temp", "0", "-t", "2", "-c", "512", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    ref = json.loads(ref.stdout)
+    r = srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0)
+    check(r.choices[0].message.content == ref["text"], f"chat (greedy) equals `run --chat --temp 0`: {r.choices[0].message.content!r}")
+    check(r.choices[0].message.role == "assistant" and r.usage.prompt_tokens == len(ref["prompt_ids"]), "chat message role and usage")
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in srv.client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, stream=True) if ch.choices)
+    check(streamed == ref["text"], "streamed chat equals the non-streamed reply")
+    # Batched chat on a quantized GQA model: 8 requests, 4 at a time, each equal to `run --chat` alone.
+    questions = ["What is the capital of France?", "Name a color.", "How many legs does a cat have?", "Say hello."]
+    refs = {}
+    for qq in questions:
+        out = subprocess.run([BIN, "run", "-m", SMOLLM2, "--chat", "-p", qq, "-n", "12", "--temp", "0", "-t", "2", "-c", "512",
+                              "--json"], capture_output=True, text=True, timeout=300)
+        refs[qq] = json.loads(out.stdout)["text"]
+
+    def ask(qq):
+        return qq, srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": qq}], max_tokens=12,
+                                                      temperature=0).choices[0].message.content
+
+    with cf.ThreadPoolExecutor(4) as ex:
+        answers = list(ex.map(ask, questions * 2))
+    same = sum(1 for qq, a in answers if a == refs[qq])
+    check(same == len(answers), f"batched chat: {same}/{len(answers)} replies equal `run --chat --temp 0` alone")
+    srv.blocks_free_at_end("chat")
+    check(srv.stop() == 0, "chat server: exit code 0")
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    stories_checks()
+    auth_and_queue_checks()
+    chat_checks()
+    lifecycle_checks()
+    print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
+    sys.exit(1 if failures else 0)

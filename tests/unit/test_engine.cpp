@@ -1,0 +1,443 @@
+// Continuous-batching engine (runtime/engine.h) and KV block allocator (runtime/kv_blocks.h) on a
+// fake backend: a deterministic toy whose logits are a hash of the tokens of the row's sequence,
+// read through the block table from the KV pool it writes. A wrong block table, a block shared by
+// two live sequences or a stale block changes the logits, so "batched == alone" checks the tables.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "runtime/engine.h"
+#include "runtime/kv_blocks.h"
+#include "runtime/session.h"
+#include "support/error.h"
+
+namespace mk {
+namespace {
+
+constexpr int32_t kPoison = 7;  // a prompt holding this token makes the fake backend throw
+
+class FakeBackend : public Backend {
+ public:
+  FakeBackend(int64_t n_vocab, int64_t block_size, int64_t n_blocks, int64_t max_rows, bool paged = true)
+      : n_vocab_(n_vocab),
+        block_size_(block_size),
+        n_blocks_(n_blocks),
+        max_rows_(max_rows),
+        paged_(paged),
+        pool_(static_cast<size_t>(n_blocks * block_size), -1) {}
+  std::string name() const override { return "fake"; }
+  int64_t kv_block_size() const override { return paged_ ? block_size_ : 0; }
+  int64_t kv_pool_blocks() const override { return paged_ ? n_blocks_ : 0; }
+  int64_t max_batch_rows() const override { return paged_ ? max_rows_ : 0; }
+  void reset() override { cache_.clear(); }
+
+  std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_past) override {
+    if (paged_) throw Error("fake: paged backend called without a batch");
+    if (n_past != static_cast<int64_t>(cache_.size())) throw Error("fake: n_past does not match the cache");
+    cache_.insert(cache_.end(), tokens.begin(), tokens.end());
+    for (int32_t t : tokens)
+      if (t == kPoison) throw Error("fake: poisoned token");
+    ++steps;
+    return logits_of(cache_);
+  }
+
+  std::vector<float> forward(const StepBatch& b) override {
+    if (!paged_) return Backend::forward(b);
+    if (b.n_rows() == 0 || b.n_rows() > max_rows_) throw Error("fake: bad number of rows");
+    // Rows of a sequence consecutive with consecutive positions; tables disjoint and inside the pool.
+    std::set<int32_t> seen_seq, blocks_seen;
+    for (int64_t r = 0; r < b.n_rows(); ++r) {
+      int32_t s = b.seq[r];
+      bool continues = r > 0 && b.seq[r - 1] == s;
+      if (!continues && !seen_seq.insert(s).second) throw Error("fake: rows of a sequence are not consecutive");
+      if (continues && b.positions[r] != b.positions[r - 1] + 1) throw Error("fake: positions not consecutive");
+    }
+    for (const auto& t : b.block_tables)
+      for (int32_t blk : t) {
+        if (blk < 0 || blk >= n_blocks_) throw Error("fake: block outside the pool");
+        if (!blocks_seen.insert(blk).second) throw Error("fake: a block is in two tables");
+      }
+    for (int64_t r = 0; r < b.n_rows(); ++r) {
+      if (b.tokens[r] == kPoison) throw Error("fake: poisoned token");
+      pool_[static_cast<size_t>(pool_row(b, r, b.positions[r]))] = b.tokens[r];
+    }
+    std::vector<float> out;
+    for (int32_t r : b.logit_rows) {
+      std::vector<int32_t> seq_tokens;
+      for (int32_t p = 0; p <= b.positions[r]; ++p) {
+        int32_t t = pool_[static_cast<size_t>(pool_row(b, r, p))];
+        if (t < 0) throw Error("fake: attends to a KV row never written");
+        seq_tokens.push_back(t);
+      }
+      auto l = logits_of(seq_tokens);
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    ++steps;
+    max_rows_seen = std::max(max_rows_seen, b.n_rows());
+    max_seqs_seen = std::max(max_seqs_seen, static_cast<int64_t>(b.block_tables.size()));
+    bool has_decode = false, has_prefill = false;
+    for (size_t s = 0; s < b.block_tables.size(); ++s) {
+      int64_t n = std::count(b.seq.begin(), b.seq.end(), static_cast<int32_t>(s));
+      (n == 1 ? has_decode : has_prefill) = true;
+    }
+    mixed_steps += has_decode && has_prefill;
+    return out;
+  }
+
+  int64_t steps = 0, max_rows_seen = 0, max_seqs_seen = 0, mixed_steps = 0;
+
+ private:
+  int64_t pool_row(const StepBatch& b, int64_t r, int64_t p) const {
+    const auto& table = b.block_tables[static_cast<size_t>(b.seq[r])];
+    if (p / block_size_ >= static_cast<int64_t>(table.size())) throw Error("fake: position past the block table");
+    return table[static_cast<size_t>(p / block_size_)] * block_size_ + p % block_size_;
+  }
+  // A smooth, seed-sensitive distribution whose argmax depends on every token of the sequence.
+  std::vector<float> logits_of(const std::vector<int32_t>& toks) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t t : toks) h = (h ^ static_cast<uint64_t>(t + 1)) * 1099511628211ull;
+    std::vector<float> l(static_cast<size_t>(n_vocab_));
+    for (int64_t v = 0; v < n_vocab_; ++v)
+      l[v] = static_cast<float>(std::sin(static_cast<double>((h >> 17) % 10007) * 0.001 + v * 0.37) * 4);
+    l[(h >> 29) % static_cast<uint64_t>(n_vocab_)] += 6;
+    l[kPoison] = -1e30f;  // never generated: only a prompt can hold it
+    return l;
+  }
+  int64_t n_vocab_, block_size_, n_blocks_, max_rows_;
+  bool paged_;
+  std::vector<int32_t> pool_, cache_;
+};
+
+EngineOptions engine_options(int parallel, int64_t n_ctx = 128, int64_t n_vocab = 64) {
+  EngineOptions o;
+  o.parallel = parallel;
+  o.max_queue = 64;
+  o.n_ctx = n_ctx;
+  o.n_vocab = n_vocab;
+  return o;
+}
+
+RequestParams make_request(int i) {
+  RequestParams p;
+  for (int k = 0; k < 1 + (i * 7) % 23; ++k) p.prompt_ids.push_back(10 + (i * 13 + k * 5) % 50);
+  p.max_tokens = 3 + (i * 5) % 17;
+  p.sampler.temperature = i % 3 == 0 ? 0.0f : 0.9f;
+  p.sampler.top_k = i % 2 ? 0 : 20;
+  p.sampler.top_p = 0.95f;
+  p.sampler.seed = 1000 + static_cast<uint64_t>(i);
+  return p;
+}
+
+void run_until_idle(Engine& e) {
+  for (int guard = 0; e.step(); ++guard) ASSERT_LT(guard, 100000);
+}
+
+RequestOutput collect(Request& r) {
+  RequestOutput out;
+  while (!out.done) r.wait(out, std::chrono::milliseconds(10));
+  return out;
+}
+
+// Generated ids of each request run alone on a fresh engine and backend.
+std::vector<std::vector<int32_t>> run_alone(int n, bool paged) {
+  std::vector<std::vector<int32_t>> r;
+  for (int i = 0; i < n; ++i) {
+    FakeBackend b(64, 4, 64, 64, paged);
+    Engine e(b, nullptr, engine_options(1));
+    auto req = e.submit(make_request(i));
+    run_until_idle(e);
+    RequestOutput out = collect(*req);
+    EXPECT_EQ(out.finish, FinishReason::length) << out.error;
+    r.push_back(out.token_ids);
+  }
+  return r;
+}
+
+TEST(KvBlocks, AllocateReleaseAndExhaustion) {
+  KvBlockAllocator a(5, 16);
+  EXPECT_EQ(a.blocks_for(0), 0);
+  EXPECT_EQ(a.blocks_for(16), 1);
+  EXPECT_EQ(a.blocks_for(17), 2);
+  std::vector<int32_t> t1, t2;
+  ASSERT_TRUE(a.allocate(3, t1));
+  EXPECT_EQ(t1, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_FALSE(a.allocate(3, t2));  // only 2 free: takes none
+  EXPECT_TRUE(t2.empty());
+  EXPECT_EQ(a.n_used(), 3);
+  ASSERT_TRUE(a.allocate(2, t2));
+  EXPECT_EQ(a.n_free(), 0);
+  a.release(t1);
+  EXPECT_TRUE(t1.empty());
+  EXPECT_EQ(a.n_free(), 3);
+  a.release(t2);
+  EXPECT_EQ(a.n_used(), 0);
+  EXPECT_THROW(KvBlockAllocator(0, 16), Error);
+  EXPECT_THROW(KvBlockAllocator(4, 0), Error);
+}
+
+TEST(StopStrings, FindsEarliestAndHoldsBackPrefixes) {
+  EXPECT_EQ(scan_stop_strings("hello world", {"wor", "lo"}).found, 3u);
+  StopScan s = scan_stop_strings("the end of", {"of the"});
+  EXPECT_EQ(s.found, std::string::npos);
+  EXPECT_EQ(s.safe, std::string("the end ").size());  // "of" may begin "of the"
+  EXPECT_EQ(scan_stop_strings("abc", {}).safe, 3u);
+  EXPECT_EQ(scan_stop_strings("abc", {"x"}).safe, 3u);
+  EXPECT_EQ(scan_stop_strings("ab\xc3\xa9", {"\xc3\xa9t"}).safe, 2u);  // "é" may begin "ét"
+}
+
+TEST(Engine, BatchedEqualsAloneAndFreesEveryBlock) {
+  const int n = 12;
+  auto alone = run_alone(n, true);
+  // 5 rows per step: prompts are read in chunks interleaved with the decode rows; a 24-block pool
+  // (96 rows) cannot hold all 4 sequences' reservations at once, so admission waits for blocks.
+  FakeBackend b(64, 4, 24, 5);
+  Engine e(b, nullptr, engine_options(4));
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < n; ++i) reqs.push_back(e.submit(make_request(i)));
+  run_until_idle(e);
+  for (int i = 0; i < n; ++i) {
+    RequestOutput out = collect(*reqs[i]);
+    EXPECT_EQ(out.finish, FinishReason::length) << i << " " << out.error;
+    EXPECT_EQ(out.token_ids, alone[i]) << "request " << i;
+    EXPECT_EQ(out.n_generated, static_cast<int64_t>(alone[i].size()));
+    EXPECT_EQ(out.n_prompt, static_cast<int64_t>(make_request(i).prompt_ids.size()));
+  }
+  EXPECT_GT(b.max_seqs_seen, 1);
+  EXPECT_EQ(b.max_rows_seen, 5);
+  EXPECT_GT(b.mixed_steps, 0);  // chunked prefill interleaved with decode
+  EngineStats st = e.stats();
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.kv_blocks_free, 24);
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.queue_depth, 0);
+  EXPECT_EQ(st.finished["length"], static_cast<uint64_t>(n));
+  uint64_t gen = 0;
+  for (auto& a : alone) gen += a.size();
+  EXPECT_EQ(st.generated_tokens, gen);
+  EXPECT_EQ(st.ttft.count, static_cast<uint64_t>(n));
+  EXPECT_EQ(st.itl.count, gen - n);
+  std::string prom = prometheus_text(st);
+  EXPECT_NE(prom.find("megakernel_kv_blocks_used 0\n"), std::string::npos);
+  EXPECT_NE(prom.find(fmt::format("megakernel_generated_tokens_total {}\n", gen)), std::string::npos);
+  EXPECT_NE(prom.find("megakernel_time_to_first_token_seconds_count 12\n"), std::string::npos);
+}
+
+TEST(Engine, SerialBackendWithoutPagedKvGivesTheSameTokens) {
+  const int n = 6;
+  auto paged = run_alone(n, true);
+  FakeBackend b(64, 4, 0, 0, /*paged=*/false);
+  Engine e(b, nullptr, engine_options(4));
+  EXPECT_FALSE(e.paged());
+  EXPECT_EQ(e.parallel(), 1);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < n; ++i) reqs.push_back(e.submit(make_request(i)));
+  run_until_idle(e);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(collect(*reqs[i]).token_ids, paged[i]) << i;
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+}
+
+TEST(Engine, ThreadedSchedulerMatchesAlone) {
+  const int n = 10;
+  auto alone = run_alone(n, true);
+  FakeBackend b(64, 4, 64, 8);
+  Engine e(b, nullptr, engine_options(3));
+  e.start();
+  std::vector<RequestOutput> outs(n);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i) clients.emplace_back([&, i] { outs[i] = collect(*e.submit(make_request(i))); });
+  for (auto& t : clients) t.join();
+  e.shutdown(false);
+  for (int i = 0; i < n; ++i)
+    EXPECT_EQ(outs[i].token_ids, alone[i]) << i << " " << finish_reason_name(outs[i].finish) << " " << outs[i].error;
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  EXPECT_THROW(e.submit(make_request(0)), EngineBusy);  // shut down: refused
+}
+
+TEST(Engine, CancelTimeoutAndBackendErrorFreeBlocks) {
+  FakeBackend b(64, 4, 64, 16);
+  Engine e(b, nullptr, engine_options(4));
+  RequestParams longp = make_request(1);
+  longp.max_tokens = 100;
+  auto cancelled = e.submit(longp);
+  auto queued_cancel = e.submit(longp);
+  RequestParams slow = make_request(2);
+  slow.timeout = std::chrono::milliseconds(1);
+  auto timed_out = e.submit(slow);
+  RequestParams poison = make_request(3);
+  poison.prompt_ids.push_back(kPoison);
+  for (int i = 0; i < 3; ++i) e.step();
+  EXPECT_GT(e.stats().kv_blocks_used, 0);
+  cancelled->cancel();
+  queued_cancel->cancel();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto failed = e.submit(poison);
+  auto fine = e.submit(make_request(4));
+  run_until_idle(e);
+  EXPECT_EQ(collect(*cancelled).finish, FinishReason::cancelled);
+  EXPECT_EQ(collect(*queued_cancel).finish, FinishReason::cancelled);
+  EXPECT_EQ(collect(*timed_out).finish, FinishReason::timeout);
+  RequestOutput f = collect(*failed);
+  EXPECT_EQ(f.finish, FinishReason::error);
+  EXPECT_NE(f.error.find("poisoned"), std::string::npos) << f.error;
+  // The poisoned batch took down the rows it shared a step with; a later request still runs.
+  (void)collect(*fine);
+  auto after = e.submit(make_request(5));
+  run_until_idle(e);
+  EXPECT_EQ(collect(*after).finish, FinishReason::length);
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+}
+
+TEST(Engine, FcfsAdmissionQueueBoundAndRequestChecks) {
+  FakeBackend b(64, 4, 8, 16);  // 32 KV rows
+  EngineOptions o = engine_options(4, 64);
+  o.max_queue = 1;
+  Engine e(b, nullptr, o);
+  RequestParams big = make_request(0);
+  big.prompt_ids.assign(10, 11);
+  big.max_tokens = 11;  // 20 rows: 5 blocks
+  RequestParams small = make_request(0);
+  small.prompt_ids = {12};
+  small.max_tokens = 2;  // 1 block
+  auto a = e.submit(big);
+  e.step();
+  EXPECT_EQ(e.stats().running, 1);
+  auto bq = e.submit(big);   // waits: 3 blocks free
+  auto c = e.submit(small);  // would fit, but must not overtake bq
+  e.step();
+  EXPECT_EQ(e.stats().running, 1);
+  EXPECT_EQ(e.stats().queue_depth, 2);
+  // Full: 3 free slots + max_queue 1 = 4 waiting at most... only 2 wait, so two more fit, then 429.
+  auto d = e.submit(small);
+  auto f = e.submit(small);
+  EXPECT_THROW(e.submit(small), EngineBusy);
+  EXPECT_EQ(e.stats().requests_rejected, 1u);
+  run_until_idle(e);
+  for (auto* r : {&a, &bq, &c, &d, &f}) EXPECT_EQ(collect(**r).finish, FinishReason::length);
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+
+  RequestParams p = make_request(0);
+  p.prompt_ids.assign(64, 1);
+  EXPECT_THROW(e.submit(p), Error);  // prompt fills the context
+  p.prompt_ids = {1, 64};
+  EXPECT_THROW(e.submit(p), Error);  // outside the vocabulary
+  p.prompt_ids = {1};
+  p.max_tokens = 64;
+  EXPECT_THROW(e.submit(p), Error);  // past the context
+  p.max_tokens = 0;
+  EXPECT_THROW(e.submit(p), Error);
+  p.prompt_ids.clear();
+  p.max_tokens = 1;
+  EXPECT_THROW(e.submit(p), Error);
+  p.prompt_ids = {1};
+  p.max_tokens = 40;  // 40 rows > 32 in the pool
+  EXPECT_THROW(e.submit(p), Error);
+  p.max_tokens = 1;
+  p.sampler.temperature = -1;
+  EXPECT_THROW(e.submit(p), Error);
+}
+
+std::unique_ptr<Tokenizer> stories_tokenizer() {
+  std::string path = std::string(MK_SHARED_DIR) + "/models/stories260K/tok512.bin";
+  if (!std::filesystem::exists(path)) return nullptr;
+  return load_llama2c_tokenizer(path, 512);
+}
+
+TEST(Engine, StopStringsEndTheTextAndAreNeverStreamed) {
+  auto tok = stories_tokenizer();
+  if (!tok) GTEST_SKIP() << "../shared/models/stories260K/tok512.bin not found";
+  auto run = [&](std::vector<std::string> stop, std::vector<std::string>* pieces) {
+    FakeBackend b(512, 4, 64, 16);
+    Engine e(b, tok.get(), engine_options(2, 128, 512));
+    RequestParams p;
+    p.prompt_ids = tok->encode("Once upon a time", true);
+    p.max_tokens = 40;
+    p.ignore_eos = true;
+    p.sampler.temperature = 0;
+    p.stop = std::move(stop);
+    auto r = e.submit(p);
+    RequestOutput all;
+    while (e.step()) {
+      RequestOutput part;
+      if (r->wait(part, std::chrono::milliseconds(0))) {
+        if (pieces && !part.text.empty()) pieces->push_back(part.text);
+        all.text += part.text;
+        all.token_ids.insert(all.token_ids.end(), part.token_ids.begin(), part.token_ids.end());
+        if (part.done) all.finish = part.finish;
+      }
+    }
+    RequestOutput rest = collect(*r);
+    all.text += rest.text;
+    if (pieces && !rest.text.empty()) pieces->push_back(rest.text);
+    all.finish = rest.done ? rest.finish : all.finish;
+    EXPECT_EQ(e.stats().kv_blocks_used, 0);
+    return all;
+  };
+  RequestOutput full = run({}, nullptr);
+  ASSERT_EQ(full.finish, FinishReason::length);
+  ASSERT_GT(full.text.size(), 12u) << full.text;
+  std::string stop = full.text.substr(full.text.size() / 2, 4);
+  size_t at = full.text.find(stop);
+  std::vector<std::string> pieces;
+  RequestOutput cut = run({"\x01never", stop}, &pieces);
+  EXPECT_EQ(cut.finish, FinishReason::stop);
+  EXPECT_EQ(cut.text, full.text.substr(0, at));
+  for (const auto& piece : pieces) EXPECT_EQ(piece.find(stop), std::string::npos) << piece;
+}
+
+// The real cpu backend over its paged KV pool: requests batched by the engine (chunked prefill of
+// 7 rows, up to 4 sequences per step, greedy and seeded sampling) give the tokens of `generate`
+// running each prompt alone on the one-sequence path (what `run` does).
+TEST(E2EServeEngine, CpuBatchedEqualsGenerateAlone) {
+  const std::string model = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " not found";
+  SessionOptions so;
+  so.model_path = model;
+  so.backend = "cpu";
+  so.backend_options.threads = 2;
+  so.n_ctx = 128;
+  const std::vector<std::string> prompts = {
+      "Once upon a time", "The cat sat", "Lily and Tom went to the park to play with a big red ball",
+      "One day",          "A dog",       "The sun was hot and the children"};
+  std::vector<GenerateResult> alone;
+  Session one(so);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateOptions g;
+    g.prompt = prompts[i];
+    g.n_new = 12 + static_cast<int>(i) * 3;
+    g.sampler = {i % 2 ? 0.8f : 0.0f, 0, 1.0f, 77 + i};
+    one.reset();
+    alone.push_back(generate(one, g));
+  }
+  // The default pool, 128 rows = 8 blocks: about three requests fit at once, the others wait for blocks.
+  Session s(so);
+  ASSERT_GT(s.backend->kv_pool_blocks(), 0);
+  EngineOptions eo = engine_options(4, 128, s.hparams.n_vocab);
+  eo.prefill_chunk = 7;
+  eo.stop_at_bos = s.stop_at_bos;
+  Engine e(*s.backend, s.tokenizer.get(), eo);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams p;
+    p.prompt_ids = alone[i].prompt_ids;
+    p.max_tokens = 12 + static_cast<int64_t>(i) * 3;
+    p.sampler = {i % 2 ? 0.8f : 0.0f, 0, 1.0f, 77 + i};
+    reqs.push_back(e.submit(p));
+  }
+  run_until_idle(e);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestOutput out = collect(*reqs[i]);
+    EXPECT_EQ(out.token_ids, alone[i].generated_ids) << prompts[i];
+    EXPECT_EQ(out.text, alone[i].text) << prompts[i];
+    EXPECT_EQ(out.finish, alone[i].stop_reason == "eos" ? FinishReason::stop : FinishReason::length) << prompts[i];
+  }
+  EngineStats st = e.stats();
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_GT(st.batch_rows, st.steps);  // steps carried several rows
+  EXPECT_EQ(st.kv_blocks_free, 8);
+}
+
+}  // namespace
+}  // namespace mk
