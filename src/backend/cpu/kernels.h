@@ -20,6 +20,10 @@ struct WeightRef {
   int64_t row_elems = 0;
   size_t row_bytes = 0;
   const float* f32 = nullptr;  // set when the data is float32 and aligned (no conversion needed)
+  // Matmuls over this weight quantize the activation rows to quant->act blocks and use
+  // quant->dot_act, as llama.cpp's CPU backend does (set for types with an act when the backend's
+  // act_quant option is on); otherwise activations stay float32.
+  bool act_q8 = false;
 };
 
 // Memory and symbols one step sees.
@@ -28,7 +32,13 @@ struct StepMemory {
   uint8_t* kv = nullptr;
   const WeightRef* weights = nullptr;
   SymValues sym;
+  // llama.cpp's default f16 KV cache (and its non-flash attention), emulated in float32 storage: K
+  // and V rows are rounded to f16 where they are stored, the query to f16 before Q.K, and the
+  // normalised attention probabilities to f16 before they weight V.
+  bool kv_f16 = false;
 };
+
+inline float round_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
 
 // Per-worker scratch space, sized by scratch_floats().
 size_t scratch_floats(const Program& p);
