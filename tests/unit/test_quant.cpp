@@ -315,7 +315,9 @@ TEST(QuantAct, Q8BlocksRoundToNearestEvenWithinHalfAStep) {
         EXPECT_LE(std::abs(v), 127);
         EXPECT_LE(std::fabs(v * d - x[static_cast<size_t>(blk * 32 + j)]), d * 0.5001f) << blk << " " << j;
       }
-      if (has_s) EXPECT_EQ(f16_at(p + 2), f16_to_f32(f32_to_f16(d * static_cast<float>(sum))));
+      if (has_s) {
+        EXPECT_EQ(f16_at(p + 2), f16_to_f32(f32_to_f16(d * static_cast<float>(sum))));
+      }
     }
     EXPECT_EQ(f16_at(b.data() + 2 * a->block_bytes), 0.0f);
   }
@@ -442,20 +444,50 @@ std::vector<float> dequantized(const ModelFile& m, const std::string& name) {
   return f;
 }
 
-// f64 product over the dequantized weights: the oracle of the budget.
-std::vector<double> f64_product(const ModelFile& m, const std::vector<int32_t>& ids, int64_t K, int64_t N, bool glu) {
+// f64 product over the dequantized weights: the oracle of the budget. With `act`, the activations
+// are first quantized to its 8-bit blocks and used as the integer dot reads them: d_x * q_x, and for
+// q8_1 the block's s field (an f16 of d * sum(q)) in place of d_x * sum(q_x) times the weights' m.
+std::vector<double> f64_product(const ModelFile& m, const std::vector<int32_t>& ids, int64_t K, int64_t N, bool glu,
+                                const quant::ActQuant* act = nullptr) {
   const auto emb = dequantized(m, "token_embd.weight"), w = dequantized(m, "w");
   const auto up = glu ? dequantized(m, "w_up") : std::vector<float>{};
   std::vector<double> out;
-  for (int32_t id : ids)
-    for (int64_t j = 0; j < N; ++j) {
-      double a = 0, b = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        a += static_cast<double>(emb[static_cast<size_t>(id * K + k)]) * w[static_cast<size_t>(j * K + k)];
-        if (glu) b += static_cast<double>(emb[static_cast<size_t>(id * K + k)]) * up[static_cast<size_t>(j * K + k)];
+  for (int32_t id : ids) {
+    std::vector<double> x(emb.begin() + id * K, emb.begin() + (id + 1) * K);
+    std::vector<double> s_fix(static_cast<size_t>(K / 32), 0.0);  // per block: s - d_x * sum(q_x)
+    if (act) {
+      std::vector<uint8_t> xq(static_cast<size_t>(K / 32 * act->block_bytes));
+      act->quantize_row(emb.data() + id * K, xq.data(), K);
+      const bool has_s = act->block_bytes == 36;
+      for (int64_t b = 0; b < K / 32; ++b) {
+        const uint8_t* blk = xq.data() + b * act->block_bytes;
+        const double d = f16_at(blk);
+        int32_t sum = 0;
+        for (int e = 0; e < 32; ++e) {
+          const int8_t q = static_cast<int8_t>(blk[(has_s ? 4 : 2) + e]);
+          x[static_cast<size_t>(b * 32 + e)] = d * q;
+          sum += q;
+        }
+        if (has_s) s_fix[static_cast<size_t>(b)] = f16_at(blk + 2) - d * sum;
       }
-      out.push_back(glu ? a / (1 + std::exp(-a)) * b : a);
     }
+    const auto m_w = [&](const std::string& name, int64_t row, int64_t b) {  // q4_1 / q5_1 block minimum
+      return f16_at(m.get(name).data + (row * K / 32 + b) * quant::quant_type(m.get(name).dtype)->block_bytes + 2);
+    };
+    for (int64_t j = 0; j < N; ++j) {
+      double a = 0, bb = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        a += x[static_cast<size_t>(k)] * w[static_cast<size_t>(j * K + k)];
+        if (glu) bb += x[static_cast<size_t>(k)] * up[static_cast<size_t>(j * K + k)];
+      }
+      if (act && act->block_bytes == 36)
+        for (int64_t b = 0; b < K / 32; ++b) {
+          a += m_w("w", j, b) * s_fix[static_cast<size_t>(b)];
+          if (glu) bb += m_w("w_up", j, b) * s_fix[static_cast<size_t>(b)];
+        }
+      out.push_back(glu ? a / (1 + std::exp(-a)) * bb : a);
+    }
+  }
   return out;
 }
 
@@ -468,8 +500,11 @@ TEST(QuantMatmul, EveryTypeWithinBudgetOfF64OnCpuAndReference) {
       for (bool quant_emb : {false, true}) {
         SCOPED_TRACE(type_name(q) + (glu ? " glu" : "") + (quant_emb ? " quantized embedding" : ""));
         OneMatmul t = one_matmul(quant_emb ? q->dtype : DType::F32, q->dtype, K, N, glu);
-        // The reference backend and the cpu backend with float32 activations within 1e-5; the cpu
-        // backend quantizing activations to 8-bit blocks as llama.cpp (q4_0 .. q8_0) within 1e-3.
+        // The reference backend and the cpu backend with float32 activations within 1e-5. The cpu
+        // backend quantizing activations to 8-bit blocks as llama.cpp (q4_0 .. q8_0): within 1e-5 of
+        // the f64 product over those blocks, and its distance to the float32-activation product
+        // printed: 0.002 .. 0.03 on these random rows, above the 1e-3 (the rounding of
+        // 8-bit activations itself, which llama.cpp has too), so bounded here at 0.05.
         for (const char* backend : {"cpu", "reference", "cpu-act-q8"}) {
           const bool act_q8 = std::string(backend) == "cpu-act-q8";
           if (act_q8 && !q->act) continue;
@@ -483,7 +518,16 @@ TEST(QuantMatmul, EveryTypeWithinBudgetOfF64OnCpuAndReference) {
             const auto got = b->forward(ids, 0);
             const auto want = f64_product(t.m, ids, K, N, glu);
             ASSERT_EQ(got.size(), want.size()) << backend;
-            EXPECT_LT(test::rel_l2(got, want), act_q8 ? 1e-3 : 1e-5) << backend << ", " << ids.size() << " rows";
+            if (!act_q8) {
+              EXPECT_LT(test::rel_l2(got, want), 1e-5) << backend << ", " << ids.size() << " rows";
+              continue;
+            }
+            const auto want_q8 = f64_product(t.m, ids, K, N, glu, q->act);
+            EXPECT_LT(test::rel_l2(got, want_q8), 1e-5) << backend << ", " << ids.size() << " rows";
+            const double e = test::rel_l2(got, want);
+            EXPECT_LT(e, 0.05) << backend << ", " << ids.size() << " rows";
+            std::printf("  %s%s%s, %zu rows: 8-bit activations rel. L2 %.4f vs float32 activations\n", q->name.data(),
+                        glu ? " glu" : "", quant_emb ? " q-emb" : "", ids.size(), e);
           }
         }
       }
@@ -491,20 +535,21 @@ TEST(QuantMatmul, EveryTypeWithinBudgetOfF64OnCpuAndReference) {
 
 TEST(QuantMatmul, DecodeAndPrefillRowsGiveTheSameBits) {
   // The fused decode dot and the prefill path (dequantize a row, then dot) agree bit for bit.
-  for (const QuantType* q : quant::quant_types())
+  for (const QuantType* q : quant::quant_types()) {
     for (const char* act_quant : {"off", "on"}) {
-    OneMatmul t = one_matmul(q->dtype, q->dtype, 256, 24, true);
-    BackendOptions o;
-    o.threads = 3;
-    o.act_quant = act_quant;
-    auto b = make_backend("cpu", t.g, t.m, o);
-    const std::vector<int32_t> ids = {2, 11, 4, 6, 1};
-    const auto all = b->forward(ids, 0);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      b->reset();
-      const auto one = b->forward(std::span<const int32_t>(&ids[i], 1), 0);
-      ASSERT_EQ(one.size(), 24u);
-      EXPECT_EQ(std::memcmp(one.data(), all.data() + i * 24, 24 * 4), 0) << q->name << " row " << i << " act_quant " << act_quant;
+      OneMatmul t = one_matmul(q->dtype, q->dtype, 256, 24, true);
+      BackendOptions o;
+      o.threads = 3;
+      o.act_quant = act_quant;
+      auto b = make_backend("cpu", t.g, t.m, o);
+      const std::vector<int32_t> ids = {2, 11, 4, 6, 1};
+      const auto all = b->forward(ids, 0);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        b->reset();
+        const auto one = b->forward(std::span<const int32_t>(&ids[i], 1), 0);
+        ASSERT_EQ(one.size(), 24u);
+        EXPECT_EQ(std::memcmp(one.data(), all.data() + i * 24, 24 * 4), 0) << q->name << " row " << i << " act_quant " << act_quant;
+      }
     }
   }
 }

@@ -234,7 +234,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   int64_t j = done || R < 4 ? in.c1 : in.c0;
   for (; j + 4 <= in.c1; j += 4) {  // prefill: four output columns at a time, x loaded once per four
     const float* wr[4];
-    const float* ur[4];
+    const float* ur[4] = {};
     for (int q = 0; q < 4; ++q) wr[q] = weight_span(W, j + q, 0, K, wtmp + q * stride);
     if (o.glu != Act::none)
       for (int q = 0; q < 4; ++q) ur[q] = weight_span(c.w(o.w_up), j + q, 0, K, utmp + q * stride);
