@@ -320,6 +320,13 @@ TEST(QuantAct, Q8BlocksRoundToNearestEvenWithinHalfAStep) {
       }
     }
     EXPECT_EQ(f16_at(b.data() + 2 * a->block_bytes), 0.0f);
+    // quantize_row (AVX2 where the CPU has it) gives the scalar quantizer's bytes.
+    std::vector<float> big = random_weights(32 * 40, 17);
+    std::copy(x.begin(), x.end(), big.begin());
+    std::vector<uint8_t> fast(static_cast<size_t>(40 * a->block_bytes)), scalar(fast.size());
+    a->quantize_row(big.data(), fast.data(), 32 * 40);
+    quant::detail::act_quantize_generic(has_s, big.data(), scalar.data(), 32 * 40);
+    EXPECT_EQ(fast, scalar);
   }
 }
 
