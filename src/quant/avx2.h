@@ -52,6 +52,12 @@ MK_AVX2_FN inline __m256i bytes_from_nibbles_32(const uint8_t* p) {
   const __m256i bytes = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
   return _mm256_and_si256(_mm256_set1_epi8(0x0f), bytes);
 }
+// An f16 field as float with F16C (exact, as ld_f16; one instruction).
+MK_AVX2_FN inline float ld_f16c(const uint8_t* p) {
+  uint16_t h;
+  __builtin_memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
 // ggml's hsum_float_8 (detail::hsum8).
 MK_AVX2_FN inline float hsum_float_8(__m256 x) {
   __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));

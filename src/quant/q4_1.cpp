@@ -75,8 +75,8 @@ MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   float summs = 0;
   for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += 36) {
-    summs = std::fma(ld_f16(p + 2), ld_f16(y + 2), summs);
-    const __m256 d = _mm256_set1_ps(ld_f16(p) * ld_f16(y));
+    summs = std::fma(ld_f16c(p + 2), ld_f16c(y + 2), summs);
+    const __m256 d = _mm256_set1_ps(ld_f16c(p) * ld_f16c(y));
     const __m256i qx = bytes_from_nibbles_32(p + 4);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 4));
     acc = _mm256_fmadd_ps(d, mul_sum_us8_pairs_float(qx, qy), acc);

@@ -53,7 +53,7 @@ MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
   const uint8_t* y = static_cast<const uint8_t*>(xq);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += 34) {
-    const __m256 d = _mm256_set1_ps(ld_f16(p) * ld_f16(y));
+    const __m256 d = _mm256_set1_ps(ld_f16c(p) * ld_f16c(y));
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 2));
     acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
