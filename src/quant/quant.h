@@ -89,6 +89,10 @@ struct QuantType {
   const ActQuant* act = nullptr;
   float (*dot_act)(const void* w, const void* xq, int64_t n) = nullptr;
   float (*dot_act_variants[3])(const void* w, const void* xq, int64_t n) = {};
+  // dot_act of one weight row against four activation rows xq[0..3] (out[r]; the same bits as four
+  // dot_act calls), unpacking each weight block once: for prefill. nullptr where not written (q4_0,
+  // q4_1, q8_0 have it); the AVX2 kernel on AVX2/AVX-512 machines, else four dot_act calls.
+  void (*dot_act4)(const void* w, const void* const* xq, int64_t n, float* out) = nullptr;
 };
 
 // The entry for a quantized type, or nullptr for f32, f16, bf16, i32.

@@ -185,6 +185,14 @@ template <int BYTES, void (*UNPACK)(const uint8_t*, int8_t*, float*, float*), bo
     return NAME##_generic(w, x, n);                                                                             \
   }
 
+// dot_act4 from a hand-written AVX2 four-row kernel, or four calls of NAME where the CPU has no AVX2.
+#define MK_QUANT_DOT_ACT4_HAND_AVX2(NAME, DOT_ACT, AVX2_FN)                                                   \
+  void NAME(const void* w, const void* const* x, int64_t n, float* out) {                                      \
+    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                             \
+    if (isa != ::mk::quant::detail::Isa::generic) return AVX2_FN(w, x, n, out);                                 \
+    for (int r = 0; r < 4; ++r) out[r] = DOT_ACT(w, x[r], n);                                                   \
+  }
+
 // Row loop over blocks for dequantize_row.
 template <int QK, int BYTES, void (*DEQ)(const uint8_t*, float*)>
 void dequantize_blocks(const void* src, float* dst, int64_t n) {

@@ -369,6 +369,25 @@ TEST(QuantAct, EveryVariantOfDotActIsGgmlsArithmetic) {
         std::memcpy(&bg, &v, 4);
         EXPECT_EQ(bg, bw) << quant::dot_isa_name(isa) << ": " << v << " vs " << want;
       }
+      if (q->dot_act4) {  // four activation rows (this one and three others): four dot_act results
+        std::vector<std::vector<uint8_t>> xs(4, xq);
+        for (int r = 1; r < 4; ++r) {
+          std::vector<float> x2(x.size());
+          for (auto& v : x2) v = u(rng);
+          q->act->quantize_row(x2.data(), xs[static_cast<size_t>(r)].data(), n);
+        }
+        const void* ptrs[4] = {xs[0].data(), xs[1].data(), xs[2].data(), xs[3].data()};
+        float out[4];
+        q->dot_act4(row.data(), ptrs, n, out);
+        for (int r = 0; r < 4; ++r) {
+          const float w1 = dot_act_model(q, row.data(), xs[static_cast<size_t>(r)].data(), n);
+          std::memcpy(&bw, &w1, 4);
+          std::memcpy(&bg, &out[r], 4);
+          if (!std::isnan(w1)) {
+            EXPECT_EQ(bg, bw) << "dot_act4 row " << r;
+          }
+        }
+      }
     }
   }
   EXPECT_EQ(with_act, 5);  // q4_0, q4_1, q5_0, q5_1, q8_0

@@ -192,10 +192,24 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     for (int64_t r = 0; r < R; ++r) aw->quantize_row(x + r * ldx, xw + r * wrow, K);
     if (au != aw)
       for (int64_t r = 0; r < R; ++r) au->quantize_row(x + r * ldx, xu + r * urow, K);
+    // dot_act of weight row `row` against activation rows r..r+3 (four rows sharing each weight block).
+    const auto dot4 = [&](const quant::QuantType* q, const uint8_t* row, const uint8_t* xs, size_t xrow, int64_t r,
+                          float* o4) {
+      const void* xr[4] = {xs + r * xrow, xs + (r + 1) * xrow, xs + (r + 2) * xrow, xs + (r + 3) * xrow};
+      if (q->dot_act4) return q->dot_act4(row, xr, K, o4);
+      for (int i = 0; i < 4; ++i) o4[i] = q->dot_act(row, xr[i], K);
+    };
     for (int64_t j = in.c0; j < in.c1; ++j) {
       const uint8_t* wr = W.data + static_cast<size_t>(j) * W.row_bytes;
       const uint8_t* ur = o.glu != Act::none ? U.data + static_cast<size_t>(j) * U.row_bytes : nullptr;
-      for (int64_t r = 0; r < R; ++r) {
+      int64_t r = 0;
+      for (; r + 4 <= R; r += 4) {
+        float v[4], u[4];
+        dot4(W.quant, wr, xw, wrow, r, v);
+        if (ur) dot4(U.quant, ur, xu, urow, r, u);
+        for (int i = 0; i < 4; ++i) tile[(r + i) * T + (j - in.c0)] = ur ? act(o.glu, v[i]) * u[i] : v[i];
+      }
+      for (; r < R; ++r) {
         float v = W.quant->dot_act(wr, xw + r * wrow, K);
         if (ur) v = act(o.glu, v) * U.quant->dot_act(ur, xu + r * urow, K);
         tile[r * T + (j - in.c0)] = v;

@@ -4,6 +4,9 @@
 // schedule gives the same bits. Reductions use 16 fixed lanes combined in a fixed tree.
 #pragma once
 #include <cstdint>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 #include "isa/program.h"
@@ -38,7 +41,14 @@ struct StepMemory {
   bool kv_f16 = false;
 };
 
-inline float round_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
+// v rounded to the nearest IEEE half (ties to even), as float.
+inline float round_f16(float v) {
+#if defined(__F16C__)
+  return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+#else
+  return f16_to_f32(f32_to_f16(v));
+#endif
+}
 
 // Per-worker scratch space, sized by scratch_floats().
 size_t scratch_floats(const Program& p);
