@@ -21,6 +21,13 @@ struct BackendOptions {
   int threads = 0;                    // CPU workers; 0 = hardware concurrency
   std::string schedule = "dynamic";   // dynamic | static-rr | static-cp
   std::string trace_path;             // write a Chrome/Perfetto trace here when set
+  // cpu: matmuls over q4_0/q4_1/q5_0/q5_1/q8_0 weights quantize the activations to 8-bit blocks
+  // (q8_0/q8_1) and dot them as integers, as llama.cpp's CPU backend does: "on", "off", or "auto"
+  // (on for GGUF files with such weights, so that greedy decoding follows llama.cpp's token for token).
+  std::string act_quant = "auto";
+  // cpu: KV cache precision: "f16" (llama.cpp's default: K, V, the query and the attention
+  // probabilities rounded to f16), "f32", or "auto" (f16 for GGUF files with such quantized weights).
+  std::string kv_type = "auto";
 };
 
 class Backend {

@@ -31,6 +31,11 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length (0 = the model's, at most 4096)");
   cmd->add_option("--backend", o->session.backend, "backend: reference, cpu, ... (default: the fastest available)");
   cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores)");
+  cmd->add_option("--act-quant", o->session.backend_options.act_quant,
+                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_option("--kv-type", o->session.backend_options.kv_type, "cpu: KV cache precision as llama.cpp's: auto (f16 with --act-quant auto), f16, f32")
+      ->check(CLI::IsMember({"auto", "f16", "f32"}));
   cmd->callback([o] {
     Session s(o->session);
     std::string source;

@@ -32,6 +32,11 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("--ids", *ids, "comma-separated token ids")->required();
   cmd->add_option("--backend", o->backend, "backend");
   cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads");
+  cmd->add_option("--act-quant", o->backend_options.act_quant,
+                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_option("--kv-type", o->backend_options.kv_type, "cpu: KV cache precision as llama.cpp's: auto (f16 with --act-quant auto), f16, f32")
+      ->check(CLI::IsMember({"auto", "f16", "f32"}));
   cmd->add_option("--schedule", o->backend_options.schedule, "CPU schedule");
   cmd->callback([o, ids] {
     o->all_logits = true;

@@ -33,6 +33,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--backend", o->session.backend, "backend: reference, cpu, ... (default: the fastest available)");
   cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores)");
   cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");
+  cmd->add_option("--act-quant", o->session.backend_options.act_quant,
+                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_option("--kv-type", o->session.backend_options.kv_type, "cpu: KV cache precision as llama.cpp's: auto (f16 with --act-quant auto), f16, f32")
+      ->check(CLI::IsMember({"auto", "f16", "f32"}));
   cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file");
   cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
   cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");

@@ -48,8 +48,21 @@ void quantize_row(const float* x, void* dst, int64_t n) {
 int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {0, 2}); }
 
 MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+
+// Integer block for dot_act: the 5-bit q, d and m.
+inline void unpack_block(const uint8_t* b, int8_t* q, float* d, float* m) {
+  *d = ld_f16(b);
+  *m = ld_f16(b + 2);
+  const uint32_t qh = ld_u32(b + 4);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<int8_t>(static_cast<int>((b[8 + j] & 0x0fu) | (((qh >> j) & 1u) << 4)));
+    q[j + 16] = static_cast<int8_t>(static_cast<int>((b[8 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)));
+  }
+}
+MK_QUANT_DOT_ACT(dot_act, kBytes, unpack_block, true)
 }  // namespace
 
 extern const QuantType kQ5_1 = {DType::Q5_1, "q5_1", 7, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
-                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
+                                &kQ8_1Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}};
 }  // namespace mk::quant

@@ -8,6 +8,10 @@
 
 #include "quant/quant.h"
 
+namespace mk::quant {
+extern const ActQuant kQ8_0Act, kQ8_1Act;  // act.cpp
+}
+
 namespace mk::quant::detail {
 
 inline uint16_t ld_u16(const uint8_t* p) {
@@ -76,6 +80,8 @@ template <int QK, int BYTES, void (*DEQ)(const uint8_t*, float*)>
 
 using Isa = DotIsa;
 Isa runtime_isa();  // quant.cpp: from __builtin_cpu_supports
+// act.cpp: the scalar q8_0 / q8_1 activation quantizer (tests compare it with the AVX2 one).
+void act_quantize_generic(bool q8_1, const float* x, void* dst, int64_t n);
 
 // Defines NAME_generic, NAME_avx2, NAME_avx512 (builds of dot_blocks for the build target and with
 // target attributes) and `float NAME(const void*, const float*, int64_t)`, which picks one once.
@@ -110,6 +116,81 @@ Isa runtime_isa();  // quant.cpp: from __builtin_cpu_supports
     static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                      \
     if (isa != ::mk::quant::detail::Isa::generic) return AVX2_FN(w, x, n);                               \
     return NAME##_generic(w, x, n);                                                                      \
+  }
+
+// ggml's hsum_float_8: lanes (l, l + 4), then (l, l + 2), then (0, 1).
+inline float hsum8(const float* a) {
+  const float t0 = a[4] + a[0], t1 = a[5] + a[1], t2 = a[6] + a[2], t3 = a[7] + a[3];
+  return (t0 + t2) + (t1 + t3);
+}
+
+// The dot_act of quant.h over 32-element blocks of BYTES bytes that UNPACK turns into 32 signed
+// integers q, the scale d and (MIN) the minimum m (value d * q + m), against q8_0 (MIN = false) or
+// q8_1 (MIN = true) activation blocks.
+template <int BYTES, void (*UNPACK)(const uint8_t*, int8_t*, float*, float*), bool MIN>
+[[gnu::always_inline]] inline float dot_act_blocks(const void* w, const void* xq, int64_t n) {
+  constexpr int kXBytes = MIN ? 36 : 34, kXQs = MIN ? 4 : 2;
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  float acc[8] = {};
+  float summs = 0;
+  for (int64_t b = 0; b < n / 32; ++b, p += BYTES, y += kXBytes) {
+    alignas(32) int8_t q[32];
+    float d, m = 0;
+    UNPACK(p, q, &d, &m);
+    const float dd = d * ld_f16(y);
+    if constexpr (MIN) summs = std::fma(m, ld_f16(y + 2), summs);
+    const int8_t* qy = reinterpret_cast<const int8_t*>(y + kXQs);
+    for (int l = 0; l < 8; ++l) {
+      int32_t s = 0;
+      for (int e = 4 * l; e < 4 * l + 4; ++e) s += static_cast<int32_t>(q[e]) * static_cast<int32_t>(qy[e]);
+      acc[l] = std::fma(dd, static_cast<float>(s), acc[l]);
+    }
+  }
+  return hsum8(acc) + summs;
+}
+
+// NAME_generic / NAME_avx2 / NAME_avx512 builds of dot_act_blocks and NAME, which picks one once.
+#define MK_QUANT_DOT_ACT(NAME, BYTES, UNPACK, MIN)                                                              \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,bmi2"))) float NAME##_avx512(                       \
+      const void* w, const void* x, int64_t n) {                                                                \
+    return ::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>(w, x, n);                                    \
+  }                                                                                                             \
+  __attribute__((target("avx2,fma,bmi2"))) float NAME##_avx2(const void* w, const void* x, int64_t n) {         \
+    return ::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>(w, x, n);                                    \
+  }                                                                                                             \
+  float NAME##_generic(const void* w, const void* x, int64_t n) {                                               \
+    return ::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>(w, x, n);                                    \
+  }                                                                                                             \
+  float NAME(const void* w, const void* x, int64_t n) {                                                         \
+    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                             \
+    if (isa == ::mk::quant::detail::Isa::avx512) return NAME##_avx512(w, x, n);                                 \
+    if (isa == ::mk::quant::detail::Isa::avx2) return NAME##_avx2(w, x, n);                                     \
+    return NAME##_generic(w, x, n);                                                                             \
+  }
+
+// As MK_QUANT_DOT_ACT with a hand-written AVX2 function (avx2.h) on AVX2 and AVX-512 machines.
+#define MK_QUANT_DOT_ACT_HAND_AVX2(NAME, BYTES, UNPACK, MIN, AVX2_FN)                                           \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,bmi2"))) float NAME##_avx512(                       \
+      const void* w, const void* x, int64_t n) {                                                                \
+    return AVX2_FN(w, x, n);                                                                                    \
+  }                                                                                                             \
+  float NAME##_avx2(const void* w, const void* x, int64_t n) { return AVX2_FN(w, x, n); }                       \
+  float NAME##_generic(const void* w, const void* x, int64_t n) {                                               \
+    return ::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>(w, x, n);                                    \
+  }                                                                                                             \
+  float NAME(const void* w, const void* x, int64_t n) {                                                         \
+    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                             \
+    if (isa != ::mk::quant::detail::Isa::generic) return AVX2_FN(w, x, n);                                      \
+    return NAME##_generic(w, x, n);                                                                             \
+  }
+
+// dot_act4 from a hand-written AVX2 four-row kernel, or four calls of NAME where the CPU has no AVX2.
+#define MK_QUANT_DOT_ACT4_HAND_AVX2(NAME, DOT_ACT, AVX2_FN)                                                   \
+  void NAME(const void* w, const void* const* x, int64_t n, float* out) {                                      \
+    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                             \
+    if (isa != ::mk::quant::detail::Isa::generic) return AVX2_FN(w, x, n, out);                                 \
+    for (int r = 0; r < 4; ++r) out[r] = DOT_ACT(w, x[r], n);                                                   \
   }
 
 // Row loop over blocks for dequantize_row.

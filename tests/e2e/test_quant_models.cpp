@@ -20,11 +20,14 @@ namespace {
 
 const std::string kStories = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
 
-// Logits of an 8-token prompt, then three single-token decode steps, concatenated.
-std::vector<float> logits(const ModelFile& m, const std::string& backend) {
+// Logits of an 8-token prompt, then three single-token decode steps, concatenated. `numerics`:
+// the cpu backend's llama.cpp numerics (--act-quant / --kv-type): "auto", "on" or "off".
+std::vector<float> logits(const ModelFile& m, const std::string& backend, const std::string& numerics = "auto") {
   Graph g = build_graph(m, BuildOptions{64, false});
   BackendOptions o;
   o.threads = 2;
+  o.act_quant = numerics;
+  o.kv_type = numerics == "on" ? "f16" : numerics == "off" ? "f32" : "auto";
   auto b = make_backend(backend, g, m, o);
   const int32_t n_vocab = static_cast<int32_t>(m.get("token_embd.weight").shape[0]);
   std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 432, 45, 300};
@@ -46,16 +49,20 @@ ModelFile synth_256() {
   return make_synthetic_model(s);
 }
 
-// Quantized vs f32 logits (rel. L2) within `bound`, and cpu vs reference within 1e-5.
+// Quantized vs f32 logits (rel. L2) within `bound` (float32 activations and KV, and with llama.cpp's
+// numerics: 8-bit activations for q4_0..q8_0 weights, f16 KV), and cpu vs reference within 1e-5.
 void check(const ModelFile& f32, const ModelFile& q, double bound, const std::string& what) {
-  const auto want = logits(f32, "cpu");
-  const auto cpu = logits(q, "cpu");
+  const auto want = logits(f32, "cpu", "off");
+  const auto cpu = logits(q, "cpu", "off");
+  const auto llama = logits(q, "cpu", "on");
   const auto ref = logits(q, "reference");
-  const double err = test::rel_l2(cpu, want);
+  const double err = test::rel_l2(cpu, want), err_llama = test::rel_l2(llama, want);
   EXPECT_LT(err, bound) << what << ": quantized vs f32 logits";
+  EXPECT_LT(err_llama, bound) << what << ": quantized with 8-bit activations and f16 KV vs f32 logits";
   EXPECT_GT(err, 0.0) << what << ": the weights were not quantized";
   EXPECT_LT(test::rel_l2(cpu, ref), 1e-5) << what << ": cpu vs reference";
-  std::printf("  %-22s rel L2 vs f32 %.4f, cpu vs reference %.2e\n", what.c_str(), err, test::rel_l2(cpu, ref));
+  std::printf("  %-22s rel L2 vs f32 %.4f (llama.cpp numerics %.4f), cpu vs reference %.2e\n", what.c_str(), err,
+              err_llama, test::rel_l2(cpu, ref));
 }
 
 }  // namespace
@@ -105,5 +112,7 @@ TEST(E2EQuant, Q4KMStyleMixThroughAGgufFile) {
                                                                    {"blk.0.attn_norm.weight", DType::F32}})
     EXPECT_EQ(loaded.get(name).dtype, t) << name;
   check(f32, loaded, 0.18, "synthetic-256 Q4_K_M mix");
-  EXPECT_EQ(logits(loaded, "cpu"), logits(mixed, "cpu"));  // the file round trip changes no bit
+  // The file round trip changes no bit; a GGUF file gets llama.cpp's numerics by default.
+  EXPECT_EQ(logits(loaded, "cpu", "on"), logits(mixed, "cpu", "on"));
+  EXPECT_EQ(logits(loaded, "cpu"), logits(mixed, "cpu", "on"));
 }

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/interpreter.h"
 #include "passes/pass.h"
+#include "quant/quant.h"
 #include "support/error.h"
 
 namespace mk {
@@ -22,7 +23,19 @@ class CpuBackend final : public Backend {
     for (const Node& n : g.nodes)
       if (n.op == Op::kv_cache) n_ctx = kv_geometry(n).n_ctx;
     co.max_tokens = n_ctx > 0 ? std::min<int64_t>(co.max_tokens, n_ctx) : co.max_tokens;
-    interp_ = std::make_unique<cpu::Interpreter>(compile_program(g, co), m, !trace_path_.empty());
+    // auto: llama.cpp's numerics for GGUF files whose weights include a type with 8-bit activations.
+    bool llama_like = false;
+    if (m.format == "gguf")
+      for (const WeightTensor& t : m.tensors())
+        if (const quant::QuantType* q = quant::quant_type(t.dtype); q && q->act) llama_like = true;
+    bool act_quant = llama_like, kv_f16 = llama_like;
+    if (o.act_quant == "on") act_quant = true;
+    else if (o.act_quant == "off") act_quant = false;
+    else if (o.act_quant != "auto") fail("--act-quant: expected auto, on or off, got '{}'", o.act_quant);
+    if (o.kv_type == "f16") kv_f16 = true;
+    else if (o.kv_type == "f32") kv_f16 = false;
+    else if (o.kv_type != "auto") fail("--kv-type: expected auto, f16 or f32, got '{}'", o.kv_type);
+    interp_ = std::make_unique<cpu::Interpreter>(compile_program(g, co), m, !trace_path_.empty(), act_quant, kv_f16);
   }
 
   std::string name() const override { return "cpu"; }

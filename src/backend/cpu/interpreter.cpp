@@ -59,7 +59,8 @@ inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_
 
 }  // namespace
 
-Interpreter::Interpreter(Program program, const ModelFile& model, bool trace) : p_(std::move(program)), tracing_(trace) {
+Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bool act_quant, bool kv_f16)
+    : p_(std::move(program)), tracing_(trace), kv_f16_(kv_f16) {
   validate_program(p_);
   t0_ = 0;
   t0_ = now_ns();
@@ -72,6 +73,7 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace) : 
     WeightRef w;
     w.dtype = t.dtype;
     w.quant = quant::quant_type(t.dtype);
+    w.act_q8 = act_quant && w.quant && w.quant->act;
     w.data = t.data;
     w.row_elems = t.shape.back();
     w.row_bytes = dtype_bytes(t.dtype, w.row_elems);
@@ -276,7 +278,7 @@ bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
 }
 
 void Interpreter::run_step(int w, uint32_t epoch) {
-  StepMemory m{arena_, kv_, weights_.data(), sym_};
+  StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_};
   float* scratch = scratch_[static_cast<size_t>(w)];
   const uint64_t n = p_.instrs.size();
   auto exec = [&](uint64_t idx) -> bool {

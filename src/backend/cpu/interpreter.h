@@ -35,7 +35,10 @@ class Interpreter {
  public:
   // Binds the program's weights to `model` (dtype and shape checked), validates the program and
   // starts program.workers - 1 threads (the caller of step() is worker 0). Throws mk::Error on a mismatch or an invalid program.
-  Interpreter(Program program, const ModelFile& model, bool trace = false);
+  // act_quant: matmuls over quantized weights whose type has an 8-bit activation block (q4_0 .. q8_0)
+  // quantize the activation rows as llama.cpp does (kernels.h WeightRef::act_q8).
+  // kv_f16: K/V/query/probabilities rounded to f16 as llama.cpp's f16 KV cache (StepMemory::kv_f16).
+  Interpreter(Program program, const ModelFile& model, bool trace = false, bool act_quant = false, bool kv_f16 = false);
   ~Interpreter();
   Interpreter(const Interpreter&) = delete;
   Interpreter& operator=(const Interpreter&) = delete;
@@ -95,6 +98,7 @@ class Interpreter {
   std::vector<std::thread> threads_;
 
   bool tracing_ = false;
+  bool kv_f16_ = false;
   std::vector<std::vector<TraceEvent>> trace_;
   std::vector<std::pair<int64_t, int64_t>> step_times_;
   int64_t t0_ = 0;

@@ -154,6 +154,10 @@ struct Ctx {
   const WeightRef& w(int id) const { return m.weights[static_cast<size_t>(id)]; }
 };
 
+// Floats reserved after a matmul tile for R activation rows of K elements quantized to 8-bit blocks
+// (at most 36 bytes per 32 elements, two block types for a GLU's gate and up weights).
+inline int64_t act_q8_floats(int64_t R, int64_t K) { return (2 * R * ((K + 31) / 32) * 36 + 3) / 4 + 16; }
+
 void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int64_t K = o.k, T = in.c1 - in.c0;
   float* s = c.scratch;
@@ -172,7 +176,47 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* utmp = s + 4 * stride;  // 4 converted up rows
   float* tile = s + 8 * stride;  // [R, T]
   const WeightRef& W = c.w(o.w);
-  if (R == 1 && W.quant) {
+  // Past the tile: quantized activation rows (up to two block types for a GLU), then RoPE's table.
+  float* after_tile = tile + R * T + act_q8_floats(R, K);
+  bool done = false;
+  if (W.act_q8 && (o.glu == Act::none || c.w(o.w_up).act_q8)) {
+    // llama.cpp's arithmetic: each activation row quantized once per tile to 8-bit blocks, then
+    // integer block dots (src/quant/quant.h dot_act); the same for decode and prefill rows.
+    const WeightRef& U = c.w(o.w_up);
+    const quant::ActQuant* aw = W.quant->act;
+    const quant::ActQuant* au = o.glu != Act::none ? U.quant->act : aw;
+    const size_t wrow = static_cast<size_t>(K / aw->block_size * aw->block_bytes);
+    const size_t urow = static_cast<size_t>(K / au->block_size * au->block_bytes);
+    uint8_t* xw = reinterpret_cast<uint8_t*>(tile + R * T);
+    uint8_t* xu = au == aw ? xw : xw + R * wrow;
+    for (int64_t r = 0; r < R; ++r) aw->quantize_row(x + r * ldx, xw + r * wrow, K);
+    if (au != aw)
+      for (int64_t r = 0; r < R; ++r) au->quantize_row(x + r * ldx, xu + r * urow, K);
+    // dot_act of weight row `row` against activation rows r..r+3 (four rows sharing each weight block).
+    const auto dot4 = [&](const quant::QuantType* q, const uint8_t* row, const uint8_t* xs, size_t xrow, int64_t r,
+                          float* o4) {
+      const void* xr[4] = {xs + r * xrow, xs + (r + 1) * xrow, xs + (r + 2) * xrow, xs + (r + 3) * xrow};
+      if (q->dot_act4) return q->dot_act4(row, xr, K, o4);
+      for (int i = 0; i < 4; ++i) o4[i] = q->dot_act(row, xr[i], K);
+    };
+    for (int64_t j = in.c0; j < in.c1; ++j) {
+      const uint8_t* wr = W.data + static_cast<size_t>(j) * W.row_bytes;
+      const uint8_t* ur = o.glu != Act::none ? U.data + static_cast<size_t>(j) * U.row_bytes : nullptr;
+      int64_t r = 0;
+      for (; r + 4 <= R; r += 4) {
+        float v[4], u[4];
+        dot4(W.quant, wr, xw, wrow, r, v);
+        if (ur) dot4(U.quant, ur, xu, urow, r, u);
+        for (int i = 0; i < 4; ++i) tile[(r + i) * T + (j - in.c0)] = ur ? act(o.glu, v[i]) * u[i] : v[i];
+      }
+      for (; r < R; ++r) {
+        float v = W.quant->dot_act(wr, xw + r * wrow, K);
+        if (ur) v = act(o.glu, v) * U.quant->dot_act(ur, xu + r * urow, K);
+        tile[r * T + (j - in.c0)] = v;
+      }
+    }
+    done = true;
+  } else if (R == 1 && W.quant) {
     // Decode over quantized weights: each row's blocks are dequantized inside the dot (the same bits
     // as dequantize-then-dot, src/quant/quant.h), never expanded to a float row.
     const WeightRef& U = c.w(o.w_up);
@@ -201,10 +245,10 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
         }
       }
   }
-  int64_t j = R < 4 ? in.c1 : in.c0;
+  int64_t j = done || R < 4 ? in.c1 : in.c0;
   for (; j + 4 <= in.c1; j += 4) {  // prefill: four output columns at a time, x loaded once per four
     const float* wr[4];
-    const float* ur[4];
+    const float* ur[4] = {};
     for (int q = 0; q < 4; ++q) wr[q] = weight_span(W, j + q, 0, K, wtmp + q * stride);
     if (o.glu != Act::none)
       for (int q = 0; q < 4; ++q) ur[q] = weight_span(c.w(o.w_up), j + q, 0, K, utmp + q * stride);
@@ -239,7 +283,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int32_t* slot = o.epi == Epi::store || o.epi == Epi::rope_store ? c.ibuf(c.p.kv_slot_buffer) : nullptr;
   if (o.epi == Epi::rope || o.epi == Epi::rope_store) {
     const int32_t* pos = c.ibuf(o.pos);
-    size_t at = static_cast<size_t>(tile + R * T - c.scratch);
+    size_t at = static_cast<size_t>(after_tile - c.scratch);
     double* cs = reinterpret_cast<double*>(c.scratch + ((at + 1) & ~size_t{1}));  // 8-byte aligned
     for (int64_t r = 0; r < R; ++r) rope_span(o, tile + r * T, T, pos[r], cs);
   }
@@ -250,6 +294,8 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       for (int64_t j = 0; j < T; ++j) out[r * oc + in.c0 + j] = tile[r * T + j] + res[r * rs + in.c0 + j];
     return;
   }
+  if (c.m.kv_f16 && c.p.buffers[static_cast<size_t>(o.out)].kind == BufferKind::kv)  // an f16 cache row
+    for (int64_t i = 0; i < R * T; ++i) tile[i] = round_f16(tile[i]);
   for (int64_t r = 0; r < R; ++r)
     std::memcpy(out + (slot ? slot[r] : r) * oc + in.c0, tile + r * T, static_cast<size_t>(T) * 4);
 }
@@ -269,6 +315,7 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* score = c.scratch;
   int32_t* kv_row = reinterpret_cast<int32_t*>(c.scratch + c.p.n_ctx + 16);  // pool row of each position
   float* acc = c.scratch + 2 * (c.p.n_ctx + 16);
+  float* q16 = acc + hd + 16;  // the query rounded to f16 (kv_f16)
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n_kv = pos[r] + 1;  // causal: positions [0, pos[r]] of the row's sequence
     const int32_t* bt = block_table + row_seq[r] * mb;
@@ -276,13 +323,25 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     for (int64_t h = in.c0 / hd; h < in.c1 / hd; ++h) {
       const int64_t g = h / hpg;
       const float* qh = q + r * qs + h * hd;
+      if (c.m.kv_f16) {
+        for (int64_t i = 0; i < hd; ++i) q16[i] = round_f16(qh[i]);
+        qh = q16;
+      }
       float mx = -INFINITY;
       for (int64_t j = 0; j < n_kv; ++j) {
         score[j] = dot(qh, kc + kv_row[j] * ks + g * hd, hd) * scale;
         mx = std::max(mx, score[j]);
       }
       float sum = 0;
-      for (int64_t j = 0; j < n_kv; ++j) sum += (score[j] = std::exp(score[j] - mx));
+      if (c.m.kv_f16) {  // llama.cpp: softmax (sum in double), then probabilities as f16 against V
+        double dsum = 0;
+        for (int64_t j = 0; j < n_kv; ++j) dsum += (score[j] = std::exp(score[j] - mx));
+        const float inv = static_cast<float>(1.0 / dsum);
+        for (int64_t j = 0; j < n_kv; ++j) score[j] = round_f16(score[j] * inv);
+        sum = 1;
+      } else {
+        for (int64_t j = 0; j < n_kv; ++j) sum += (score[j] = std::exp(score[j] - mx));
+      }
       std::fill(acc, acc + hd, 0.0f);
       for (int64_t j = 0; j < n_kv; ++j) {
         const float* vj = vc + kv_row[j] * vs + g * hd;
@@ -304,10 +363,10 @@ size_t scratch_floats(const Program& p) {
     int64_t n = 0;
     switch (o.opcode) {
       case Opcode::matmul:
-        n = 2 * R * o.k + 8 * (o.k + 32) + R * o.tile_cols + 2 * o.n_rot + 64;
+        n = 2 * R * o.k + 8 * (o.k + 32) + R * o.tile_cols + act_q8_floats(R, o.k) + 2 * o.n_rot + 64;
         break;
       case Opcode::attention:
-        n = 2 * (p.n_ctx + 16) + o.head_dim + 16;  // scores, pool rows (i32), accumulator
+        n = 2 * (p.n_ctx + 16) + 2 * (o.head_dim + 16);  // scores, pool rows (i32), accumulator, f16 query
         break;
       default:  // + 512: a quantized embedding tile dequantizes whole blocks of up to 256 around it
         n = 3 * o.k + o.tile_cols + 2 * o.n_rot + 160 + 512;
@@ -416,7 +475,12 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       float* cache = c.buf(o.out);
       const int64_t xs = c.cols(o.x), cs = c.cols(o.out);
       const int32_t* slot = c.ibuf(p.kv_slot_buffer);
-      for (int64_t r = 0; r < R; ++r) std::memcpy(cache + slot[r] * cs + c0, x + r * xs + c0, static_cast<size_t>(T) * 4);
+      for (int64_t r = 0; r < R; ++r) {
+        float* dst = cache + slot[r] * cs + c0;
+        std::memcpy(dst, x + r * xs + c0, static_cast<size_t>(T) * 4);
+        if (m.kv_f16)
+          for (int64_t j = 0; j < T; ++j) dst[j] = round_f16(dst[j]);
+      }
       return;
     }
     case Opcode::last_row: {

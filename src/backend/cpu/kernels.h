@@ -4,6 +4,9 @@
 // schedule gives the same bits. Reductions use 16 fixed lanes combined in a fixed tree.
 #pragma once
 #include <cstdint>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 #include "isa/program.h"
@@ -20,6 +23,10 @@ struct WeightRef {
   int64_t row_elems = 0;
   size_t row_bytes = 0;
   const float* f32 = nullptr;  // set when the data is float32 and aligned (no conversion needed)
+  // Matmuls over this weight quantize the activation rows to quant->act blocks and use
+  // quant->dot_act, as llama.cpp's CPU backend does (set for types with an act when the backend's
+  // act_quant option is on); otherwise activations stay float32.
+  bool act_q8 = false;
 };
 
 // Memory and symbols one step sees.
@@ -28,7 +35,20 @@ struct StepMemory {
   uint8_t* kv = nullptr;
   const WeightRef* weights = nullptr;
   SymValues sym;
+  // llama.cpp's default f16 KV cache (and its non-flash attention), emulated in float32 storage: K
+  // and V rows are rounded to f16 where they are stored, the query to f16 before Q.K, and the
+  // normalised attention probabilities to f16 before they weight V.
+  bool kv_f16 = false;
 };
+
+// v rounded to the nearest IEEE half (ties to even), as float.
+inline float round_f16(float v) {
+#if defined(__F16C__)
+  return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+#else
+  return f16_to_f32(f32_to_f16(v));
+#endif
+}
 
 // Per-worker scratch space, sized by scratch_floats().
 size_t scratch_floats(const Program& p);

@@ -1,0 +1,92 @@
+// 8-bit activation blocks (quant.h ActQuant): q8_0 and q8_1 as ggml's x86 quantize_row_q8_0 /
+// quantize_row_q8_1 (arch/x86/quants.c, AVX2 path) compute them.
+#include <algorithm>
+#include <cmath>
+
+#include "quant/avx2.h"
+#include "quant/quant_impl.h"
+
+namespace mk::quant {
+namespace {
+using namespace detail;
+
+// One 32-element block: d = amax / 127 (f16), q = nearest-even(x * (127 / amax)); with S, also
+// s = d * sum(q) (f16, d before its rounding to f16).
+template <bool S>
+void quantize_q8(const float* x, void* dst, int64_t n) {
+  constexpr int kBytes = S ? 36 : 34, kQs = S ? 4 : 2;
+  uint8_t* b = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n / 32; ++i, x += 32, b += kBytes) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    st_f16(b, d);
+    int32_t sum = 0;
+    int8_t* q = reinterpret_cast<int8_t*>(b + kQs);
+    for (int j = 0; j < 32; ++j) {
+      const int v = static_cast<int>(std::nearbyint(x[j] * id));  // default rounding: to nearest even
+      q[j] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    if constexpr (S) st_f16(b + 2, d * static_cast<float>(sum));
+  }
+}
+
+// The same with AVX2 (ggml's x86 code): the same bits, max/multiply/round are exact lane operations.
+template <bool S>
+MK_AVX2_FN void quantize_q8_avx2(const float* x, void* dst, int64_t n) {
+  constexpr int kBytes = S ? 36 : 34, kQs = S ? 4 : 2;
+  uint8_t* b = static_cast<uint8_t*>(dst);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n / 32; ++i, x += 32, b += kBytes) {
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1));
+    m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    st_f16(b, d);
+    const __m256 mul = _mm256_set1_ps(id);
+    const auto q = [&](__m256 v) {
+      return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    };
+    __m256i i0 = q(v0), i1 = q(v1), i2 = q(v2), i3 = q(v3);
+    if constexpr (S) {
+      const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
+      st_f16(b + 2, d * static_cast<float>(_mm_cvtsi128_si32(s4)));
+    }
+    i0 = _mm256_packs_epi32(i0, i1);
+    i2 = _mm256_packs_epi32(i2, i3);
+    i0 = _mm256_packs_epi16(i0, i2);
+    i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + kQs), i0);
+  }
+}
+
+template <bool S>
+void quantize_q8_any(const float* x, void* dst, int64_t n) {
+  static const bool avx2 = runtime_isa() != Isa::generic;
+  if (avx2) return quantize_q8_avx2<S>(x, dst, n);
+  quantize_q8<S>(x, dst, n);
+}
+}  // namespace
+
+extern const ActQuant kQ8_0Act = {"q8_0", 32, 34, quantize_q8_any<false>};
+extern const ActQuant kQ8_1Act = {"q8_1", 32, 36, quantize_q8_any<true>};
+
+namespace detail {
+// For tests: the scalar quantizer (ActQuant::quantize_row picks AVX2 where the CPU has it).
+void act_quantize_generic(bool q8_1, const float* x, void* dst, int64_t n) {
+  if (q8_1) quantize_q8<true>(x, dst, n);
+  else quantize_q8<false>(x, dst, n);
+}
+}  // namespace detail
+
+const ActQuant& act_q8_0() { return kQ8_0Act; }
+const ActQuant& act_q8_1() { return kQ8_1Act; }
+}  // namespace mk::quant
