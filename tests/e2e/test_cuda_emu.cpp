@@ -233,6 +233,8 @@ std::vector<float> quant_logits(const ModelFile& m, const std::string& backend) 
   Graph g = build_graph(m, BuildOptions{32, false});
   BackendOptions o;
   o.threads = 2;
+  o.act_quant = "off";  // the device's numerics: float32 activations and KV (cpu's auto would be llama.cpp's)
+  o.kv_type = "f32";
   auto b = make_backend(backend, g, m, o);
   const int32_t n_vocab = static_cast<int32_t>(m.get("token_embd.weight").shape[0]);
   std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 432, 45, 300};
@@ -321,6 +323,8 @@ TEST(E2ECudaEmuQuantModel, SmolLM2Q41GreedyEqualsCpu) {
     so.backend = backend;
     so.n_ctx = 64;
     so.backend_options.threads = 2;
+    so.backend_options.act_quant = "off";  // float32 numerics, as the device
+    so.backend_options.kv_type = "f32";
     Session s(so);
     GenerateOptions go;
     go.prompt = "The capital of France is";
