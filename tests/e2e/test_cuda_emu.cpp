@@ -227,7 +227,8 @@ TEST(E2ECudaEmuErrors, ParallelWaitNamesTheFirstStuckCounter) {
   // Add complete waits of earlier instructions (their producers come earlier in the order).
   for (int j = 0; j < i && waits.size() < 40; ++j)
     for (const Wait& w : p.instrs[static_cast<size_t>(j)].waits)
-      if (waits.size() < 40 && std::none_of(waits.begin(), waits.end(), [&](const Wait& x) { return x.counter == w.counter; }))
+      if (waits.size() < 40 &&
+          std::none_of(waits.begin(), waits.end(), [&](const Wait& x) { return x.counter == w.counter; }))
         waits.push_back(w);
   ASSERT_EQ(waits.size(), 40u);
   waits[35].count += 1;
@@ -245,7 +246,8 @@ TEST(E2ECudaEmuErrors, ParallelWaitNamesTheFirstStuckCounter) {
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find(fmt::format("instruction {} (", i)), std::string::npos) << msg;
-    EXPECT_NE(msg.find(fmt::format("waited more than 300 ms for counter {} (", stuck.counter)), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fmt::format("waited more than 300 ms for counter {} (", stuck.counter)), std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(fmt::format("expected {} (", stuck.count)), std::string::npos) << msg;  // step 1
   }
   unsetenv("MK_CUDA_WAIT_TIMEOUT_MS");
