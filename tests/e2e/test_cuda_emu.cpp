@@ -10,6 +10,7 @@
 //     cpu backend's within 1e-4, and SmolLM2-135M Q4_1 generates the cpu backend's greedy tokens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -205,6 +206,51 @@ TEST(CudaEmuRaceCheck, FindsTheRaceInEveryUnsafeMutant) {
   EXPECT_GE(races, 50);
   EXPECT_TRUE(missed.empty()) << missed.size() << " of " << checked << " unsafe mutants ran without an error, e.g. "
                               << missed.front();
+}
+
+// Warp 0 waits on an instruction's counters in parallel (lane l: waits l, l+32, ...). An instruction
+// given 40 waits on distinct counters, two of which can never complete (wait 35: lane 3's second
+// round, which lane 3 reaches first on the emulator; wait 9: lane 9), must report wait 9, the first
+// stuck one in the instruction's order, as a serial wait would.
+TEST(E2ECudaEmuErrors, ParallelWaitNamesTheFirstStuckCounter) {
+  ModelFile m = load_model(kStories + "stories260K.gguf");
+  Graph g = build_graph(m, {16, false});
+  CompileOptions co;
+  co.workers = 2;
+  co.max_tokens = 8;
+  Program p = compile_program(g, co);
+  // The last instruction with waits: nothing waits on it, so no other wait can time out first.
+  int i = static_cast<int>(p.instrs.size()) - 1;
+  while (i >= 0 && p.instrs[static_cast<size_t>(i)].waits.empty()) --i;
+  ASSERT_GE(i, 0);
+  std::vector<Wait>& waits = p.instrs[static_cast<size_t>(i)].waits;
+  // Add complete waits of earlier instructions (their producers come earlier in the order).
+  for (int j = 0; j < i && waits.size() < 40; ++j)
+    for (const Wait& w : p.instrs[static_cast<size_t>(j)].waits)
+      if (waits.size() < 40 &&
+          std::none_of(waits.begin(), waits.end(), [&](const Wait& x) { return x.counter == w.counter; }))
+        waits.push_back(w);
+  ASSERT_EQ(waits.size(), 40u);
+  waits[35].count += 1;
+  waits[9].count += 1;
+  const Wait stuck = waits[9];
+  BackendOptions bo;
+  cuda::EmuOptions eo;
+  eo.blocks = 2;
+  eo.threads = 64;
+  setenv("MK_CUDA_WAIT_TIMEOUT_MS", "300", 1);
+  auto b = make_cuda_emu_program_backend(std::move(p), m, bo, eo);
+  try {
+    b->forward(std::vector<int32_t>{1, 403}, 0);
+    ADD_FAILURE() << "a wait that can never complete did not time out";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(fmt::format("instruction {} (", i)), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fmt::format("waited more than 300 ms for counter {} (", stuck.counter)), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(fmt::format("expected {} (", stuck.count)), std::string::npos) << msg;  // step 1
+  }
+  unsetenv("MK_CUDA_WAIT_TIMEOUT_MS");
 }
 
 TEST(CudaEmuRaceCheck, ValidProgramHasNoRace) {

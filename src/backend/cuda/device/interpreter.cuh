@@ -41,22 +41,31 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
     const MkInstr in = p.instrs[cur];
     const MkOpArgs& a = p.ops[in.op];
     mk_prefetch(in, a);  // weights are always ready: start pulling them into L2 now
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) {
+      // Thread 0 claims the next instruction (one atomic per block), then warp 0 waits on this one's
+      // counters in parallel (mk_wait: lane l takes waits l, l+32, ...). Lane k's acquire of a
+      // counter, then the block barrier below, order the producers' writes before every thread's
+      // reads of the data (the argument is next to mk_wait).
+      if (threadIdx.x == 0) {
 #if MK_TRACE
-      t_wait = mk_globaltimer();
+        t_wait = mk_globaltimer();
 #endif
-      int next;
-      if (MK_STATIC) {
-        next = pos + 1 < end ? p.list_items[pos + 1] : MK_NUM_INSTRS;
-      } else {
-        const mk_u64 v = atomicAdd(p.queue, 1ull) - base;  // claim the next while this one waits and runs
-        next = v < (mk_u64)MK_NUM_INSTRS ? (int)v : MK_NUM_INSTRS;
+        int next;
+        if (MK_STATIC) {
+          next = pos + 1 < end ? p.list_items[pos + 1] : MK_NUM_INSTRS;
+        } else {
+          const mk_u64 v = atomicAdd(p.queue, 1ull) - base;  // claim the next while this one waits and runs
+          next = v < (mk_u64)MK_NUM_INSTRS ? (int)v : MK_NUM_INSTRS;
+        }
+        s_next = next;
       }
-      s_ok = mk_wait(p, in, cur) ? 1 : 0;
-      s_next = next;
+      const bool ok = mk_wait(p, in, cur);  // the same in every lane
+      if (threadIdx.x == 0) {
+        s_ok = ok ? 1 : 0;
 #if MK_TRACE
-      t_start = mk_globaltimer();
+        t_start = mk_globaltimer();
 #endif
+      }
     }
     __syncthreads();
     if (!s_ok) return;

@@ -2,7 +2,7 @@
 // Memory rules (see docs/cuda.md):
 //   - weights never change during a kernel: 16-byte ld.global.nc.L1::no_allocate loads (mk_ldw*);
 //   - activations and KV rows are written by other blocks of the same kernel: ld.global.cg (L2,
-//     never a stale L1 line; mk_ld*), after thread 0's ld.acquire.gpu of the counter and a block
+//     never a stale L1 line; mk_ld*), after warp 0's ld.acquire.gpu of the counters and a block
 //     barrier; tiles store them with mk_st;
 //   - a producer's block barrier, then thread 0's red.release.gpu (cumulative) publishes its writes.
 // Wrap-safe "a 32-bit counter that only grows has reached target".
@@ -674,29 +674,58 @@ __device__ void mk_last_row(const MkInstr& in, const MkOpArgs& a, const MkSym& s
 }
 
 // ---- the interpreter's counter wait --------------------------------------------------------------
-// Thread 0 only. Returns false (after recording the error) on timeout or when another block failed.
+// Warp 0, all 32 lanes (called convergently). Lane l waits on waits l, l+32, ... of the instruction
+// in order, so the last layer's q/k/v (~128 counters each) cost about 4 L2 round trips, not 128.
+// Returns the same value in every lane: false (after recording the error) on timeout or when another
+// block failed. Watchdog: every lane gives up once p.timeout_ns have passed since the warp started
+// waiting (a deadline for the whole wait; the lanes wait at the same time). The error names the
+// first stuck wait in the instruction's order, as a serial wait would: each lane stops at its first
+// unreached wait, the warp takes the lowest such index, and only the lane that owns it reports
+// (every lower wait was reached by its lane).
+// Memory model: lane k's ld.acquire.gpu of a counter synchronizes with the producers' red.release.gpu;
+// the caller's block barrier (bar.sync, after this warp's shuffles) then orders lane k before every
+// thread of the block, so the producers' writes happen before any thread's later ld.global.cg of the
+// data (causality order is transitive across the two scopes, the same argument as with thread 0).
 __device__ bool mk_wait(const MkParams& p, const MkInstr& in, int idx) {
-  for (int w = 0; w < in.n_waits; ++w) {
+  if (in.n_waits == 0) return true;  // uniform across the warp
+  const int lane = (int)(threadIdx.x & 31u);
+  // Every lane reads the start before any lane spins (the __syncwarp; on cuda-emu the lanes run one
+  // at a time, so without it a late lane would start its clock after an earlier lane's timeout).
+  const mk_u64 t0 = mk_globaltimer();
+  __syncwarp();
+  int fail = 0x7fffffff;  // index of this lane's first unreached wait
+  bool timed_out = false;
+  mk_u32 v = 0, target = 0;
+  int counter = 0;
+  for (int w = lane; w < in.n_waits; w += 32) {
     const MkWait wt = p.waits[in.wait_begin + w];
     // Exactly the CPU interpreter's target: the counter has had `count` signals in each of the
     // steps 1..epoch (the validator guarantees count == per_step; a broken count never completes
     // and ends in the watchdog error, as on the CPU).
-    const mk_u32 target = p.epoch * wt.count;
+    target = p.epoch * wt.count;
+    counter = wt.counter;
     const mk_u32* ctr = p.counters + wt.counter;
-    mk_u32 v = mk_ld_acquire(ctr);
-    if (mk_reached(v, target)) continue;
-    const mk_u64 t0 = mk_globaltimer();
-    for (mk_u32 spin = 1;; ++spin) {
-      v = mk_ld_acquire(ctr);
-      if (mk_reached(v, target)) break;
+    v = mk_ld_acquire(ctr);
+    for (mk_u32 spin = 1; !mk_reached(v, target); ++spin) {
       if ((spin & 63u) == 0u) {
-        if (*p.abort_flag) return false;
+        if (*p.abort_flag) break;
         if (mk_globaltimer() - t0 > p.timeout_ns) {
-          mk_report(p, 1, idx, wt.counter, v, target);
-          return false;
+          timed_out = true;
+          break;
         }
       }
+      v = mk_ld_acquire(ctr);
+    }
+    if (!mk_reached(v, target)) {
+      fail = w;
+      break;
     }
   }
-  return true;
+  int first = fail;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+  if (first == 0x7fffffff) return true;
+  // An aborted lane owning `first` means another block already reported: nothing to add.
+  if (fail == first && timed_out) mk_report(p, 1, idx, counter, v, target);
+  return false;
 }
