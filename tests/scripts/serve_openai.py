@@ -100,7 +100,7 @@ def expect_error(srv, body, status, param=None, path="/v1/completions", what="")
 
 
 def stories_checks():
-    srv = Server(STORIES, "--parallel", "8", "--max-queue", "64", "--timeout", "120")
+    srv = Server(STORIES, "--parallel", "16", "--max-queue", "64", "--timeout", "120")
     c = srv.client
     prompt = "Once upon a time"
     # A slow client: half a request line, then silence. Checked after the load test (the server
@@ -171,10 +171,10 @@ def stories_checks():
     check(srv.raw("GET", "/health")[0] == 200, "/health")
     srv.blocks_free_at_end("after the malformed requests")
 
-    # Load: 32 requests, 8 at a time, greedy; each equals `run --temp 0` of its prompt alone.
+    # Load: 64 requests, 16 at a time, greedy; each equals `run --temp 0` of its prompt alone.
     prompts = [f"{w} {i}" for i, w in enumerate(["Once upon a time", "The cat", "Lily saw", "Tom had a ball"] * 4)]
     refs = {p: run_cli(STORIES, p, 24, "--temp", "0")["text"] for p in prompts}
-    jobs = prompts * 2
+    jobs = prompts * 4
 
     def one(p):
         try:
@@ -182,7 +182,7 @@ def stories_checks():
         except openai.APIError as e:
             return p, None, e
 
-    with cf.ThreadPoolExecutor(8) as ex:
+    with cf.ThreadPoolExecutor(16) as ex:
         results = list(ex.map(one, jobs))
     errors = [e for _, _, e in results if e is not None]
     check(not errors, f"load test: no errors ({errors[:2]})")
