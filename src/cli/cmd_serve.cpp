@@ -198,9 +198,8 @@ class Server {
     if (p.max_tokens > e_.n_ctx() - n_prompt)
       throw HttpError{
           400,
-          fmt::format("this model's context is {} tokens, but {} were requested ({} in the prompt, {} in {}); "
-                      "lower {}",
-                      e_.n_ctx(), n_prompt + p.max_tokens, n_prompt, p.max_tokens, max_name, max_name),
+          fmt::format("this model's context is {} tokens, but {} in the prompt + {} in {} do not fit; lower {}",
+                      e_.n_ctx(), n_prompt, p.max_tokens, max_name, max_name),
           "invalid_request_error", max_name, "context_length_exceeded"};
     if (o_.timeout_s > 0) p.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000));
     return r;
@@ -359,6 +358,14 @@ class Server {
 
   void install(httplib::Server& svr) {
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // Runs before the body is read. cpp-httplib 0.11 does not apply the payload limit to chunked
+      // bodies, so those are refused (411, as servers that need the length up front answer).
+      if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
+        res.set_header("Connection", "close");
+        send_error(res, {411, "chunked request bodies are not accepted: send the body with a Content-Length",
+                         "invalid_request_error", "", ""});
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + o_.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
@@ -450,6 +457,10 @@ void serve(ServeOptions o) {
   o.session.kv_pool_tokens = o.kv_tokens;
   o.session.kv_pool_seqs = o.parallel;  // default pool: every running request can reach the full context
   Session s(o.session);
+  if (!o.template_file.empty()) {  // a template that cannot be read or parsed is the server's error, found at start
+    if (!s.tokenizer) fail("--chat-template-file: this model has no tokenizer, so it cannot chat");
+    render_model_chat(s.model, *s.tokenizer, json::array({{{"role", "user"}, {"content", "Hello"}}}), o.template_file);
+  }
   if (o.model_id.empty()) {
     std::filesystem::path p(o.session.model_path);
     o.model_id =
@@ -551,7 +562,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", o->port, "TCP port (0 = any free port; the chosen one is printed)");
   cmd->add_option("--parallel", o->parallel, "most requests generating at once (one batch)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--max-queue", o->max_queue, "requests waiting beyond --parallel; more get HTTP 429")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)");

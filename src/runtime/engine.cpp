@@ -149,8 +149,8 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
          n_prompt, o_.n_ctx);
   if (p.max_tokens == 0 || p.max_tokens < -1) fail("max_tokens must be at least 1, got {}", p.max_tokens);
   if (p.max_tokens > o_.n_ctx - n_prompt)
-    fail("the context is {} tokens, but {} were requested ({} in the prompt + {} max_tokens); lower max_tokens",
-         o_.n_ctx, n_prompt + p.max_tokens, n_prompt, p.max_tokens);
+    fail("the context is {} tokens, but {} in the prompt + {} max_tokens do not fit; lower max_tokens", o_.n_ctx,
+         n_prompt, p.max_tokens);
   auto seq = std::make_unique<Seq>(std::move(p));  // Sampler checks temperature/top_k/top_p
   seq->n_prompt = n_prompt;
   seq->max_tokens = seq->params.max_tokens < 0 ? o_.n_ctx - n_prompt : seq->params.max_tokens;
@@ -170,7 +170,7 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
     const int64_t free_slots = std::max<int64_t>(o_.parallel - static_cast<int64_t>(running_.size()), 0);
     if (static_cast<int64_t>(queue_.size()) >= o_.max_queue + free_slots) {
       ++stats_.requests_rejected;
-      throw EngineBusy(fmt::format("the queue is full ({} requests waiting)", queue_.size()), false);
+      throw EngineBusy(fmt::format("the queue is full (--max-queue {} beyond --parallel {})", o_.max_queue, o_.parallel), false);
     }
     queue_.push_back(std::move(seq));
     ++stats_.requests_submitted;

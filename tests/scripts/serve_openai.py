@@ -164,12 +164,25 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt}, 400, "messages", path="/v1/chat/completions", what="chat without messages")
     expect_error(srv, {"messages": [{"role": 3}]}, 400, "messages", path="/v1/chat/completions", what="chat with a bad message")
     expect_error(srv, b"{\"prompt\": \"" + b"a" * (10 * 1024 * 1024) + b"\"}", 413, what="10 MB body")
+    hc = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    hc.request("POST", "/v1/completions", body=iter([b'{"prompt": "Once", ', b'"max_tokens": 4}']),
+               headers={"Content-Type": "application/json"}, encode_chunked=True)
+    hr = hc.getresponse()
+    chunked_status, chunked_text = hr.status, hr.read().decode()
+    hc.close()
+    check(chunked_status == 411 and "Content-Length" in chunked_text,
+          f"a chunked body: 411 (the --max-body limit cannot be bypassed), got {chunked_status}")
     st, _, _ = srv.raw("GET", "/v1/nothing")
     check(st == 404, "unknown endpoint: 404")
     st, _, text = srv.raw("GET", "/v1/models")
     check(st == 200 and json.loads(text)["data"][0]["id"] == "stories260K", "/v1/models lists the model")
     check(srv.raw("GET", "/health")[0] == 200, "/health")
     srv.blocks_free_at_end("after the malformed requests")
+
+    bad_tpl = subprocess.run([BIN, "serve", "-m", *STORIES, "--port", "0", "--chat-template-file", "/nonexistent/t.jinja"],
+                             capture_output=True, text=True, timeout=120)
+    check(bad_tpl.returncode != 0 and "t.jinja" in bad_tpl.stderr,
+          f"an unreadable --chat-template-file stops the server at start (rc {bad_tpl.returncode})")
 
     # Load: 64 requests, 16 at a time, greedy; each equals `run --temp 0` of its prompt alone.
     prompts = [f"{w} {i}" for i, w in enumerate(["Once upon a time", "The cat", "Lily saw", "Tom had a ball"] * 4)]

@@ -297,7 +297,10 @@ class ReferenceBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_reference_backend(const Graph& g, const ModelFile& m, const BackendOptions&) {
+std::unique_ptr<Backend> make_reference_backend(const Graph& g, const ModelFile& m, const BackendOptions& o) {
+  // The oracle computes in float32/float64 only; llama.cpp's numerics exist on the cpu backend.
+  if (o.act_quant == "on") fail("--act-quant on: the reference backend keeps activations in float32 (cpu only)");
+  if (o.kv_type == "f16") fail("--kv-type f16: the reference backend keeps the KV cache in float32 (cpu only)");
   return std::make_unique<ReferenceBackend>(g, m);
 }
 
