@@ -118,6 +118,17 @@ class Server {
     if (get_int(body, "n", 1, 1, 1) != 1) bad("n", "only n = 1 is supported");
     if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
       bad("logprobs", "logprobs are not supported");
+    // Fields that would change the result are refused unless they hold their neutral value (clients
+    // often send the defaults), rather than silently ignored.
+    auto neutral = [](const json& v) {
+      return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0) ||
+             (v.is_string() && v.get<std::string>().empty()) || ((v.is_object() || v.is_array()) && v.empty());
+    };
+    for (const char* name : {"echo", "suffix", "logit_bias", "presence_penalty", "frequency_penalty", "top_logprobs",
+                             "tools", "functions", "tool_choice", "response_format"})
+      if (const json* v = field(body, name); v && !neutral(*v)) bad(name, fmt::format("'{}' is not supported", name));
+    if (const json* v = field(body, "best_of"); v && !(v->is_number_integer() && v->get<int64_t>() == 1) && !v->is_null())
+      bad("best_of", "only best_of = 1 is supported");
     r.stream = get_bool(body, "stream", false);
     if (const json* so = field(body, "stream_options")) {
       if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
