@@ -30,6 +30,7 @@
 #include "quant/quant.h"
 #include "runtime/session.h"
 #include "support/compare.h"
+#include "support/quant_models.h"
 #include "support/error.h"
 
 namespace mk {
@@ -273,36 +274,11 @@ TEST(CudaEmuRaceCheck, ValidProgramHasNoRace) {
 
 // ---- quantized weights ---------------------------------------------------------------------------
 
-// Logits of an 8-token prompt (8 staged rows per matmul tile), then three one-token decode steps
-// (the one-row path), concatenated.
 std::vector<float> quant_logits(const ModelFile& m, const std::string& backend) {
-  Graph g = build_graph(m, BuildOptions{32, false});
-  BackendOptions o;
-  o.threads = 2;
-  o.act_quant = "off";  // the device's numerics: float32 activations and KV (cpu's auto would be llama.cpp's)
-  o.kv_type = "f32";
-  auto b = make_backend(backend, g, m, o);
-  const int32_t n_vocab = static_cast<int32_t>(m.get("token_embd.weight").shape[0]);
-  std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 432, 45, 300};
-  for (auto& t : prompt) t %= n_vocab;
-  std::vector<float> all = b->forward(prompt, 0);
-  int64_t n_past = static_cast<int64_t>(prompt.size());
-  for (int32_t tok : {17, 230, 5}) {
-    tok %= n_vocab;
-    auto l = b->forward(std::span<const int32_t>(&tok, 1), n_past++);
-    all.insert(all.end(), l.begin(), l.end());
-  }
-  return all;
+  return test::prompt_then_decode_logits(m, backend, 32, "off");  // the device's numerics: float32
 }
 
-// A 256-wide synthetic Llama (GQA, untied: token_embd and output both quantized): rows of 256 and
-// 512 elements, whole K-quant blocks.
-ModelFile synth_256() {
-  SynthSpec s;
-  s.name = "quant-emu";
-  s.n_vocab = 320, s.n_embd = 256, s.n_layer = 2, s.n_head = 4, s.n_head_kv = 2, s.n_ff = 512, s.n_ctx = 32;
-  return make_synthetic_model(s);
-}
+ModelFile synth_256() { return test::synth_256("quant-emu", 32); }
 
 // Every 2-D matrix of a model in one of the ten types, spread so that each type is a plain matmul,
 // a GLU pair or an embedding somewhere (a Q4_K_M-like file taken further).

@@ -13,6 +13,7 @@
 #include "quant/quant.h"
 #include "support/compare.h"
 #include "support/gguf_write.h"
+#include "support/quant_models.h"
 
 using namespace mk;
 
@@ -20,34 +21,11 @@ namespace {
 
 const std::string kStories = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
 
-// Logits of an 8-token prompt, then three single-token decode steps, concatenated. `numerics`:
-// the cpu backend's llama.cpp numerics (--act-quant / --kv-type): "auto", "on" or "off".
 std::vector<float> logits(const ModelFile& m, const std::string& backend, const std::string& numerics = "auto") {
-  Graph g = build_graph(m, BuildOptions{64, false});
-  BackendOptions o;
-  o.threads = 2;
-  o.act_quant = numerics;
-  o.kv_type = numerics == "on" ? "f16" : numerics == "off" ? "f32" : "auto";
-  auto b = make_backend(backend, g, m, o);
-  const int32_t n_vocab = static_cast<int32_t>(m.get("token_embd.weight").shape[0]);
-  std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 432, 45, 300};
-  for (auto& t : prompt) t %= n_vocab;
-  std::vector<float> all = b->forward(prompt, 0);
-  int64_t n_past = static_cast<int64_t>(prompt.size());
-  for (int32_t tok : {17, 230, 5}) {
-    tok %= n_vocab;
-    auto l = b->forward(std::span<const int32_t>(&tok, 1), n_past++);
-    all.insert(all.end(), l.begin(), l.end());
-  }
-  return all;
+  return test::prompt_then_decode_logits(m, backend, 64, numerics);
 }
 
-ModelFile synth_256() {
-  SynthSpec s;
-  s.name = "quant-e2e";
-  s.n_vocab = 320, s.n_embd = 256, s.n_layer = 2, s.n_head = 4, s.n_head_kv = 2, s.n_ff = 512, s.n_ctx = 64;
-  return make_synthetic_model(s);
-}
+ModelFile synth_256() { return test::synth_256("quant-e2e", 64); }
 
 // Quantized vs f32 logits (rel. L2) within `bound` (float32 activations and KV, and with llama.cpp's
 // numerics: 8-bit activations for q4_0..q8_0 weights, f16 KV), and cpu vs reference within 1e-5.
