@@ -27,10 +27,13 @@
 #      - watchdog: MK_DEBUG_BREAK_WAIT=1 makes one wait unsatisfiable; the run must end with the
 #        watchdog error (exit 1, "waited more than") within its timeout, not hang;
 #      - every bf16 HF fixture: logits_last of cuda within relative L2 1e-2 of transformers'.
+#      - flash-decoding: stories260K greedy (case 0) on cuda with --attn-splits 1, 3 and 7 (the
+#        default rows above run the backend's automatic splits).
 #  part1 (b) + part2: ms/token of greedy decode (64 tokens; 16 in rehearsal, after a 4-token prompt given as ids: the
 #      synthetic shapes have no tokenizer), effective GB/s = weight bytes read per token / time, and
 #      its share of the device-to-device copy bandwidth measured in the same call (`megakernel
-#      bench-copy`), for cuda, cuda-graph and cuda-perop; part1 on synth:llama3.2-1b, part2 on
+#      bench-copy`), for cuda, cuda-graph and cuda-perop (automatic attention splits), and cuda/s1
+#      (cuda with --attn-splits 1: one attention tile per KV group, no flash-decoding); part1 on synth:llama3.2-1b, part2 on
 #      synth:llama3.1-8b. Each row also logs its `cuda compile:` line (MK_CUDA_VERBOSE).
 #  part1 (c) / part2: compile time: the host passes (`compile --emit program -t 132`, shapes only)
 #      and, part1, cold (empty NVRTC cache) and cached compile of the 1B (`cuda compile:` line).
@@ -212,7 +215,7 @@ below() { $PY -c "import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[
 correctness() {
   say "== (a) correctness"
   say "-- stories260K greedy ids vs reference_greedy.json"
-  local ncases b c n prompt_json prompt f r t0 rc secs fam d ids
+  local ncases b c n prompt_json prompt f r t0 rc secs fam d ids s
   ncases=$($PY -c "import json,sys; print(len(json.load(open(sys.argv[1]))))" "$REFG")
   for b in "${BACKENDS[@]}"; do
     for ((c = 0; c < ncases; ++c)); do
@@ -236,6 +239,30 @@ sys.exit(0 if g['generated_ids']==e['generated_ids'] and g['prompt_ids']==e['pro
         keep_err "greedy_${b}_$c"
       fi
     done
+  done
+
+  # The GPU backends split attention (flash-decoding) by default, ceil(SMs / n_head_kv) ranges; the
+  # rehearsal's few emulated blocks would not split, so this row names odd splits explicitly.
+  say "-- flash-decoding: stories260K greedy on $MAIN with --attn-splits 1, 3 and 7 (case 0)"
+  for s in 1 3 7; do
+    gpu_row "greedy $MAIN --attn-splits $s" || continue
+    read -r n prompt_json < <($PY -c "
+import json,sys; c=json.load(open(sys.argv[1]))[0]
+print(c['steps'] - len(c['prompt_ids']) + 1, json.dumps(c['prompt']))" "$REFG")
+    prompt=$($PY -c "import json,sys; print(json.loads(sys.argv[1]))" "$prompt_json")
+    f="$WORK/greedy_${MAIN}_s$s.json"
+    if timeout "$(tmo 120)" "$BIN" run --json --temp 0 --backend "$MAIN" --attn-splits "$s" -m "$STORIES" -n "$n" -p "$prompt" >"$f" 2>"$ERR"; then
+      if $PY -c "
+import json,sys; e=json.load(open(sys.argv[1]))[0]; g=json.load(open(sys.argv[2]))
+sys.exit(0 if g['generated_ids']==e['generated_ids'] else 1)" "$REFG" "$f"; then
+        pass "greedy $MAIN --attn-splits $s ($n tokens) equals the reference"
+      else
+        fail "greedy $MAIN --attn-splits $s differs from the reference (see $(basename "$f") in the tarball)"
+      fi
+    else
+      fail "greedy $MAIN --attn-splits $s: $(last_err)"
+      keep_err "greedy_${MAIN}_s$s"
+    fi
   done
 
   say "-- $SHAPE1: last-position logits of an 8-token prompt, $MAIN vs ${ORACLE[*]}"
@@ -308,29 +335,35 @@ timing() {  # timing SHAPE
   say "== decode timing on $shape: $N_DECODE greedy tokens after a 4-token prompt (--ids), ms/token from the run's own decode timer"
   bytes=$(weight_bytes "$shape")
   printf "%-24s %-11s %10s %10s %8s\n" model backend ms/token GB/s "%copy" | tee -a "$LOG"
-  for b in "${BACKENDS[@]}"; do
+  # Rows: each backend with its default (the GPU backends: flash-decoding splits, auto), then the
+  # megakernel with one unsplit attention op per KV group ("$MAIN/s1"): what the splits gain.
+  local row extra
+  for row in "${BACKENDS[@]}" "$MAIN/s1"; do
+    b=${row%/s1}
+    extra=()
+    [[ $row == */s1 ]] && extra=(--attn-splits 1)
     if [[ -n "$NO_DEVICE" ]]; then
-      printf "%-24s %-11s %s\n" "$shape" "$b" "no device: $NO_DEVICE" | tee -a "$LOG"
+      printf "%-24s %-11s %s\n" "$shape" "$row" "no device: $NO_DEVICE" | tee -a "$LOG"
       FAILED=1
       continue
     fi
-    have_time "timing $shape $b" || continue
-    f="$WORK/time_${shape//[:.]/_}_$b.json"
+    have_time "timing $shape $row" || continue
+    f="$WORK/time_${shape//[:.]/_}_${row//\//_}.json"
     if timeout "$(tmo 240)" env MK_CUDA_VERBOSE=1 "$BIN" run --json --temp 0 --ignore-eos -m "$shape" --ids "$IDS_PROMPT" -n "$N_DECODE" \
-      --backend "$b" >"$f" 2>"$ERR"; then
+      --backend "$b" "${extra[@]}" >"$f" 2>"$ERR"; then
       $PY -c "
 import json,sys; r=json.load(open(sys.argv[1])); ms=r['ms_per_token']; b=float(sys.argv[2]); c=float(sys.argv[3])
 assert len(r['generated_ids'])==int(sys.argv[6]), 'expected %s generated ids, got %d' % (sys.argv[6], len(r['generated_ids']))
 gbs=b/(ms*1e-3)/1e9 if ms>0 else 0
 print('%-24s %-11s %10.3f %10.1f %7s' % (sys.argv[4], sys.argv[5], ms, gbs, '%.1f%%' % (100*gbs/c) if c>0 else 'n/a'))" \
-        "$f" "$bytes" "$COPY_GBPS" "$shape" "$b" "$N_DECODE" 2>>"$ERR" | tee -a "$LOG"
-      [[ ${PIPESTATUS[0]} == 0 ]] || fail "timing $shape $b: $(tail -1 "$ERR")"
-      line=$(grep -m1 '^cuda compile:' "$ERR") && say "   $b $line"
+        "$f" "$bytes" "$COPY_GBPS" "$shape" "$row" "$N_DECODE" 2>>"$ERR" | tee -a "$LOG"
+      [[ ${PIPESTATUS[0]} == 0 ]] || fail "timing $shape $row: $(tail -1 "$ERR")"
+      line=$(grep -m1 '^cuda compile:' "$ERR") && say "   $row $line"
     else
-      printf "%-24s %-11s %s\n" "$shape" "$b" "failed: $(last_err | cut -c1-160)" | tee -a "$LOG"
+      printf "%-24s %-11s %s\n" "$shape" "$row" "failed: $(last_err | cut -c1-160)" | tee -a "$LOG"
       FAILED=1
     fi
-    keep_err "time_${shape//[:.]/_}_$b"
+    keep_err "time_${shape//[:.]/_}_${row//\//_}"
   done
   say "(weight bytes per token: $bytes; copy bandwidth ${COPY_GBPS} GB/s, bytes read + written)"
 }

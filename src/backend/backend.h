@@ -28,6 +28,10 @@ struct BackendOptions {
   // cpu: KV cache precision: "f16" (llama.cpp's default: K, V, the query and the attention
   // probabilities rounded to f16), "f32", or "auto" (f16 for GGUF files with such quantized weights).
   std::string kv_type = "auto";
+  // Flash-decoding splits of attention (CompileOptions::attn_splits): -1 = the backend's default
+  // (cpu: 1, one attention op, llama.cpp-like numerics; cuda, cuda-perop, cuda-graph, cuda-emu: 0 =
+  // auto, ceil(blocks / n_head_kv) so that the attention tiles cover the SMs), 0 = auto, S >= 1.
+  int attn_splits = -1;
 };
 
 class Backend {

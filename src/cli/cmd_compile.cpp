@@ -18,7 +18,7 @@ void add_compile_command(CLI::App& app) {
   struct Opts {
     std::string model, emit = "program", out, schedule = "dynamic";
     int threads = 0;
-    int64_t n_ctx = 0, max_tokens = 256;
+    int64_t n_ctx = 0, max_tokens = 256, attn_splits = -1;
     bool all_logits = false;
   };
   auto o = std::make_shared<Opts>();
@@ -35,6 +35,9 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", o->n_ctx, "context length (0 = the model's, at most 4096)");
   cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)");
   cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
+  cmd->add_option("--attn-splits", o->attn_splits,
+                  "flash-decoding splits of attention (0 = auto: cover the workers; default: auto for --emit cuda, else 1)")
+      ->check(CLI::Range(0, 64));
   cmd->callback([o] {
     ModelFile model = open_model(o->model, /*with_data=*/false);  // shapes are all compile needs
     Hparams hp = read_hparams(model);
@@ -45,6 +48,7 @@ void add_compile_command(CLI::App& app) {
     if (o->emit == "cuda" && o->threads <= 0) co.workers = kCudaDefaultBlocks;
     co.schedule = schedule_from_name(o->schedule);
     co.max_tokens = std::min(o->max_tokens, n_ctx);
+    co.attn_splits = o->attn_splits >= 0 ? o->attn_splits : o->emit == "cuda" ? 0 : 1;  // the backends' defaults
     PassContext cx = o->emit == "graph" ? PassContext{g, {}, co, false} : run_pipeline(g, co);
     std::string text = o->emit == "graph" ? g.str() : o->emit == "ir" ? cx.graph.str() : o->emit == "program" ? cx.program.listing() : cx.program.str();
     if (o->emit == "cuda") {  // the backend's settings on an H100/H200: 227 KB of opt-in shared memory

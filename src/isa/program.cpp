@@ -96,9 +96,12 @@ std::string Program::op_str(int i) const {
   if (o.pro_rms || o.opcode == Opcode::rms_norm || o.opcode == Opcode::layer_norm)
     s += fmt::format(" eps={} weight_offset={}", o.eps, o.weight_offset);
   if (o.opcode == Opcode::rms_norm) s += fmt::format(" group={}", o.group);
-  if (o.opcode == Opcode::scale || o.opcode == Opcode::attention) s += fmt::format(" scale={}", o.scale);
-  if (o.opcode == Opcode::attention)
+  const bool attn = o.opcode == Opcode::attention || o.opcode == Opcode::attention_partial;
+  if (o.opcode == Opcode::scale || attn) s += fmt::format(" scale={}", o.scale);
+  if (attn || o.opcode == Opcode::attention_combine)
     s += fmt::format(" n_head={} n_head_kv={} head_dim={}", o.n_head, o.n_head_kv, o.head_dim);
+  if (o.opcode == Opcode::attention_partial || o.opcode == Opcode::attention_combine)
+    s += fmt::format(" attn_splits={}", o.attn_splits);
   if (!o.inv_freq.empty())
     s += fmt::format(" rope(head_dim={}, n_rot={}, {}, theta={})", o.head_dim, o.n_rot,
                      o.rope_halves ? "halves" : "adjacent", o.theta);
@@ -222,6 +225,21 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       read(o.x, zero, R, in.c0, in.c1);
       read(o.y, zero, pool, g0 * o.head_dim, g1 * o.head_dim);
       read(o.z, zero, pool, g0 * o.head_dim, g1 * o.head_dim);
+      write(o.out, zero, R, in.c0, in.c1);
+      break;
+    }
+    case Opcode::attention_partial: {  // one (group, split) tile: columns of scratch [g * S + s] * tile width
+      const int64_t hpg = o.n_head / o.n_head_kv, g = in.c0 / attn_partial_tile_cols(o) / o.attn_splits;
+      read(o.x, zero, R, g * hpg * o.head_dim, (g + 1) * hpg * o.head_dim);
+      read(o.y, zero, pool, g * o.head_dim, (g + 1) * o.head_dim);
+      read(o.z, zero, pool, g * o.head_dim, (g + 1) * o.head_dim);
+      write(o.out, zero, R, in.c0, in.c1);
+      break;
+    }
+    case Opcode::attention_combine: {  // heads [c0, c1) / head_dim: every split of their groups
+      const int64_t hpg = o.n_head / o.n_head_kv, g0 = in.c0 / o.head_dim / hpg, g1 = (in.c1 / o.head_dim - 1) / hpg + 1;
+      const int64_t group_cols = o.attn_splits * hpg * attn_partial_stride(o);
+      read(o.x, zero, R, g0 * group_cols, g1 * group_cols);
       write(o.out, zero, R, in.c0, in.c1);
       break;
     }

@@ -87,11 +87,25 @@ struct OpDesc {
   double eps = 0, weight_offset = 0, scale = 1;  // norms; scale op / attention scale
   int64_t group = 0;                             // rms_norm group (columns per statistic)
   int64_t head_dim = 0, n_rot = 0, n_head = 0, n_head_kv = 0;
+  int64_t attn_splits = 1;  // attention_partial/_combine: ranges each row's cached positions are cut into
   bool rope_halves = false;
   double theta = 0;              // for listings; the numerics use inv_freq
   std::vector<double> inv_freq;  // RoPE inverse frequencies, n_rot / 2 of them
   int64_t tile_cols = 0;         // the tile width the tiling pass chose
 };
+
+// Flash-decoding scratch (attention_partial -> attention_combine): per row, per KV group g, per
+// split s, per head of the group, head_dim unnormalised outputs o, then the range's max score m and
+// sum l. Groups-major so that one (group, split) tile writes one contiguous column range.
+inline int64_t attn_partial_stride(const OpDesc& o) { return o.head_dim + 2; }  // floats per (head, split)
+inline int64_t attn_partial_tile_cols(const OpDesc& o) { return (o.n_head / o.n_head_kv) * attn_partial_stride(o); }
+// Positions [lo, hi) of split s of the range [begin, end) cut into `splits` near-equal contiguous
+// parts (empty when end - begin < splits for some s). Every backend cuts them this way.
+inline void attn_split_range(int64_t begin, int64_t end, int64_t s, int64_t splits, int64_t* lo, int64_t* hi) {
+  const int64_t n = end - begin;
+  *lo = begin + n * s / splits;
+  *hi = begin + n * (s + 1) / splits;
+}
 
 struct Wait {
   int32_t counter = -1;

@@ -15,6 +15,10 @@ struct CompileOptions {
   ScheduleKind schedule = ScheduleKind::dynamic;
   int64_t tile_bytes = 192 * 1024;   // target weight bytes per matmul tile
   int tiles_per_worker = 2;          // at least workers * this tiles per op when its width allows
+  // Flash-decoding: each row's cached positions are cut into this many ranges (attention_partial
+  // tiles = n_head_kv x attn_splits, then attention_combine). 1 = one attention op (no split);
+  // 0 = auto: ceil(workers / n_head_kv), so the tiles cover the workers. Capped at 64 and n_ctx.
+  int64_t attn_splits = 1;
   std::vector<std::string> skip;     // pass names not to run (e.g. {"fuse"} to compare against)
   bool verify = true;                // verify the IR / program after every pass
 };

@@ -33,6 +33,12 @@ double instr_cost(const Program& p, const Instr& in) {
     case Opcode::attention:
       bytes += 2.0 * 256 * static_cast<double>(o.head_dim) * 4;  // a typical context's K and V
       break;
+    case Opcode::attention_partial:  // its share of a typical context
+      bytes += 2.0 * 256 * static_cast<double>(o.head_dim) * 4 / static_cast<double>(o.attn_splits);
+      break;
+    case Opcode::attention_combine:
+      bytes += cols * 4.0 * static_cast<double>(o.attn_splits);
+      break;
     case Opcode::embed:
       bytes += cols * bpe(o.w);
       break;

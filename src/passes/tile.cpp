@@ -7,7 +7,9 @@
 //              when the width allows, aligned to 16 columns (to head_dim when RoPE or attention
 //              needs whole heads)
 //   attention  one KV-head group (the query heads sharing a KV head) per tile, split into single
-//              heads when there are fewer groups than workers
+//              heads when there are fewer groups than workers; with attn_splits S > 1
+//              (flash-decoding) attention_partial tiles = KV group x split, then attention_combine
+//              over whole heads, cheap
 //   others     cheap: about one tile per worker, aligned to 16 columns / the op's natural unit
 // Per-element arithmetic never depends on the tile bounds, so any tiling gives the same bits.
 #include <algorithm>
@@ -39,6 +41,8 @@ double weight_bytes_per_element(DType t) {
 }
 
 int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+constexpr int64_t kMaxAttnSplits = 64;
 
 class Lowering {
  public:
@@ -201,6 +205,36 @@ class Lowering {
     emit(d, tc);
   }
 
+  // Flash-decoding splits of attention (CompileOptions::attn_splits): 0 = enough that
+  // n_head_kv * S tiles cover the workers; never more than the context has positions.
+  int64_t attn_splits(const OpDesc& d) const {
+    int64_t s = o_.attn_splits;
+    if (s < 0) fail("tile: attn_splits must be >= 0 (0 = auto), got {}", s);
+    if (s == 0) s = (o_.workers + d.n_head_kv - 1) / d.n_head_kv;
+    return std::clamp<int64_t>(s, 1, std::max<int64_t>(1, std::min<int64_t>(kMaxAttnSplits, p_.n_ctx)));
+  }
+
+  // attention as attention_partial (one tile per KV group x split, into a scratch activation) and
+  // attention_combine (whole heads, cheap); `d` is the attention's OpDesc.
+  void lower_split_attention(const Node& n, OpDesc d, int64_t splits) {
+    const int64_t hpg = d.n_head / d.n_head_kv;
+    OpDesc part = d;
+    part.opcode = Opcode::attention_partial;
+    part.name = d.name + ".partial";
+    part.attn_splits = splits;
+    const int64_t tile = hpg * (d.head_dim + 2);
+    part.cols = d.n_head_kv * splits * tile;
+    part.out = buffer(n, BufferKind::activation, DType::F32, n.shape[0], part.cols);
+    p_.buffers.back().name = part.name;
+    emit(part, tile);
+    OpDesc comb = d;
+    comb.opcode = Opcode::attention_combine;
+    comb.attn_splits = splits;
+    comb.x = part.out;
+    comb.y = comb.z = -1;
+    emit(comb, cheap_width(d.cols, d.head_dim));
+  }
+
   void lower(const Node& n) {
     auto in = [&](int i) { return n.inputs.at(static_cast<size_t>(i)); };
     switch (n.op) {
@@ -264,6 +298,11 @@ class Lowering {
         d.k = d.head_dim;
         d.out = act(n);
         value_buf_[static_cast<size_t>(n.id)] = d.out;
+        const int64_t splits = attn_splits(d);
+        if (splits > 1) {
+          lower_split_attention(n, d, splits);
+          return;
+        }
         int64_t heads = d.n_head / d.n_head_kv;
         while (heads > 1 && heads % 2 == 0 && d.n_head / heads < o_.workers) heads /= 2;
         emit(d, heads * d.head_dim);

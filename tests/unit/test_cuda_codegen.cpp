@@ -87,7 +87,8 @@ ModelFile synthetic_llama_bf16(int64_t n_vocab, int64_t n_embd, int64_t n_layer,
   return m;
 }
 
-Program compile_for_h200(const ModelFile& m, ScheduleKind schedule, int64_t n_ctx) {
+// attn_splits 0: what the cuda backends compile (flash-decoding splits covering the 132 SMs).
+Program compile_for_h200(const ModelFile& m, ScheduleKind schedule, int64_t n_ctx, int64_t attn_splits = 0) {
   BuildOptions bo;
   bo.n_ctx = n_ctx;
   Graph g = build_graph(m, bo);
@@ -95,6 +96,7 @@ Program compile_for_h200(const ModelFile& m, ScheduleKind schedule, int64_t n_ct
   co.workers = 132;  // one block per SM on an H200
   co.max_tokens = 64;
   co.schedule = schedule;
+  co.attn_splits = attn_splits;
   return compile_program(g, co);
 }
 
@@ -117,6 +119,7 @@ Program compile_hf_for_h200(const std::string& family) {
   CompileOptions co;
   co.workers = 132;
   co.max_tokens = 32;
+  co.attn_splits = 0;  // as the cuda backends
   return compile_program(g, co);
 }
 
@@ -150,7 +153,9 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
     // megakernel alone (what --backend cuda compiles).
     // megakernel alone (what --backend cuda compiles); the static one with tracing (--trace).
     for (ScheduleKind s : {ScheduleKind::dynamic, ScheduleKind::static_cp})
-      add(std::string("stories260K-") + std::string(schedule_name(s)), compile_for_h200(m, s, 256), s == ScheduleKind::dynamic,
+      // (static-cp with one unsplit attention op per KV group: --attn-splits 1.)
+      add(std::string("stories260K-") + std::string(schedule_name(s)),
+          compile_for_h200(m, s, 256, s == ScheduleKind::dynamic ? 0 : 1), s == ScheduleKind::dynamic,
           s == ScheduleKind::static_cp);
   }
   add("synthetic-llama-bf16", compile_for_h200(synthetic_llama_bf16(512, 256, 2, 4, 2, 512, 7), ScheduleKind::dynamic, 256));
@@ -214,8 +219,8 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
   std::string covered;
   for (const auto& [o, n] : opcodes) covered += fmt::format(" {}:{}", opcode_name(o), n);
   std::printf("[ cuda ] ops by opcode over all cases:%s\n", covered.c_str());
-  for (Opcode o : {Opcode::embed, Opcode::matmul, Opcode::attention, Opcode::rms_norm, Opcode::layer_norm, Opcode::add,
-                   Opcode::scale, Opcode::last_row})
+  for (Opcode o : {Opcode::embed, Opcode::matmul, Opcode::attention, Opcode::attention_partial, Opcode::attention_combine,
+                   Opcode::rms_norm, Opcode::layer_norm, Opcode::add, Opcode::scale, Opcode::last_row})
     EXPECT_GT(opcodes[o], 0) << "no case covers " << opcode_name(o);
 
   // Compile each distinct source once, in parallel.

@@ -64,6 +64,7 @@ CompileOptions parse_options(const std::string& s) {
     else if (k == "max_tokens") o.max_tokens = std::stoll(v);
     else if (k == "schedule") o.schedule = schedule_from_name(v);
     else if (k == "tile_bytes") o.tile_bytes = std::stoll(v);
+    else if (k == "attn_splits") o.attn_splits = std::stoll(v);
     else throw Error("unknown golden option " + k);
   }
   return o;

@@ -19,6 +19,9 @@ class CpuBackend final : public Backend {
     CompileOptions co;
     co.workers = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     co.schedule = schedule_from_name(o.schedule.empty() ? "dynamic" : o.schedule);
+    // One attention op by default: on a CPU the groups x heads already cover the cores of a step,
+    // and the unsplit op keeps llama.cpp's f16-KV softmax numerics (kernels.h).
+    co.attn_splits = o.attn_splits < 0 ? 1 : o.attn_splits;
     int64_t n_ctx = 0;
     for (const Node& n : g.nodes)
       if (n.op == Op::kv_cache) n_ctx = kv_geometry(n).n_ctx;

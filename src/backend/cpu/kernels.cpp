@@ -300,6 +300,20 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     std::memcpy(out + (slot ? slot[r] : r) * oc + in.c0, tile + r * T, static_cast<size_t>(T) * 4);
 }
 
+// Positions row r attends to: [begin, end) of its sequence (causal: [0, positions[r]]). The one
+// place attention and attention_partial take a row's range from.
+struct KvRange {
+  int64_t begin, end;
+};
+KvRange attn_kv_range(const Ctx& c, int64_t r) { return {0, int64_t{c.ibuf(c.p.positions_buffer)[r]} + 1}; }
+
+// Pool rows of positions [lo, hi) of row r's sequence, through its block table: kv_row[j - lo].
+void attn_kv_rows(const Ctx& c, int64_t r, int64_t lo, int64_t hi, int32_t* kv_row) {
+  const int64_t B = c.p.kv_block_size;
+  const int32_t* bt = c.ibuf(c.p.block_table_buffer) + c.ibuf(c.p.row_seq_buffer)[r] * c.p.max_blocks_per_seq();
+  for (int64_t j = lo; j < hi; ++j) kv_row[j - lo] = static_cast<int32_t>(bt[j / B] * B + j % B);
+}
+
 void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv;
   const float* q = c.buf(o.x);
@@ -308,18 +322,14 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* out = c.buf(o.out);
   const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
   const float scale = static_cast<float>(o.scale);
-  const int32_t* pos = c.ibuf(c.p.positions_buffer);
-  const int32_t* row_seq = c.ibuf(c.p.row_seq_buffer);
-  const int32_t* block_table = c.ibuf(c.p.block_table_buffer);
-  const int64_t B = c.p.kv_block_size, mb = c.p.max_blocks_per_seq();
   float* score = c.scratch;
   int32_t* kv_row = reinterpret_cast<int32_t*>(c.scratch + c.p.n_ctx + 16);  // pool row of each position
   float* acc = c.scratch + 2 * (c.p.n_ctx + 16);
   float* q16 = acc + hd + 16;  // the query rounded to f16 (kv_f16)
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t n_kv = pos[r] + 1;  // causal: positions [0, pos[r]] of the row's sequence
-    const int32_t* bt = block_table + row_seq[r] * mb;
-    for (int64_t j = 0; j < n_kv; ++j) kv_row[j] = static_cast<int32_t>(bt[j / B] * B + j % B);
+    const KvRange range = attn_kv_range(c, r);
+    const int64_t n_kv = range.end - range.begin;
+    attn_kv_rows(c, r, range.begin, range.end, kv_row);
     for (int64_t h = in.c0 / hd; h < in.c1 / hd; ++h) {
       const int64_t g = h / hpg;
       const float* qh = q + r * qs + h * hd;
@@ -354,6 +364,89 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   }
 }
 
+// Flash-decoding, one (KV group g, split s) tile: for each row, the range s of its positions
+// (attn_split_range) and each head of the group, the unnormalised o = sum_j e^(score_j - m) v_j, the
+// range's max score m and l = sum_j e^(score_j - m) into the scratch (program.h). An empty range
+// writes o = 0, m = -inf, l = 0. kv_f16: the query is rounded to f16 and so are the unnormalised
+// probabilities before they weight V (the normalised ones are not known inside one range).
+void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
+  const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv, S = o.attn_splits, st = attn_partial_stride(o);
+  const int64_t t = in.c0 / attn_partial_tile_cols(o), g = t / S, s = t % S;
+  const float* q = c.buf(o.x);
+  const float* kc = c.buf(o.y);
+  const float* vc = c.buf(o.z);
+  float* out = c.buf(o.out);
+  const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
+  const float scale = static_cast<float>(o.scale);
+  float* score = c.scratch;
+  int32_t* kv_row = reinterpret_cast<int32_t*>(c.scratch + c.p.n_ctx + 16);
+  float* q16 = c.scratch + 2 * (c.p.n_ctx + 16) + hd + 16;
+  for (int64_t r = 0; r < R; ++r) {
+    const KvRange range = attn_kv_range(c, r);
+    int64_t lo = 0, hi = 0;
+    attn_split_range(range.begin, range.end, s, S, &lo, &hi);
+    const int64_t n = hi - lo;
+    attn_kv_rows(c, r, lo, hi, kv_row);
+    for (int64_t hh = 0; hh < hpg; ++hh) {
+      const int64_t h = g * hpg + hh;
+      const float* qh = q + r * qs + h * hd;
+      if (c.m.kv_f16) {
+        for (int64_t i = 0; i < hd; ++i) q16[i] = round_f16(qh[i]);
+        qh = q16;
+      }
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        score[j] = dot(qh, kc + kv_row[j] * ks + g * hd, hd) * scale;
+        mx = std::max(mx, score[j]);
+      }
+      float sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        score[j] = std::exp(score[j] - mx);
+        if (c.m.kv_f16) score[j] = round_f16(score[j]);
+        sum += score[j];
+      }
+      float* oh = out + r * os + in.c0 + hh * st;
+      std::fill(oh, oh + hd, 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* vj = vc + kv_row[j] * vs + g * hd;
+        const float pj = score[j];
+        for (int64_t i = 0; i < hd; ++i) oh[i] += pj * vj[i];
+      }
+      oh[hd] = mx;
+      oh[hd + 1] = sum;
+    }
+  }
+}
+
+// Merges the attn_splits partials of each head of the tile (log-sum-exp rescaling to the largest
+// m); empty ranges (l = 0) contribute nothing.
+void attention_combine(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
+  const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv, S = o.attn_splits, st = attn_partial_stride(o);
+  const int64_t tile = attn_partial_tile_cols(o);
+  const float* x = c.buf(o.x);
+  float* out = c.buf(o.out);
+  const int64_t xs = c.cols(o.x), os = c.cols(o.out);
+  float* acc = c.scratch;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = in.c0 / hd; h < in.c1 / hd; ++h) {
+      const float* base = x + r * xs + (h / hpg) * S * tile + (h % hpg) * st;  // split 0 of head h
+      float M = -INFINITY;
+      for (int64_t s = 0; s < S; ++s)
+        if (base[s * tile + hd + 1] > 0) M = std::max(M, base[s * tile + hd]);
+      float L = 0;
+      std::fill(acc, acc + hd, 0.0f);
+      for (int64_t s = 0; s < S; ++s) {
+        const float* ps = base + s * tile;
+        if (!(ps[hd + 1] > 0)) continue;
+        const float f = std::exp(ps[hd] - M);
+        L += ps[hd + 1] * f;
+        for (int64_t i = 0; i < hd; ++i) acc[i] += ps[i] * f;
+      }
+      float* oh = out + r * os + h * hd;
+      for (int64_t i = 0; i < hd; ++i) oh[i] = acc[i] / L;
+    }
+}
+
 }  // namespace
 
 size_t scratch_floats(const Program& p) {
@@ -366,7 +459,11 @@ size_t scratch_floats(const Program& p) {
         n = 2 * R * o.k + 8 * (o.k + 32) + R * o.tile_cols + act_q8_floats(R, o.k) + 2 * o.n_rot + 64;
         break;
       case Opcode::attention:
+      case Opcode::attention_partial:
         n = 2 * (p.n_ctx + 16) + 2 * (o.head_dim + 16);  // scores, pool rows (i32), accumulator, f16 query
+        break;
+      case Opcode::attention_combine:
+        n = o.head_dim + 16;
         break;
       default:  // + 512: a quantized embedding tile dequantizes whole blocks of up to 256 around it
         n = 3 * o.k + o.tile_cols + 2 * o.n_rot + 160 + 512;
@@ -387,6 +484,12 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       return;
     case Opcode::attention:
       attention(c, o, in, R);
+      return;
+    case Opcode::attention_partial:
+      attention_partial(c, o, in, R);
+      return;
+    case Opcode::attention_combine:
+      attention_combine(c, o, in, R);
       return;
     case Opcode::embed: {
       const int32_t* ids = c.ibuf(o.ids);

@@ -149,6 +149,8 @@ class Generator {
     switch (op) {
       case Opcode::matmul: return fmt::format("mk_matmul<MkC{}>(in, a, s, smem)", f);
       case Opcode::attention: return fmt::format("mk_attention<MkC{}>(in, a, s, smem)", f);
+      case Opcode::attention_partial: return fmt::format("mk_attention_partial<MkC{}>(in, a, s, smem)", f);
+      case Opcode::attention_combine: return fmt::format("mk_attention_combine<MkC{}>(in, a, s, smem)", f);
       case Opcode::embed: return fmt::format("mk_embed<MkC{}>(in, a, s, smem, p, idx)", f);
       case Opcode::rms_norm: return fmt::format("mk_rms_norm<MkC{}>(in, a, s, smem)", f);
       case Opcode::layer_norm: return fmt::format("mk_layer_norm<MkC{}>(in, a, s, smem)", f);
@@ -236,7 +238,16 @@ class Generator {
         *smem_floats = static_cast<size_t>(rb * (XK + T)) + 4 + red;
         break;
       }
-      case Opcode::attention: {
+      case Opcode::attention_combine:
+        if (op.head_dim <= 0 || op.n_head_kv <= 0 || op.n_head % op.n_head_kv || op.attn_splits < 1)
+          fail("cuda codegen: {}: bad attention shape (n_head {}, n_head_kv {}, head_dim {}, attn_splits {})", op.name, op.n_head,
+               op.n_head_kv, op.head_dim, op.attn_splits);
+        b += fmt::format("  static constexpr int HD = {}, HPG = {}, S = {}, XS = {}, OS = {};\n", op.head_dim,
+                         op.n_head / op.n_head_kv, op.attn_splits, stride(op.x), stride(op.out));
+        *smem_floats = 4;
+        break;
+      case Opcode::attention:
+      case Opcode::attention_partial: {
         if (op.head_dim <= 0 || op.n_head_kv <= 0 || op.n_head % op.n_head_kv)
           fail("cuda codegen: {}: bad attention shape (n_head {}, n_head_kv {}, head_dim {})", op.name, op.n_head, op.n_head_kv,
                op.head_dim);
@@ -248,7 +259,12 @@ class Generator {
         b += fmt::format("  static constexpr int KVB = {}, MB = {};  // KV block rows, block-table columns\n", p_.kv_block_size,
                          p_.max_blocks_per_seq());
         b += fmt::format("  static constexpr bool KVEC = {};\n", op.head_dim % 4 == 0 && stride(op.y) % 4 == 0 ? "true" : "false");
-        *smem_floats = static_cast<size_t>(op.head_dim + warps_ * (op.head_dim + 2) + warps_ * 32) + 4;
+        if (op.opcode == Opcode::attention_partial) {
+          if (op.attn_splits < 1) fail("cuda codegen: {}: attn_splits {} < 1", op.name, op.attn_splits);
+          b += fmt::format("  static constexpr int S = {};  // flash-decoding splits\n", op.attn_splits);
+        }
+        // MK_ATTN_SMEM (prelude.cuh): q, the warps' partials, each warp's chunk of probabilities and pool rows.
+        *smem_floats = static_cast<size_t>(op.head_dim + warps_ * (op.head_dim + 2) + 2 * warps_ * 32) + 4;
         break;
       }
       case Opcode::embed: {
@@ -315,10 +331,15 @@ class Generator {
       if (in.c1 - in.c0 > op.tile_cols || in.c0 < 0 || in.c1 > op.cols || in.c0 >= in.c1)
         fail("cuda codegen: {} tile {}: columns [{}, {}) outside the op's tiles (width {}, cols {})", op.name, in.tile, in.c0,
              in.c1, op.tile_cols, op.cols);
-      const bool whole_heads = op.opcode == Opcode::attention || op.opcode == Opcode::rope ||
+      const bool whole_heads = op.opcode == Opcode::attention || op.opcode == Opcode::attention_combine ||
+                               op.opcode == Opcode::rope ||
                                (op.opcode == Opcode::matmul && (op.epi == Epi::rope || op.epi == Epi::rope_store));
       if (whole_heads && (in.c0 % op.head_dim || (in.c1 - in.c0) % op.head_dim))
         fail("cuda codegen: {} tile {}: columns [{}, {}) are not whole heads of {}", op.name, in.tile, in.c0, in.c1, op.head_dim);
+      if (op.opcode == Opcode::attention_partial && (in.c0 % op.tile_cols || in.c1 - in.c0 != op.tile_cols ||
+                                                     op.tile_cols != attn_partial_tile_cols(op)))
+        fail("cuda codegen: {} tile {}: columns [{}, {}) are not one (KV group, split) of {}", op.name, in.tile, in.c0, in.c1,
+             attn_partial_tile_cols(op));
       if (op.opcode == Opcode::rms_norm && op.group < op.k && (in.c0 % op.group || (in.c1 - in.c0) % op.group))
         fail("cuda codegen: {} tile {}: columns [{}, {}) are not whole groups of {}", op.name, in.tile, in.c0, in.c1, op.group);
     }

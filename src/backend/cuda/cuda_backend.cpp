@@ -69,6 +69,7 @@ Program compile_for_device(const Graph& graph, int workers, const BackendOptions
   for (const Node& n : graph.nodes)  // as the cpu backend: no step is longer than the context
     if (n.op == Op::kv_cache) co.max_tokens = std::min<int64_t>(co.max_tokens, kv_geometry(n).n_ctx);
   co.schedule = schedule_from_name(options.schedule);
+  co.attn_splits = options.attn_splits < 0 ? 0 : options.attn_splits;  // auto: attention tiles cover the SMs
   return compile_program(graph, co);
 }
 
@@ -186,7 +187,7 @@ class CudaBackend final : public Backend {
       const bool store = o.opcode == Opcode::kv_store ||
                          (o.opcode == Opcode::matmul && (o.epi == Epi::store || o.epi == Epi::rope_store));
       if (store) a.ids = buf(p.kv_slot_buffer);
-      if (o.opcode == Opcode::attention) {
+      if (o.opcode == Opcode::attention || o.opcode == Opcode::attention_partial) {
         a.pos = buf(p.positions_buffer);
         a.ids = buf(p.row_seq_buffer);
         a.tab = buf(p.block_table_buffer);

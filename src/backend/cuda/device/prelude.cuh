@@ -417,98 +417,173 @@ __device__ __forceinline__ void mk_matmul_prefetch(const MkInstr& in, const MkOp
 
 // attention: heads [c0/HD, c1/HD) of every row r, causal over positions [0, pos[r]] of the row's
 // sequence; position j lives in pool row tab[row_seq[r] * MB + j / KVB] * KVB + j % KVB.
-// Warps take chunks of 32 cache rows; lane l scores row j0 + l against q (staged in shared memory),
-// the warp updates its online softmax (running max m, sum l) once per chunk, writes the chunk's
-// probabilities to shared memory, and every lane accumulates its head elements of p @ V over the
-// chunk's rows (coalesced V loads). The warps' partial results are combined in shared memory.
+// Warps take chunks of 32 cache rows; lane l scores row j0 + l against q (staged in shared memory)
+// and keeps its row's pool index, the warp updates its online softmax (running max m, sum l) once
+// per chunk, writes the chunk's probabilities and pool rows to shared memory, and every lane
+// accumulates its head elements of p @ V over the chunk's rows (coalesced V loads, independent of
+// each other: several rows in flight). The warps' partial results are combined in shared memory.
+// attention_partial (flash-decoding) runs the same loop over one split of the row's positions and
+// stores the block's unnormalised o, m and l; attention_combine merges the splits.
 template <class C>
 __device__ __forceinline__ int mk_kv_row(const int* bt, int j) {
   return mk_ld_i32(bt + j / C::KVB) * C::KVB + j % C::KVB;
 }
+// Positions row r attends to: [*begin, *end) of its sequence (causal: [0, pos[r]]). The one place
+// the device takes a row's range from.
 template <class C>
-__device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+__device__ __forceinline__ void mk_kv_range(const MkOpArgs& a, int r, int* begin, int* end) {
+  *begin = 0;
+  *end = mk_ld_i32(a.pos + r) + 1;
+}
+// Shared memory of mk_attend_head, in floats (codegen.cpp sizes it from the same formula).
+#define MK_ATTN_SMEM(HD) ((HD) + MK_WARPS * ((HD) + 2) + 2 * MK_WARPS * 32)
+// One head h of row r over positions [lo, hi) (pool rows through the block table bt). PARTIAL:
+// dst[0:HD) = o (unnormalised, relative to the block max m), dst[HD] = m, dst[HD + 1] = l (an empty
+// range gives o = 0, m = -inf, l = 0); otherwise dst[0:HD) = o / l. All threads must call.
+template <class C, bool PARTIAL>
+__device__ void mk_attend_head(const MkOpArgs& a, int r, int h, const int* bt, int lo, int hi, float* dst, char* smem) {
   constexpr int HD = C::HD, PL = (HD + 31) / 32;  // head elements per lane
   float* qs = (float*)smem;                         // [HD]
   float* part = qs + HD;                            // [MK_WARPS][HD + 2]
   float* probs = part + MK_WARPS * (HD + 2);        // [MK_WARPS][32]
+  int* rows = (int*)(probs + MK_WARPS * 32);        // [MK_WARPS][32] pool rows of the chunk
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wp = probs + warp * 32;
-  const int R = C::rows(s);
-  for (int r = 0; r < R; ++r) {
-    const int n_kv = mk_ld_i32(a.pos + r) + 1;
-    const int* bt = a.tab + (mk_i64)mk_ld_i32(a.ids + r) * C::MB;  // the row's block table
-    for (int h = in.c0 / HD; h < in.c1 / HD; ++h) {
-      const int g = h / C::HPG;
-      for (int i = threadIdx.x; i < HD; i += MK_THREADS) qs[i] = mk_ld(a.x + (mk_i64)r * C::QS + h * HD + i);
-      __syncthreads();
-      float m = MK_NEG_INF, l = 0.0f, acc[PL];
+  int* wr = rows + warp * 32;
+  const int g = h / C::HPG;
+  for (int i = threadIdx.x; i < HD; i += MK_THREADS) qs[i] = mk_ld(a.x + (mk_i64)r * C::QS + h * HD + i);
+  __syncthreads();
+  float m = MK_NEG_INF, l = 0.0f, acc[PL];
 #pragma unroll
-      for (int e = 0; e < PL; ++e) acc[e] = 0.0f;
-      for (int j0 = warp * 32; j0 < n_kv; j0 += MK_WARPS * 32) {
-        const int j = j0 + lane;
-        float d = MK_NEG_INF;
-        if (j < n_kv) {
-          const float* kr = a.y + (mk_i64)mk_kv_row<C>(bt, j) * C::KS + g * HD;
-          float t = 0.0f;
-          if constexpr (C::KVEC) {
+  for (int e = 0; e < PL; ++e) acc[e] = 0.0f;
+  for (int j0 = lo + warp * 32; j0 < hi; j0 += MK_WARPS * 32) {
+    const int j = j0 + lane;
+    float d = MK_NEG_INF;
+    int kvr = 0;
+    if (j < hi) {
+      kvr = mk_kv_row<C>(bt, j);
+      const float* kr = a.y + (mk_i64)kvr * C::KS + g * HD;
+      float t = 0.0f;
+      if constexpr (C::KVEC) {
 #pragma unroll 4
-            for (int i = 0; i < HD; i += 4) {
-              const float4 k4 = mk_ld4(kr + i);
-              t += qs[i] * k4.x + qs[i + 1] * k4.y + qs[i + 2] * k4.z + qs[i + 3] * k4.w;
-            }
-          } else {
-            for (int i = 0; i < HD; ++i) t += qs[i] * mk_ld(kr + i);
-          }
-          d = t * (float)C::SCALE;
+        for (int i = 0; i < HD; i += 4) {
+          const float4 k4 = mk_ld4(kr + i);
+          t += qs[i] * k4.x + qs[i + 1] * k4.y + qs[i + 2] * k4.z + qs[i + 3] * k4.w;
         }
-        const float mn = fmaxf(m, mk_warp_max(d));  // finite: row j0 exists
-        const float corr = expf(m - mn);            // 0 when m = -inf
-        const float p = j < n_kv ? expf(d - mn) : 0.0f;
-        l = l * corr + mk_warp_sum(p);
-        m = mn;
-        wp[lane] = p;
-        __syncwarp();
-#pragma unroll
-        for (int e = 0; e < PL; ++e) acc[e] *= corr;
-        const int nj = min(32, n_kv - j0);
-        for (int jj = 0; jj < nj; ++jj) {
-          const float pj = wp[jj];
-          const float* vr = a.z + (mk_i64)mk_kv_row<C>(bt, j0 + jj) * C::VS + g * HD;
-#pragma unroll
-          for (int e = 0; e < PL; ++e) {
-            const int i = lane + 32 * e;
-            if (i < HD) acc[e] += pj * mk_ld(vr + i);
-          }
-        }
-        __syncwarp();  // wp is rewritten by the next chunk
+      } else {
+        for (int i = 0; i < HD; ++i) t += qs[i] * mk_ld(kr + i);
       }
-      float* mine = part + warp * (HD + 2);
+      d = t * (float)C::SCALE;
+    }
+    const float mn = fmaxf(m, mk_warp_max(d));  // finite: row j0 exists
+    const float corr = expf(m - mn);            // 0 when m = -inf
+    const float p = j < hi ? expf(d - mn) : 0.0f;
+    l = l * corr + mk_warp_sum(p);
+    m = mn;
+    wp[lane] = p;
+    wr[lane] = kvr;
+    __syncwarp();
+#pragma unroll
+    for (int e = 0; e < PL; ++e) acc[e] *= corr;
+    const int nj = min(32, hi - j0);
+#pragma unroll 4
+    for (int jj = 0; jj < nj; ++jj) {
+      const float pj = wp[jj];
+      const float* vr = a.z + (mk_i64)wr[jj] * C::VS + g * HD;
 #pragma unroll
       for (int e = 0; e < PL; ++e) {
         const int i = lane + 32 * e;
-        if (i < HD) mine[i] = acc[e];
+        if (i < HD) acc[e] += pj * mk_ld(vr + i);
       }
-      if (lane == 0) {
-        mine[HD] = m;
-        mine[HD + 1] = l;
-      }
-      __syncthreads();
-      for (int i = threadIdx.x; i < HD; i += MK_THREADS) {
-        float M = MK_NEG_INF;
-        for (int w = 0; w < MK_WARPS; ++w) M = fmaxf(M, part[w * (HD + 2) + HD]);
-        float L = 0.0f, O = 0.0f;
-        for (int w = 0; w < MK_WARPS; ++w) {
-          const float* pw = part + w * (HD + 2);
-          if (pw[HD + 1] > 0.0f) {
-            const float f = expf(pw[HD] - M);
-            L += pw[HD + 1] * f;
-            O += pw[i] * f;
-          }
-        }
-        mk_st(a.out + (mk_i64)r * C::OS + h * HD + i, O / L);
-      }
-      __syncthreads();
     }
+    __syncwarp();  // wp and wr are rewritten by the next chunk
+  }
+  float* mine = part + warp * (HD + 2);
+#pragma unroll
+  for (int e = 0; e < PL; ++e) {
+    const int i = lane + 32 * e;
+    if (i < HD) mine[i] = acc[e];
+  }
+  if (lane == 0) {
+    mine[HD] = m;
+    mine[HD + 1] = l;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < HD; i += MK_THREADS) {
+    float M = MK_NEG_INF;
+    for (int w = 0; w < MK_WARPS; ++w) M = fmaxf(M, part[w * (HD + 2) + HD]);
+    float L = 0.0f, O = 0.0f;
+    for (int w = 0; w < MK_WARPS; ++w) {
+      const float* pw = part + w * (HD + 2);
+      if (pw[HD + 1] > 0.0f) {
+        const float f = expf(pw[HD] - M);
+        L += pw[HD + 1] * f;
+        O += pw[i] * f;
+      }
+    }
+    if constexpr (PARTIAL) {
+      mk_st(dst + i, O);
+      if (i == 0) {
+        mk_st(dst + HD, M);
+        mk_st(dst + HD + 1, L);
+      }
+    } else {
+      mk_st(dst + i, O / L);
+    }
+  }
+  __syncthreads();
+}
+template <class C>
+__device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  const int R = C::rows(s);
+  for (int r = 0; r < R; ++r) {
+    int lo, hi;
+    mk_kv_range<C>(a, r, &lo, &hi);
+    const int* bt = a.tab + (mk_i64)mk_ld_i32(a.ids + r) * C::MB;  // the row's block table
+    for (int h = in.c0 / C::HD; h < in.c1 / C::HD; ++h)
+      mk_attend_head<C, false>(a, r, h, bt, lo, hi, a.out + (mk_i64)r * C::OS + h * C::HD, smem);
+  }
+}
+// attention_partial: one block per (KV group g, split sp) = tile index c0 / TILE; scratch layout in
+// isa/program.h ([rows][n_head_kv][S][HPG][HD + 2]). Split ranges as attn_split_range there.
+template <class C>
+__device__ void mk_attention_partial(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  constexpr int ST = C::HD + 2, TILE = C::HPG * ST;
+  const int t = in.c0 / TILE, g = t / C::S, sp = t - g * C::S;
+  const int R = C::rows(s);
+  for (int r = 0; r < R; ++r) {
+    int begin, end;
+    mk_kv_range<C>(a, r, &begin, &end);
+    const mk_i64 n = end - begin;
+    const int lo = begin + (int)(n * sp / C::S), hi = begin + (int)(n * (sp + 1) / C::S);
+    const int* bt = a.tab + (mk_i64)mk_ld_i32(a.ids + r) * C::MB;
+    for (int hh = 0; hh < C::HPG; ++hh)
+      mk_attend_head<C, true>(a, r, g * C::HPG + hh, bt, lo, hi, a.out + (mk_i64)r * C::OS + in.c0 + hh * ST, smem);
+  }
+}
+// attention_combine: heads [c0/HD, c1/HD); thread per (row, head, element): the S partials merged
+// with log-sum-exp rescaling to their largest m; empty splits (l = 0) are skipped.
+template <class C>
+__device__ void mk_attention_combine(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  constexpr int HD = C::HD, ST = HD + 2, TILE = C::HPG * ST;
+  const int R = C::rows(s), h0 = in.c0 / HD, nh = (in.c1 - in.c0) / HD;
+  for (int idx = threadIdx.x; idx < R * nh * HD; idx += MK_THREADS) {
+    const int r = idx / (nh * HD), rem = idx - r * nh * HD, h = h0 + rem / HD, i = rem % HD;
+    const float* base = a.x + (mk_i64)r * C::XS + (h / C::HPG) * C::S * TILE + (h % C::HPG) * ST;
+    float M = MK_NEG_INF;
+    for (int sp = 0; sp < C::S; ++sp)
+      if (mk_ld(base + sp * TILE + HD + 1) > 0.0f) M = fmaxf(M, mk_ld(base + sp * TILE + HD));
+    float L = 0.0f, O = 0.0f;
+    for (int sp = 0; sp < C::S; ++sp) {
+      const float* ps = base + sp * TILE;
+      const float l = mk_ld(ps + HD + 1);
+      if (l > 0.0f) {
+        const float f = expf(mk_ld(ps + HD) - M);
+        L += l * f;
+        O += mk_ld(ps + i) * f;
+      }
+    }
+    mk_st(a.out + (mk_i64)r * C::OS + h * HD + i, O / L);
   }
 }
 

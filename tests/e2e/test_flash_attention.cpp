@@ -1,0 +1,313 @@
+// Flash-decoding attention (CompileOptions::attn_splits): attention_partial tiles (KV group x
+// split of each row's cached positions) and attention_combine (log-sum-exp merge).
+//   - op level: a graph of attention alone on random q/k/v (paged, ragged batch, rows shorter than
+//     the split count) gives the unsplit op's output within 1e-6 (relative) for S = 2, 3, 4, 7, 16
+//     on cpu and cuda-emu;
+//   - stories260K reproduces llama2.c's greedy reference token for token with S = 1, 2, 4, 7 on cpu
+//     and cuda-emu (prompt rows shorter than S included);
+//   - the HF fixtures stay within their tolerances with splits;
+//   - the program has the expected instructions, and the race check on cuda-emu finds no race.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "archs/arch.h"
+#include "backend/backend.h"
+#include "backend/cuda/device_runtime.h"
+#include "ir/graph.h"
+#include "ir/ops.h"
+#include "model/hf.h"
+#include "model/model_file.h"
+#include "passes/pass.h"
+#include "runtime/session.h"
+#include "support/compare.h"
+
+namespace mk {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kStories = std::string(MK_SHARED_DIR) + "/models/stories260K/";
+const fs::path kHfFixtures = fs::path(MK_SHARED_DIR) / "fixtures" / "hf";
+
+// Attention alone: q, k, v are rows of random tables picked by the token ids (embed), K/V stored
+// in a paged pool, the attention output is the graph's "logits" output (every row).
+struct AttnModel {
+  int64_t n_vocab = 40, n_head = 6, n_head_kv = 2, head_dim = 20, n_ctx = 48, block = 4, pool = 192;
+};
+
+ModelFile attn_model(const AttnModel& c, uint64_t seed) {
+  ModelFile m;
+  m.path = "attention-test";
+  m.format = "test";
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto add = [&](const std::string& name, int64_t cols, float scale) {
+    auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(c.n_vocab * cols) * 4);
+    float* f = reinterpret_cast<float*>(buf->data());
+    for (int64_t i = 0; i < c.n_vocab * cols; ++i) f[i] = scale * nd(rng);
+    WeightTensor t;
+    t.name = name;
+    t.dtype = DType::F32;
+    t.shape = {c.n_vocab, cols};
+    t.data = buf->data();
+    t.nbytes = buf->size();
+    m.owned.push_back(buf);
+    m.add_tensor(t);
+  };
+  add("q.weight", c.n_head * c.head_dim, 1.0f);
+  add("k.weight", c.n_head_kv * c.head_dim, 1.0f);
+  add("v.weight", c.n_head_kv * c.head_dim, 1.0f);
+  return m;
+}
+
+Graph attn_graph(const AttnModel& c) {
+  Graph g;
+  const int64_t kv_dim = c.n_head_kv * c.head_dim;
+  int tokens = g.add_input("tokens");
+  g.add_input("positions");
+  int q = g.add(Op::embed, {g.add_weight("q.weight", DType::F32, {c.n_vocab, c.n_head * c.head_dim}), tokens}, {}, "q");
+  int k = g.add(Op::embed, {g.add_weight("k.weight", DType::F32, {c.n_vocab, kv_dim}), tokens}, {}, "k");
+  int v = g.add(Op::embed, {g.add_weight("v.weight", DType::F32, {c.n_vocab, kv_dim}), tokens}, {}, "v");
+  int kc = g.add(Op::kv_store, {k, g.add_kv_cache(0, "k", c.n_ctx, kv_dim, c.pool, c.block)}, {}, "k_cache");
+  int vc = g.add(Op::kv_store, {v, g.add_kv_cache(0, "v", c.n_ctx, kv_dim, c.pool, c.block)}, {}, "v_cache");
+  // A scale of 1.5 / sqrt(head_dim) sharpens the softmax, so that the splits' maxima differ.
+  int a = g.add(Op::attention, {q, kc, vc},
+                {{"n_head", c.n_head}, {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim},
+                 {"scale", 1.5 / std::sqrt(static_cast<double>(c.head_dim))}},
+                "attn");
+  g.add_output(a, "logits");
+  return g;
+}
+
+// Three ragged steps over scattered blocks: sequence 0 prefills 9 rows (row 0 has one position,
+// fewer than every S > 1) then decodes; sequence 1 has 1 row, then 30; sequence 2 arrives late
+// with 2 rows. Returns every row's output of every step, concatenated.
+std::vector<float> run_attn(const std::string& backend, int splits, int threads, const AttnModel& c, const ModelFile& m) {
+  Graph g = attn_graph(c);
+  BackendOptions bo;
+  bo.threads = threads;
+  bo.attn_splits = splits;
+  auto b = make_backend(backend, g, m, bo);
+  std::vector<std::vector<int32_t>> blocks = {{7, 30, 2, 11, 19, 40}, {1, 44, 5, 9, 33, 21, 16, 27, 3}, {12, 6}};
+  struct Rows {
+    int seq;
+    int32_t from, n;
+  };
+  const std::vector<std::vector<Rows>> steps = {
+      {{0, 0, 9}, {1, 0, 1}},
+      {{1, 1, 30}, {0, 9, 1}, {2, 0, 2}},
+      {{2, 2, 1}, {0, 10, 1}, {1, 31, 1}},
+  };
+  std::mt19937 rng(99);
+  std::vector<float> all;
+  for (const auto& step : steps) {
+    StepBatch batch;
+    batch.block_tables = blocks;
+    for (const Rows& r : step)
+      for (int32_t i = 0; i < r.n; ++i) {
+        batch.tokens.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(c.n_vocab)));
+        batch.positions.push_back(r.from + i);
+        batch.seq.push_back(r.seq);
+      }
+    for (int32_t i = 0; i < static_cast<int32_t>(batch.tokens.size()); ++i) batch.logit_rows.push_back(i);
+    std::vector<float> out = b->forward(batch);
+    EXPECT_EQ(out.size(), batch.tokens.size() * static_cast<size_t>(c.n_head * c.head_dim));
+    all.insert(all.end(), out.begin(), out.end());
+  }
+  return all;
+}
+
+class FlashAttentionOp : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(FlashAttentionOp, CombinedPartialsEqualUnsplitAttention) {
+  auto [backend, splits] = GetParam();
+  AttnModel c;
+  ModelFile m = attn_model(c, 5);
+  const std::vector<float> want = run_attn("reference", -1, 1, c, m);
+  const std::vector<float> unsplit = run_attn("cpu", 1, 2, c, m);
+  ASSERT_EQ(unsplit.size(), want.size());
+  EXPECT_LT(test::rel_l2(unsplit, want), 1e-6);
+  const std::vector<float> got = run_attn(backend, splits, 3, c, m);
+  ASSERT_EQ(got.size(), want.size());
+  // Per head vector: relative to its own norm, so small outputs are held to the same standard.
+  const int64_t hd = c.head_dim;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); i += static_cast<size_t>(hd)) {
+    std::vector<float> a(got.begin() + static_cast<int64_t>(i), got.begin() + static_cast<int64_t>(i) + hd);
+    std::vector<float> w(want.begin() + static_cast<int64_t>(i), want.begin() + static_cast<int64_t>(i) + hd);
+    worst = std::max(worst, test::rel_l2(a, w));
+  }
+  EXPECT_LT(worst, 1e-6) << backend << " attn_splits " << splits;
+  EXPECT_NE(got, std::vector<float>(want.size(), 0.0f));
+}
+
+INSTANTIATE_TEST_SUITE_P(Splits, FlashAttentionOp,
+                         ::testing::Combine(::testing::Values("cpu", "cuda-emu"), ::testing::Values(2, 3, 4, 7, 16)),
+                         [](const auto& info) {
+                           std::string s = std::get<0>(info.param) + "_s" + std::to_string(std::get<1>(info.param));
+                           for (char& ch : s)
+                             if (ch == '-') ch = '_';
+                           return s;
+                         });
+
+TEST(FlashAttentionProgram, SplitsLowerToPartialAndCombine) {
+  AttnModel c;
+  Graph g = attn_graph(c);
+  CompileOptions co;
+  co.workers = 5;
+  co.max_tokens = 8;
+  co.attn_splits = 3;
+  Program p = compile_program(g, co);
+  int partial = 0, combine = 0, plain = 0;
+  for (const Instr& in : p.instrs) {
+    partial += in.opcode == Opcode::attention_partial;
+    combine += in.opcode == Opcode::attention_combine;
+    plain += in.opcode == Opcode::attention;
+  }
+  EXPECT_EQ(partial, c.n_head_kv * 3);  // one tile per (KV group, split)
+  EXPECT_GE(combine, 1);
+  EXPECT_EQ(plain, 0);
+  // auto: ceil(workers / n_head_kv) splits; 1 keeps the single op.
+  co.attn_splits = 0;
+  co.workers = 9;
+  p = compile_program(g, co);
+  partial = 0;
+  for (const Instr& in : p.instrs) partial += in.opcode == Opcode::attention_partial;
+  EXPECT_EQ(partial, c.n_head_kv * 5);
+  co.attn_splits = 1;
+  p = compile_program(g, co);
+  for (const Instr& in : p.instrs) EXPECT_NE(in.opcode, Opcode::attention_partial);
+  co.attn_splits = -2;
+  EXPECT_THROW(compile_program(g, co), Error);
+}
+
+// The validator accepts the split program, the race check on cuda-emu finds no race in it (prefill
+// and decode, 3 blocks), and finds the race when a combine tile no longer waits for its partials.
+TEST(FlashAttentionRaceCheck, SplitProgramHasNoRaceAndCombineWaitsForItsPartials) {
+  ModelFile m = load_model(kStories + "stories260K.gguf");
+  Graph g = build_graph(m, {32, false});
+  CompileOptions co;
+  co.workers = 3;
+  co.max_tokens = 8;
+  co.attn_splits = 4;
+  Program p = compile_program(g, co);
+  ASSERT_TRUE(check_program(p).empty());
+  BackendOptions bo;
+  cuda::EmuOptions eo;
+  eo.blocks = 3;
+  eo.threads = 64;
+  {
+    auto b = make_cuda_emu_program_backend(p, m, bo, eo);
+    std::vector<float> l = b->forward(std::vector<int32_t>{1, 403, 407, 261, 378}, 0);
+    for (int64_t pos = 5; pos < 12; ++pos) l = b->forward(std::vector<int32_t>{static_cast<int32_t>(pos * 7)}, pos);
+    EXPECT_EQ(l.size(), 512u);
+  }
+  // Drop every wait of the last layer's first combine tile: it reads partials nobody ordered.
+  int victim = -1;
+  for (size_t i = 0; i < p.instrs.size(); ++i)
+    if (p.instrs[i].opcode == Opcode::attention_combine) victim = static_cast<int>(i);
+  ASSERT_GE(victim, 0);
+  while (victim > 0 && p.instrs[static_cast<size_t>(victim - 1)].op == p.instrs[static_cast<size_t>(victim)].op) --victim;
+  ASSERT_FALSE(p.instrs[static_cast<size_t>(victim)].waits.empty());
+  p.instrs[static_cast<size_t>(victim)].waits.clear();
+  EXPECT_FALSE(check_program(p).empty()) << "the validator must reject a combine that waits for nothing";
+  auto b = make_cuda_emu_program_backend(std::move(p), m, bo, eo);
+  std::string msg;
+  try {
+    for (int64_t pos = 0; pos < 12; ++pos) b->forward(std::vector<int32_t>{static_cast<int32_t>(1 + pos * 7)}, pos);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("race:"), std::string::npos) << msg;
+}
+
+nlohmann::json greedy_cases() {
+  std::ifstream f(kStories + "reference_greedy.json");
+  EXPECT_TRUE(f.good()) << "missing " << kStories << "reference_greedy.json";
+  return nlohmann::json::parse(f);
+}
+
+class E2EFlashStories : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(E2EFlashStories, ReproducesRunCGreedy) {
+  auto [backend, splits] = GetParam();
+  SessionOptions so;
+  so.model_path = kStories + "stories260K.gguf";
+  so.backend = backend;
+  so.backend_options.threads = 3;
+  so.backend_options.attn_splits = splits;
+  Session s(so);
+  for (const auto& c : greedy_cases()) {
+    s.reset();
+    GenerateOptions go;
+    go.prompt = c["prompt"].get<std::string>();
+    go.sampler.temperature = 0;
+    go.n_new = static_cast<int>(c["generated_ids"].size());
+    GenerateResult r = generate(s, go);
+    EXPECT_EQ(r.generated_ids, c["generated_ids"].get<std::vector<int32_t>>())
+        << backend << " attn_splits " << splits << ", prompt '" << go.prompt << "'";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(E2EFlash, E2EFlashStories,
+                         ::testing::Combine(::testing::Values("cpu", "cuda-emu"), ::testing::Values(1, 2, 4, 7)),
+                         [](const auto& info) {
+                           std::string s = std::get<0>(info.param) + "_s" + std::to_string(std::get<1>(info.param));
+                           for (char& ch : s)
+                             if (ch == '-') ch = '_';
+                           return s;
+                         });
+
+class E2EFlashHf : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(E2EFlashHf, LogitsMatchTransformers) {
+  auto [backend, fixture] = GetParam();
+  const fs::path dir = kHfFixtures / fixture;
+  if (!fs::is_directory(dir)) GTEST_SKIP() << "fixture missing: " << dir;
+  std::ifstream in(dir / "reference.json");
+  const auto ref = nlohmann::json::parse(in);
+  const auto prompt = ref.at("prompt_ids").get<std::vector<int32_t>>();
+  const auto want_last = ref.at("logits_last").get<std::vector<float>>();
+  const auto want_argmax = ref.at("logits_all_argmax").get<std::vector<int32_t>>();
+  ModelFile m = load_model(dir.string());
+  Graph all = build_graph(m, {static_cast<int64_t>(prompt.size()) + 4, true});
+  BackendOptions bo;
+  bo.threads = 3;
+  bo.attn_splits = 3;
+  auto b = make_backend(backend, all, m, bo);
+  std::vector<float> logits = b->forward(prompt, 0);
+  const int64_t n_vocab = static_cast<int64_t>(want_last.size());
+  ASSERT_EQ(static_cast<int64_t>(logits.size()), static_cast<int64_t>(prompt.size()) * n_vocab);
+  std::vector<float> last(logits.end() - n_vocab, logits.end());
+  const double tol = fixture.find("bfloat16") != std::string::npos ? 1e-2 : 1e-4;
+  EXPECT_LT(test::rel_l2(last, want_last), tol);
+  std::vector<int32_t> got_argmax;
+  for (size_t r = 0; r < prompt.size(); ++r) {
+    const float* row = logits.data() + static_cast<int64_t>(r) * n_vocab;
+    got_argmax.push_back(static_cast<int32_t>(std::max_element(row, row + n_vocab) - row));
+  }
+  EXPECT_EQ(got_argmax, want_argmax);
+}
+
+std::vector<std::string> hf_fixtures() {
+  std::vector<std::string> r;
+  for (const char* fam : {"gemma", "gpt2", "llama3_scaled_tied", "llama_gqa", "llama_mha_headdim", "mistral", "phi3",
+                          "qwen2_bias", "qwen3_qknorm"})
+    for (const char* dt : {"float32", "bfloat16"}) r.push_back(std::string(fam) + "_" + dt);
+  return r;
+}
+INSTANTIATE_TEST_SUITE_P(E2EFlash, E2EFlashHf,
+                         ::testing::Combine(::testing::Values("cpu", "cuda-emu"), ::testing::ValuesIn(hf_fixtures())),
+                         [](const auto& info) {
+                           std::string s = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           for (char& ch : s)
+                             if (ch == '-') ch = '_';
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace mk
