@@ -2,8 +2,8 @@
 // sequences plus chunked prefill rows of new ones) over a paged KV pool whose blocks are scattered.
 // Every sequence's logits must equal those of the sequence run alone through the one-sequence path
 // (forward(tokens, n_past)), on every backend: reference, cpu (dynamic and static-cp schedules, 1
-// and 3 workers) and cuda-emu, for stories260K (MHA) and an HF Llama fixture with GQA. Malformed
-// batches are errors naming the problem.
+// and 3 workers; 4 attention splits) and cuda-emu (the default; 7 attention splits), for
+// stories260K (MHA) and an HF Llama fixture with GQA. Malformed batches are errors naming the problem.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -83,6 +83,7 @@ StepBatch to_batch(const Scenario& s, const std::vector<Chunk>& step) {
 struct BackendCase {
   std::string name, schedule;
   int threads;
+  int attn_splits = -1;  // BackendOptions::attn_splits (-1: the backend's default)
 };
 
 // The expected logits: each sequence alone through the one-sequence path, chunked like the steps.
@@ -91,6 +92,7 @@ std::map<std::pair<int, int64_t>, std::vector<float>> alone(const Scenario& s, c
   BackendOptions bo;
   bo.threads = bc.threads;
   bo.schedule = bc.schedule;
+  bo.attn_splits = bc.attn_splits;
   auto b = make_backend(bc.name, g, m, bo);
   std::map<std::pair<int, int64_t>, std::vector<float>> r;  // (sequence, last position) -> logits
   for (size_t q = 0; q < s.tokens.size(); ++q) {
@@ -120,6 +122,7 @@ void check_batched(const std::string& path, const BackendCase& bc) {
   BackendOptions bo;
   bo.threads = bc.threads;
   bo.schedule = bc.schedule;
+  bo.attn_splits = bc.attn_splits;
   auto b = make_backend(bc.name, g, m, bo);
   ASSERT_EQ(b->kv_block_size(), kBlock);
   ASSERT_EQ(b->kv_pool_blocks(), kPool / kBlock);
@@ -147,9 +150,12 @@ TEST_P(E2EBatch, LlamaGqaRaggedBatchEqualsEachSequenceAlone) { check_batched(kLl
 INSTANTIATE_TEST_SUITE_P(Backends, E2EBatch,
                          ::testing::Values(BackendCase{"reference", "dynamic", 1}, BackendCase{"cpu", "dynamic", 1},
                                            BackendCase{"cpu", "dynamic", 3}, BackendCase{"cpu", "static-cp", 3},
-                                           BackendCase{"cuda-emu", "dynamic", 3}),
+                                           BackendCase{"cuda-emu", "dynamic", 3},
+                                           // flash-decoding: rows split over 4 / 7 ranges (prefill rows shorter than that)
+                                           BackendCase{"cpu", "static-cp", 3, 4}, BackendCase{"cuda-emu", "dynamic", 3, 7}),
                          [](const auto& info) {
                            std::string n = info.param.name + "_" + info.param.schedule + "_w" + std::to_string(info.param.threads);
+                           if (info.param.attn_splits >= 0) n += "_s" + std::to_string(info.param.attn_splits);
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
