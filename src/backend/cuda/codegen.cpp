@@ -259,12 +259,19 @@ class Generator {
         b += fmt::format("  static constexpr int KVB = {}, MB = {};  // KV block rows, block-table columns\n", p_.kv_block_size,
                          p_.max_blocks_per_seq());
         b += fmt::format("  static constexpr bool KVEC = {};\n", op.head_dim % 4 == 0 && stride(op.y) % 4 == 0 ? "true" : "false");
-        if (op.opcode == Opcode::attention_partial) {
-          if (op.attn_splits < 1) fail("cuda codegen: {}: attn_splits {} < 1", op.name, op.attn_splits);
-          b += fmt::format("  static constexpr int S = {};  // flash-decoding splits\n", op.attn_splits);
-        }
         // MK_ATTN_SMEM (prelude.cuh): q, the warps' partials, each warp's chunk of probabilities and pool rows.
         *smem_floats = static_cast<size_t>(op.head_dim + warps_ * (op.head_dim + 2) + 2 * warps_ * 32) + 4;
+        if (op.opcode == Opcode::attention_partial) {
+          if (op.attn_splits < 1) fail("cuda codegen: {}: attn_splits {} < 1", op.name, op.attn_splits);
+          // GROUPED: all heads of the KV group per pass over the rows (mk_attend_group), while the
+          // per-lane accumulators (heads x head elements per lane) stay few enough for registers.
+          const int64_t hpg = op.n_head / op.n_head_kv, grouped = hpg > 1 && hpg * ((op.head_dim + 31) / 32) <= 16;
+          b += fmt::format("  static constexpr int S = {};  // flash-decoding splits\n", op.attn_splits);
+          b += fmt::format("  static constexpr bool GROUPED = {};\n", grouped ? "true" : "false");
+          if (grouped)
+            *smem_floats = std::max(*smem_floats, static_cast<size_t>(hpg * op.head_dim + warps_ * hpg * (op.head_dim + 2) +
+                                                                      warps_ * hpg * 32 + warps_ * 32) + 4);
+        }
         break;
       }
       case Opcode::embed: {

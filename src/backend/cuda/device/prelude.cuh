@@ -533,6 +533,125 @@ __device__ void mk_attend_head(const MkOpArgs& a, int r, int h, const int* bt, i
   }
   __syncthreads();
 }
+// All HPG heads of KV group g of row r over positions [lo, hi) in one pass (GROUPED partials): each
+// K and V row is loaded once for the group instead of once per head; per head the arithmetic is
+// mk_attend_head's (same order, same bits). dst + hh * (HD + 2): head hh's o, m, l.
+// Shared memory: HPG * HD + MK_WARPS * HPG * (HD + 2) + MK_WARPS * HPG * 32 + MK_WARPS * 32 floats.
+template <class C>
+__device__ void mk_attend_group(const MkOpArgs& a, int r, int g, const int* bt, int lo, int hi, float* dst, char* smem) {
+  constexpr int HD = C::HD, PL = (HD + 31) / 32, G = C::HPG, ST = HD + 2;
+  float* qs = (float*)smem;                       // [G][HD]
+  float* part = qs + G * HD;                      // [MK_WARPS][G][ST]
+  float* probs = part + MK_WARPS * G * ST;        // [MK_WARPS][G][32]
+  int* rows = (int*)(probs + MK_WARPS * G * 32);  // [MK_WARPS][32] pool rows of the chunk
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* wp = probs + warp * G * 32;
+  int* wr = rows + warp * 32;
+  for (int i = threadIdx.x; i < G * HD; i += MK_THREADS) qs[i] = mk_ld(a.x + (mk_i64)r * C::QS + g * G * HD + i);
+  __syncthreads();
+  float m[G], l[G], acc[G][PL];
+#pragma unroll
+  for (int hh = 0; hh < G; ++hh) {
+    m[hh] = MK_NEG_INF;
+    l[hh] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < PL; ++e) acc[hh][e] = 0.0f;
+  }
+  for (int j0 = lo + warp * 32; j0 < hi; j0 += MK_WARPS * 32) {
+    const int j = j0 + lane;
+    float t[G];
+#pragma unroll
+    for (int hh = 0; hh < G; ++hh) t[hh] = 0.0f;
+    int kvr = 0;
+    if (j < hi) {
+      kvr = mk_kv_row<C>(bt, j);
+      const float* kr = a.y + (mk_i64)kvr * C::KS + g * HD;
+      if constexpr (C::KVEC) {
+#pragma unroll 4
+        for (int i = 0; i < HD; i += 4) {
+          const float4 k4 = mk_ld4(kr + i);
+#pragma unroll
+          for (int hh = 0; hh < G; ++hh) {
+            const float* q = qs + hh * HD;
+            t[hh] += q[i] * k4.x + q[i + 1] * k4.y + q[i + 2] * k4.z + q[i + 3] * k4.w;
+          }
+        }
+      } else {
+        for (int i = 0; i < HD; ++i) {
+          const float k = mk_ld(kr + i);
+#pragma unroll
+          for (int hh = 0; hh < G; ++hh) t[hh] += qs[hh * HD + i] * k;
+        }
+      }
+    }
+    float corr[G];
+#pragma unroll
+    for (int hh = 0; hh < G; ++hh) {
+      const float d = j < hi ? t[hh] * (float)C::SCALE : MK_NEG_INF;
+      const float mn = fmaxf(m[hh], mk_warp_max(d));  // finite: row j0 exists
+      corr[hh] = expf(m[hh] - mn);                    // 0 when m = -inf
+      const float p = j < hi ? expf(d - mn) : 0.0f;
+      l[hh] = l[hh] * corr[hh] + mk_warp_sum(p);
+      m[hh] = mn;
+      wp[hh * 32 + lane] = p;
+    }
+    wr[lane] = kvr;
+    __syncwarp();
+#pragma unroll
+    for (int hh = 0; hh < G; ++hh)
+#pragma unroll
+      for (int e = 0; e < PL; ++e) acc[hh][e] *= corr[hh];
+    const int nj = min(32, hi - j0);
+#pragma unroll 2
+    for (int jj = 0; jj < nj; ++jj) {
+      const float* vr = a.z + (mk_i64)wr[jj] * C::VS + g * HD;
+#pragma unroll
+      for (int e = 0; e < PL; ++e) {
+        const int i = lane + 32 * e;
+        if (i < HD) {
+          const float v = mk_ld(vr + i);
+#pragma unroll
+          for (int hh = 0; hh < G; ++hh) acc[hh][e] += wp[hh * 32 + jj] * v;
+        }
+      }
+    }
+    __syncwarp();  // wp and wr are rewritten by the next chunk
+  }
+  float* mine = part + warp * G * ST;
+#pragma unroll
+  for (int hh = 0; hh < G; ++hh) {
+#pragma unroll
+    for (int e = 0; e < PL; ++e) {
+      const int i = lane + 32 * e;
+      if (i < HD) mine[hh * ST + i] = acc[hh][e];
+    }
+    if (lane == 0) {
+      mine[hh * ST + HD] = m[hh];
+      mine[hh * ST + HD + 1] = l[hh];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * HD; idx += MK_THREADS) {
+    const int hh = idx / HD, i = idx - hh * HD;
+    float M = MK_NEG_INF;
+    for (int w = 0; w < MK_WARPS; ++w) M = fmaxf(M, part[(w * G + hh) * ST + HD]);
+    float L = 0.0f, O = 0.0f;
+    for (int w = 0; w < MK_WARPS; ++w) {
+      const float* pw = part + (w * G + hh) * ST;
+      if (pw[HD + 1] > 0.0f) {
+        const float f = expf(pw[HD] - M);
+        L += pw[HD + 1] * f;
+        O += pw[i] * f;
+      }
+    }
+    mk_st(dst + hh * ST + i, O);
+    if (i == 0) {
+      mk_st(dst + hh * ST + HD, M);
+      mk_st(dst + hh * ST + HD + 1, L);
+    }
+  }
+  __syncthreads();
+}
 template <class C>
 __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   const int R = C::rows(s);
@@ -546,6 +665,7 @@ __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& 
 }
 // attention_partial: one block per (KV group g, split sp) = tile index c0 / TILE; scratch layout in
 // isa/program.h ([rows][n_head_kv][S][HPG][HD + 2]). Split ranges as attn_split_range there.
+// GROUPED (codegen: HPG * ceil(HD / 32) <= 16 accumulators per lane): the group's heads in one pass.
 template <class C>
 __device__ void mk_attention_partial(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   constexpr int ST = C::HD + 2, TILE = C::HPG * ST;
@@ -557,8 +677,12 @@ __device__ void mk_attention_partial(const MkInstr& in, const MkOpArgs& a, const
     const mk_i64 n = end - begin;
     const int lo = begin + (int)(n * sp / C::S), hi = begin + (int)(n * (sp + 1) / C::S);
     const int* bt = a.tab + (mk_i64)mk_ld_i32(a.ids + r) * C::MB;
-    for (int hh = 0; hh < C::HPG; ++hh)
-      mk_attend_head<C, true>(a, r, g * C::HPG + hh, bt, lo, hi, a.out + (mk_i64)r * C::OS + in.c0 + hh * ST, smem);
+    if constexpr (C::GROUPED) {
+      mk_attend_group<C>(a, r, g, bt, lo, hi, a.out + (mk_i64)r * C::OS + in.c0, smem);
+    } else {
+      for (int hh = 0; hh < C::HPG; ++hh)
+        mk_attend_head<C, true>(a, r, g * C::HPG + hh, bt, lo, hi, a.out + (mk_i64)r * C::OS + in.c0 + hh * ST, smem);
+    }
   }
 }
 // attention_combine: heads [c0/HD, c1/HD); thread per (row, head, element): the S partials merged
