@@ -36,7 +36,7 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)");
   cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
   cmd->add_option("--attn-splits", o->attn_splits,
-                  "flash-decoding splits of attention (0 = auto: cover the workers; default: auto for --emit cuda, else 1)")
+                  "flash-decoding splits of attention (0 = auto; default: auto for --emit cuda, else 1)")
       ->check(CLI::Range(0, 64));
   cmd->callback([o] {
     ModelFile model = open_model(o->model, /*with_data=*/false);  // shapes are all compile needs

@@ -36,7 +36,7 @@ void add_logits_command(CLI::App& app) {
                   "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--attn-splits", o->backend_options.attn_splits,
-                  "flash-decoding: cut each row's cached positions into N ranges (0 = auto: cover the SMs; default: 1 on cpu, auto on cuda)")
+                  "flash-decoding: split each row's cached positions N ways (0 = auto; default 1 on cpu, auto on cuda)")
       ->check(CLI::Range(0, 64));
   cmd->add_option("--kv-type", o->backend_options.kv_type, "cpu: KV cache precision as llama.cpp's: auto (f16 with --act-quant auto), f16, f32")
       ->check(CLI::IsMember({"auto", "f16", "f32"}));

@@ -237,7 +237,8 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       break;
     }
     case Opcode::attention_combine: {  // heads [c0, c1) / head_dim: every split of their groups
-      const int64_t hpg = o.n_head / o.n_head_kv, g0 = in.c0 / o.head_dim / hpg, g1 = (in.c1 / o.head_dim - 1) / hpg + 1;
+      const int64_t hpg = o.n_head / o.n_head_kv;
+      const int64_t g0 = in.c0 / o.head_dim / hpg, g1 = (in.c1 / o.head_dim - 1) / hpg + 1;
       const int64_t group_cols = o.attn_splits * hpg * attn_partial_stride(o);
       read(o.x, zero, R, g0 * group_cols, g1 * group_cols);
       write(o.out, zero, R, in.c0, in.c1);

@@ -378,8 +378,10 @@ TEST(CudaCli, EmitCudaWritesTheMegakernelSource) {
   CompileOptions co;
   co.workers = 132;
   co.max_tokens = 256;
+  co.attn_splits = 0;  // --emit cuda compiles what the cuda backends do: flash-decoding splits
   Program p = compile_program(build_graph(m, bo), co);
   EXPECT_NE(code.find(fmt::format("#define MK_NUM_INSTRS {}\n", p.instrs.size())), std::string::npos);
+  EXPECT_NE(code.find("mk_attention_partial<"), std::string::npos);
   std::string stdout_src = run_cli("compile -m synth:micro --emit cuda", &st);
   ASSERT_EQ(st, 0);
   EXPECT_NE(stdout_src.find("mk_megakernel"), std::string::npos);

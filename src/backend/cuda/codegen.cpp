@@ -240,8 +240,8 @@ class Generator {
       }
       case Opcode::attention_combine:
         if (op.head_dim <= 0 || op.n_head_kv <= 0 || op.n_head % op.n_head_kv || op.attn_splits < 1)
-          fail("cuda codegen: {}: bad attention shape (n_head {}, n_head_kv {}, head_dim {}, attn_splits {})", op.name, op.n_head,
-               op.n_head_kv, op.head_dim, op.attn_splits);
+          fail("cuda codegen: {}: bad attention shape (n_head {}, n_head_kv {}, head_dim {}, attn_splits {})", op.name,
+               op.n_head, op.n_head_kv, op.head_dim, op.attn_splits);
         b += fmt::format("  static constexpr int HD = {}, HPG = {}, S = {}, XS = {}, OS = {};\n", op.head_dim,
                          op.n_head / op.n_head_kv, op.attn_splits, stride(op.x), stride(op.out));
         *smem_floats = 4;
@@ -268,9 +268,9 @@ class Generator {
           const int64_t hpg = op.n_head / op.n_head_kv, grouped = hpg > 1 && hpg * ((op.head_dim + 31) / 32) <= 16;
           b += fmt::format("  static constexpr int S = {};  // flash-decoding splits\n", op.attn_splits);
           b += fmt::format("  static constexpr bool GROUPED = {};\n", grouped ? "true" : "false");
-          if (grouped)
-            *smem_floats = std::max(*smem_floats, static_cast<size_t>(hpg * op.head_dim + warps_ * hpg * (op.head_dim + 2) +
-                                                                      warps_ * hpg * 32 + warps_ * 32) + 4);
+          const int64_t group_smem =
+              hpg * op.head_dim + warps_ * hpg * (op.head_dim + 2) + warps_ * hpg * 32 + warps_ * 32 + 4;
+          if (grouped) *smem_floats = std::max(*smem_floats, static_cast<size_t>(group_smem));
         }
         break;
       }
@@ -345,8 +345,8 @@ class Generator {
         fail("cuda codegen: {} tile {}: columns [{}, {}) are not whole heads of {}", op.name, in.tile, in.c0, in.c1, op.head_dim);
       if (op.opcode == Opcode::attention_partial && (in.c0 % op.tile_cols || in.c1 - in.c0 != op.tile_cols ||
                                                      op.tile_cols != attn_partial_tile_cols(op)))
-        fail("cuda codegen: {} tile {}: columns [{}, {}) are not one (KV group, split) of {}", op.name, in.tile, in.c0, in.c1,
-             attn_partial_tile_cols(op));
+        fail("cuda codegen: {} tile {}: columns [{}, {}) are not one (KV group, split) of {}", op.name, in.tile, in.c0,
+             in.c1, attn_partial_tile_cols(op));
       if (op.opcode == Opcode::rms_norm && op.group < op.k && (in.c0 % op.group || (in.c1 - in.c0) % op.group))
         fail("cuda codegen: {} tile {}: columns [{}, {}) are not whole groups of {}", op.name, in.tile, in.c0, in.c1, op.group);
     }

@@ -538,7 +538,8 @@ __device__ void mk_attend_head(const MkOpArgs& a, int r, int h, const int* bt, i
 // mk_attend_head's (same order, same bits). dst + hh * (HD + 2): head hh's o, m, l.
 // Shared memory: HPG * HD + MK_WARPS * HPG * (HD + 2) + MK_WARPS * HPG * 32 + MK_WARPS * 32 floats.
 template <class C>
-__device__ void mk_attend_group(const MkOpArgs& a, int r, int g, const int* bt, int lo, int hi, float* dst, char* smem) {
+__device__ void mk_attend_group(const MkOpArgs& a, int r, int g, const int* bt, int lo, int hi, float* dst,
+                                char* smem) {
   constexpr int HD = C::HD, PL = (HD + 31) / 32, G = C::HPG, ST = HD + 2;
   float* qs = (float*)smem;                       // [G][HD]
   float* part = qs + G * HD;                      // [MK_WARPS][G][ST]
