@@ -456,6 +456,8 @@ class Server {
       std::string msg = res.status == 404   ? "no such endpoint"
                         : res.status == 413 ? "the request body is too large (see --max-body)"
                         : res.status == 405 ? "method not allowed"
+                        : res.status == 400 ? "malformed HTTP request (request line, headers or body framing)"
+                        : res.status == 414 ? "the request URI is too long"
                                             : fmt::format("HTTP {}", res.status);
       res.set_content(error_json(msg, "invalid_request_error", "", "").dump(), "application/json");
       return httplib::Server::HandlerResponse::Handled;

@@ -180,6 +180,17 @@ def stories_checks():
     head = sock.recv(4096).decode(errors="replace")
     sock.close()
     check(head.startswith("HTTP/1.1 411"), f"a POST without Content-Length: 411 at once, got {head[:40]!r}")
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+    sock.sendall(b"GARBAGE\r\n\r\n")
+    reply = b""
+    while not reply.endswith(b"}"):
+        part = sock.recv(4096)
+        if not part:
+            break
+        reply += part
+    sock.close()
+    check(reply.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in reply,
+          f"a malformed request line: 400 with a message, got {reply[-80:]!r}")
     st, _, _ = srv.raw("GET", "/v1/nothing")
     check(st == 404, "unknown endpoint: 404")
     st, hdr, text = srv.raw("GET", "/v1/completions")
