@@ -1,9 +1,12 @@
 // 8-bit activation blocks (quant.h ActQuant): q8_0 and q8_1 as ggml's x86 quantize_row_q8_0 /
-// quantize_row_q8_1 (arch/x86/quants.c, AVX2 path) compute them.
+// quantize_row_q8_1 (arch/x86/quants.c, AVX2 path) compute them, q8_K as quantize_row_q8_K_ref
+// (ggml-quants.c; the x86 quantize_row_q8_K calls it).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "quant/avx2.h"
+#include "quant/k_act.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -68,6 +71,40 @@ MK_AVX2_FN void quantize_q8_avx2(const float* x, void* dst, int64_t n) {
   }
 }
 
+// One 256-element q8_K block (k_act.h layout): max = the element of largest magnitude (the first
+// one on ties), iscale = -127 / max, q = min(127, nearest-even(iscale * x)), bsums of 16, d = 1 /
+// iscale as f32. A zero block stores d = 0 and zeros (ggml leaves its bsums unset; they are unread).
+void quantize_q8_K(const float* x, void* dst, int64_t n) {
+  uint8_t* b = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n / 256; ++i, x += 256, b += kQ8KBytes) {
+    float max = 0, amax = 0;
+    for (int j = 0; j < 256; ++j) {
+      const float ax = std::fabs(x[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = x[j];
+      }
+    }
+    int8_t* q = reinterpret_cast<int8_t*>(b + kQ8KQs);
+    int16_t bsums[16] = {};
+    float d = 0;
+    if (amax != 0) {
+      const float iscale = -127.f / max;
+      for (int j = 0; j < 256; ++j) q[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * x[j])));
+      for (int j = 0; j < 16; ++j) {
+        int sum = 0;
+        for (int k = 0; k < 16; ++k) sum += q[16 * j + k];
+        bsums[j] = static_cast<int16_t>(sum);
+      }
+      d = 1 / iscale;
+    } else {
+      std::memset(q, 0, 256);
+    }
+    std::memcpy(b, &d, 4);
+    std::memcpy(b + kQ8KBsums, bsums, 32);
+  }
+}
+
 template <bool S>
 void quantize_q8_any(const float* x, void* dst, int64_t n) {
   static const bool avx2 = runtime_isa() != Isa::generic;
@@ -78,6 +115,7 @@ void quantize_q8_any(const float* x, void* dst, int64_t n) {
 
 extern const ActQuant kQ8_0Act = {"q8_0", 32, 34, quantize_q8_any<false>};
 extern const ActQuant kQ8_1Act = {"q8_1", 32, 36, quantize_q8_any<true>};
+extern const ActQuant kQ8_KAct = {"q8_K", 256, kQ8KBytes, quantize_q8_K};
 
 namespace detail {
 // For tests: the scalar quantizer (ActQuant::quantize_row picks AVX2 where the CPU has it).
@@ -89,4 +127,5 @@ void act_quantize_generic(bool q8_1, const float* x, void* dst, int64_t n) {
 
 const ActQuant& act_q8_0() { return kQ8_0Act; }
 const ActQuant& act_q8_1() { return kQ8_1Act; }
+const ActQuant& act_q8_K() { return kQ8_KAct; }
 }  // namespace mk::quant

@@ -6,6 +6,7 @@
 // q = low | high << 2 (a clear high bit subtracts 4).
 #include <algorithm>
 
+#include "quant/k_act.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -72,8 +73,32 @@ void quantize_row(const float* x, void* dst, int64_t n) {
 int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {108}); }
 
 MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+
+// dot_act against q8_K (k_act.h): ggml_vec_dot_q3_K_q8_K's AVX2 arithmetic (no minimum; a clear
+// high bit subtracts 4 from the integer).
+[[gnu::always_inline]] inline float dot_act_spec(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  float acc[8] = {};
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float d = q8k_d(y) * ld_f16(p + 108);
+    int8_t q[256];
+    int32_t sc16[16], sumi[8];
+    for (int e = 0; e < 256; ++e) {
+      const int c = e / 32, l = e % 32;
+      const int lo = (p[32 + 32 * (c / 4) + l] >> (2 * (c % 4))) & 3;
+      q[e] = static_cast<int8_t>(lo - (((p[l] >> c) & 1) ? 0 : 4));
+    }
+    for (int g = 0; g < 16; ++g) sc16[g] = scale6(p + 96, g);
+    k_lanes(q, sc16, y, sumi);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(sumi[l]), acc[l]);
+  }
+  return hsum8(acc);
+}
+MK_QUANT_DOT_ACT_K(dot_act, dot_act_spec)
 }  // namespace
 
 extern const QuantType kQ3_K = {DType::Q3_K, "q3_K", 11, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
-                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}};
 }  // namespace mk::quant

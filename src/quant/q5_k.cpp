@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "quant/k_scales.h"
+#include "quant/k_act.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -50,8 +51,38 @@ void quantize_row(const float* x, void* dst, int64_t n) {
 int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {0, 2}); }
 
 MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+
+// dot_act against q8_K (k_act.h): ggml_vec_dot_q5_K_q8_K's AVX2 arithmetic. The mins: the 4 lanes of
+// q4_K (m[2l] * (bsums[4l] + bsums[4l+1]) + m[2l+1] * (..)) summed as integers, then per super-block
+// summs = fma(-d_x * dmin, sum, summs) (ggml's `summs += dmin * sum`, contracted), added at the end.
+[[gnu::always_inline]] inline float dot_act_spec(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  float acc[8] = {}, summs = 0;
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float dy = q8k_d(y);
+    const float d = dy * ld_f16(p), dmin = -dy * ld_f16(p + 2);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) get_scale_min_k4(j, p + 4, &sc[j], &m[j]);
+    int32_t msum = 0;
+    for (int j = 0; j < 8; ++j) msum += m[j] * (q8k_bsum(y, 2 * j) + q8k_bsum(y, 2 * j + 1));
+    summs = std::fma(dmin, static_cast<float>(msum), summs);
+    int8_t q[256];
+    int32_t sc16[16], sumi[8];
+    for (int e = 0; e < 256; ++e) {
+      const int c = e / 64, h = e % 64 / 32, l = e % 32;
+      q[e] = static_cast<int8_t>(((p[48 + 32 * c + l] >> (4 * h)) & 0x0f) | (((p[16 + l] >> (2 * c + h)) & 1) << 4));
+    }
+    for (int g = 0; g < 16; ++g) sc16[g] = sc[g / 2];
+    k_lanes(q, sc16, y, sumi);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(sumi[l]), acc[l]);
+  }
+  return hsum8(acc) + summs;
+}
+MK_QUANT_DOT_ACT_K(dot_act, dot_act_spec)
 }  // namespace
 
 extern const QuantType kQ5_K = {DType::Q5_K, "q5_K", 13, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
-                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}};
 }  // namespace mk::quant

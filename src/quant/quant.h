@@ -43,16 +43,22 @@ namespace mk::quant {
 // dotting it with quantized weights (ggml-common.h; the weight type's `vec_dot_type` in ggml-cpu.c):
 //   q8_0  32 elements in 34 bytes: d:f16@0 qs:i8[32]@2                       (q4_0, q5_0, q8_0 weights)
 //   q8_1  32 elements in 36 bytes: d:f16@0 s:f16@2 qs:i8[32]@4, s = d*sum(qs) (q4_1, q5_1 weights)
+//   q8_K 256 elements in 292 bytes: d:f32@0 qs:i8[256]@4 bsums:i16[16]@260,       (q2_K .. q6_K)
+//        bsums[j] = sum(qs[16 j .. 16 j + 15])
 // quantize_row computes what ggml's x86 `quantize_row_q8_0` / `quantize_row_q8_1` (AVX2) compute:
-// amax over the block, d = amax / 127 (stored as f16), q = round-to-nearest-even(x * (127 / amax)).
+// amax over the block, d = amax / 127 (stored as f16), q = round-to-nearest-even(x * (127 / amax));
+// for q8_K what `quantize_row_q8_K_ref` computes: max = the signed element of largest magnitude,
+// iscale = -127 / max, q = min(127, round-to-nearest-even(iscale * x)), d = 1 / iscale (f32; a zero
+// block has d = 0, q = 0, bsums = 0). Output bytes equal ggml's (tests/data/quant/gen_q8k_fixtures.py).
 struct ActQuant {
-  std::string_view name;  // "q8_0", "q8_1"
+  std::string_view name;  // "q8_0", "q8_1", "q8_K"
   int64_t block_size;     // elements per block
   int64_t block_bytes;    // bytes per block
   void (*quantize_row)(const float* x, void* dst, int64_t n);  // n a whole number of blocks
 };
 const ActQuant& act_q8_0();
 const ActQuant& act_q8_1();
+const ActQuant& act_q8_K();
 
 struct QuantType {
   DType dtype;

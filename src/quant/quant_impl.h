@@ -9,7 +9,7 @@
 #include "quant/quant.h"
 
 namespace mk::quant {
-extern const ActQuant kQ8_0Act, kQ8_1Act;  // act.cpp
+extern const ActQuant kQ8_0Act, kQ8_1Act, kQ8_KAct;  // act.cpp
 }
 
 namespace mk::quant::detail {
