@@ -77,20 +77,23 @@ MK_AVX2_FN void quantize_q8_avx2(const float* x, void* dst, int64_t n) {
 void quantize_q8_K(const float* x, void* dst, int64_t n) {
   uint8_t* b = static_cast<uint8_t*>(dst);
   for (int64_t i = 0; i < n / 256; ++i, x += 256, b += kQ8KBytes) {
-    float max = 0, amax = 0;
-    for (int j = 0; j < 256; ++j) {
-      const float ax = std::fabs(x[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = x[j];
-      }
-    }
+    float amax = 0;  // written as a max, then a search, so that it vectorises
+    for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[j]));
+    int first = 0;
+    while (first < 255 && !(std::fabs(x[first]) == amax)) ++first;
+    const float max = x[first];
     int8_t* q = reinterpret_cast<int8_t*>(b + kQ8KQs);
     int16_t bsums[16] = {};
     float d = 0;
     if (amax != 0) {
       const float iscale = -127.f / max;
-      for (int j = 0; j < 256; ++j) q[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * x[j])));
+      for (int j = 0; j < 256; ++j) {
+        // ggml's nearest_int: adding 1.5 * 2^23 rounds to nearest even (|iscale * x| <= 127 here).
+        float v = iscale * x[j] + 12582912.f;
+        int32_t i;
+        std::memcpy(&i, &v, 4);
+        q[j] = static_cast<int8_t>(std::min(127, (i & 0x007fffff) - 0x00400000));
+      }
       for (int j = 0; j < 16; ++j) {
         int sum = 0;
         for (int k = 0; k < 16; ++k) sum += q[16 * j + k];

@@ -93,7 +93,9 @@ MK_QUANT_DOT_HAND_AVX2(dot, kQK, kBytes, dequant_block, dot_avx2_hand)
     }
     int8_t q[256];
     int32_t sc16[16], sumi[8];
-    for (int e = 0; e < 256; ++e) q[e] = static_cast<int8_t>((p[16 + 32 * (e / 64) + e % 32] >> (4 * (e % 64 / 32))) & 0x0f);
+    for (int c = 0; c < 4; ++c)  // element 64 c + 32 h + l
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 32; ++l) q[64 * c + 32 * h + l] = static_cast<int8_t>((p[16 + 32 * c + l] >> (4 * h)) & 0x0f);
     for (int g = 0; g < 16; ++g) sc16[g] = sc[g / 2];
     k_lanes(q, sc16, y, sumi);
     for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(sumi[l]), acc[l]);
@@ -101,41 +103,13 @@ MK_QUANT_DOT_HAND_AVX2(dot, kQK, kBytes, dequant_block, dot_avx2_hand)
   return hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
 }
 
-// The eight 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a block, as 16 bytes.
-inline __m128i scales_mins(const uint8_t* s) {
-  uint32_t u[4];
-  scales_mins_k4(s, u);
-  __m128i v;
-  std::memcpy(&v, u, 16);
-  return v;
-}
-
-// One super-block's weights in registers: the 8 sub-blocks' nibbles (32 bytes each, unsigned) and
-// scales (16 x i16 each), the mins as 16 x i16 (upper 8 unused) for the bsums part.
-struct Q4KBlock {
-  __m256i q[8], sc[8];
-  __m128i mins;
-};
-MK_AVX2_FN inline void unpack_avx2(const uint8_t* p, Q4KBlock& k) {
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
-  const __m256i sm = _mm256_cvtepu8_epi16(scales_mins(p + 4));
-  k.mins = _mm256_extracti128_si256(sm, 1);
-  const __m128i s128 = _mm256_castsi256_si128(sm);
-  alignas(16) int16_t s16[8];
-  _mm_store_si128(reinterpret_cast<__m128i*>(s16), s128);
+MK_AVX2_FN inline void unpack_avx2(const uint8_t* p, K4Block& k) {
+  k4_scales(p + 4, k);
   for (int c = 0; c < 4; ++c) {
     const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * c));
-    k.q[2 * c] = _mm256_and_si256(bits, m4);
-    k.q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-    k.sc[2 * c] = _mm256_set1_epi16(s16[2 * c]);
-    k.sc[2 * c + 1] = _mm256_set1_epi16(s16[2 * c + 1]);
+    k.q[2 * c] = _mm256_and_si256(bits, _mm256_set1_epi8(0x0f));
+    k.q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), _mm256_set1_epi8(0x0f));
   }
-}
-// The mins lanes: pairs of bsums added (sums over 32), times the mins, 4 int32 lanes.
-MK_AVX2_FN inline __m128 mins_lanes(__m128i mins, const uint8_t* y) {
-  const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + kQ8KBsums));
-  const __m128i s32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-  return _mm_cvtepi32_ps(_mm_madd_epi16(mins, s32));
 }
 MK_AVX2_FN inline float finish(__m256 acc, __m128 acc_m) {
   acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
@@ -151,15 +125,10 @@ MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
   for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
     const float dy = q8k_d(y);
     const float d = dy * ld_f16c(p), dmin = -dy * ld_f16c(p + 2);
-    Q4KBlock k;
+    K4Block k;
     unpack_avx2(p, k);
-    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), mins_lanes(k.mins, y), acc_m);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int s = 0; s < 8; ++s) {
-      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + kQ8KQs + 32 * s));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(k.sc[s], _mm256_maddubs_epi16(k.q[s], qy)));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_lanes(k.mins, y)), acc_m);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(k4_sumi(k, y)), acc);
   }
   return finish(acc, acc_m);
 }
@@ -178,20 +147,13 @@ MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t
   }
   for (int64_t b = 0; b < n / kQK; ++b, p += kBytes) {
     const float xd = ld_f16c(p), xdmin = ld_f16c(p + 2);
-    Q4KBlock k;
+    K4Block k;
     unpack_avx2(p, k);
-    __m256i sumi[4];
-    for (int r = 0; r < 4; ++r) sumi[r] = _mm256_setzero_si256();
-    for (int s = 0; s < 8; ++s)
-      for (int r = 0; r < 4; ++r) {
-        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[r] + b * kQ8KBytes + kQ8KQs + 32 * s));
-        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(k.sc[s], _mm256_maddubs_epi16(k.q[s], qy)));
-      }
     for (int r = 0; r < 4; ++r) {
       const uint8_t* yb = y[r] + b * kQ8KBytes;
       const float dy = q8k_d(yb);
-      acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(-dy * xdmin), mins_lanes(k.mins, yb), acc_m[r]);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dy * xd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+      acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(-dy * xdmin), _mm_cvtepi32_ps(k4_mins_lanes(k.mins, yb)), acc_m[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dy * xd), _mm256_cvtepi32_ps(k4_sumi(k, yb)), acc[r]);
     }
   }
   for (int r = 0; r < 4; ++r) out[r] = finish(acc[r], acc_m[r]);

@@ -106,13 +106,6 @@ MK_AVX2_FN float dot_avx2_hand(const void* w, const float* x, int64_t n) {
 
 MK_QUANT_DOT_HAND_AVX2(dot, kQK, kBytes, dequant_block, dot_avx2_hand)
 
-// The 6-bit integer of element e (0..63, minus 32 is the value's integer).
-inline int q6(const uint8_t* b, int e) {
-  const int nb = e / 128, g = e % 128 / 32, l = e % 32;
-  const int lo = (b[64 * nb + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0f;
-  return lo | (((b[128 + 32 * nb + l] >> (2 * g)) & 3) << 4);
-}
-
 // dot_act against q8_K (k_act.h), the spec: ggml_vec_dot_q6_K_q8_K's AVX2 arithmetic (no minimum).
 [[gnu::always_inline]] inline float dot_act_spec(const void* w, const void* xq, int64_t n) {
   const uint8_t* p = static_cast<const uint8_t*>(w);
@@ -122,7 +115,12 @@ inline int q6(const uint8_t* b, int e) {
     const float d = q8k_d(y) * ld_f16(p + 208);
     int8_t q[256];
     int32_t sc16[16], sumi[8];
-    for (int e = 0; e < 256; ++e) q[e] = static_cast<int8_t>(q6(p, e) - 32);
+    for (int nb = 0; nb < 2; ++nb)  // element 128 nb + 32 g + l
+      for (int g = 0; g < 4; ++g)
+        for (int l = 0; l < 32; ++l) {
+          const int lo = (p[64 * nb + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0f;
+          q[128 * nb + 32 * g + l] = static_cast<int8_t>((lo | (((p[128 + 32 * nb + l] >> (2 * g)) & 3) << 4)) - 32);
+        }
     for (int g = 0; g < 16; ++g) sc16[g] = static_cast<int8_t>(p[192 + g]);
     k_lanes(q, sc16, y, sumi);
     for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(sumi[l]), acc[l]);

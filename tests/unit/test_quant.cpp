@@ -512,6 +512,7 @@ TEST(QuantActK, EveryVariantOfDotActEqualsGgmlsVecDot) {
   EXPECT_EQ(n_types, 5);
   EXPECT_NE(quant::quant_type(DType::Q4_K)->dot_act4, nullptr);
   EXPECT_NE(quant::quant_type(DType::Q6_K)->dot_act4, nullptr);
+  EXPECT_NE(quant::quant_type(DType::Q5_K)->dot_act4, nullptr);
 }
 
 TEST(QuantActK, DotActWithinBudgetAndVariantsAgreeOnQuantizedRows) {
