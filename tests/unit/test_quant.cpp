@@ -440,7 +440,7 @@ TEST(QuantActK, Q8KBytesEqualGgmlsQuantizer) {
   // magnitude maps to -127, d = 1 / (-127 / max), every q within half a step, bsums the sums of 16.
   std::vector<float> y = random_weights(256 * 5, 31);
   std::fill(y.begin() + 256, y.begin() + 512, 0.0f);
-  for (int j = 0; j < 256; ++j) y[static_cast<size_t>(512 + j)] = (j % 2 ? -3e38f : 3e38f) * static_cast<float>(j) / 256;
+  for (int j = 0; j < 256; ++j) y[static_cast<size_t>(512 + j)] = (j % 2 ? -3e38f : 3e38f) * (static_cast<float>(j) / 256);
   y[1000] = -0.75f;  // block 3: a negative maximum
   std::vector<uint8_t> q(5 * 292);
   a.quantize_row(y.data(), q.data(), 256 * 5);
@@ -702,10 +702,11 @@ TEST(QuantMatmul, EveryTypeWithinBudgetOfF64OnCpuAndReference) {
         SCOPED_TRACE(type_name(q) + (glu ? " glu" : "") + (quant_emb ? " quantized embedding" : ""));
         OneMatmul t = one_matmul(quant_emb ? q->dtype : DType::F32, q->dtype, K, N, glu);
         // The reference backend and the cpu backend with float32 activations within 1e-5. The cpu
-        // backend quantizing activations to 8-bit blocks as llama.cpp (q4_0 .. q8_0): within 1e-5 of
-        // the f64 product over those blocks, and its distance to the float32-activation product
-        // printed: 0.002 .. 0.03 on these random rows, above the 1e-3 (the rounding of
-        // 8-bit activations itself, which llama.cpp has too), so bounded here at 0.05.
+        // backend quantizing activations to 8-bit blocks as llama.cpp (q8_0/q8_1 for q4_0 .. q8_0,
+        // q8_K for the K-quants): within 1e-5 of the f64 product over those blocks, and its distance
+        // to the float32-activation product printed: 0.002 .. 0.06 on these random rows, above the
+        // issue's 1e-3 (the rounding of 8-bit activations itself, which llama.cpp has too), so
+        // bounded here at 0.05 (q8_0/q8_1) and 0.1 (q8_K).
         for (const char* backend : {"cpu", "reference", "cpu-act-q8"}) {
           const bool act_q8 = std::string(backend) == "cpu-act-q8";
           if (act_q8 && !q->act) continue;
@@ -726,7 +727,8 @@ TEST(QuantMatmul, EveryTypeWithinBudgetOfF64OnCpuAndReference) {
             const auto want_q8 = f64_product(t.m, ids, K, N, glu, q->act);
             EXPECT_LT(test::rel_l2(got, want_q8), 1e-5) << backend << ", " << ids.size() << " rows";
             const double e = test::rel_l2(got, want);
-            EXPECT_LT(e, 0.05) << backend << ", " << ids.size() << " rows";
+            // q8_K's one scale per 256 elements rounds coarser than q8_0's per 32 (up to 0.06 here).
+            EXPECT_LT(e, q->act->block_size == 256 ? 0.1 : 0.05) << backend << ", " << ids.size() << " rows";
             std::printf("  %s%s%s, %zu rows: 8-bit activations rel. L2 %.4f vs float32 activations\n", q->name.data(),
                         glu ? " glu" : "", quant_emb ? " q-emb" : "", ids.size(), e);
           }
