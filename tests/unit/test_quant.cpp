@@ -442,8 +442,19 @@ TEST(QuantActK, Q8KBytesEqualGgmlsQuantizer) {
   std::fill(y.begin() + 256, y.begin() + 512, 0.0f);
   for (int j = 0; j < 256; ++j) y[static_cast<size_t>(512 + j)] = (j % 2 ? -3e38f : 3e38f) * (static_cast<float>(j) / 256);
   y[1000] = -0.75f;  // block 3: a negative maximum
+  y[1100] = 0.5f, y[1090] = -0.5f;  // block 4: +-0.5 of equal magnitude, the first one (-0.5) is max
   std::vector<uint8_t> q(5 * 292);
   a.quantize_row(y.data(), q.data(), 256 * 5);
+  // quantize_row (AVX2 where the CPU has it) gives the scalar quantizer's bytes, here and on ggml's rows.
+  std::vector<uint8_t> scalar(q.size());
+  quant::detail::act_quantize_q8_K_generic(y.data(), scalar.data(), 256 * 5);
+  EXPECT_EQ(q, scalar);
+  EXPECT_EQ(q8k_block(q.data() + 4 * 292).qs[1090 - 1024], -127);
+  std::vector<uint8_t> row(6 * 292);
+  for (int r = 0; r < 4; ++r) {
+    quant::detail::act_quantize_q8_K_generic(x.data() + r * 1536, row.data(), 1536);
+    EXPECT_EQ(std::memcmp(row.data(), want.data() + r * 6 * 292, 6 * 292), 0) << "scalar, row " << r;
+  }
   for (int b = 0; b < 5; ++b) {
     SCOPED_TRACE(b);
     const Q8K k = q8k_block(q.data() + b * 292);
