@@ -86,18 +86,21 @@ struct QuantType {
   // infinite, or -1 when all are finite.
   int64_t (*find_bad_scale)(const void* src, int64_t n_blocks);
   // Activation quantization (llama.cpp's arithmetic): `act` is the block type the activation row is
-  // quantized to (nullptr: this type has no such dot, activations stay float32) and dot_act the dot
-  // of n weights against n quantized activations xq. Per 32-element block, integer products summed
-  // in 8 int32 lanes (lane l = elements 4l..4l+3), each lane acc[l] = fma(d_w * d_x, float(sum), acc[l]);
-  // the lanes combined as ggml's hsum_float_8 ((l, l + 4), (l, l + 2), (l, l + 1)), plus, for the
-  // types with a minimum, sum over blocks of fma(m_w, s_x, .): the bits of ggml's AVX2
-  // ggml_vec_dot_*_q8_* (arch/x86/quants.c). All variants give the same bits.
+  // quantized to (q8_0 / q8_1 for q4_0 .. q8_0, q8_K for the K-quants; nullptr: activations stay
+  // float32) and dot_act the dot of n weights against n quantized activations xq. Per 32-element
+  // block, integer products summed in 8 int32 lanes (lane l = elements 4l..4l+3), each lane
+  // acc[l] = fma(d_w * d_x, float(sum), acc[l]); the lanes combined as ggml's hsum_float_8 ((l, l + 4),
+  // (l, l + 2), (l, l + 1)), plus, for the types with a minimum, sum over blocks of fma(m_w, s_x, .):
+  // the bits of ggml's AVX2 ggml_vec_dot_*_q8_* (arch/x86/quants.c). The K-quants do the same per
+  // 256-element super-block with the sub-block scales inside the integer lanes and the minimum via
+  // q8_K's bsums (k_act.h): the bits of ggml_vec_dot_qN_K_q8_K. All variants give the same bits.
   const ActQuant* act = nullptr;
   float (*dot_act)(const void* w, const void* xq, int64_t n) = nullptr;
   float (*dot_act_variants[3])(const void* w, const void* xq, int64_t n) = {};
   // dot_act of one weight row against four activation rows xq[0..3] (out[r]; the same bits as four
   // dot_act calls), unpacking each weight block once: for prefill. nullptr where not written (q4_0,
-  // q4_1, q8_0 have it); the AVX2 kernel on AVX2/AVX-512 machines, else four dot_act calls.
+  // q4_1, q8_0, q4_K, q5_K, q6_K have it); the AVX2 kernel on AVX2/AVX-512 machines, else four
+  // dot_act calls.
   void (*dot_act4)(const void* w, const void* const* xq, int64_t n, float* out) = nullptr;
 };
 

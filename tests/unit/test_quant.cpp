@@ -1,8 +1,10 @@
 // Quantized weight types (src/quant/): the block table against ggml's, dequantization bit-exact
 // against gguf-py's gguf.quants (fixtures from tests/data/quant/gen_quant_fixtures.py), the
 // reference quantizers of q4_0..q8_0 bit-exact against gguf-py, the K-quant quantizers' round-trip
-// error, every dot variant equal to dequantize-then-dot, and each type's matmul (and quantized
-// embedding lookup) on the cpu and reference backends against an f64 product.
+// error, every dot variant equal to dequantize-then-dot, the 8-bit activation dots (q8_K bytes and
+// the K-quants' dot_act bit-exact against llama.cpp's own code, tests/data/quant/gen_q8k_fixtures.py),
+// and each type's matmul (and quantized embedding lookup) on the cpu and reference backends against
+// an f64 product.
 #include <gtest/gtest.h>
 
 #include <array>
