@@ -490,6 +490,7 @@ TEST(QuantActK, EveryVariantOfDotActEqualsGgmlsVecDot) {
   // scales, 6 with realistic ones) against ggml's q8_K blocks of 4 activation rows: every variant,
   // and dot_act4, gives exactly ggml's bits.
   const auto xq = read_bin("q8_K.out.bin");
+  ASSERT_EQ(xq.size(), 4u * 6 * 292);
   int n_types = 0;
   for (const QuantType* q : quant::quant_types()) {
     if (q->block_size != 256) continue;
