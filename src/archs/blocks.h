@@ -6,6 +6,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "archs/arch.h"
 
@@ -27,6 +28,15 @@ struct DecoderSpec {
   double rope_theta = 10000.0;
   int64_t n_rot = 0;  // rotated dims per head; 0 = head_dim; negative = no RoPE
   Attrs rope_scaling;  // e.g. {scaling="llama3", factor, low_freq_factor, high_freq_factor, original_max_pos}
+
+  // Sliding-window attention (Gemma 3): layers with swa_layers[il] attend only to the last
+  // `sliding_window` positions (the attention op's `window`) and rotate with rope_theta_swa and
+  // rope_scaling_swa; the other layers are global (rope_theta, rope_scaling). Empty = all global.
+  int64_t sliding_window = 0;
+  std::vector<bool> swa_layers;
+  double rope_theta_swa = 10000.0;
+  Attrs rope_scaling_swa;
+  bool post_norms = false;  // Gemma 2/3: RMSNorm of the attention and FFN outputs (post_attention_norm, post_ffw_norm) before each residual add
 
   bool qk_norm = false;                // Qwen3: RMSNorm over each head of q and k
   std::string ffn_act = "silu";        // silu | gelu | gelu_tanh

@@ -6,6 +6,8 @@
 // value, or information only), or refused by name: a key this reader does not know may change the
 // math, so it is an error rather than silently ignored.
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 #include <optional>
 
 #include "archs/gguf_common.h"
@@ -26,6 +28,15 @@ constexpr const char* kKnownKeys[] = {
     "rope.scaling.original_context_length",
     // Whether the model was fine-tuned with the scaling: information only (llama.cpp reads, never uses it).
     "rope.scaling.finetuned",
+};
+
+// Further known keys of single families (read by their descriptions, e.g. gemma3.cpp).
+struct FamilyKeys {
+  const char* arch;
+  std::initializer_list<const char*> suffixes;
+};
+const FamilyKeys kFamilyKeys[] = {
+    {"gemma3", {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"}},
 };
 
 // Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).
@@ -64,6 +75,9 @@ void check_llama_keys(const ModelFile& m, const std::string& a) {
     const std::string suffix = key.substr(prefix.size());
     bool known = false;
     for (const char* k : kKnownKeys) known = known || suffix == k;
+    for (const auto& f : kFamilyKeys)
+      if (a == f.arch)
+        for (const char* k : f.suffixes) known = known || suffix == k;
     if (known) continue;
     const NeutralKey* neutral = nullptr;
     for (const auto& n : kNeutralKeys)
@@ -162,6 +176,21 @@ DecoderSpec gguf_decoder_spec(const ModelFile& m, const BuildOptions& o, const c
   if (s.n_rot <= 0 || s.n_rot > s.hp.head_dim || s.n_rot % 2 != 0)
     fail("{}: {}.rope.dimension_count must be even and in (0, head_dim {}], got {}", m.path, a, s.hp.head_dim, s.n_rot);
   s.rope_scaling = read_rope_scaling(m, a);
+  // llama.cpp's converter writes Llama 3 RoPE scaling as rope_freqs.weight: one factor per rotated
+  // pair, each frequency divided by its factor (ggml_rope_ext's freq_factors).
+  if (const WeightTensor* t = m.find("rope_freqs.weight")) {
+    if (t->dtype != DType::F32 || t->shape != std::vector<int64_t>{s.n_rot / 2})
+      fail("{}: rope_freqs.weight must be f32[{}] (one factor per rotated pair), got {}{}", m.path, s.n_rot / 2,
+           dtype_name(t->dtype), shape_str(t->shape));
+    std::string factors;
+    for (int64_t i = 0; i < s.n_rot / 2; ++i) {
+      float f;
+      std::memcpy(&f, t->data + i * 4, 4);
+      if (!(f > 0) || !std::isfinite(f)) fail("{}: rope_freqs.weight[{}] = {} must be a positive number", m.path, i, f);
+      factors += fmt::format("{}{:.9g}", i ? "," : "", f);
+    }
+    s.rope_scaling["freq_factors"] = factors;
+  }
   return s;
 }
 
