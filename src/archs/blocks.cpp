@@ -91,6 +91,16 @@ class DecoderBuilder {
       x = g_.add(Op::add, {x, g_.add(Op::embed, {pe, pos}, {}, "inp_pos_embd")}, {}, "inp_embd_pos");
     }
     double scale = s_.attn_scale > 0 ? s_.attn_scale : 1.0 / std::sqrt(static_cast<double>(hd));
+    // RoPE's attn_factor scales every rotated value of q and k, so (with the whole head rotated)
+    // every score by its square: folded into the attention scale.
+    if (s_.rope_attn_factor != 1.0) {
+      if (!(s_.rope_attn_factor > 0) || !std::isfinite(s_.rope_attn_factor))
+        fail("{}: RoPE attention factor must be a positive number, got {}", m_.path, s_.rope_attn_factor);
+      if (s_.n_rot != 0 && s_.n_rot != hd)
+        fail("{}: a RoPE attention factor ({}) with partial rotation ({} of {} dims) is not supported", m_.path,
+             s_.rope_attn_factor, s_.n_rot, hd);
+      scale *= s_.rope_attn_factor * s_.rope_attn_factor;
+    }
     for (int il = 0; il < hp_.n_layer; ++il) {
       std::string b = "blk." + std::to_string(il);
       int h = norm(x, b + ".attn_norm", n_embd, b + ".attn_norm");
@@ -144,6 +154,12 @@ class DecoderBuilder {
 };
 
 }  // namespace
+
+std::string rope_freq_factors(const std::vector<double>& factors) {
+  std::string r;
+  for (size_t i = 0; i < factors.size(); ++i) r += fmt::format("{}{:.17g}", i ? "," : "", factors[i]);
+  return r;
+}
 
 Graph build_decoder(const ModelFile& model, const DecoderSpec& spec) {
   Graph g = DecoderBuilder(model, spec).build();

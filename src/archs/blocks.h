@@ -27,6 +27,7 @@ struct DecoderSpec {
   std::string rope_mode = "adjacent";  // "adjacent" (GGUF/llama2.c) or "halves" (HF rotate_half)
   double rope_theta = 10000.0;
   int64_t n_rot = 0;  // rotated dims per head; 0 = head_dim; negative = no RoPE
+  double rope_attn_factor = 1.0;  // multiplies the rotated q/k values (llama.cpp attn_factor, LongRoPE attention_factor)
   Attrs rope_scaling;  // e.g. {scaling="llama3", factor, low_freq_factor, high_freq_factor, original_max_pos}
 
   // Sliding-window attention (Gemma 3): layers with swa_layers[il] attend only to the last
@@ -45,6 +46,9 @@ struct DecoderSpec {
 
   std::function<std::string(const std::string&)> resolve;  // canonical -> file name ("" = absent)
 };
+
+// The rope op's {freq_factors} attribute (ir/ops.h) for per-pair factors: "f0,f1,..." (round-trip precision).
+std::string rope_freq_factors(const std::vector<double>& factors);
 
 // Builds the graph; required weights are looked up and shape-checked against hp, optional ones
 // (biases, q/k norms, a separate classifier) are used when present. Output "logits":

@@ -125,6 +125,15 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
                       {"low_freq_factor", rope.low_freq_factor},
                       {"high_freq_factor", rope.high_freq_factor},
                       {"original_max_pos", rope.original_max_position_embeddings}};
+  } else if (rope.type == "longrope") {
+    // As llama.cpp (llama_model::get_rope_factors): the long factors when the context exceeds the
+    // original one, else the short ones, for every position (transformers picks per forward call by
+    // the sequence length; the two agree whenever the context is within the original one).
+    if (static_cast<int64_t>(rope.short_factor.size()) * 2 != s.n_rot)
+      fail("config.json: longrope has {} factors for {} rotated dimensions (one per pair)", rope.short_factor.size(), s.n_rot);
+    const bool long_ctx = s.n_ctx > rope.original_max_position_embeddings;
+    s.rope_scaling = {{"freq_factors", rope_freq_factors(long_ctx ? rope.long_factor : rope.short_factor)}};
+    s.rope_attn_factor = rope.attention_factor;
   }
 
   if (hf_bf16_buffers(c)) s.rope_scaling["freq_dtype"] = std::string("bf16");

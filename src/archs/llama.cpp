@@ -96,13 +96,10 @@ void check_llama_keys(const ModelFile& m, const std::string& a) {
 // YaRN, LongRoPE and other types are refused by name.
 Attrs read_rope_scaling(const ModelFile& m, const std::string& a) {
   const std::string type_key = a + ".rope.scaling.type", factor_key = a + ".rope.scaling.factor",
-                    old_key = a + ".rope.scale_linear", attn_key = a + ".rope.scaling.attn_factor";
+                    old_key = a + ".rope.scale_linear";
   std::string type = m.has(type_key) ? m.get_str(type_key) : "";
   if (!type.empty() && type != "none" && type != "linear")
     fail("{}: {} = {} is not supported (supported: none, linear)", m.path, type_key, type);
-  if (m.has(attn_key) && m.get_float(attn_key, 1.0) != 1.0)
-    fail("{}: {} = {} is not supported (it scales the rotated values; only 1 is)", m.path, attn_key,
-         m.get_float(attn_key, 1.0));
   // The factor: rope.scaling.factor, else rope.scale_linear; both present must agree. 0 means
   // "none" in llama.cpp's converter output.
   std::optional<double> factor;
@@ -178,20 +175,29 @@ DecoderSpec gguf_decoder_spec(const ModelFile& m, const BuildOptions& o, const c
   s.rope_scaling = read_rope_scaling(m, a);
   // llama.cpp's converter writes Llama 3 RoPE scaling as rope_freqs.weight: one factor per rotated
   // pair, each frequency divided by its factor (ggml_rope_ext's freq_factors).
-  if (const WeightTensor* t = m.find("rope_freqs.weight")) {
-    if (t->dtype != DType::F32 || t->shape != std::vector<int64_t>{s.n_rot / 2})
-      fail("{}: rope_freqs.weight must be f32[{}] (one factor per rotated pair), got {}{}", m.path, s.n_rot / 2,
-           dtype_name(t->dtype), shape_str(t->shape));
-    std::string factors;
-    for (int64_t i = 0; i < s.n_rot / 2; ++i) {
-      float f;
-      std::memcpy(&f, t->data + i * 4, 4);
-      if (!(f > 0) || !std::isfinite(f)) fail("{}: rope_freqs.weight[{}] = {} must be a positive number", m.path, i, f);
-      factors += fmt::format("{}{:.9g}", i ? "," : "", f);
-    }
-    s.rope_scaling["freq_factors"] = factors;
-  }
+  if (m.find("rope_freqs.weight"))
+    s.rope_scaling["freq_factors"] = rope_freq_factors(gguf_rope_factors(m, "rope_freqs.weight", s.n_rot));
+  // rope.scaling.attn_factor multiplies the rotated values (llama.cpp: cparams.yarn_attn_factor *= it).
+  const std::string attn_key = a + ".rope.scaling.attn_factor";
+  s.rope_attn_factor = m.get_float(attn_key, 1.0);
+  if (!(s.rope_attn_factor > 0) || !std::isfinite(s.rope_attn_factor))
+    fail("{}: {} = {} must be a positive number", m.path, attn_key, s.rope_attn_factor);
   return s;
+}
+
+std::vector<double> gguf_rope_factors(const ModelFile& m, const std::string& name, int64_t n_rot) {
+  const WeightTensor& t = m.get(name);
+  if (t.dtype != DType::F32 || t.shape != std::vector<int64_t>{n_rot / 2})
+    fail("{}: {} must be f32[{}] (one factor per rotated pair), got {}{}", m.path, name, n_rot / 2, dtype_name(t.dtype),
+         shape_str(t.shape));
+  std::vector<double> r;
+  for (int64_t i = 0; i < n_rot / 2; ++i) {
+    float f;
+    std::memcpy(&f, t.data + i * 4, 4);
+    if (!(f > 0) || !std::isfinite(f)) fail("{}: {}[{}] = {} must be a positive number", m.path, name, i, f);
+    r.push_back(f);
+  }
+  return r;
 }
 
 void gguf_require_per_layer(const ModelFile& m, const DecoderSpec& s, std::initializer_list<const char*> names) {

@@ -289,8 +289,39 @@ HfRope read_hf_rope(const nlohmann::ordered_json& config) {
     rope.original_max_position_embeddings = static_cast<int64_t>(omax);
     if (!(rope.high_freq_factor > rope.low_freq_factor))
       fail("config.json: {}: high_freq_factor must exceed low_freq_factor", where);
+  } else if (type == "longrope") {
+    auto factors = [&](const char* key) {
+      if (!p.contains(key) || !p[key].is_array() || p[key].empty()) fail("config.json: {}.{} must be a list of numbers", where, key);
+      std::vector<double> f;
+      for (const auto& v : p[key]) {
+        if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+          fail("config.json: {}.{} entries must be positive numbers", where, key);
+        f.push_back(v.get<double>());
+      }
+      return f;
+    };
+    rope.short_factor = factors("short_factor");
+    rope.long_factor = factors("long_factor");
+    if (rope.short_factor.size() != rope.long_factor.size())
+      fail("config.json: {}: short_factor has {} entries, long_factor {}", where, rope.short_factor.size(), rope.long_factor.size());
+    const auto& holder = p.contains("original_max_position_embeddings") ? p : config;
+    const double omax = number(holder, "original_max_position_embeddings", holder == p ? where : "config");
+    if (!(omax >= 2 && omax <= static_cast<double>(hparam_range("n_ctx").max)) || omax != std::floor(omax))
+      fail("config.json: original_max_position_embeddings = {} must be a whole number of positions > 1", omax);
+    rope.original_max_position_embeddings = static_cast<int64_t>(omax);
+    if (p.contains("attention_factor") && !p["attention_factor"].is_null()) {
+      rope.attention_factor = number(p, "attention_factor", where);
+    } else {
+      const bool have_max = config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number();
+      const double scale = have_max ? config["max_position_embeddings"].get<double>() / omax
+                           : p.contains("factor") && p["factor"].is_number() ? p["factor"].get<double>()
+                                                                              : 1.0;
+      rope.attention_factor = scale <= 1 ? 1.0 : std::sqrt(1 + std::log(scale) / std::log(omax));
+    }
+    if (!(rope.attention_factor > 0) || !std::isfinite(rope.attention_factor))
+      fail("config.json: {}.attention_factor must be a positive number", where);
   } else {
-    fail("config.json: unsupported RoPE type {} (supported: default, linear, llama3)", clip(type));
+    fail("config.json: unsupported RoPE type {} (supported: default, linear, llama3, longrope)", clip(type));
   }
   if (!(rope.theta > 0) || !std::isfinite(rope.theta)) fail("config.json: rope_theta must be a positive number");
   if (!(rope.factor > 0) || !std::isfinite(rope.factor)) fail("config.json: {}.factor must be a positive number", where);
