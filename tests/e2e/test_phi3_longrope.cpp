@@ -49,7 +49,9 @@ TEST_P(E2EPhi3LongRope, GgufLogitsMatchLlamaCppForLongAndShortContexts) {
     const auto& e = expected().at(which);
     const std::vector<float> want = flat(e.at("logits"));
     const std::vector<float> got = logits(kDir + "phi3-longrope.f32.gguf", GetParam(), e.at("n_ctx").get<int64_t>());
-    EXPECT_LT(test::rel_l2(got, want), 1e-4) << which;
+    const double err = test::rel_l2(got, want);
+    EXPECT_LT(err, 2e-5) << which;  // measured 1e-6 (silu and RoPE in f32 on both sides)
+    RecordProperty(std::string("rel_l2_") + which, std::to_string(err));
   }
   // The two factor sets give different logits: the choice is what makes both agree.
   EXPECT_GT(test::rel_l2(flat(expected().at("long").at("logits")), flat(expected().at("short").at("logits"))), 1e-2);
