@@ -37,6 +37,7 @@ struct FamilyKeys {
 };
 const FamilyKeys kFamilyKeys[] = {
     {"gemma3", {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"}},
+    {"phi3", {"attention.sliding_window"}},
 };
 
 // Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).

@@ -35,6 +35,15 @@ Graph build_gguf_phi3(const ModelFile& m, const BuildOptions& o) {
     const char* which = s.n_ctx > orig ? "rope_factors_long.weight" : "rope_factors_short.weight";
     s.rope_scaling["freq_factors"] = rope_freq_factors(gguf_rope_factors(m, which, s.n_rot));
   }
+  // phi3.attention.sliding_window (the converter writes the config's sliding_window, 0 for none):
+  // every layer attends to that many positions, as transformers' Phi3Attention (llama.cpp ignores it;
+  // the two agree within the window).
+  if (const int64_t w = m.get_int(s.hp.arch + ".attention.sliding_window", 0); w > 0) {
+    s.sliding_window = checked_hparam("sliding_window", w, m.path + ": " + s.hp.arch + ".attention.sliding_window");
+    s.swa_layers.assign(static_cast<size_t>(s.hp.n_layer), true);
+    s.rope_theta_swa = s.rope_theta;
+    s.rope_scaling_swa = s.rope_scaling;
+  }
   gguf_require_per_layer(m, s, {"attn_q.weight", "ffn_gate.weight"});
   s.resolve = [](const std::string& canonical) {
     if (canonical.ends_with(".ffn_up.weight")) return canonical.substr(0, canonical.size() - 14) + ".ffn_up_half.weight";

@@ -118,6 +118,11 @@ TEST(GgufRopeFactors, Phi3LongRopePicksFactorsByContext) {
   for (const auto& t : m.tensors())
     if (t.name != "rope_factors_short.weight") one.add_tensor(t);
   EXPECT_TRUE(has(test::error_of([&] { build_graph(one, {32, false}); }), "needs both"));
+  // phi3.attention.sliding_window: every layer windowed, with the same RoPE.
+  m.metadata["phi3.attention.sliding_window"] = 8u;
+  const LayerView w = layers(build_graph(m, {64, false}));
+  EXPECT_EQ(w.window, (std::vector<int64_t>{8, 8}));
+  EXPECT_EQ(w.factors.at(0), lng);
   EXPECT_TRUE(has(build_error(kPhi3, [](ModelFile& m) { m.metadata["phi3.rope.scaling.attn_factor"] = 0.0; }),
                   "phi3.rope.scaling.attn_factor = 0 must be a positive number"));
 }
