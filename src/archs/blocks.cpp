@@ -46,7 +46,10 @@ class DecoderBuilder {
     return y;
   }
 
-  bool swa(int il) const { return s_.sliding_window > 0 && il < static_cast<int>(s_.swa_layers.size()) && s_.swa_layers[static_cast<size_t>(il)]; }
+  bool swa(int il) const {
+    const auto i = static_cast<size_t>(il);
+    return s_.sliding_window > 0 && i < s_.swa_layers.size() && s_.swa_layers[i];
+  }
 
   int rope(int x, int pos, int il, const std::string& name) {
     Attrs a = swa(il) ? s_.rope_scaling_swa : s_.rope_scaling;
@@ -78,7 +81,8 @@ class DecoderBuilder {
     if (s_.sliding_window > 0) {
       checked_hparam("sliding_window", s_.sliding_window, where + "sliding window");
       if (!(s_.rope_theta_swa > 0) || !std::isfinite(s_.rope_theta_swa))
-        fail("{}: RoPE theta of the sliding-window layers must be a positive number, got {}", m_.path, s_.rope_theta_swa);
+        fail("{}: RoPE theta of the sliding-window layers must be a positive number, got {}", m_.path,
+             s_.rope_theta_swa);
     }
 
     int tokens = g_.add_input("tokens");

@@ -27,7 +27,7 @@ struct DecoderSpec {
   std::string rope_mode = "adjacent";  // "adjacent" (GGUF/llama2.c) or "halves" (HF rotate_half)
   double rope_theta = 10000.0;
   int64_t n_rot = 0;  // rotated dims per head; 0 = head_dim; negative = no RoPE
-  double rope_attn_factor = 1.0;  // multiplies the rotated q/k values (llama.cpp attn_factor, LongRoPE attention_factor)
+  double rope_attn_factor = 1.0;  // scales the rotated q/k values (llama.cpp attn_factor, LongRoPE attention_factor)
   Attrs rope_scaling;  // e.g. {scaling="llama3", factor, low_freq_factor, high_freq_factor, original_max_pos}
 
   // Sliding-window attention (Gemma 3): layers with swa_layers[il] attend only to the last
@@ -37,7 +37,9 @@ struct DecoderSpec {
   std::vector<bool> swa_layers;
   double rope_theta_swa = 10000.0;
   Attrs rope_scaling_swa;
-  bool post_norms = false;  // Gemma 2/3: RMSNorm of the attention and FFN outputs (post_attention_norm, post_ffw_norm) before each residual add
+  // Gemma 2/3: RMSNorm of the attention and FFN outputs (post_attention_norm, post_ffw_norm) before
+  // each residual add.
+  bool post_norms = false;
 
   bool qk_norm = false;                // Qwen3: RMSNorm over each head of q and k
   std::string ffn_act = "silu";        // silu | gelu | gelu_tanh

@@ -50,13 +50,16 @@ Graph build_hf_gemma3(const ModelFile& m, const BuildOptions& o) {
   // RoPE: transformers >= 5 nests {full_attention: {...}, sliding_attention: {...}} in rope_parameters;
   // older configs carry rope_theta (+ rope_scaling) for global layers and rope_local_base_freq for local ones.
   nlohmann::ordered_json global = c, local = nlohmann::ordered_json::object();
-  const bool nested = c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
-                      (c["rope_parameters"].contains("full_attention") || c["rope_parameters"].contains("sliding_attention"));
+  const bool nested =
+      c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
+      (c["rope_parameters"].contains("full_attention") || c["rope_parameters"].contains("sliding_attention"));
   if (nested) {
     const auto& rp = c["rope_parameters"];
-    global = {{"rope_parameters", rp.contains("full_attention") ? rp["full_attention"] : nlohmann::ordered_json::object()}};
+    global = {
+        {"rope_parameters", rp.contains("full_attention") ? rp["full_attention"] : nlohmann::ordered_json::object()}};
     if (!global["rope_parameters"].contains("rope_theta")) global["rope_parameters"]["rope_theta"] = 1e6;
-    local = {{"rope_parameters", rp.contains("sliding_attention") ? rp["sliding_attention"] : nlohmann::ordered_json::object()}};
+    local = {{"rope_parameters",
+              rp.contains("sliding_attention") ? rp["sliding_attention"] : nlohmann::ordered_json::object()}};
     if (!local["rope_parameters"].contains("rope_theta")) local["rope_parameters"]["rope_theta"] = 1e4;
     for (auto* part : {&global, &local})
       if (c.contains("partial_rotary_factor")) (*part)["partial_rotary_factor"] = c["partial_rotary_factor"];
@@ -71,8 +74,10 @@ Graph build_hf_gemma3(const ModelFile& m, const BuildOptions& o) {
   DecoderSpec s = hf_llama_spec(m, o, true, /*windowed=*/true, &global);  // Gemma3TextConfig ties embeddings by default
   const HfRope lr = read_hf_rope(local);
   s.rope_theta_swa = lr.theta;
-  if (lr.type == "linear") s.rope_scaling_swa = {{"scaling", std::string("linear")}, {"factor", lr.factor}};
-  else if (lr.type != "default") fail("config.json: RoPE type {} for sliding-window layers is not supported", lr.type);
+  if (lr.type == "linear")
+    s.rope_scaling_swa = {{"scaling", std::string("linear")}, {"factor", lr.factor}};
+  else if (lr.type != "default")
+    fail("config.json: RoPE type {} for sliding-window layers is not supported", lr.type);
   if (s.rope_scaling.count("freq_dtype")) s.rope_scaling_swa["freq_dtype"] = s.rope_scaling["freq_dtype"];
 
   s.sliding_window = hf_hparam(c, "sliding_window", {"sliding_window"}, 4096);
@@ -116,7 +121,8 @@ Graph build_hf_gemma3(const ModelFile& m, const BuildOptions& o) {
     for (const auto& [part, hf] : kNorms) {
       const size_t at = canonical.find(part);
       if (canonical.rfind("blk.", 0) == 0 && at != std::string::npos)
-        return "model.layers." + canonical.substr(4, at - 4) + "." + hf + canonical.substr(at + std::string(part).size() - 1);
+        return "model.layers." + canonical.substr(4, at - 4) + "." + hf +
+               canonical.substr(at + std::string(part).size() - 1);
     }
     return tied_name(canonical);
   };
@@ -136,7 +142,8 @@ Graph build_gguf_gemma3(const ModelFile& m, const BuildOptions& o) {
   s.qk_norm = true;
   s.post_norms = true;
   s.attn_scale = 1.0 / std::sqrt(static_cast<double>(s.hp.n_layer == 62 ? s.hp.n_embd / s.hp.n_head : s.hp.head_dim));
-  gguf_require_per_layer(m, s, {"attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight"});
+  gguf_require_per_layer(
+      m, s, {"attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight"});
   const int64_t window = m.get_int(a + "attention.sliding_window", 0);
   if (window > 0) {
     s.sliding_window = checked_hparam("sliding_window", window, m.path + ": " + a + "attention.sliding_window");

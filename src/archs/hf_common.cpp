@@ -130,7 +130,8 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
     // original one, else the short ones, for every position (transformers picks per forward call by
     // the sequence length; the two agree whenever the context is within the original one).
     if (static_cast<int64_t>(rope.short_factor.size()) * 2 != s.n_rot)
-      fail("config.json: longrope has {} factors for {} rotated dimensions (one per pair)", rope.short_factor.size(), s.n_rot);
+      fail("config.json: longrope has {} factors for {} rotated dimensions (one per pair)", rope.short_factor.size(),
+           s.n_rot);
     const bool long_ctx = s.n_ctx > rope.original_max_position_embeddings;
     s.rope_scaling = {{"freq_factors", rope_freq_factors(long_ctx ? rope.long_factor : rope.short_factor)}};
     s.rope_attn_factor = rope.attention_factor;

@@ -291,7 +291,8 @@ HfRope read_hf_rope(const nlohmann::ordered_json& config) {
       fail("config.json: {}: high_freq_factor must exceed low_freq_factor", where);
   } else if (type == "longrope") {
     auto factors = [&](const char* key) {
-      if (!p.contains(key) || !p[key].is_array() || p[key].empty()) fail("config.json: {}.{} must be a list of numbers", where, key);
+      if (!p.contains(key) || !p[key].is_array() || p[key].empty())
+        fail("config.json: {}.{} must be a list of numbers", where, key);
       std::vector<double> f;
       for (const auto& v : p[key]) {
         if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
@@ -303,7 +304,8 @@ HfRope read_hf_rope(const nlohmann::ordered_json& config) {
     rope.short_factor = factors("short_factor");
     rope.long_factor = factors("long_factor");
     if (rope.short_factor.size() != rope.long_factor.size())
-      fail("config.json: {}: short_factor has {} entries, long_factor {}", where, rope.short_factor.size(), rope.long_factor.size());
+      fail("config.json: {}: short_factor has {} entries, long_factor {}", where, rope.short_factor.size(),
+           rope.long_factor.size());
     const auto& holder = p.contains("original_max_position_embeddings") ? p : config;
     const double omax = number(holder, "original_max_position_embeddings", holder == p ? where : "config");
     if (!(omax >= 2 && omax <= static_cast<double>(hparam_range("n_ctx").max)) || omax != std::floor(omax))

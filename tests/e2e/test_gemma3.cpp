@@ -39,8 +39,8 @@ const Expected& expected() {
   static const Expected e = [] {
     std::ifstream in(kDir + "expected.json");
     const auto j = nlohmann::json::parse(in);
-    return Expected{j.at("prompt_ids").get<std::vector<int32_t>>(), j.at("logits").get<std::vector<std::vector<float>>>(),
-                    j.at("window").get<int64_t>()};
+    return Expected{j.at("prompt_ids").get<std::vector<int32_t>>(),
+                    j.at("logits").get<std::vector<std::vector<float>>>(), j.at("window").get<int64_t>()};
   }();
   return e;
 }
@@ -54,8 +54,9 @@ std::vector<float> flat(const std::vector<std::vector<float>>& rows, size_t from
 std::vector<int64_t> argmax_rows(const std::vector<float>& logits, int64_t n_vocab) {
   std::vector<int64_t> r;
   for (size_t i = 0; i + static_cast<size_t>(n_vocab) <= logits.size(); i += static_cast<size_t>(n_vocab))
-    r.push_back(std::max_element(logits.begin() + static_cast<int64_t>(i), logits.begin() + static_cast<int64_t>(i) + n_vocab) -
-                (logits.begin() + static_cast<int64_t>(i)));
+    r.push_back(
+        std::max_element(logits.begin() + static_cast<int64_t>(i), logits.begin() + static_cast<int64_t>(i) + n_vocab) -
+        (logits.begin() + static_cast<int64_t>(i)));
   return r;
 }
 
@@ -84,12 +85,11 @@ TEST_P(E2EGemma3, GgufLogitsMatchLlamaCpp) {
   RecordProperty("rel_l2", std::to_string(err));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, E2EGemma3, ::testing::Values("reference", "cpu", "cuda-emu"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, E2EGemma3, ::testing::Values("reference", "cpu", "cuda-emu"), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
 
 TEST(E2EGemma3Decode, PrefillThenOneTokenStepsMatchLlamaCpp) {
   const Expected& e = expected();
@@ -134,7 +134,8 @@ TEST(E2EGemma3Window, WithoutTheWindowRowsPastItDiffer) {
   const std::vector<float> inside(got.begin(), got.begin() + static_cast<int64_t>(w * n_vocab));
   EXPECT_LT(test::rel_l2(inside, flat(e.logits, 0, w)), kTolLlamaCpp);
   for (size_t r = w; r < e.prompt.size(); ++r) {
-    const std::vector<float> row(got.begin() + static_cast<int64_t>(r * n_vocab), got.begin() + static_cast<int64_t>((r + 1) * n_vocab));
+    const std::vector<float> row(got.begin() + static_cast<int64_t>(r * n_vocab),
+                                 got.begin() + static_cast<int64_t>((r + 1) * n_vocab));
     EXPECT_GT(test::rel_l2(row, e.logits[r]), 10 * kTolLlamaCpp) << "row " << r;
   }
 }

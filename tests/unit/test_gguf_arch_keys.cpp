@@ -55,7 +55,8 @@ TEST(GgufGemma3, WindowPatternAndLocalRopeBase) {
   v = layers(build_graph(m, {32, false}));
   EXPECT_EQ(v.window, (std::vector<int64_t>{8, 0, 8, 0, 8, 0}));
   EXPECT_EQ(v.theta, (std::vector<double>{5000, 1e6, 5000, 1e6, 5000, 1e6}));
-  m.metadata["gemma3.attention.sliding_window_pattern"] = nlohmann::ordered_json::array({false, true, true, false, true, true});
+  m.metadata["gemma3.attention.sliding_window_pattern"] =
+      nlohmann::ordered_json::array({false, true, true, false, true, true});
   EXPECT_EQ(layers(build_graph(m, {32, false})).window, (std::vector<int64_t>{0, 8, 8, 0, 8, 8}));
   m.metadata["gemma3.attention.sliding_window"] = 0u;  // no window: every layer global
   v = layers(build_graph(m, {32, false}));
@@ -66,13 +67,16 @@ TEST(GgufGemma3, WindowPatternAndLocalRopeBase) {
 TEST(GgufGemma3, BadKeysAreRefusedByName) {
   EXPECT_TRUE(has(build_error(kGemma3, [](ModelFile& m) { m.metadata["gemma3.final_logit_softcapping"] = 30.0; }),
                   "final logit soft-capping"));
-  EXPECT_TRUE(has(build_error(kGemma3,
-                              [](ModelFile& m) {
-                                m.metadata["gemma3.attention.sliding_window_pattern"] = nlohmann::ordered_json::array({true, false});
-                              }),
-                  "lists 2 layers, the model has 6"));
-  EXPECT_TRUE(has(build_error(kGemma3, [](ModelFile& m) { m.metadata["gemma3.attention.sliding_window_pattern"] = 9u; }),
-                  "sliding_window_pattern = 9"));
+  EXPECT_TRUE(
+      has(build_error(
+              kGemma3,
+              [](ModelFile& m) {
+                m.metadata["gemma3.attention.sliding_window_pattern"] = nlohmann::ordered_json::array({true, false});
+              }),
+          "lists 2 layers, the model has 6"));
+  EXPECT_TRUE(
+      has(build_error(kGemma3, [](ModelFile& m) { m.metadata["gemma3.attention.sliding_window_pattern"] = 9u; }),
+          "sliding_window_pattern = 9"));
   // A gemma3 file without its per-layer norms is not read as something else.
   ModelFile m = load_model(kGemma3);
   ModelFile stripped;
@@ -81,9 +85,13 @@ TEST(GgufGemma3, BadKeysAreRefusedByName) {
   stripped.metadata = m.metadata;
   for (const auto& t : m.tensors())
     if (t.name != "blk.3.post_ffw_norm.weight") stripped.add_tensor(t);
-  EXPECT_TRUE(has(test::error_of([&] { build_graph(stripped, {32, false}); }), "missing tensor blk.3.post_ffw_norm.weight"));
+  EXPECT_TRUE(has(test::error_of([&] {
+                    build_graph(stripped, {32, false});
+                  }),
+                  "missing tensor blk.3.post_ffw_norm.weight"));
   // Other families still refuse a sliding window.
-  EXPECT_TRUE(has(build_error(kStories, [](ModelFile& m) { m.metadata["llama.attention.sliding_window"] = 8u; }, 16),
+  EXPECT_TRUE(has(build_error(
+                      kStories, [](ModelFile& m) { m.metadata["llama.attention.sliding_window"] = 8u; }, 16),
                   "sliding-window attention"));
 }
 
@@ -102,12 +110,14 @@ TEST(GgufRopeFactors, Llama3RopeFreqsReachEveryRope) {
   for (const auto& f : v.factors) EXPECT_EQ(f, "1,1,2,4");
   EXPECT_TRUE(has(build_error(kStories, with({3}, factors.data()), 16), "rope_freqs.weight must be f32[4]"));
   static const std::vector<float> bad = {1, 0, 1, 1};
-  EXPECT_TRUE(has(build_error(kStories, with({4}, bad.data()), 16), "rope_freqs.weight[1] = 0 must be a positive number"));
+  EXPECT_TRUE(
+      has(build_error(kStories, with({4}, bad.data()), 16), "rope_freqs.weight[1] = 0 must be a positive number"));
 }
 
 TEST(GgufRopeFactors, Phi3LongRopePicksFactorsByContext) {
   ModelFile m = load_model(kPhi3);
-  const std::string lng = layers(build_graph(m, {64, false})).factors.at(0), sht = layers(build_graph(m, {32, false})).factors.at(0);
+  const std::string lng = layers(build_graph(m, {64, false})).factors.at(0),
+                    sht = layers(build_graph(m, {32, false})).factors.at(0);
   EXPECT_TRUE(lng.starts_with("1,")) << lng;  // the long factors rise from 1 to 40
   EXPECT_NE(lng, sht);
   EXPECT_EQ(layers(build_graph(m, {33, false})).factors.at(0), lng);  // just past the original 32
@@ -134,8 +144,8 @@ TEST(HfGemma3, LayerTypesRopeParametersAndRefusals) {
   EXPECT_EQ(v.window, (std::vector<int64_t>{8, 8, 8, 8, 8, 0}));  // (i + 1) % sliding_window_pattern
   EXPECT_EQ(v.theta, (std::vector<double>{1e4, 1e4, 1e4, 1e4, 1e4, 1e6}));
   auto& c = m.metadata["hf.config"];
-  c["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
-                      "full_attention"};
+  c["layer_types"] = {"full_attention",    "sliding_attention", "full_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"};
   // transformers >= 5: a RoPE entry per layer type.
   c.erase("rope_theta");
   c.erase("rope_local_base_freq");
@@ -147,13 +157,15 @@ TEST(HfGemma3, LayerTypesRopeParametersAndRefusals) {
   EXPECT_EQ(v.window, (std::vector<int64_t>{0, 8, 0, 8, 8, 0}));
   EXPECT_EQ(v.theta, (std::vector<double>{2e6, 3e4, 2e6, 3e4, 3e4, 2e6}));
   for (const Node& n : g.nodes)
-    if (n.op == Op::rope) EXPECT_EQ(n.attr_str("scaling", "none"), n.attr_float("theta") == 2e6 ? "linear" : "none") << n.name;
+    if (n.op == Op::rope)
+      EXPECT_EQ(n.attr_str("scaling", "none"), n.attr_float("theta") == 2e6 ? "linear" : "none") << n.name;
   auto error = [&](const std::function<void(nlohmann::ordered_json&)>& edit) {
     ModelFile e = load_model(dir);
     edit(e.metadata["hf.config"]);
     return test::error_of([&] { build_graph(e, {32, false}); });
   };
-  EXPECT_TRUE(has(error([](auto& c) { c["final_logit_softcapping"] = 30.0; }), "final_logit_softcapping is not supported"));
+  EXPECT_TRUE(
+      has(error([](auto& c) { c["final_logit_softcapping"] = 30.0; }), "final_logit_softcapping is not supported"));
   EXPECT_TRUE(has(error([](auto& c) { c["layer_types"] = {"sliding_attention"}; }), "one type per layer (6 layers)"));
   EXPECT_TRUE(has(error([](auto& c) { c["use_bidirectional_attention"] = true; }), "use_bidirectional_attention"));
   // The context is not capped at the window (it is applied per layer).
