@@ -11,6 +11,9 @@
 // `hf.derived_tensors`:
 //  - phi3: q_proj/k_proj/v_proj of self_attn.qkv_proj and gate_proj/up_proj of mlp.gate_up_proj
 //    (row views sharing the mapped data);
+//  - gemma3 (multimodal Gemma3ForConditionalGeneration): read as gemma3_text, `hf.config` set to its
+//    text_config completed with Gemma3TextConfig's defaults (the original kept as
+//    `hf.config_multimodal`), the language model's tensors aliased under model.* (vision ignored);
 //  - gpt2: Conv1D weights [n_in, n_out] transposed (copies in ModelFile::owned): attn.{q,k,v}_proj
 //    (split from attn.c_attn, with bias views), attn.o_proj, mlp.up_proj, mlp.down_proj.
 //

@@ -4,9 +4,16 @@
 // test_phi3_longrope.cpp, test_gguf_families.cpp).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
 
 #include "archs/arch.h"
+#include "backend/backend.h"
 #include "model/model_file.h"
 #include "support/errors.h"
 
@@ -170,6 +177,57 @@ TEST(HfGemma3, LayerTypesRopeParametersAndRefusals) {
   EXPECT_TRUE(has(error([](auto& c) { c["use_bidirectional_attention"] = true; }), "use_bidirectional_attention"));
   // The context is not capped at the window (it is applied per layer).
   EXPECT_EQ(read_hparams(m).n_ctx_train, 128);
+}
+
+// A multimodal Gemma 3 directory (model_type gemma3: text_config holding only what differs from
+// Gemma3TextConfig's defaults, tensors under `prefix`, a vision tensor) made from the gemma3_text
+// fixture reads as that fixture: same graph inputs, same logits.
+TEST(HfGemma3, MultimodalCheckpointReadsAsItsTextModel) {
+  const std::string src = kData + "gemma3/hf";
+  std::ifstream cin(src + "/config.json");
+  const auto text_full = nlohmann::ordered_json::parse(cin);
+  std::ifstream sin(src + "/model.safetensors", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(sin)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const auto header = nlohmann::ordered_json::parse(bytes.substr(8, n));
+  const std::string data = bytes.substr(8 + n);
+  ModelFile text = load_model(src);
+  const std::vector<int32_t> ids = {5, 17, 99, 3, 64, 120, 7, 8, 9, 10, 11, 12};
+  auto run = [&](const ModelFile& m) {
+    auto b = make_backend("cpu", build_graph(m, {16, false}), m, {});
+    return b->forward(ids, 0);
+  };
+  const std::vector<float> want = run(text);
+  for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
+    const auto dir = std::filesystem::temp_directory_path() / ("mk_gemma3_mm_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    nlohmann::ordered_json h = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : header.items()) h[k == "__metadata__" ? k : prefix + k.substr(6)] = v;  // "model." -> prefix
+    const uint64_t end = data.size();
+    h["vision_tower.patch_embedding.weight"] = {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {end, end + 8}}};
+    std::string hs = h.dump();
+    hs.append((8 - hs.size() % 8) % 8, ' ');
+    const uint64_t hn = hs.size();
+    std::ofstream(dir / "model.safetensors", std::ios::binary)
+        << std::string(reinterpret_cast<const char*>(&hn), 8) << hs << data << std::string(8, '\0');
+    nlohmann::ordered_json tc = text_full;  // drop what equals Gemma3TextConfig's defaults, as save_pretrained does
+    tc.erase("rope_local_base_freq");
+    tc.erase("rope_theta");
+    tc["model_type"] = "gemma3_text";
+    tc.erase("tie_word_embeddings");
+    nlohmann::ordered_json mm = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                                 {"model_type", "gemma3"},
+                                 {"text_config", tc},
+                                 {"vision_config", {{"model_type", "siglip_vision_model"}}},
+                                 {"tie_word_embeddings", true}};
+    std::ofstream(dir / "config.json") << mm.dump(2);
+    ModelFile m = load_model(dir.string());
+    EXPECT_EQ(m.get_str("general.architecture"), "gemma3_text");
+    EXPECT_EQ(layers(build_graph(m, {16, false})).theta, (std::vector<double>{1e4, 1e4, 1e4, 1e4, 1e4, 1e6}));
+    EXPECT_EQ(run(m), want) << prefix;
+    std::filesystem::remove_all(dir);
+  }
 }
 
 }  // namespace
