@@ -97,6 +97,7 @@ std::string Program::op_str(int i) const {
     s += fmt::format(" eps={} weight_offset={}", o.eps, o.weight_offset);
   if (o.opcode == Opcode::rms_norm) s += fmt::format(" group={}", o.group);
   if (o.opcode == Opcode::scale || o.opcode == Opcode::attention) s += fmt::format(" scale={}", o.scale);
+  if (o.opcode == Opcode::attention && o.window > 0) s += fmt::format(" window={}", o.window);
   if (o.opcode == Opcode::attention)
     s += fmt::format(" n_head={} n_head_kv={} head_dim={}", o.n_head, o.n_head_kv, o.head_dim);
   if (!o.inv_freq.empty())

@@ -317,9 +317,11 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* acc = c.scratch + 2 * (c.p.n_ctx + 16);
   float* q16 = acc + hd + 16;  // the query rounded to f16 (kv_f16)
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t n_kv = pos[r] + 1;  // causal: positions [0, pos[r]] of the row's sequence
+    // causal: positions [0, pos[r]] of the row's sequence; with a sliding window the last o.window of them
+    const int64_t j0 = o.window > 0 ? std::max<int64_t>(0, pos[r] - o.window + 1) : 0;
+    const int64_t n_kv = pos[r] + 1 - j0;
     const int32_t* bt = block_table + row_seq[r] * mb;
-    for (int64_t j = 0; j < n_kv; ++j) kv_row[j] = static_cast<int32_t>(bt[j / B] * B + j % B);
+    for (int64_t j = 0; j < n_kv; ++j) kv_row[j] = static_cast<int32_t>(bt[(j0 + j) / B] * B + (j0 + j) % B);
     for (int64_t h = in.c0 / hd; h < in.c1 / hd; ++h) {
       const int64_t g = h / hpg;
       const float* qh = q + r * qs + h * hd;

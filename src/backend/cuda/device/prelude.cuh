@@ -435,7 +435,9 @@ __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& 
   float* wp = probs + warp * 32;
   const int R = C::rows(s);
   for (int r = 0; r < R; ++r) {
+    // causal: positions [lo, n_kv) of the row's sequence; lo > 0 only under a sliding window (C::WIN)
     const int n_kv = mk_ld_i32(a.pos + r) + 1;
+    const int lo = C::WIN > 0 && n_kv > C::WIN ? n_kv - C::WIN : 0;
     const int* bt = a.tab + (mk_i64)mk_ld_i32(a.ids + r) * C::MB;  // the row's block table
     for (int h = in.c0 / HD; h < in.c1 / HD; ++h) {
       const int g = h / C::HPG;
@@ -444,7 +446,7 @@ __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& 
       float m = MK_NEG_INF, l = 0.0f, acc[PL];
 #pragma unroll
       for (int e = 0; e < PL; ++e) acc[e] = 0.0f;
-      for (int j0 = warp * 32; j0 < n_kv; j0 += MK_WARPS * 32) {
+      for (int j0 = lo + warp * 32; j0 < n_kv; j0 += MK_WARPS * 32) {
         const int j = j0 + lane;
         float d = MK_NEG_INF;
         if (j < n_kv) {
