@@ -46,11 +46,16 @@ class DecoderBuilder {
     return y;
   }
 
-  int rope(int x, int pos, const std::string& name) {
-    Attrs a = s_.rope_scaling;
+  bool swa(int il) const {
+    const auto i = static_cast<size_t>(il);
+    return s_.sliding_window > 0 && i < s_.swa_layers.size() && s_.swa_layers[i];
+  }
+
+  int rope(int x, int pos, int il, const std::string& name) {
+    Attrs a = swa(il) ? s_.rope_scaling_swa : s_.rope_scaling;
     a["head_dim"] = hp_.head_dim;
     a["n_rot"] = s_.n_rot == 0 ? hp_.head_dim : s_.n_rot;
-    a["theta"] = s_.rope_theta;
+    a["theta"] = swa(il) ? s_.rope_theta_swa : s_.rope_theta;
     a["mode"] = s_.rope_mode;
     return g_.add(Op::rope, {x, pos}, a, name);
   }
@@ -73,6 +78,12 @@ class DecoderBuilder {
       fail("{}: RoPE dimension count {} must be even and at most head_dim {}", m_.path, s_.n_rot, hd);
     if (!(s_.rope_theta > 0) || !std::isfinite(s_.rope_theta))
       fail("{}: RoPE theta must be a positive number, got {}", m_.path, s_.rope_theta);
+    if (s_.sliding_window > 0) {
+      checked_hparam("sliding_window", s_.sliding_window, where + "sliding window");
+      if (!(s_.rope_theta_swa > 0) || !std::isfinite(s_.rope_theta_swa))
+        fail("{}: RoPE theta of the sliding-window layers must be a positive number, got {}", m_.path,
+             s_.rope_theta_swa);
+    }
 
     int tokens = g_.add_input("tokens");
     int pos = g_.add_input("positions");
@@ -84,6 +95,16 @@ class DecoderBuilder {
       x = g_.add(Op::add, {x, g_.add(Op::embed, {pe, pos}, {}, "inp_pos_embd")}, {}, "inp_embd_pos");
     }
     double scale = s_.attn_scale > 0 ? s_.attn_scale : 1.0 / std::sqrt(static_cast<double>(hd));
+    // RoPE's attn_factor scales every rotated value of q and k, so (with the whole head rotated)
+    // every score by its square: folded into the attention scale.
+    if (s_.rope_attn_factor != 1.0) {
+      if (!(s_.rope_attn_factor > 0) || !std::isfinite(s_.rope_attn_factor))
+        fail("{}: RoPE attention factor must be a positive number, got {}", m_.path, s_.rope_attn_factor);
+      if (s_.n_rot != 0 && s_.n_rot != hd)
+        fail("{}: a RoPE attention factor ({}) with partial rotation ({} of {} dims) is not supported", m_.path,
+             s_.rope_attn_factor, s_.n_rot, hd);
+      scale *= s_.rope_attn_factor * s_.rope_attn_factor;
+    }
     for (int il = 0; il < hp_.n_layer; ++il) {
       std::string b = "blk." + std::to_string(il);
       int h = norm(x, b + ".attn_norm", n_embd, b + ".attn_norm");
@@ -97,15 +118,16 @@ class DecoderBuilder {
         k = g_.add(Op::rms_norm, {k, kn}, {{"eps", hp_.norm_eps}, {"group", hd}, {"weight_offset", s_.norm_weight_offset}}, b + ".k_norm");
       }
       if (s_.n_rot >= 0) {
-        q = rope(q, pos, b + ".q_rope");
-        k = rope(k, pos, b + ".k_rope");
+        q = rope(q, pos, il, b + ".q_rope");
+        k = rope(k, pos, il, b + ".k_rope");
       }
       int kc = g_.add(Op::kv_store, {k, g_.add_kv_cache(il, "k", s_.n_ctx, kv_dim, s_.kv_pool_tokens, s_.kv_block_size)}, {}, b + ".k_cache");
       int vc = g_.add(Op::kv_store, {v, g_.add_kv_cache(il, "v", s_.n_ctx, kv_dim, s_.kv_pool_tokens, s_.kv_block_size)}, {}, b + ".v_cache");
-      int a = g_.add(Op::attention, {q, kc, vc},
-                     {{"n_head", hp_.n_head}, {"n_head_kv", hp_.n_head_kv}, {"head_dim", hd}, {"scale", scale}},
-                     b + ".attn");
+      Attrs attn = {{"n_head", hp_.n_head}, {"n_head_kv", hp_.n_head_kv}, {"head_dim", hd}, {"scale", scale}};
+      if (swa(il)) attn["window"] = s_.sliding_window;
+      int a = g_.add(Op::attention, {q, kc, vc}, attn, b + ".attn");
       int o = linear(a, b + ".attn_output", n_embd, q_dim, b + ".attn_out");
+      if (s_.post_norms) o = norm(o, b + ".post_attention_norm", n_embd, b + ".attn_post_norm");
       x = g_.add(Op::add, {x, o}, {}, b + ".attn_residual");
       h = norm(x, b + ".ffn_norm", n_embd, b + ".ffn_norm");
       int up = linear(h, b + ".ffn_up", hp_.n_ff, n_embd, b + ".ffn_up");
@@ -116,6 +138,7 @@ class DecoderBuilder {
       int m = g_.add(act, {act_in}, {}, b + ".ffn_act");
       if (s_.ffn_gated) m = g_.add(Op::mul, {m, up}, {}, b + ".ffn_gated");
       int d = linear(m, b + ".ffn_down", n_embd, hp_.n_ff, b + ".ffn_down");
+      if (s_.post_norms) d = norm(d, b + ".post_ffw_norm", n_embd, b + ".ffn_post_norm");
       x = g_.add(Op::add, {x, d}, {}, b + ".ffn_residual");
     }
     x = norm(x, "output_norm", n_embd, "output_norm");
@@ -135,6 +158,12 @@ class DecoderBuilder {
 };
 
 }  // namespace
+
+std::string rope_freq_factors(const std::vector<double>& factors) {
+  std::string r;
+  for (size_t i = 0; i < factors.size(); ++i) r += fmt::format("{}{:.17g}", i ? "," : "", factors[i]);
+  return r;
+}
 
 Graph build_decoder(const ModelFile& model, const DecoderSpec& spec) {
   Graph g = DecoderBuilder(model, spec).build();

@@ -6,6 +6,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "archs/arch.h"
 
@@ -26,7 +27,19 @@ struct DecoderSpec {
   std::string rope_mode = "adjacent";  // "adjacent" (GGUF/llama2.c) or "halves" (HF rotate_half)
   double rope_theta = 10000.0;
   int64_t n_rot = 0;  // rotated dims per head; 0 = head_dim; negative = no RoPE
+  double rope_attn_factor = 1.0;  // scales the rotated q/k values (llama.cpp attn_factor, LongRoPE attention_factor)
   Attrs rope_scaling;  // e.g. {scaling="llama3", factor, low_freq_factor, high_freq_factor, original_max_pos}
+
+  // Sliding-window attention (Gemma 3): layers with swa_layers[il] attend only to the last
+  // `sliding_window` positions (the attention op's `window`) and rotate with rope_theta_swa and
+  // rope_scaling_swa; the other layers are global (rope_theta, rope_scaling). Empty = all global.
+  int64_t sliding_window = 0;
+  std::vector<bool> swa_layers;
+  double rope_theta_swa = 10000.0;
+  Attrs rope_scaling_swa;
+  // Gemma 2/3: RMSNorm of the attention and FFN outputs (post_attention_norm, post_ffw_norm) before
+  // each residual add.
+  bool post_norms = false;
 
   bool qk_norm = false;                // Qwen3: RMSNorm over each head of q and k
   std::string ffn_act = "silu";        // silu | gelu | gelu_tanh
@@ -35,6 +48,9 @@ struct DecoderSpec {
 
   std::function<std::string(const std::string&)> resolve;  // canonical -> file name ("" = absent)
 };
+
+// The rope op's {freq_factors} attribute (ir/ops.h) for per-pair factors: "f0,f1,..." (round-trip precision).
+std::string rope_freq_factors(const std::vector<double>& factors);
 
 // Builds the graph; required weights are looked up and shape-checked against hp, optional ones
 // (biases, q/k norms, a separate classifier) are used when present. Output "logits":

@@ -12,7 +12,13 @@ namespace mk {
 // `<arch>.rope.freq_base`; `rope_mode` "adjacent" for the llama layout (the converter permutes
 // q/k so that pairs are adjacent) or "halves" (llama.cpp's NEOX RoPE: qwen2, qwen3, gemma, phi3).
 // The classifier is output.weight, or the token embedding when the file has none (tied).
+// rope_freqs.weight (Llama 3 scaling as llama.cpp converts it) divides the frequencies per pair;
+// `<arch>.rope.scaling.attn_factor` becomes DecoderSpec::rope_attn_factor.
 DecoderSpec gguf_decoder_spec(const ModelFile& m, const BuildOptions& o, const char* rope_mode);
+
+// The factors of an f32[n_rot / 2] tensor (rope_freqs.weight, rope_factors_long/short.weight);
+// throws mk::Error naming the tensor when it is absent, of another type or shape, or not positive.
+std::vector<double> gguf_rope_factors(const ModelFile& m, const std::string& name, int64_t n_rot);
 
 // Every layer must carry blk.N.<name> for each name (e.g. "attn_q.bias"): a file that lost them
 // fails to load instead of computing something else. Throws mk::Error naming the first missing one.

@@ -46,7 +46,7 @@ Hparams read_hf_hparams(const ModelFile& m) {
   hp.head_dim = hf_hparam(c, "head_dim", {"head_dim"}, hp.n_embd / hp.n_head);
   hp.n_ff = hf_hparam(c, "n_ff", {"intermediate_size", "n_inner"}, 4 * hp.n_embd);
   hp.n_ctx_train = hf_hparam(c, "n_ctx", {"max_position_embeddings", "n_positions"}, 2048);
-  if (int64_t w = sliding_window(c); w > 0 && w < hp.n_ctx_train) hp.n_ctx_train = w;
+  if (int64_t w = sliding_window(c); w > 0 && w < hp.n_ctx_train && !hf_windowed_family(hp.arch)) hp.n_ctx_train = w;
   hp.norm_eps = config_float(c, {"rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"}, 1e-5);
   return hp;
 }
@@ -93,12 +93,15 @@ bool hf_bf16_buffers(const nlohmann::ordered_json& c) {
   return false;
 }
 
-DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default) {
+bool hf_windowed_family(const std::string& arch) { return arch == "gemma3_text"; }
+
+DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default, bool windowed,
+                          const nlohmann::ordered_json* rope_config) {
   const auto& c = hf_config(m);
   DecoderSpec s;
   s.hp = read_hf_hparams(m);
   s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.hp.n_ctx_train;
-  if (int64_t w = sliding_window(c); w > 0 && s.n_ctx > w)
+  if (int64_t w = sliding_window(c); !windowed && w > 0 && s.n_ctx > w)
     fail("{}: context of {} tokens exceeds the sliding attention window of {} (windowed attention is not supported)",
          m.path, s.n_ctx, w);
   s.all_logits = o.all_logits;
@@ -106,7 +109,7 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
   s.kv_block_size = o.kv_block_size;
   s.ffn_act = hf_activation(c);
 
-  const HfRope rope = read_hf_rope(c);
+  const HfRope rope = read_hf_rope(rope_config ? *rope_config : c);
   s.rope_mode = "halves";
   s.rope_theta = rope.theta;
   const double rot = static_cast<double>(s.hp.head_dim) * rope.partial_rotary_factor;
@@ -122,6 +125,16 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
                       {"low_freq_factor", rope.low_freq_factor},
                       {"high_freq_factor", rope.high_freq_factor},
                       {"original_max_pos", rope.original_max_position_embeddings}};
+  } else if (rope.type == "longrope") {
+    // As llama.cpp (llama_model::get_rope_factors): the long factors when the context exceeds the
+    // original one, else the short ones, for every position (transformers picks per forward call by
+    // the sequence length; the two agree whenever the context is within the original one).
+    if (static_cast<int64_t>(rope.short_factor.size()) * 2 != s.n_rot)
+      fail("config.json: longrope has {} factors for {} rotated dimensions (one per pair)", rope.short_factor.size(),
+           s.n_rot);
+    const bool long_ctx = s.n_ctx > rope.original_max_position_embeddings;
+    s.rope_scaling = {{"freq_factors", rope_freq_factors(long_ctx ? rope.long_factor : rope.short_factor)}};
+    s.rope_attn_factor = rope.attention_factor;
   }
 
   if (hf_bf16_buffers(c)) s.rope_scaling["freq_dtype"] = std::string("bf16");

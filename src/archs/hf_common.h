@@ -27,7 +27,15 @@ std::string hf_llama_tensor_name(const std::string& canonical, bool tied);
 // classifier tied or lm_head per tie_word_embeddings (absent: `tied_default`, the family's
 // transformers default). Throws when lm_head.weight is required but missing, or when the
 // requested context exceeds a sliding attention window.
-DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default);
+// `windowed`: the family applies the sliding window itself (DecoderSpec::sliding_window), so a
+// context beyond the window is fine. `rope_config`: read RoPE settings from this object instead of
+// config.json (a per-layer-type part of `rope_parameters`); null = config.json.
+DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default, bool windowed = false,
+                          const nlohmann::ordered_json* rope_config = nullptr);
+
+// Families whose description applies sliding-window attention (gemma3_text): read_hf_hparams
+// does not cap n_ctx_train at their window.
+bool hf_windowed_family(const std::string& arch);
 
 // transformers computes a checkpoint in its config dtype (`dtype`, older `torch_dtype`): for
 // bfloat16, the model's non-persistent buffers — RoPE's inv_freq, Gemma's sqrt(hidden_size)

@@ -6,6 +6,8 @@
 // value, or information only), or refused by name: a key this reader does not know may change the
 // math, so it is an error rather than silently ignored.
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 #include <optional>
 
 #include "archs/gguf_common.h"
@@ -26,6 +28,16 @@ constexpr const char* kKnownKeys[] = {
     "rope.scaling.original_context_length",
     // Whether the model was fine-tuned with the scaling: information only (llama.cpp reads, never uses it).
     "rope.scaling.finetuned",
+};
+
+// Further known keys of single families (read by their descriptions, e.g. gemma3.cpp).
+struct FamilyKeys {
+  const char* arch;
+  std::initializer_list<const char*> suffixes;
+};
+const FamilyKeys kFamilyKeys[] = {
+    {"gemma3", {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"}},
+    {"phi3", {"attention.sliding_window"}},
 };
 
 // Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).
@@ -64,6 +76,9 @@ void check_llama_keys(const ModelFile& m, const std::string& a) {
     const std::string suffix = key.substr(prefix.size());
     bool known = false;
     for (const char* k : kKnownKeys) known = known || suffix == k;
+    for (const auto& f : kFamilyKeys)
+      if (a == f.arch)
+        for (const char* k : f.suffixes) known = known || suffix == k;
     if (known) continue;
     const NeutralKey* neutral = nullptr;
     for (const auto& n : kNeutralKeys)
@@ -82,13 +97,10 @@ void check_llama_keys(const ModelFile& m, const std::string& a) {
 // YaRN, LongRoPE and other types are refused by name.
 Attrs read_rope_scaling(const ModelFile& m, const std::string& a) {
   const std::string type_key = a + ".rope.scaling.type", factor_key = a + ".rope.scaling.factor",
-                    old_key = a + ".rope.scale_linear", attn_key = a + ".rope.scaling.attn_factor";
+                    old_key = a + ".rope.scale_linear";
   std::string type = m.has(type_key) ? m.get_str(type_key) : "";
   if (!type.empty() && type != "none" && type != "linear")
     fail("{}: {} = {} is not supported (supported: none, linear)", m.path, type_key, type);
-  if (m.has(attn_key) && m.get_float(attn_key, 1.0) != 1.0)
-    fail("{}: {} = {} is not supported (it scales the rotated values; only 1 is)", m.path, attn_key,
-         m.get_float(attn_key, 1.0));
   // The factor: rope.scaling.factor, else rope.scale_linear; both present must agree. 0 means
   // "none" in llama.cpp's converter output.
   std::optional<double> factor;
@@ -162,7 +174,31 @@ DecoderSpec gguf_decoder_spec(const ModelFile& m, const BuildOptions& o, const c
   if (s.n_rot <= 0 || s.n_rot > s.hp.head_dim || s.n_rot % 2 != 0)
     fail("{}: {}.rope.dimension_count must be even and in (0, head_dim {}], got {}", m.path, a, s.hp.head_dim, s.n_rot);
   s.rope_scaling = read_rope_scaling(m, a);
+  // llama.cpp's converter writes Llama 3 RoPE scaling as rope_freqs.weight: one factor per rotated
+  // pair, each frequency divided by its factor (ggml_rope_ext's freq_factors).
+  if (m.find("rope_freqs.weight"))
+    s.rope_scaling["freq_factors"] = rope_freq_factors(gguf_rope_factors(m, "rope_freqs.weight", s.n_rot));
+  // rope.scaling.attn_factor multiplies the rotated values (llama.cpp: cparams.yarn_attn_factor *= it).
+  const std::string attn_key = a + ".rope.scaling.attn_factor";
+  s.rope_attn_factor = m.get_float(attn_key, 1.0);
+  if (!(s.rope_attn_factor > 0) || !std::isfinite(s.rope_attn_factor))
+    fail("{}: {} = {} must be a positive number", m.path, attn_key, s.rope_attn_factor);
   return s;
+}
+
+std::vector<double> gguf_rope_factors(const ModelFile& m, const std::string& name, int64_t n_rot) {
+  const WeightTensor& t = m.get(name);
+  if (t.dtype != DType::F32 || t.shape != std::vector<int64_t>{n_rot / 2})
+    fail("{}: {} must be f32[{}] (one factor per rotated pair), got {}{}", m.path, name, n_rot / 2, dtype_name(t.dtype),
+         shape_str(t.shape));
+  std::vector<double> r;
+  for (int64_t i = 0; i < n_rot / 2; ++i) {
+    float f;
+    std::memcpy(&f, t.data + i * 4, 4);
+    if (!(f > 0) || !std::isfinite(f)) fail("{}: {}[{}] = {} must be a positive number", m.path, name, i, f);
+    r.push_back(f);
+  }
+  return r;
 }
 
 void gguf_require_per_layer(const ModelFile& m, const DecoderSpec& s, std::initializer_list<const char*> names) {

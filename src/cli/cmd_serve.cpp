@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -222,6 +223,8 @@ class Server {
     } catch (const EngineBusy& ex) {
       if (ex.shutting_down) throw HttpError{503, ex.what(), "server_error", "", "shutting_down"};
       throw HttpError{429, ex.what(), "rate_limit_error", "", "queue_full"};
+    } catch (const RequestInvalid& ex) {
+      throw HttpError{400, ex.what(), "invalid_request_error", ex.param, ""};
     } catch (const Error& ex) {
       throw HttpError{400, ex.what(), "invalid_request_error", "", ""};
     }
@@ -377,6 +380,14 @@ class Server {
                          "invalid_request_error", "", ""});
         return httplib::Server::HandlerResponse::Handled;
       }
+      // A POST with neither Content-Length nor Transfer-Encoding has no body (RFC 9112 6.3), but
+      // cpp-httplib 0.11 would read until the connection closes (the read timeout): refuse it now.
+      if (req.method == "POST" && !req.has_header("Content-Length")) {
+        res.set_header("Connection", "close");
+        send_error(res, {411, "a POST needs a Content-Length header (send the JSON body with its length)",
+                         "invalid_request_error", "", ""});
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + o_.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
@@ -424,11 +435,29 @@ class Server {
       }
       res.set_content(text, "text/plain; version=0.0.4");
     });
-    svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+    svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      // A known path asked with another method: 405 with the method it takes (RFC 9110 15.5.6).
+      static const std::map<std::string, std::string> kAllow = {{"/health", "GET"},
+                                                                {"/v1/models", "GET"},
+                                                                {"/metrics", "GET"},
+                                                                {"/v1/completions", "POST"},
+                                                                {"/v1/chat/completions", "POST"}};
+      if (auto it = kAllow.find(req.path); res.status == 404 && it != kAllow.end()) {
+        res.status = 405;
+        res.set_header("Allow", it->second);
+        res.set_content(
+            error_json(fmt::format("{} takes {}, not {}", req.path, it->second, req.method), "invalid_request_error",
+                       "", "")
+                .dump(),
+            "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      }
       std::string msg = res.status == 404   ? "no such endpoint"
                         : res.status == 413 ? "the request body is too large (see --max-body)"
                         : res.status == 405 ? "method not allowed"
+                        : res.status == 400 ? "malformed HTTP request (request line, headers or body framing)"
+                        : res.status == 414 ? "the request URI is too long"
                                             : fmt::format("HTTP {}", res.status);
       res.set_content(error_json(msg, "invalid_request_error", "", "").dump(), "application/json");
       return httplib::Server::HandlerResponse::Handled;

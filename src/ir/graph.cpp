@@ -211,6 +211,7 @@ void infer_node(const Graph& g, Node& n) {
       if (!is_store(k) || !is_store(v)) fail("{}: k and v must come from kv_store", where());
       int64_t nh = n.attr_int("n_head"), nkv = n.attr_int("n_head_kv"), hd = n.attr_int("head_dim");
       n.attr_float("scale");
+      if (n.attr_int("window", 0) < 0) fail("{}: window {} must be >= 0 (0 = none)", where(), n.attr_int("window", 0));
       if (nh <= 0 || nkv <= 0 || nh % nkv) fail("{}: n_head {} is not a multiple of n_head_kv {}", where(), nh, nkv);
       need_eq(q.shape[1], SymExpr::constant(nh * hd), "q columns");
       need_eq(k.shape[1], SymExpr::constant(nkv * hd), "k columns");

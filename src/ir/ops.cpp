@@ -1,5 +1,7 @@
 #include "ir/ops.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <numbers>
 
 #include "model/dtype.h"
@@ -42,10 +44,32 @@ std::vector<double> scaled_inv_freq(const Node& n) {
   fail("rope: unknown scaling '{}'", scaling);
 }
 
+// {freq_factors="f0,f1,..."}: one factor per rotated pair, each frequency divided by its factor
+// (llama.cpp's rope_freqs.weight / ggml_rope_ext freq_factors).
+void apply_freq_factors(const Node& n, std::vector<double>& f) {
+  if (!n.attrs.count("freq_factors")) return;
+  const std::string list = n.attr_str("freq_factors");
+  size_t i = 0, at = 0;
+  while (at <= list.size()) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    const std::string tok = list.substr(at, end - at);
+    char* stop = nullptr;
+    const double v = std::strtod(tok.c_str(), &stop);
+    if (tok.empty() || stop != tok.c_str() + tok.size() || !(v > 0) || !std::isfinite(v))
+      fail("rope: freq_factors entry {} '{}' is not a positive number", i, tok);
+    if (i >= f.size()) fail("rope: more freq_factors than the {} rotated pairs", f.size());
+    f[i++] /= v;
+    at = end + 1;
+  }
+  if (i != f.size()) fail("rope: {} freq_factors for {} rotated pairs", i, f.size());
+}
+
 }  // namespace
 
 std::vector<double> rope_inv_freq(const Node& n) {
   std::vector<double> f = scaled_inv_freq(n);
+  apply_freq_factors(n, f);
   // freq_dtype=bf16 rounds each frequency to bfloat16: what transformers computes once a model's
   // buffers (its inv_freq) have been cast to bf16. Off by default; tests use it to reproduce such
   // references exactly.

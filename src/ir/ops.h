@@ -11,7 +11,8 @@ namespace mk {
 // Inverse frequency for each rotated pair i in [0, n_rot/2): theta^(-2i/n_rot), then llama3
 // frequency scaling when the rope node carries {scaling="llama3", factor, low_freq_factor,
 // high_freq_factor, original_max_pos} (Meta's Llama 3.1 reference code), or linear scaling
-// {scaling="linear", factor}; last, rounded to bfloat16 when {freq_dtype="bf16"} (what
+// {scaling="linear", factor}; then divided per pair by {freq_factors="f0,f1,..."} (llama.cpp's
+// rope_freqs.weight, n_rot/2 positive factors) when present; last, rounded to bfloat16 when {freq_dtype="bf16"} (what
 // transformers computes after casting a model's buffers to bf16).
 std::vector<double> rope_inv_freq(const Node& rope);
 

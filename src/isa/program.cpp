@@ -98,6 +98,7 @@ std::string Program::op_str(int i) const {
   if (o.opcode == Opcode::rms_norm) s += fmt::format(" group={}", o.group);
   const bool attn = o.opcode == Opcode::attention || o.opcode == Opcode::attention_partial;
   if (o.opcode == Opcode::scale || attn) s += fmt::format(" scale={}", o.scale);
+  if (attn && o.window > 0) s += fmt::format(" window={}", o.window);
   if (attn || o.opcode == Opcode::attention_combine)
     s += fmt::format(" n_head={} n_head_kv={} head_dim={}", o.n_head, o.n_head_kv, o.head_dim);
   if (o.opcode == Opcode::attention_partial || o.opcode == Opcode::attention_combine)

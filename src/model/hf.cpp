@@ -142,6 +142,48 @@ void add_phi3_views(ModelFile& m, const nlohmann::ordered_json& c, std::vector<s
 // Each is registered transposed to [n_out, n_in] under a Llama-like name: attn.{q,k,v}_proj
 // (weight and bias), attn.o_proj, mlp.up_proj, mlp.down_proj. Biases need no transpose and keep
 // their names except the q/k/v split (views of attn.c_attn.bias).
+// Gemma 3 multimodal checkpoints (model_type gemma3, Gemma3ForConditionalGeneration) carry the text
+// model's config in `text_config` (only the values that differ from Gemma3TextConfig's defaults)
+// and its tensors under language_model.model.* (transformers < 5) or model.language_model.*
+// (transformers >= 5). The text part is read as gemma3_text: the config completed with those
+// defaults, its tensors aliased under model.* (lm_head under its own name); vision tensors are ignored.
+void flatten_gemma3_multimodal(ModelFile& m, nlohmann::ordered_json& config, std::vector<std::string>& derived) {
+  if (!config.contains("text_config") || !config["text_config"].is_object())
+    fail("{}: gemma3 config.json has no text_config object", m.path);
+  nlohmann::ordered_json text = config["text_config"];
+  static const nlohmann::ordered_json kDefaults = {
+      {"vocab_size", 262208}, {"hidden_size", 2304}, {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+      {"num_attention_heads", 8}, {"num_key_value_heads", 4}, {"head_dim", 256},
+      {"hidden_activation", "gelu_pytorch_tanh"}, {"max_position_embeddings", 131072}, {"rms_norm_eps", 1e-6},
+      {"rope_theta", 1e6}, {"rope_local_base_freq", 1e4}, {"query_pre_attn_scalar", 256}, {"sliding_window", 4096},
+      {"sliding_window_pattern", 6}};
+  for (const auto& [k, v] : kDefaults.items())
+    if (!text.contains(k)) text[k] = v;
+  for (const char* k : {"tie_word_embeddings", "torch_dtype", "dtype"})
+    if (!text.contains(k) && config.contains(k)) text[k] = config[k];
+  text["model_type"] = "gemma3_text";
+  m.metadata["hf.config_multimodal"] = config;
+  config = text;
+  m.metadata["general.architecture"] = "gemma3_text";
+  std::vector<WeightTensor> aliases;
+  for (const WeightTensor& t : m.tensors()) {
+    for (const char* prefix : {"language_model.model.", "model.language_model."})
+      if (t.name.starts_with(prefix)) {
+        aliases.push_back(t);
+        aliases.back().name = "model." + t.name.substr(std::string(prefix).size());
+      }
+    if (t.name == "language_model.lm_head.weight") {
+      aliases.push_back(t);
+      aliases.back().name = "lm_head.weight";
+    }
+  }
+  if (aliases.empty()) fail("{}: gemma3 checkpoint without language_model tensors", m.path);
+  for (WeightTensor& t : aliases) {
+    derived.push_back(t.name);
+    m.add_tensor(std::move(t));
+  }
+}
+
 void add_gpt2_transposes(ModelFile& m, const nlohmann::ordered_json& c, std::vector<std::string>& derived) {
   const int64_t n = hf_hparam(c, "n_embd", {"n_embd", "hidden_size"});
   const int64_t n_ff = hf_hparam(c, "n_ff", {"n_inner"}, 4 * n);
@@ -207,6 +249,10 @@ ModelFile load_hf_dir(const std::string& dir_str) {
   // Per-projection tensors for checkpoints that fuse or transpose them (see hf.h).
   std::vector<std::string> derived;
   const std::string type = config["model_type"].get<std::string>();
+  if (type == "gemma3") {
+    flatten_gemma3_multimodal(model, config, derived);
+    model.metadata["hf.config"] = config;
+  }
   if (type == "phi3") add_phi3_views(model, config, derived);
   if (type == "gpt2") add_gpt2_transposes(model, config, derived);
   if (!derived.empty()) model.metadata["hf.derived_tensors"] = derived;
@@ -289,8 +335,41 @@ HfRope read_hf_rope(const nlohmann::ordered_json& config) {
     rope.original_max_position_embeddings = static_cast<int64_t>(omax);
     if (!(rope.high_freq_factor > rope.low_freq_factor))
       fail("config.json: {}: high_freq_factor must exceed low_freq_factor", where);
+  } else if (type == "longrope") {
+    auto factors = [&](const char* key) {
+      if (!p.contains(key) || !p[key].is_array() || p[key].empty())
+        fail("config.json: {}.{} must be a list of numbers", where, key);
+      std::vector<double> f;
+      for (const auto& v : p[key]) {
+        if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+          fail("config.json: {}.{} entries must be positive numbers", where, key);
+        f.push_back(v.get<double>());
+      }
+      return f;
+    };
+    rope.short_factor = factors("short_factor");
+    rope.long_factor = factors("long_factor");
+    if (rope.short_factor.size() != rope.long_factor.size())
+      fail("config.json: {}: short_factor has {} entries, long_factor {}", where, rope.short_factor.size(),
+           rope.long_factor.size());
+    const auto& holder = p.contains("original_max_position_embeddings") ? p : config;
+    const double omax = number(holder, "original_max_position_embeddings", holder == p ? where : "config");
+    if (!(omax >= 2 && omax <= static_cast<double>(hparam_range("n_ctx").max)) || omax != std::floor(omax))
+      fail("config.json: original_max_position_embeddings = {} must be a whole number of positions > 1", omax);
+    rope.original_max_position_embeddings = static_cast<int64_t>(omax);
+    if (p.contains("attention_factor") && !p["attention_factor"].is_null()) {
+      rope.attention_factor = number(p, "attention_factor", where);
+    } else {
+      const bool have_max = config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number();
+      const double scale = have_max ? config["max_position_embeddings"].get<double>() / omax
+                           : p.contains("factor") && p["factor"].is_number() ? p["factor"].get<double>()
+                                                                              : 1.0;
+      rope.attention_factor = scale <= 1 ? 1.0 : std::sqrt(1 + std::log(scale) / std::log(omax));
+    }
+    if (!(rope.attention_factor > 0) || !std::isfinite(rope.attention_factor))
+      fail("config.json: {}.attention_factor must be a positive number", where);
   } else {
-    fail("config.json: unsupported RoPE type {} (supported: default, linear, llama3)", clip(type));
+    fail("config.json: unsupported RoPE type {} (supported: default, linear, llama3, longrope)", clip(type));
   }
   if (!(rope.theta > 0) || !std::isfinite(rope.theta)) fail("config.json: rope_theta must be a positive number");
   if (!(rope.factor > 0) || !std::isfinite(rope.factor)) fail("config.json: {}.factor must be a positive number", where);

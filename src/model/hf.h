@@ -11,6 +11,9 @@
 // `hf.derived_tensors`:
 //  - phi3: q_proj/k_proj/v_proj of self_attn.qkv_proj and gate_proj/up_proj of mlp.gate_up_proj
 //    (row views sharing the mapped data);
+//  - gemma3 (multimodal Gemma3ForConditionalGeneration): read as gemma3_text, `hf.config` set to its
+//    text_config completed with Gemma3TextConfig's defaults (the original kept as
+//    `hf.config_multimodal`), the language model's tensors aliased under model.* (vision ignored);
 //  - gpt2: Conv1D weights [n_in, n_out] transposed (copies in ModelFile::owned): attn.{q,k,v}_proj
 //    (split from attn.c_attn, with bias views), attn.o_proj, mlp.up_proj, mlp.down_proj.
 //
@@ -36,14 +39,20 @@ namespace mk {
 // Supported types: "default" (plain RoPE), "linear" (positions divided by `factor`), "llama3"
 // (frequency-dependent scaling, Llama 3.1 paper / transformers `_compute_llama3_parameters`; the
 // frequencies themselves are computed by the IR's rope op, ir/ops.cpp rope_inv_freq).
-// Others (yarn, dynamic, longrope, ...) throw mk::Error naming the type.
+// "longrope" (Phi-3: per-pair `short_factor` / `long_factor` lists dividing the frequencies, the
+// long ones for contexts beyond `original_max_position_embeddings` (in the parameters or the
+// config's top level), and `attention_factor`, default sqrt(1 + ln(s) / ln(original)) for
+// s = max_position_embeddings / original > 1, else 1; transformers `_compute_longrope_parameters`).
+// Others (yarn, dynamic, ...) throw mk::Error naming the type.
 struct HfRope {
   std::string type = "default";
   double theta = 10000.0;
   double factor = 1.0;                       // linear, llama3
   double low_freq_factor = 1.0;              // llama3
   double high_freq_factor = 4.0;             // llama3
-  int64_t original_max_position_embeddings = 0;  // llama3
+  int64_t original_max_position_embeddings = 0;  // llama3, longrope
+  std::vector<double> short_factor, long_factor;  // longrope, one per rotated pair
+  double attention_factor = 1.0;                  // longrope: multiplies the rotated values
   double partial_rotary_factor = 1.0;        // fraction of head_dim that is rotated
 };
 HfRope read_hf_rope(const nlohmann::ordered_json& config);

@@ -295,6 +295,7 @@ class Lowering {
         d.n_head_kv = n.attr_int("n_head_kv");
         d.head_dim = n.attr_int("head_dim");
         d.scale = n.attr_float("scale");
+        d.window = n.attr_int("window", 0);
         d.k = d.head_dim;
         d.out = act(n);
         value_buf_[static_cast<size_t>(n.id)] = d.out;

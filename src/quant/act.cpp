@@ -1,9 +1,12 @@
 // 8-bit activation blocks (quant.h ActQuant): q8_0 and q8_1 as ggml's x86 quantize_row_q8_0 /
-// quantize_row_q8_1 (arch/x86/quants.c, AVX2 path) compute them.
+// quantize_row_q8_1 (arch/x86/quants.c, AVX2 path) compute them, q8_K as quantize_row_q8_K_ref
+// (ggml-quants.c; the x86 quantize_row_q8_K calls it).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "quant/avx2.h"
+#include "quant/k_act.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -68,6 +71,105 @@ MK_AVX2_FN void quantize_q8_avx2(const float* x, void* dst, int64_t n) {
   }
 }
 
+// One 256-element q8_K block (k_act.h layout): max = the element of largest magnitude (the first
+// one on ties), iscale = -127 / max, q = min(127, nearest-even(iscale * x)), bsums of 16, d = 1 /
+// iscale as f32. A zero block stores d = 0 and zeros (ggml leaves its bsums unset; they are unread).
+void quantize_q8_K(const float* x, void* dst, int64_t n) {
+  uint8_t* b = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n / 256; ++i, x += 256, b += kQ8KBytes) {
+    float amax = 0;  // written as a max, then a search, so that it vectorises
+    for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[j]));
+    int first = 0;
+    while (first < 255 && !(std::fabs(x[first]) == amax)) ++first;
+    const float max = x[first];
+    int8_t* q = reinterpret_cast<int8_t*>(b + kQ8KQs);
+    int16_t bsums[16] = {};
+    float d = 0;
+    if (amax != 0) {
+      const float iscale = -127.f / max;
+      for (int j = 0; j < 256; ++j) {
+        // ggml's nearest_int: adding 1.5 * 2^23 rounds to nearest even (|iscale * x| <= 127 here).
+        float v = iscale * x[j] + 12582912.f;
+        int32_t i;
+        std::memcpy(&i, &v, 4);
+        q[j] = static_cast<int8_t>(std::min(127, (i & 0x007fffff) - 0x00400000));
+      }
+      for (int j = 0; j < 16; ++j) {
+        int sum = 0;
+        for (int k = 0; k < 16; ++k) sum += q[16 * j + k];
+        bsums[j] = static_cast<int16_t>(sum);
+      }
+      d = 1 / iscale;
+    } else {
+      std::memset(q, 0, 256);
+    }
+    std::memcpy(b, &d, 4);
+    std::memcpy(b + kQ8KBsums, bsums, 32);
+  }
+}
+
+// The same with AVX2: max of |x|, the first element of that magnitude, then the same multiply and
+// round-to-nearest-even (for |v| <= 127 the magic-number trick and the rounding instruction agree;
+// packing saturates 128 to 127 as min(127, .) does). The same bytes (QuantActK tests).
+MK_AVX2_FN void quantize_q8_K_avx2(const float* x, void* dst, int64_t n) {
+  uint8_t* b = static_cast<uint8_t*>(dst);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n / 256; ++i, x += 256, b += kQ8KBytes) {
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 256; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    int8_t* q = reinterpret_cast<int8_t*>(b + kQ8KQs);
+    int16_t bsums[16] = {};
+    float d = 0;
+    if (amax != 0) {
+      int first = 0;
+      const __m256 va = _mm256_set1_ps(amax);
+      for (int j = 0; j < 256; j += 8) {
+        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), va, _CMP_EQ_OQ));
+        if (mask) {
+          first = j + __builtin_ctz(static_cast<unsigned>(mask));
+          break;
+        }
+      }
+      const float iscale = -127.f / x[first];
+      const __m256 mul = _mm256_set1_ps(iscale);
+      const auto qv = [&](const float* p) {
+        return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(p), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      };
+      const auto hsum = [](__m256i v) {
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+      };
+      for (int j = 0; j < 256; j += 32) {
+        __m256i i0 = qv(x + j), i1 = qv(x + j + 8), i2 = qv(x + j + 16), i3 = qv(x + j + 24);
+        const __m256i k127 = _mm256_set1_epi32(127);
+        i0 = _mm256_min_epi32(i0, k127), i1 = _mm256_min_epi32(i1, k127);
+        i2 = _mm256_min_epi32(i2, k127), i3 = _mm256_min_epi32(i3, k127);
+        bsums[j / 16] = static_cast<int16_t>(hsum(_mm256_add_epi32(i0, i1)));
+        bsums[j / 16 + 1] = static_cast<int16_t>(hsum(_mm256_add_epi32(i2, i3)));
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j), p);
+      }
+      d = 1 / iscale;
+    } else {
+      std::memset(q, 0, 256);
+    }
+    std::memcpy(b, &d, 4);
+    std::memcpy(b + kQ8KBsums, bsums, 32);
+  }
+}
+
+void quantize_q8_K_any(const float* x, void* dst, int64_t n) {
+  static const bool avx2 = runtime_isa() != Isa::generic;
+  if (avx2) return quantize_q8_K_avx2(x, dst, n);
+  quantize_q8_K(x, dst, n);
+}
+
 template <bool S>
 void quantize_q8_any(const float* x, void* dst, int64_t n) {
   static const bool avx2 = runtime_isa() != Isa::generic;
@@ -78,9 +180,11 @@ void quantize_q8_any(const float* x, void* dst, int64_t n) {
 
 extern const ActQuant kQ8_0Act = {"q8_0", 32, 34, quantize_q8_any<false>};
 extern const ActQuant kQ8_1Act = {"q8_1", 32, 36, quantize_q8_any<true>};
+extern const ActQuant kQ8_KAct = {"q8_K", 256, kQ8KBytes, quantize_q8_K_any};
 
 namespace detail {
 // For tests: the scalar quantizer (ActQuant::quantize_row picks AVX2 where the CPU has it).
+void act_quantize_q8_K_generic(const float* x, void* dst, int64_t n) { quantize_q8_K(x, dst, n); }
 void act_quantize_generic(bool q8_1, const float* x, void* dst, int64_t n) {
   if (q8_1) quantize_q8<true>(x, dst, n);
   else quantize_q8<false>(x, dst, n);
@@ -89,4 +193,5 @@ void act_quantize_generic(bool q8_1, const float* x, void* dst, int64_t n) {
 
 const ActQuant& act_q8_0() { return kQ8_0Act; }
 const ActQuant& act_q8_1() { return kQ8_1Act; }
+const ActQuant& act_q8_K() { return kQ8_KAct; }
 }  // namespace mk::quant

@@ -5,6 +5,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "quant/quant_impl.h"
 
@@ -18,6 +19,19 @@ inline void get_scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
     *sc = static_cast<uint8_t>((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
     *m = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
   }
+}
+
+// All eight scales and mins at once, with word operations: out bytes 0..7 the scales, 8..15 the
+// mins (the values get_scale_min_k4 gives for j = 0..7).
+inline void scales_mins_k4(const uint8_t* s, uint32_t out[4]) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  out[0] = a & 0x3f3f3f3f;
+  out[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);
+  out[2] = b & 0x3f3f3f3f;
+  out[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
 }
 
 inline void pack_scale_min_k4(const uint8_t* sc, const uint8_t* m, uint8_t* s) {

@@ -4,6 +4,7 @@
 // 2j..2j+1 of qs[32 nb + 16 h + l] with sub-block 8 nb + 2 j + h; value (d*sc) * q - (dmin*m).
 #include <algorithm>
 
+#include "quant/k_act.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -60,8 +61,61 @@ void quantize_row(const float* x, void* dst, int64_t n) {
 int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {80, 82}); }
 
 MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+
+// dot_act against q8_K (k_act.h): ggml_vec_dot_q2_K_q8_K's AVX2 arithmetic. The mins share the 8
+// lanes, first: lane l = m[2l] * bsums[2l] + m[2l+1] * bsums[2l+1], acc[l] = fma(-d_x * dmin, lane,
+// acc[l]), then acc[l] = fma(d_x * d, sumi[l], acc[l]).
+[[gnu::always_inline]] inline float dot_act_spec(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  float acc[8] = {};
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float dy = q8k_d(y);
+    const float d = dy * ld_f16(p + 80), dmin = -dy * ld_f16(p + 82);
+    for (int l = 0; l < 8; ++l) {
+      const int32_t lane = (p[2 * l] >> 4) * q8k_bsum(y, 2 * l) + (p[2 * l + 1] >> 4) * q8k_bsum(y, 2 * l + 1);
+      acc[l] = std::fma(dmin, static_cast<float>(lane), acc[l]);
+    }
+    int8_t q[256];
+    int32_t sc16[16], sumi[8];
+    for (int nb = 0; nb < 2; ++nb)  // element 128 nb + 32 j + l
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 32; ++l) q[128 * nb + 32 * j + l] = static_cast<int8_t>((p[16 + 32 * nb + l] >> (2 * j)) & 3);
+    for (int g = 0; g < 16; ++g) sc16[g] = p[g] & 0x0f;
+    k_lanes(q, sc16, y, sumi);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(sumi[l]), acc[l]);
+  }
+  return hsum8(acc);
+}
+
+// The same with AVX2, chunk by chunk (32 elements, the groups 2c and 2c+1).
+MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float dy = q8k_d(y);
+    const float d = dy * ld_f16c(p + 80), dmin = -dy * ld_f16c(p + 82);
+    const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0f)));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + kQ8KBsums));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bs)), acc);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * (c / 4)));
+      const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (c % 4)), _mm256_set1_epi8(3));
+      const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(p[2 * c + 1] & 0x0f), _mm_set1_epi16(p[2 * c] & 0x0f));
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + kQ8KQs + 32 * c));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, qy)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum_float_8(acc);
+}
+MK_QUANT_DOT_ACT_K_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ2_K = {DType::Q2_K, "q2_K", 10, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
-                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}};
 }  // namespace mk::quant

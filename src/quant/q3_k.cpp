@@ -6,6 +6,7 @@
 // q = low | high << 2 (a clear high bit subtracts 4).
 #include <algorithm>
 
+#include "quant/k_act.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -72,8 +73,59 @@ void quantize_row(const float* x, void* dst, int64_t n) {
 int64_t find_bad_scale(const void* src, int64_t nb) { return first_bad_f16(src, nb, kBytes, {108}); }
 
 MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
+
+// dot_act against q8_K (k_act.h): ggml_vec_dot_q3_K_q8_K's AVX2 arithmetic (no minimum; a clear
+// high bit subtracts 4 from the integer).
+[[gnu::always_inline]] inline float dot_act_spec(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  float acc[8] = {};
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float d = q8k_d(y) * ld_f16(p + 108);
+    int8_t q[256];
+    int32_t sc16[16], sumi[8];
+    for (int c = 0; c < 8; ++c)  // element 32 c + l: low bits in qs, high bit c of hmask[l]
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (p[32 + 32 * (c / 4) + l] >> (2 * (c % 4))) & 3;
+        q[32 * c + l] = static_cast<int8_t>(lo - 4 + 4 * ((p[l] >> c) & 1));
+      }
+    for (int g = 0; g < 16; ++g) sc16[g] = scale6(p + 96, g);
+    k_lanes(q, sc16, y, sumi);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(sumi[l]), acc[l]);
+  }
+  return hsum8(acc);
+}
+
+// The same with AVX2, chunk by chunk (32 elements, the groups 2c and 2c+1): maddubs(low bits, y)
+// minus maddubs(4 where the high bit is clear, y), as ggml does, then the scales.
+MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float d = q8k_d(y) * ld_f16c(p + 108);
+    int16_t sc[16];
+    for (int g = 0; g < 16; ++g) sc[g] = static_cast<int16_t>(scale6(p + 96, g));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * (c / 4)));
+      const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (c % 4)), _mm256_set1_epi8(3));
+      const __m256i clear = _mm256_andnot_si256(_mm256_srli_epi16(hb, c), _mm256_set1_epi8(1));
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + kQ8KQs + 32 * c));
+      const __m256i p16 =
+          _mm256_sub_epi16(_mm256_maddubs_epi16(lo, qy), _mm256_maddubs_epi16(_mm256_slli_epi16(clear, 2), qy));
+      const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c]));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p16));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum_float_8(acc);
+}
+MK_QUANT_DOT_ACT_K_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ3_K = {DType::Q3_K, "q3_K", 11, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
-                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}};
 }  // namespace mk::quant

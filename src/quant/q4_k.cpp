@@ -4,8 +4,9 @@
 // qs[32 c + l], sub-block 2 c + h; value (d*sc) * q - (dmin*m).
 #include <algorithm>
 
-#include "quant/k_scales.h"
 #include "quant/avx2.h"
+#include "quant/k_act.h"
+#include "quant/k_scales.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -72,8 +73,95 @@ MK_AVX2_FN float dot_avx2_hand(const void* w, const float* x, int64_t n) {
 #undef W8
 
 MK_QUANT_DOT_HAND_AVX2(dot, kQK, kBytes, dequant_block, dot_avx2_hand)
+
+// dot_act against q8_K (k_act.h), the spec: ggml_vec_dot_q4_K_q8_K's AVX2 arithmetic. The mins go
+// into 4 lanes of their own: lane l = m[2l] * (bsums[4l] + bsums[4l+1]) + m[2l+1] * (bsums[4l+2] +
+// bsums[4l+3]) (the sums over sub-blocks 2l and 2l+1), acc_m[l] = fma(-d_x * dmin, lane, acc_m[l]),
+// added after hsum_float_8 as (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]).
+[[gnu::always_inline]] inline float dot_act_spec(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  float acc[8] = {}, acc_m[4] = {};
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float dy = q8k_d(y);
+    const float d = dy * ld_f16(p), dmin = -dy * ld_f16(p + 2);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) get_scale_min_k4(j, p + 4, &sc[j], &m[j]);
+    for (int l = 0; l < 4; ++l) {
+      const int32_t s0 = q8k_bsum(y, 4 * l) + q8k_bsum(y, 4 * l + 1), s1 = q8k_bsum(y, 4 * l + 2) + q8k_bsum(y, 4 * l + 3);
+      acc_m[l] = std::fma(dmin, static_cast<float>(m[2 * l] * s0 + m[2 * l + 1] * s1), acc_m[l]);
+    }
+    int8_t q[256];
+    int32_t sc16[16], sumi[8];
+    for (int c = 0; c < 4; ++c)  // element 64 c + 32 h + l
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 32; ++l) q[64 * c + 32 * h + l] = static_cast<int8_t>((p[16 + 32 * c + l] >> (4 * h)) & 0x0f);
+    for (int g = 0; g < 16; ++g) sc16[g] = sc[g / 2];
+    k_lanes(q, sc16, y, sumi);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(sumi[l]), acc[l]);
+  }
+  return hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
+}
+
+MK_AVX2_FN inline void unpack_avx2(const uint8_t* p, K4Block& k) {
+  k4_scales(p + 4, k);
+  for (int c = 0; c < 4; ++c) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * c));
+    k.q[2 * c] = _mm256_and_si256(bits, _mm256_set1_epi8(0x0f));
+    k.q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), _mm256_set1_epi8(0x0f));
+  }
+}
+MK_AVX2_FN inline float finish(__m256 acc, __m128 acc_m) {
+  acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+  acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+  return hsum_float_8(acc) + _mm_cvtss_f32(acc_m);
+}
+
+MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  __m256 acc = _mm256_setzero_ps();
+  __m128 acc_m = _mm_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float dy = q8k_d(y);
+    const float d = dy * ld_f16c(p), dmin = -dy * ld_f16c(p + 2);
+    K4Block k;
+    unpack_avx2(p, k);
+    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_lanes(k.mins, y)), acc_m);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(k4_sumi(k, y)), acc);
+  }
+  return finish(acc, acc_m);
+}
+MK_QUANT_DOT_ACT_K_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
+
+// dot_act_avx2_hand against four activation rows, each weight block unpacked once.
+MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t n, float* out) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y[4];
+  __m256 acc[4];
+  __m128 acc_m[4];
+  for (int r = 0; r < 4; ++r) {
+    y[r] = static_cast<const uint8_t*>(xq[r]);
+    acc[r] = _mm256_setzero_ps();
+    acc_m[r] = _mm_setzero_ps();
+  }
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes) {
+    const float xd = ld_f16c(p), xdmin = ld_f16c(p + 2);
+    K4Block k;
+    unpack_avx2(p, k);
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* yb = y[r] + b * kQ8KBytes;
+      const float dy = q8k_d(yb);
+      acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(-dy * xdmin), _mm_cvtepi32_ps(k4_mins_lanes(k.mins, yb)), acc_m[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dy * xd), _mm256_cvtepi32_ps(k4_sumi(k, yb)), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = finish(acc[r], acc_m[r]);
+}
+MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ4_K = {DType::Q4_K, "q4_K", 12, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
-                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}, dot_act4};
 }  // namespace mk::quant

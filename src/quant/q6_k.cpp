@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "quant/avx2.h"
+#include "quant/k_act.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -104,8 +105,94 @@ MK_AVX2_FN float dot_avx2_hand(const void* w, const float* x, int64_t n) {
 #undef W8
 
 MK_QUANT_DOT_HAND_AVX2(dot, kQK, kBytes, dequant_block, dot_avx2_hand)
+
+// dot_act against q8_K (k_act.h), the spec: ggml_vec_dot_q6_K_q8_K's AVX2 arithmetic (no minimum).
+[[gnu::always_inline]] inline float dot_act_spec(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  float acc[8] = {};
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float d = q8k_d(y) * ld_f16(p + 208);
+    int8_t q[256];
+    int32_t sc16[16], sumi[8];
+    for (int nb = 0; nb < 2; ++nb)  // element 128 nb + 32 g + l
+      for (int g = 0; g < 4; ++g)
+        for (int l = 0; l < 32; ++l) {
+          const int lo = (p[64 * nb + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0f;
+          q[128 * nb + 32 * g + l] = static_cast<int8_t>((lo | (((p[128 + 32 * nb + l] >> (2 * g)) & 3) << 4)) - 32);
+        }
+    for (int g = 0; g < 16; ++g) sc16[g] = static_cast<int8_t>(p[192 + g]);
+    k_lanes(q, sc16, y, sumi);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(sumi[l]), acc[l]);
+  }
+  return hsum8(acc);
+}
+
+// Chunk c (elements 32 c .. 32 c + 31) of a block: the 6-bit integers (unsigned bytes) and the scales
+// of its two groups of 16 as 16 x i16.
+MK_AVX2_FN inline void chunk_avx2(const uint8_t* p, int c, __m256i& q, __m256i& sc) {
+  const int nb = c / 4, g = c % 4;
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * nb + 32 * (g % 2)));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * nb));
+  const __m256i l4 = _mm256_and_si256(g >= 2 ? _mm256_srli_epi16(lo, 4) : lo, _mm256_set1_epi8(0x0f));
+  const __m256i h2 = _mm256_and_si256(_mm256_srli_epi16(hi, 2 * g), _mm256_set1_epi8(3));
+  q = _mm256_or_si256(l4, _mm256_slli_epi16(h2, 4));
+  const int8_t* s = reinterpret_cast<const int8_t*>(p + 192);
+  sc = _mm256_set_m128i(_mm_set1_epi16(s[2 * c + 1]), _mm_set1_epi16(s[2 * c]));
+}
+// sc * ((q - 32) . y) in 8 int32 lanes: maddubs(q, y) - maddubs(32, y), then madd with the scales.
+MK_AVX2_FN inline __m256i chunk_dot(__m256i q, __m256i sc, const uint8_t* qy) {
+  const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qy));
+  const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(_mm256_set1_epi8(32), y));
+  return _mm256_madd_epi16(sc, p16);
+}
+
+MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += kQ8KBytes) {
+    const float d = q8k_d(y) * ld_f16c(p + 208);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      __m256i q, sc;
+      chunk_avx2(p, c, q, sc);
+      sumi = _mm256_add_epi32(sumi, chunk_dot(q, sc, y + kQ8KQs + 32 * c));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum_float_8(acc);
+}
+MK_QUANT_DOT_ACT_K_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
+
+// dot_act_avx2_hand against four activation rows, each weight chunk unpacked once.
+MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t n, float* out) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y[4];
+  __m256 acc[4];
+  for (int r = 0; r < 4; ++r) {
+    y[r] = static_cast<const uint8_t*>(xq[r]);
+    acc[r] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes) {
+    __m256i sumi[4];
+    for (int r = 0; r < 4; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      __m256i q, sc;
+      chunk_avx2(p, c, q, sc);
+      for (int r = 0; r < 4; ++r)
+        sumi[r] = _mm256_add_epi32(sumi[r], chunk_dot(q, sc, y[r] + b * kQ8KBytes + kQ8KQs + 32 * c));
+    }
+    const float xd = ld_f16c(p + 208);
+    for (int r = 0; r < 4; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q8k_d(y[r] + b * kQ8KBytes) * xd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]);
+}
+MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ6_K = {DType::Q6_K, "q6_K", 14, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
-                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale};
+                                quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}, dot_act4};
 }  // namespace mk::quant

@@ -43,16 +43,22 @@ namespace mk::quant {
 // dotting it with quantized weights (ggml-common.h; the weight type's `vec_dot_type` in ggml-cpu.c):
 //   q8_0  32 elements in 34 bytes: d:f16@0 qs:i8[32]@2                       (q4_0, q5_0, q8_0 weights)
 //   q8_1  32 elements in 36 bytes: d:f16@0 s:f16@2 qs:i8[32]@4, s = d*sum(qs) (q4_1, q5_1 weights)
+//   q8_K 256 elements in 292 bytes: d:f32@0 qs:i8[256]@4 bsums:i16[16]@260,       (q2_K .. q6_K)
+//        bsums[j] = sum(qs[16 j .. 16 j + 15])
 // quantize_row computes what ggml's x86 `quantize_row_q8_0` / `quantize_row_q8_1` (AVX2) compute:
-// amax over the block, d = amax / 127 (stored as f16), q = round-to-nearest-even(x * (127 / amax)).
+// amax over the block, d = amax / 127 (stored as f16), q = round-to-nearest-even(x * (127 / amax));
+// for q8_K what `quantize_row_q8_K_ref` computes: max = the signed element of largest magnitude,
+// iscale = -127 / max, q = min(127, round-to-nearest-even(iscale * x)), d = 1 / iscale (f32; a zero
+// block has d = 0, q = 0, bsums = 0). Output bytes equal ggml's (tests/data/quant/gen_q8k_fixtures.py).
 struct ActQuant {
-  std::string_view name;  // "q8_0", "q8_1"
+  std::string_view name;  // "q8_0", "q8_1", "q8_K"
   int64_t block_size;     // elements per block
   int64_t block_bytes;    // bytes per block
   void (*quantize_row)(const float* x, void* dst, int64_t n);  // n a whole number of blocks
 };
 const ActQuant& act_q8_0();
 const ActQuant& act_q8_1();
+const ActQuant& act_q8_K();
 
 struct QuantType {
   DType dtype;
@@ -80,18 +86,21 @@ struct QuantType {
   // infinite, or -1 when all are finite.
   int64_t (*find_bad_scale)(const void* src, int64_t n_blocks);
   // Activation quantization (llama.cpp's arithmetic): `act` is the block type the activation row is
-  // quantized to (nullptr: this type has no such dot, activations stay float32) and dot_act the dot
-  // of n weights against n quantized activations xq. Per 32-element block, integer products summed
-  // in 8 int32 lanes (lane l = elements 4l..4l+3), each lane acc[l] = fma(d_w * d_x, float(sum), acc[l]);
-  // the lanes combined as ggml's hsum_float_8 ((l, l + 4), (l, l + 2), (l, l + 1)), plus, for the
-  // types with a minimum, sum over blocks of fma(m_w, s_x, .): the bits of ggml's AVX2
-  // ggml_vec_dot_*_q8_* (arch/x86/quants.c). All variants give the same bits.
+  // quantized to (q8_0 / q8_1 for q4_0 .. q8_0, q8_K for the K-quants; nullptr: activations stay
+  // float32) and dot_act the dot of n weights against n quantized activations xq. Per 32-element
+  // block, integer products summed in 8 int32 lanes (lane l = elements 4l..4l+3), each lane
+  // acc[l] = fma(d_w * d_x, float(sum), acc[l]); the lanes combined as ggml's hsum_float_8 ((l, l + 4),
+  // (l, l + 2), (l, l + 1)), plus, for the types with a minimum, sum over blocks of fma(m_w, s_x, .):
+  // the bits of ggml's AVX2 ggml_vec_dot_*_q8_* (arch/x86/quants.c). The K-quants do the same per
+  // 256-element super-block with the sub-block scales inside the integer lanes and the minimum via
+  // q8_K's bsums (k_act.h): the bits of ggml_vec_dot_qN_K_q8_K. All variants give the same bits.
   const ActQuant* act = nullptr;
   float (*dot_act)(const void* w, const void* xq, int64_t n) = nullptr;
   float (*dot_act_variants[3])(const void* w, const void* xq, int64_t n) = {};
   // dot_act of one weight row against four activation rows xq[0..3] (out[r]; the same bits as four
   // dot_act calls), unpacking each weight block once: for prefill. nullptr where not written (q4_0,
-  // q4_1, q8_0 have it); the AVX2 kernel on AVX2/AVX-512 machines, else four dot_act calls.
+  // q4_1, q8_0, q4_K, q5_K, q6_K have it); the AVX2 kernel on AVX2/AVX-512 machines, else four
+  // dot_act calls.
   void (*dot_act4)(const void* w, const void* const* xq, int64_t n, float* out) = nullptr;
 };
 

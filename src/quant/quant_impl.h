@@ -9,7 +9,7 @@
 #include "quant/quant.h"
 
 namespace mk::quant {
-extern const ActQuant kQ8_0Act, kQ8_1Act;  // act.cpp
+extern const ActQuant kQ8_0Act, kQ8_1Act, kQ8_KAct;  // act.cpp
 }
 
 namespace mk::quant::detail {
@@ -82,6 +82,7 @@ using Isa = DotIsa;
 Isa runtime_isa();  // quant.cpp: from __builtin_cpu_supports
 // act.cpp: the scalar q8_0 / q8_1 activation quantizer (tests compare it with the AVX2 one).
 void act_quantize_generic(bool q8_1, const float* x, void* dst, int64_t n);
+void act_quantize_q8_K_generic(const float* x, void* dst, int64_t n);  // the scalar q8_K quantizer
 
 // Defines NAME_generic, NAME_avx2, NAME_avx512 (builds of dot_blocks for the build target and with
 // target attributes) and `float NAME(const void*, const float*, int64_t)`, which picks one once.

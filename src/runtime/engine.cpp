@@ -139,17 +139,24 @@ Engine::Engine(Backend& backend, const Tokenizer* tokenizer, EngineOptions optio
 
 Engine::~Engine() { shutdown(true); }
 
+namespace {
+template <typename... A>
+[[noreturn]] void invalid(std::string param, fmt::format_string<A...> f, A&&... a) {
+  throw RequestInvalid(fmt::format(f, std::forward<A>(a)...), std::move(param));
+}
+}  // namespace
+
 std::shared_ptr<Request> Engine::submit(RequestParams p) {
   const int64_t n_prompt = static_cast<int64_t>(p.prompt_ids.size());
-  if (n_prompt == 0) fail("the prompt is empty (no tokens)");
+  if (n_prompt == 0) invalid("prompt", "the prompt is empty (no tokens)");
   for (int32_t t : p.prompt_ids)
-    if (t < 0 || t >= n_vocab_) fail("prompt token id {} is outside the vocabulary [0, {})", t, n_vocab_);
+    if (t < 0 || t >= n_vocab_) invalid("prompt", "prompt token id {} is outside the vocabulary [0, {})", t, n_vocab_);
   if (n_prompt >= o_.n_ctx)
-    fail("the prompt is {} tokens but the context is {} tokens (the prompt and at least one generated token must fit)",
+    invalid("prompt", "the prompt is {} tokens but the context is {} tokens (the prompt and at least one generated token must fit)",
          n_prompt, o_.n_ctx);
-  if (p.max_tokens == 0 || p.max_tokens < -1) fail("max_tokens must be at least 1, got {}", p.max_tokens);
+  if (p.max_tokens == 0 || p.max_tokens < -1) invalid("max_tokens", "max_tokens must be at least 1, got {}", p.max_tokens);
   if (p.max_tokens > o_.n_ctx - n_prompt)
-    fail("the context is {} tokens, but {} in the prompt + {} max_tokens do not fit; lower max_tokens", o_.n_ctx,
+    invalid("max_tokens", "the context is {} tokens, but {} in the prompt + {} max_tokens do not fit; lower max_tokens", o_.n_ctx,
          n_prompt, p.max_tokens);
   auto seq = std::make_unique<Seq>(std::move(p));  // Sampler checks temperature/top_k/top_p
   seq->n_prompt = n_prompt;
@@ -157,7 +164,7 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   // Reserve blocks for every row the sequence can write: the prompt and all but the last token.
   int64_t need = blocks_.blocks_for(n_prompt + std::max<int64_t>(seq->max_tokens - 1, 0));
   if (need > blocks_.n_blocks())
-    fail("the request needs {} KV blocks ({} tokens) but the pool has {}; lower max_tokens or raise --kv-tokens", need,
+    invalid("max_tokens", "the request needs {} KV blocks ({} tokens) but the pool has {}; lower max_tokens or raise --kv-tokens", need,
          need * blocks_.block_size(), blocks_.n_blocks());
   seq->tokens = seq->params.prompt_ids;
   seq->req = std::make_shared<Request>();

@@ -92,6 +92,14 @@ class EngineBusy : public Error {
   bool shutting_down;
 };
 
+// submit() refusing a request because of one of its fields: `param` names it as the OpenAI API does
+// ("prompt", "max_tokens").
+class RequestInvalid : public Error {
+ public:
+  RequestInvalid(const std::string& what, std::string param) : Error(what), param(std::move(param)) {}
+  std::string param;
+};
+
 // Prometheus-style histogram: counts per upper bound (seconds), plus +Inf, sum and count.
 struct Histogram {
   std::vector<double> bounds;

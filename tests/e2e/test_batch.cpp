@@ -3,7 +3,8 @@
 // Every sequence's logits must equal those of the sequence run alone through the one-sequence path
 // (forward(tokens, n_past)), on every backend: reference, cpu (dynamic and static-cp schedules, 1
 // and 3 workers; 4 attention splits) and cuda-emu (the default; 7 attention splits), for
-// stories260K (MHA) and an HF Llama fixture with GQA. Malformed batches are errors naming the problem.
+// stories260K (MHA), an HF Llama fixture with GQA and a tiny Gemma 3 (sliding-window attention,
+// tests/data/gemma3). Malformed batches are errors naming the problem.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -146,6 +147,10 @@ class E2EBatch : public ::testing::TestWithParam<BackendCase> {};
 
 TEST_P(E2EBatch, StoriesRaggedBatchEqualsEachSequenceAlone) { check_batched(kStories, GetParam()); }
 TEST_P(E2EBatch, LlamaGqaRaggedBatchEqualsEachSequenceAlone) { check_batched(kLlamaGqa, GetParam()); }
+// Gemma 3 with a sliding window of 8 on five of its six layers: sequences of 21 and 25 positions cross it.
+TEST_P(E2EBatch, Gemma3SlidingWindowRaggedBatchEqualsEachSequenceAlone) {
+  check_batched(std::string(MK_SOURCE_DIR) + "/tests/data/gemma3/gemma3-tiny.f32.gguf", GetParam());
+}
 
 INSTANTIATE_TEST_SUITE_P(Backends, E2EBatch,
                          ::testing::Values(BackendCase{"reference", "dynamic", 1}, BackendCase{"cpu", "dynamic", 1},

@@ -11,19 +11,11 @@
 
 #include "runtime/chat.h"
 #include "runtime/session.h"
+#include "support/cli.h"
+
+using mk::test::run_cli;
 
 namespace {
-
-std::string run_cli(const std::string& args, int* status) {
-  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  *status = WEXITSTATUS(pclose(p));
-  return out;
-}
 
 const std::string kDir = std::string(MK_SHARED_DIR) + "/fixtures/hf/qwen2_bias_float32";
 const std::string kTemplate = std::string(MK_SOURCE_DIR) + "/tests/chat/templates/chatml.jinja";
@@ -70,11 +62,7 @@ TEST(E2EChatCli, InteractiveChatKeepsTheConversation) {
   int status = 0;
   const std::string cmd = "printf 'Hello\\nAgain\\n/exit\\nignored\\n' | " + std::string(MK_CLI_PATH) +
                           " chat --temp 0 -n 2 -m " + kDir + " --chat-template-file " + kTemplate + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) out.append(buf.data(), n);
-  status = WEXITSTATUS(pclose(p));
+  const std::string out = mk::test::run_shell(cmd, &status);
   ASSERT_EQ(status, 0) << out;
   // Two prompts answered ("> " before each turn and once more before /exit).
   size_t prompts = 0;

@@ -9,19 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "support/compare.h"
+#include "support/cli.h"
+
+using mk::test::run_cli;
 
 namespace {
-
-std::string run_cli(const std::string& args, int* status) {
-  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  *status = WEXITSTATUS(pclose(p));
-  return out;
-}
 
 TEST(E2EHfCli, LogitsMatchTransformersOnEveryFixture) {
   const std::string root = std::string(MK_SHARED_DIR) + "/fixtures/hf/";

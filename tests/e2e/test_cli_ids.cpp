@@ -12,26 +12,14 @@
 #include "model/synth.h"
 #include "passes/pass.h"
 #include "runtime/session.h"
+#include "support/cli.h"
 
 namespace {
 
 // Runs the CLI; stdout only (stderr goes to *err when given, else is dropped).
 std::string cli(const std::string& args, int* status, std::string* err = nullptr) {
-  const std::string err_path = ::testing::TempDir() + "mk_cli_ids_err.txt";
-  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>" + err_path;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  *status = WEXITSTATUS(pclose(p));
-  if (err) {
-    std::ifstream e(err_path);
-    std::stringstream ss;
-    ss << e.rdbuf();
-    *err = ss.str();
-  }
-  return out;
+  if (err) return mk::test::run_cli(args, status, err);
+  return mk::test::run_shell(std::string(MK_CLI_PATH) + " " + args + " 2>/dev/null", status);
 }
 
 std::string join(const std::vector<int>& ids) {

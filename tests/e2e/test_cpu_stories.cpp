@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/session.h"
+#include "support/cli.h"
 
 using namespace mk;
 
@@ -16,11 +17,7 @@ namespace {
 
 const std::string kDir = std::string(MK_SHARED_DIR) + "/models/stories260K/";
 
-nlohmann::json cases() {
-  std::ifstream f(kDir + "reference_greedy.json");
-  EXPECT_TRUE(f.good()) << "missing " << kDir << "reference_greedy.json";
-  return nlohmann::json::parse(f);
-}
+nlohmann::json cases() { return mk::test::stories_reference(); }
 
 void check(const std::string& model, int threads, const std::string& schedule) {
   SessionOptions so;
@@ -71,28 +68,15 @@ TEST(E2ECpuCli, RunDefaultsToCpuAndMatchesReference) {
   int n = static_cast<int>(c["generated_ids"].size());
   std::string cmd = std::string(MK_CLI_PATH) + " run --json --temp 0 --threads 3 --schedule static-cp -m " + kDir +
                     "stories260K.bin -n " + std::to_string(n) + " -p '" + c["prompt"].get<std::string>() + "' 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), got);
+  int status = 0;
+  const std::string out = mk::test::run_shell(cmd, &status);
+  ASSERT_EQ(status, 0) << out;
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["backend"], "cpu");
   EXPECT_EQ(j["generated_ids"], c["generated_ids"]);
 }
 
-namespace {
-std::string run_cli(const std::string& args, int* status) {
-  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), got);
-  *status = WEXITSTATUS(pclose(p.release()));
-  return out;
-}
-}  // namespace
+using mk::test::run_cli;
 
 TEST(E2ECpuCli, CompileEmitsProgramAndIr) {
   int st = 0;

@@ -11,22 +11,14 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "support/errors.h"
+#include "support/cli.h"
+
+using mk::test::run_cli;
 
 namespace mk {
 namespace {
 
 const std::string kBugs = std::string(MK_SHARED_DIR) + "/fixtures/bugs/";
-
-std::string run_cli(const std::string& args, int* status) {
-  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  *status = WEXITSTATUS(pclose(p));
-  return out;
-}
 
 std::string generate_error(const std::string& dir, const std::string& backend, float temperature) {
   SessionOptions so;

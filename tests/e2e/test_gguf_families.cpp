@@ -4,6 +4,7 @@
 // that transformers computed (reference.json). Phi-3 keeps its fused attn_qkv and ffn_up ([gate; up]).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <unistd.h>
 #include <filesystem>
@@ -56,8 +57,44 @@ std::vector<float> f32_values(const WeightTensor& t) {
   return v;
 }
 
-// HF fixture directory -> GGUF bytes of architecture `arch`.
-std::string convert(const std::string& dir, const std::string& arch) {
+// llama.cpp's convert_hf_to_gguf.py LlamaModel.permute: the q/k rows of each head reordered from
+// transformers' rotate_half layout (pair i = rows i and i + head_dim/2) to adjacent pairs (2i, 2i + 1).
+std::vector<float> permute_qk(const std::vector<float>& w, int64_t rows, int64_t cols, int64_t head_dim) {
+  std::vector<float> out(w.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t h = r / head_dim, i = (r % head_dim) / 2, j = r % 2;
+    const int64_t src = h * head_dim + j * (head_dim / 2) + i;
+    std::copy_n(w.begin() + src * cols, cols, out.begin() + r * cols);
+  }
+  return out;
+}
+
+// LlamaModel.generate_extra_tensors: Llama 3 RoPE scaling as rope_freqs.weight, one factor per
+// rotated pair (computed in float32 there, as here).
+std::vector<float> llama3_rope_factors(const HfRope& r, int64_t dim) {
+  std::vector<float> f;
+  const double lo_wavelen = static_cast<double>(r.original_max_position_embeddings) / r.low_freq_factor;
+  const double hi_wavelen = static_cast<double>(r.original_max_position_embeddings) / r.high_freq_factor;
+  for (int64_t i = 0; i < dim; i += 2) {
+    const float freq = 1.0f / std::pow(static_cast<float>(r.theta), static_cast<float>(i) / static_cast<float>(dim));
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < hi_wavelen) {
+      f.push_back(1.0f);
+    } else if (wavelen > lo_wavelen) {
+      f.push_back(static_cast<float>(r.factor));
+    } else {
+      const double smooth = (static_cast<double>(r.original_max_position_embeddings) / wavelen - r.low_freq_factor) /
+                            (r.high_freq_factor - r.low_freq_factor);
+      f.push_back(static_cast<float>(1 / ((1 - smooth) / r.factor + smooth)));
+    }
+  }
+  return f;
+}
+
+// HF fixture directory -> GGUF bytes of architecture `arch`. For "llama", q/k are permuted as
+// llama.cpp's converter does, and a llama3 rope scaling becomes rope_freqs.weight unless
+// `drop_rope_freqs`.
+std::string convert(const std::string& dir, const std::string& arch, bool drop_rope_freqs = false) {
   const ModelFile hf = load_hf_dir(dir);
   const Hparams hp = read_hf_hparams(hf);
   const auto& c = hf_config(hf);
@@ -102,8 +139,14 @@ std::string convert(const std::string& dir, const std::string& arch) {
     std::vector<float> v = f32_values(*t);
     if (arch == "gemma" && name.ends_with("norm.weight"))
       for (float& x : v) x += 1.0f;
+    if (arch == "llama" && (name.ends_with(".attn_q.weight") || name.ends_with(".attn_k.weight")))
+      v = permute_qk(v, t->shape[0], t->shape[1], hp.head_dim);
     w.tensor(name, t->shape, v);
     ++n;
+  }
+  if (const HfRope r = read_hf_rope(c); arch == "llama" && r.type == "llama3" && !drop_rope_freqs) {
+    const std::vector<float> f = llama3_rope_factors(r, hp.head_dim);
+    w.tensor("rope_freqs.weight", {static_cast<int64_t>(f.size())}, f);
   }
   EXPECT_GE(n, (arch == "phi3" ? 6 : 9) * static_cast<int>(hp.n_layer));
   return w.bytes();
@@ -133,6 +176,56 @@ TEST(E2EGgufFamilies, ConvertedHfFixturesMatchTransformers) {
     const std::vector<float> last(logits.end() - s.hparams.n_vocab, logits.end());
     EXPECT_LT(test::rel_l2(last, ref["logits_last"].get<std::vector<double>>()), 1e-4) << fixture;
   }
+  std::filesystem::remove_all(tmp);
+}
+
+// Llama 3.1-style RoPE scaling reaches GGUF files as rope_freqs.weight (llama.cpp's converter
+// writes no scaling keys for it): the frequencies divided by those factors give transformers'
+// logits; the same file without the tensor does not.
+TEST(E2EGgufFamilies, Llama3RopeFreqsMatchTransformers) {
+  const std::string dir = std::string(MK_SHARED_DIR) + "/fixtures/hf/llama3_scaled_tied_float32";
+  const auto tmp = std::filesystem::temp_directory_path() / ("mk_gguf_rope_freqs_" + std::to_string(getpid()));
+  std::filesystem::create_directories(tmp);
+  std::ifstream in(dir + "/reference.json");
+  const auto ref = nlohmann::json::parse(in);
+  const auto ids = ref["prompt_ids"].get<std::vector<int32_t>>();
+  const auto want = ref["logits_last"].get<std::vector<double>>();
+  double err[2] = {0, 0};
+  for (int drop = 0; drop < 2; ++drop) {
+    const std::string path = (tmp / (drop ? "plain.gguf" : "llama3.gguf")).string();
+    std::ofstream(path, std::ios::binary) << convert(dir, "llama", drop == 1);
+    for (const char* backend : {"reference", "cpu"}) {
+      SessionOptions so;
+      so.model_path = path;
+      so.backend = backend;
+      so.need_tokenizer = false;
+      Session s(so);
+      EXPECT_EQ(s.model.find("rope_freqs.weight") != nullptr, drop == 0);
+      const std::vector<float> logits = s.eval(ids);
+      const std::vector<float> last(logits.end() - s.hparams.n_vocab, logits.end());
+      err[drop] = std::max(err[drop], test::rel_l2(last, want));
+    }
+  }
+  EXPECT_LT(err[0], 1e-4);
+  EXPECT_GT(err[1], 1e-2);  // measured 0.4: the factors matter at these positions
+  // Over 200 positions too, the GGUF with rope_freqs equals the HF directory (llama3 rope_parameters)
+  // and the GGUF without it does not.
+  std::vector<int32_t> long_ids;
+  for (int32_t i = 0; i < 200; ++i) long_ids.push_back((i * 37 + 11) % 512);
+  auto last_logits = [&](const std::string& path) {
+    SessionOptions so;
+    so.model_path = path;
+    so.backend = "cpu";
+    so.need_tokenizer = false;
+    so.n_ctx = 256;
+    Session s(so);
+    const std::vector<float> l = s.eval(long_ids);
+    return std::vector<float>(l.end() - s.hparams.n_vocab, l.end());
+  };
+  const std::vector<float> hf = last_logits(dir);
+  EXPECT_LT(test::rel_l2(last_logits((tmp / "llama3.gguf").string()), hf), 1e-5);
+  EXPECT_GT(test::rel_l2(last_logits((tmp / "plain.gguf").string()), hf), 1e-2);
+  RecordProperty("short_prompt_err_without_rope_freqs", std::to_string(err[1]));
   std::filesystem::remove_all(tmp);
 }
 

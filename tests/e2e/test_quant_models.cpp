@@ -28,7 +28,7 @@ std::vector<float> logits(const ModelFile& m, const std::string& backend, const 
 ModelFile synth_256() { return test::synth_256("quant-e2e", 64); }
 
 // Quantized vs f32 logits (rel. L2) within `bound` (float32 activations and KV, and with llama.cpp's
-// numerics: 8-bit activations for q4_0..q8_0 weights, f16 KV), and cpu vs reference within 1e-5.
+// numerics: 8-bit activations (q8_0/q8_1, q8_K for the K-quants), f16 KV), and cpu vs reference within 1e-5.
 void check(const ModelFile& f32, const ModelFile& q, double bound, const std::string& what) {
   const auto want = logits(f32, "cpu", "off");
   const auto cpu = logits(q, "cpu", "off");

@@ -14,6 +14,9 @@
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 #include "runtime/chat.h"
+#include "support/cli.h"
+
+using mk::test::run_cli;
 
 namespace mk {
 namespace {
@@ -25,11 +28,7 @@ std::string smollm2_path() {
   return cache + "/megakernel/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  return nlohmann::json::parse(in);
-}
+using mk::test::read_json;
 
 #define MK_NEED_SMOLLM2()                                                                                  \
   if (!std::filesystem::exists(smollm2_path()))                                                            \
@@ -57,17 +56,6 @@ TEST(E2ESmolLM2, PromptIdsAndRenderedChatMatchLlamaCpp) {
     // The reference's generated text decodes from its ids (a final <|im_end|> decodes to nothing).
     EXPECT_EQ(tok->decode(c["generated_ids"].get<std::vector<int32_t>>()), c["text"].get<std::string>());
   }
-}
-
-std::string run_cli(const std::string& args, int* status) {
-  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  *status = WEXITSTATUS(pclose(p));
-  return out;
 }
 
 TEST(E2ESmolLM2, TokenizeCommandMatchesLlamaCpp) {

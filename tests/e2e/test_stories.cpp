@@ -9,6 +9,7 @@
 
 #include "runtime/session.h"
 #include "support/error.h"
+#include "support/cli.h"
 
 using namespace mk;
 
@@ -16,25 +17,16 @@ namespace {
 
 const std::string kDir = std::string(MK_SHARED_DIR) + "/models/stories260K/";
 
-nlohmann::json reference_cases() {
-  std::ifstream f(kDir + "reference_greedy.json");
-  EXPECT_TRUE(f.good()) << "missing " << kDir << "reference_greedy.json";
-  return nlohmann::json::parse(f);
-}
+nlohmann::json reference_cases() { return mk::test::stories_reference(); }
 
 struct CmdResult {
   int status;
   std::string out;
 };
 CmdResult run_cli(const std::string& args) {
-  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
-  int st = pclose(p.release());
-  return {WEXITSTATUS(st), out};
+  CmdResult r;
+  r.out = mk::test::run_cli(args, &r.status);
+  return r;
 }
 
 void check_reference(const std::string& model, const std::string& backend) {

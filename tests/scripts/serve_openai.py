@@ -175,8 +175,29 @@ def stories_checks():
     hc.close()
     check(chunked_status == 411 and "Content-Length" in chunked_text,
           f"a chunked body: 411 (the --max-body limit cannot be bypassed), got {chunked_status}")
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)  # no Content-Length: answered at once
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n")
+    head = sock.recv(4096).decode(errors="replace")
+    sock.close()
+    check(head.startswith("HTTP/1.1 411"), f"a POST without Content-Length: 411 at once, got {head[:40]!r}")
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+    sock.sendall(b"GARBAGE\r\n\r\n")
+    reply = b""
+    while not reply.endswith(b"}"):
+        part = sock.recv(4096)
+        if not part:
+            break
+        reply += part
+    sock.close()
+    check(reply.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in reply,
+          f"a malformed request line: 400 with a message, got {reply[-80:]!r}")
     st, _, _ = srv.raw("GET", "/v1/nothing")
     check(st == 404, "unknown endpoint: 404")
+    st, hdr, text = srv.raw("GET", "/v1/completions")
+    check(st == 405 and hdr.get("Allow") == "POST" and json.loads(text)["error"]["message"],
+          f"a known endpoint asked with the wrong method: 405 + Allow: POST, got {st} {hdr.get('Allow')}")
+    st, hdr, _ = srv.raw("POST", "/v1/models", body=b"")
+    check(st == 405 and hdr.get("Allow") == "GET", f"POST /v1/models: 405 + Allow: GET, got {st}")
     st, _, text = srv.raw("GET", "/v1/models")
     check(st == 200 and json.loads(text)["data"][0]["id"] == "stories260K", "/v1/models lists the model")
     check(srv.raw("GET", "/health")[0] == 200, "/health")
@@ -275,7 +296,7 @@ def lifecycle_checks():
 
 
 def auth_and_queue_checks():
-    srv = Server(STORIES, "--parallel", "1", "--max-queue", "0", "--api-key", "sekret")
+    srv = Server(STORIES, "--parallel", "1", "--max-queue", "0", "--api-key", "sekret", "--kv-tokens", "320")
     st, _, text = srv.raw("POST", "/v1/completions", {"prompt": "Hi"})
     check(st == 401 and "error" in json.loads(text), "--api-key: no key -> 401")
     st, _, _ = srv.raw("POST", "/v1/completions", {"prompt": "Hi"}, {"Authorization": "Bearer wrong"})
@@ -288,6 +309,10 @@ def auth_and_queue_checks():
     codes = sorted(r[0] for r in res)
     check(codes.count(200) >= 1 and codes.count(429) >= 1 and set(codes) <= {200, 429}, f"queue full -> 429 ({codes})")
     check(all("Retry-After" in r[1] for r in res if r[0] == 429), "429 carries Retry-After")
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 400}, good)
+    err = json.loads(text)["error"] if st == 400 else {}
+    check(st == 400 and err.get("param") == "max_tokens" and "--kv-tokens" in err.get("message", ""),
+          f"a request larger than the whole KV pool: 400 naming max_tokens, got {st} {err}")
     st, _, text = srv.raw("GET", "/metrics", headers=good)
     check(st == 200 and "megakernel_kv_blocks_used 0" in text, "metrics with the key: 0 KV blocks used")
     check(srv.stop() == 0, "SIGTERM when idle: exit code 0")

@@ -93,7 +93,8 @@ TEST(GgufKeys, EveryArchKeyIsHonouredOrRefusedByName) {
                   "disagree"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.rope.scaling.type"] = "linear"; }),
                   "llama.rope.scaling.factor is missing"));
-  EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.rope.scaling.attn_factor"] = 0.5; }), "attn_factor"));
+  EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.rope.scaling.attn_factor"] = -0.5; }),
+                  "llama.rope.scaling.attn_factor = -0.5 must be a positive number"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.expert_count"] = 8u; }), "mixture of experts"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.attention.causal"] = false; }), "non-causal"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.logit_scale"] = 0.5; }), "llama.logit_scale"));

@@ -26,6 +26,7 @@
 #include "support/error.h"
 #include "support/json.h"
 #include "support/mmap.h"
+#include "support/cli.h"
 
 namespace mk {
 namespace {
@@ -332,12 +333,8 @@ TEST(FuzzFindings, CliOnCopiedFixtures) {
     for (const auto& e : fs::directory_iterator(kShared + "/fixtures/fuzz/" + c.folder))
       fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
     const std::string cmd = "timeout 20 " + std::string(MK_CLI_PATH) + " " + c.args + " -m " + dir.string() + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    const int status = WEXITSTATUS(pclose(p));
+    int status = 0;
+    const std::string out = mk::test::run_shell(cmd, &status);
     EXPECT_EQ(status, 1) << c.folder << ": " << out;
     EXPECT_EQ(out.rfind("error: ", 0), 0u) << c.folder << ": " << out;
     EXPECT_NE(out.find(c.expect), std::string::npos) << c.folder << ": " << out;

@@ -14,6 +14,7 @@
 #include "quant/quant.h"
 #include "support/errors.h"
 #include "support/gguf_write.h"
+#include "support/cli.h"
 
 using namespace mk;
 
@@ -192,13 +193,10 @@ TEST(GgufQuantCli, InfoShowsBytesPerType) {
                                  {"blk.0.ffn_down.weight", DType::Q6_K, {16, 256}}});
   const std::string path = (std::filesystem::temp_directory_path() / "mk_quant_info.gguf").string();
   test::write_gguf(m, path);
-  const std::string cmd = std::string(MK_CLI_PATH) + " info -m " + path + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), got);
+  int status = 0;
+  const std::string out = test::run_cli("info -m " + path, &status);
   std::filesystem::remove(path);
+  EXPECT_EQ(status, 0) << out;
   // q4_K: 8*256 + 256*256 elements in (8 + 256) rows of one 144-byte block per 256.
   EXPECT_NE(out.find("q4_K  2 tensors, 67584 elements, 38016 bytes (4.50 bits per weight)"), std::string::npos) << out;
   EXPECT_NE(out.find("q6_K  1 tensors, 4096 elements, 3360 bytes (6.56 bits per weight)"), std::string::npos) << out;

@@ -1,8 +1,10 @@
 // Quantized weight types (src/quant/): the block table against ggml's, dequantization bit-exact
 // against gguf-py's gguf.quants (fixtures from tests/data/quant/gen_quant_fixtures.py), the
 // reference quantizers of q4_0..q8_0 bit-exact against gguf-py, the K-quant quantizers' round-trip
-// error, every dot variant equal to dequantize-then-dot, and each type's matmul (and quantized
-// embedding lookup) on the cpu and reference backends against an f64 product.
+// error, every dot variant equal to dequantize-then-dot, the 8-bit activation dots (q8_K bytes and
+// the K-quants' dot_act bit-exact against llama.cpp's own code, tests/data/quant/gen_q8k_fixtures.py),
+// and each type's matmul (and quantized embedding lookup) on the cpu and reference backends against
+// an f64 product.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -336,8 +338,10 @@ TEST(QuantAct, EveryVariantOfDotActIsGgmlsArithmetic) {
   int with_act = 0;
   for (const QuantType* q : quant::quant_types()) {
     SCOPED_TRACE(type_name(q));
-    if (!q->act) {
-      EXPECT_EQ(q->dot_act, nullptr);
+    ASSERT_NE(q->act, nullptr);
+    ASSERT_NE(q->dot_act, nullptr);
+    if (q->block_size == 256) {  // the K-quants against q8_K: QuantActK below
+      EXPECT_EQ(q->act, &quant::act_q8_K());
       continue;
     }
     ++with_act;
@@ -391,6 +395,184 @@ TEST(QuantAct, EveryVariantOfDotActIsGgmlsArithmetic) {
     }
   }
   EXPECT_EQ(with_act, 5);  // q4_0, q4_1, q5_0, q5_1, q8_0
+}
+
+namespace {
+
+// q8_K written from ggml-common.h block_q8_K and quantize_row_q8_K_ref: a plain model for the tests.
+struct Q8K {
+  float d;
+  int8_t qs[256];
+  int16_t bsums[16];
+};
+Q8K q8k_block(const uint8_t* p) {
+  Q8K b;
+  std::memcpy(&b.d, p, 4);
+  std::memcpy(b.qs, p + 4, 256);
+  std::memcpy(b.bsums, p + 260, 32);
+  return b;
+}
+
+bool same_bits(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, 4);
+  std::memcpy(&ub, &b, 4);
+  return ua == ub;
+}
+
+}  // namespace
+
+TEST(QuantActK, Q8KBytesEqualGgmlsQuantizer) {
+  const quant::ActQuant& a = quant::act_q8_K();
+  EXPECT_EQ(a.name, "q8_K");
+  EXPECT_EQ(a.block_size, 256);
+  EXPECT_EQ(a.block_bytes, 292);
+  // ggml's own quantize_row_q8_K on 4 rows (tests/data/quant/gen_q8k_fixtures.py): normal values, a
+  // zero block, ties at scale 1, a huge block, uniform and tiny values.
+  const auto x = as_floats(read_bin("q8_K.in.bin"));
+  const auto want = read_bin("q8_K.out.bin");
+  ASSERT_EQ(x.size(), 4u * 1536);
+  ASSERT_EQ(want.size(), 4u * 6 * 292);
+  std::vector<uint8_t> got(want.size(), 0xAA);
+  for (int r = 0; r < 4; ++r) a.quantize_row(x.data() + r * 1536, got.data() + r * 6 * 292, 1536);
+  for (size_t b = 0; b < want.size() / 292; ++b)
+    EXPECT_EQ(std::memcmp(got.data() + b * 292, want.data() + b * 292, 292), 0) << "block " << b;
+  // The plain formula on random rows with an all-zero and an extreme block: the element of largest
+  // magnitude maps to -127, d = 1 / (-127 / max), every q within half a step, bsums the sums of 16.
+  std::vector<float> y = random_weights(256 * 5, 31);
+  std::fill(y.begin() + 256, y.begin() + 512, 0.0f);
+  for (int j = 0; j < 256; ++j) y[static_cast<size_t>(512 + j)] = (j % 2 ? -3e38f : 3e38f) * (static_cast<float>(j) / 256);
+  y[1000] = -0.75f;  // block 3: a negative maximum
+  y[1100] = 0.5f, y[1090] = -0.5f;  // block 4: +-0.5 of equal magnitude, the first one (-0.5) is max
+  std::vector<uint8_t> q(5 * 292);
+  a.quantize_row(y.data(), q.data(), 256 * 5);
+  // quantize_row (AVX2 where the CPU has it) gives the scalar quantizer's bytes, here and on ggml's rows.
+  std::vector<uint8_t> scalar(q.size());
+  quant::detail::act_quantize_q8_K_generic(y.data(), scalar.data(), 256 * 5);
+  EXPECT_EQ(q, scalar);
+  EXPECT_EQ(q8k_block(q.data() + 4 * 292).qs[1090 - 1024], -127);
+  std::vector<uint8_t> row(6 * 292);
+  for (int r = 0; r < 4; ++r) {
+    quant::detail::act_quantize_q8_K_generic(x.data() + r * 1536, row.data(), 1536);
+    EXPECT_EQ(std::memcmp(row.data(), want.data() + r * 6 * 292, 6 * 292), 0) << "scalar, row " << r;
+  }
+  for (int b = 0; b < 5; ++b) {
+    SCOPED_TRACE(b);
+    const Q8K k = q8k_block(q.data() + b * 292);
+    const float* xb = y.data() + b * 256;
+    float max = 0, amax = 0;
+    for (int j = 0; j < 256; ++j)
+      if (std::fabs(xb[j]) > amax) amax = std::fabs(xb[j]), max = xb[j];
+    if (amax == 0) {
+      EXPECT_EQ(k.d, 0.0f);
+      for (int j = 0; j < 256; ++j) EXPECT_EQ(k.qs[j], 0);
+      for (int j = 0; j < 16; ++j) EXPECT_EQ(k.bsums[j], 0);
+      continue;
+    }
+    const float iscale = -127.f / max;
+    EXPECT_EQ(k.d, 1 / iscale);
+    for (int j = 0; j < 256; ++j) {
+      EXPECT_EQ(k.qs[j], std::min(127, static_cast<int>(std::nearbyint(iscale * xb[j])))) << j;
+      EXPECT_LE(std::fabs(static_cast<double>(k.d) * k.qs[j] - xb[j]), std::fabs(static_cast<double>(k.d)) * 0.5001) << j;
+      if (xb[j] == max) EXPECT_EQ(k.qs[j], -127);
+    }
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += k.qs[16 * g + j];
+      EXPECT_EQ(k.bsums[g], sum) << g;
+    }
+  }
+}
+
+TEST(QuantActK, EveryVariantOfDotActEqualsGgmlsVecDot) {
+  // ggml_vec_dot_qN_K_q8_K (AVX2 build) of two weight rows per type (6 blocks with extreme f16
+  // scales, 6 with realistic ones) against ggml's q8_K blocks of 4 activation rows: every variant,
+  // and dot_act4, gives exactly ggml's bits.
+  const auto xq = read_bin("q8_K.out.bin");
+  ASSERT_EQ(xq.size(), 4u * 6 * 292);
+  int n_types = 0;
+  for (const QuantType* q : quant::quant_types()) {
+    if (q->block_size != 256) continue;
+    SCOPED_TRACE(type_name(q));
+    ++n_types;
+    ASSERT_EQ(q->act, &quant::act_q8_K());
+    const auto want = as_floats(read_bin(type_name(q) + ".dot_q8K.bin"));
+    ASSERT_EQ(want.size(), 8u);
+    const std::vector<uint8_t> rows[2] = {read_bin(type_name(q) + ".blocks.bin"), read_bin(type_name(q) + ".wrand.bin")};
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_EQ(rows[w].size(), static_cast<size_t>(6 * q->block_bytes));
+      const void* x4[4];
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t* x = xq.data() + r * 6 * 292;
+        x4[r] = x;
+        const float e = want[static_cast<size_t>(4 * w + r)];
+        const float got = q->dot_act(rows[w].data(), x, 1536);
+        EXPECT_TRUE(same_bits(got, e)) << "row " << w << "/" << r << ": " << got << " vs ggml " << e;
+        for (int i = 0; i < 3; ++i) {
+          const auto isa = static_cast<quant::DotIsa>(i);
+          if (!quant::dot_isa_available(isa)) continue;
+          const float v = q->dot_act_variants[i](rows[w].data(), x, 1536);
+          EXPECT_TRUE(same_bits(v, e)) << quant::dot_isa_name(isa) << " row " << w << "/" << r << ": " << v << " vs " << e;
+        }
+      }
+      if (q->dot_act4) {
+        float out[4];
+        q->dot_act4(rows[w].data(), x4, 1536, out);
+        for (int r = 0; r < 4; ++r) EXPECT_TRUE(same_bits(out[r], want[static_cast<size_t>(4 * w + r)])) << "dot_act4 " << w << "/" << r;
+      }
+    }
+  }
+  EXPECT_EQ(n_types, 5);
+  EXPECT_NE(quant::quant_type(DType::Q4_K)->dot_act4, nullptr);
+  EXPECT_NE(quant::quant_type(DType::Q6_K)->dot_act4, nullptr);
+  EXPECT_NE(quant::quant_type(DType::Q5_K)->dot_act4, nullptr);
+}
+
+TEST(QuantActK, DotActWithinBudgetAndVariantsAgreeOnQuantizedRows) {
+  // Rows our quantizers make (18 super-blocks) against random activations: every variant and
+  // dot_act4 give the same bits, and the value is within rel. 1e-5 of the f64 dot of the
+  // dequantized weights and the dequantized q8_K activations (|error| over the sum of |products|).
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = 18 * 256;
+  for (const QuantType* q : quant::quant_types()) {
+    if (q->block_size != 256) continue;
+    SCOPED_TRACE(type_name(q));
+    const auto w = quantize(q, random_weights(n, 41));
+    std::vector<float> wf(static_cast<size_t>(n));
+    q->dequantize_row(w.data(), wf.data(), n);
+    std::vector<std::vector<uint8_t>> xs(4, std::vector<uint8_t>(static_cast<size_t>(n / 256 * 292)));
+    const void* x4[4];
+    for (int r = 0; r < 4; ++r) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (auto& v : x) v = nd(rng);
+      q->act->quantize_row(x.data(), xs[static_cast<size_t>(r)].data(), n);
+      x4[r] = xs[static_cast<size_t>(r)].data();
+    }
+    float out4[4];
+    if (q->dot_act4) q->dot_act4(w.data(), x4, n, out4);
+    for (int r = 0; r < 4; ++r) {
+      const float got = q->dot_act(w.data(), x4[r], n);
+      double exact = 0, mag = 0;
+      for (int64_t b = 0; b < n / 256; ++b) {
+        const Q8K k = q8k_block(static_cast<const uint8_t*>(x4[r]) + b * 292);
+        for (int j = 0; j < 256; ++j) {
+          const double p = static_cast<double>(wf[static_cast<size_t>(b * 256 + j)]) * k.d * k.qs[j];
+          exact += p;
+          mag += std::fabs(p);
+        }
+      }
+      EXPECT_LT(std::fabs(got - exact), 1e-5 * mag) << got << " vs " << exact;
+      for (int i = 0; i < 3; ++i)
+        if (quant::dot_isa_available(static_cast<quant::DotIsa>(i))) {
+          EXPECT_TRUE(same_bits(q->dot_act_variants[i](w.data(), x4[r], n), got)) << i;
+        }
+      if (q->dot_act4) {
+        EXPECT_TRUE(same_bits(out4[r], got)) << "dot_act4 row " << r;
+      }
+    }
+  }
 }
 
 TEST(QuantDot, ScaleChecksFindNonFiniteScales) {
@@ -482,10 +664,17 @@ std::vector<double> f64_product(const ModelFile& m, const std::vector<int32_t>& 
     std::vector<double> x(emb.begin() + id * K, emb.begin() + (id + 1) * K);
     std::vector<double> s_fix(static_cast<size_t>(K / 32), 0.0);  // per block: s - d_x * sum(q_x)
     if (act) {
-      std::vector<uint8_t> xq(static_cast<size_t>(K / 32 * act->block_bytes));
+      std::vector<uint8_t> xq(static_cast<size_t>(K / act->block_size * act->block_bytes));
       act->quantize_row(emb.data() + id * K, xq.data(), K);
       const bool has_s = act->block_bytes == 36;
-      for (int64_t b = 0; b < K / 32; ++b) {
+      if (act->block_size == 256)  // q8_K: d (f32) * q
+        for (int64_t b = 0; b < K / 256; ++b) {
+          const uint8_t* blk = xq.data() + b * act->block_bytes;
+          float d;
+          std::memcpy(&d, blk, 4);
+          for (int e = 0; e < 256; ++e) x[static_cast<size_t>(b * 256 + e)] = static_cast<double>(d) * static_cast<int8_t>(blk[4 + e]);
+        }
+      for (int64_t b = 0; act->block_size == 32 && b < K / 32; ++b) {
         const uint8_t* blk = xq.data() + b * act->block_bytes;
         const double d = f16_at(blk);
         int32_t sum = 0;
@@ -527,10 +716,11 @@ TEST(QuantMatmul, EveryTypeWithinBudgetOfF64OnCpuAndReference) {
         SCOPED_TRACE(type_name(q) + (glu ? " glu" : "") + (quant_emb ? " quantized embedding" : ""));
         OneMatmul t = one_matmul(quant_emb ? q->dtype : DType::F32, q->dtype, K, N, glu);
         // The reference backend and the cpu backend with float32 activations within 1e-5. The cpu
-        // backend quantizing activations to 8-bit blocks as llama.cpp (q4_0 .. q8_0): within 1e-5 of
-        // the f64 product over those blocks, and its distance to the float32-activation product
-        // printed: 0.002 .. 0.03 on these random rows, above the 1e-3 (the rounding of
-        // 8-bit activations itself, which llama.cpp has too), so bounded here at 0.05.
+        // backend quantizing activations to 8-bit blocks as llama.cpp (q8_0/q8_1 for q4_0 .. q8_0,
+        // q8_K for the K-quants): within 1e-5 of the f64 product over those blocks, and its distance
+        // to the float32-activation product printed: 0.002 .. 0.06 on these random rows, above the
+        // issue's 1e-3 (the rounding of 8-bit activations itself, which llama.cpp has too), so
+        // bounded here at 0.05 (q8_0/q8_1) and 0.1 (q8_K).
         for (const char* backend : {"cpu", "reference", "cpu-act-q8"}) {
           const bool act_q8 = std::string(backend) == "cpu-act-q8";
           if (act_q8 && !q->act) continue;
@@ -551,7 +741,8 @@ TEST(QuantMatmul, EveryTypeWithinBudgetOfF64OnCpuAndReference) {
             const auto want_q8 = f64_product(t.m, ids, K, N, glu, q->act);
             EXPECT_LT(test::rel_l2(got, want_q8), 1e-5) << backend << ", " << ids.size() << " rows";
             const double e = test::rel_l2(got, want);
-            EXPECT_LT(e, 0.05) << backend << ", " << ids.size() << " rows";
+            // q8_K's one scale per 256 elements rounds coarser than q8_0's per 32 (up to 0.06 here).
+            EXPECT_LT(e, q->act->block_size == 256 ? 0.1 : 0.05) << backend << ", " << ids.size() << " rows";
             std::printf("  %s%s%s, %zu rows: 8-bit activations rel. L2 %.4f vs float32 activations\n", q->name.data(),
                         glu ? " glu" : "", quant_emb ? " q-emb" : "", ids.size(), e);
           }

@@ -12,17 +12,14 @@
 #include "model/tokenizer.h"
 #include "model/unicode_text.h"
 #include "support/errors.h"
+#include "support/cli.h"
 
 namespace mk {
 namespace {
 
 const std::string kBugs = std::string(MK_SHARED_DIR) + "/fixtures/bugs/";
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  return nlohmann::json::parse(in);
-}
+using mk::test::read_json;
 
 TEST(TokenizerFlags, MatchHuggingFaceTokenizers) {
   const nlohmann::json expected = read_json(std::string(MK_SOURCE_DIR) + "/tests/data/tokenizer_flags_expected.json");

@@ -14,6 +14,9 @@
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 #include "support/errors.h"
+#include "support/cli.h"
+
+using mk::test::run_cli;
 
 namespace mk {
 namespace {
@@ -266,17 +269,6 @@ struct Writer {
     return s + kvs;
   }
 };
-
-std::string run_cli(const std::string& args, int* status) {
-  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t k;
-  while ((k = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), k);
-  *status = WEXITSTATUS(pclose(p));
-  return out;
-}
 
 TEST(TokenizerGgufBpe, TokenizeCommandOnAVocabOnlyFile) {
   VocabSpec spec;

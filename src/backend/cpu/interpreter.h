@@ -35,7 +35,7 @@ class Interpreter {
  public:
   // Binds the program's weights to `model` (dtype and shape checked), validates the program and
   // starts program.workers - 1 threads (the caller of step() is worker 0). Throws mk::Error on a mismatch or an invalid program.
-  // act_quant: matmuls over quantized weights whose type has an 8-bit activation block (q4_0 .. q8_0)
+  // act_quant: matmuls over quantized weights whose type has an 8-bit activation block (all ten)
   // quantize the activation rows as llama.cpp does (kernels.h WeightRef::act_q8).
   // kv_f16: K/V/query/probabilities rounded to f16 as llama.cpp's f16 KV cache (StepMemory::kv_f16).
   Interpreter(Program program, const ModelFile& model, bool trace = false, bool act_quant = false, bool kv_f16 = false);

@@ -155,8 +155,8 @@ struct Ctx {
 };
 
 // Floats reserved after a matmul tile for R activation rows of K elements quantized to 8-bit blocks
-// (at most 36 bytes per 32 elements, two block types for a GLU's gate and up weights).
-inline int64_t act_q8_floats(int64_t R, int64_t K) { return (2 * R * ((K + 31) / 32) * 36 + 3) / 4 + 16; }
+// (at most 37 bytes per 32 elements: q8_K's 292 per 256; two block types for a GLU's gate and up weights).
+inline int64_t act_q8_floats(int64_t R, int64_t K) { return (2 * R * ((K + 31) / 32) * 37 + 3) / 4 + 16; }
 
 void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int64_t K = o.k, T = in.c1 - in.c0;
@@ -300,12 +300,16 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     std::memcpy(out + (slot ? slot[r] : r) * oc + in.c0, tile + r * T, static_cast<size_t>(T) * 4);
 }
 
-// Positions row r attends to: [begin, end) of its sequence (causal: [0, positions[r]]). The one
-// place attention and attention_partial take a row's range from.
+// Positions row r attends to: [begin, end) of its sequence (causal: [0, positions[r]]; with a
+// sliding window the last o.window of them). The one place attention and attention_partial take a
+// row's range from.
 struct KvRange {
   int64_t begin, end;
 };
-KvRange attn_kv_range(const Ctx& c, int64_t r) { return {0, int64_t{c.ibuf(c.p.positions_buffer)[r]} + 1}; }
+KvRange attn_kv_range(const Ctx& c, const OpDesc& o, int64_t r) {
+  const int64_t end = int64_t{c.ibuf(c.p.positions_buffer)[r]} + 1;
+  return {o.window > 0 ? std::max<int64_t>(0, end - o.window) : 0, end};
+}
 
 // Pool rows of positions [lo, hi) of row r's sequence, through its block table: kv_row[j - lo].
 void attn_kv_rows(const Ctx& c, int64_t r, int64_t lo, int64_t hi, int32_t* kv_row) {
@@ -327,7 +331,7 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* acc = c.scratch + 2 * (c.p.n_ctx + 16);
   float* q16 = acc + hd + 16;  // the query rounded to f16 (kv_f16)
   for (int64_t r = 0; r < R; ++r) {
-    const KvRange range = attn_kv_range(c, r);
+    const KvRange range = attn_kv_range(c, o, r);
     const int64_t n_kv = range.end - range.begin;
     attn_kv_rows(c, r, range.begin, range.end, kv_row);
     for (int64_t h = in.c0 / hd; h < in.c1 / hd; ++h) {
@@ -382,7 +386,7 @@ void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
   int32_t* kv_row = reinterpret_cast<int32_t*>(c.scratch + c.p.n_ctx + 16);
   float* q16 = c.scratch + 2 * (c.p.n_ctx + 16) + hd + 16;
   for (int64_t r = 0; r < R; ++r) {
-    const KvRange range = attn_kv_range(c, r);
+    const KvRange range = attn_kv_range(c, o, r);
     int64_t lo = 0, hi = 0;
     attn_split_range(range.begin, range.end, s, S, &lo, &hi);
     const int64_t n = hi - lo;

@@ -255,6 +255,7 @@ class Generator {
         b += fmt::format("  static constexpr int HD = {}, HPG = {}, QS = {}, KS = {}, VS = {}, OS = {};\n", op.head_dim,
                          op.n_head / op.n_head_kv, stride(op.x), stride(op.y), stride(op.z), stride(op.out));
         b += fmt::format("  static constexpr double SCALE = {};\n", lit(op.scale));
+        b += fmt::format("  static constexpr int WIN = {};  // sliding window (0 = none)\n", op.window);
         if (p_.kv_block_size <= 0) fail("cuda codegen: {}: attention without a paged KV cache", op.name);
         b += fmt::format("  static constexpr int KVB = {}, MB = {};  // KV block rows, block-table columns\n", p_.kv_block_size,
                          p_.max_blocks_per_seq());

@@ -216,17 +216,21 @@ class ReferenceBackend final : public Backend {
           const float* v = in(2);
           int64_t nh = n.attr_int("n_head"), nkv = n.attr_int("n_head_kv"), hd = n.attr_int("head_dim");
           double scale = n.attr_float("scale");
+          const int64_t window = n.attr_int("window", 0);  // sliding window (0 = none)
           int64_t kv_cols = nkv * hd;
           out.assign(static_cast<size_t>(rows * cols), 0.0f);
           std::vector<double> score;
           std::vector<int64_t> kv_row;
           const int64_t B = limits_.block_size;
           for (int64_t t = 0; t < rows; ++t) {
-            // causal: row t sees positions [0, positions[t]] of its sequence, through its block table
-            int64_t n_kv = step.positions[static_cast<size_t>(t)] + 1;
+            // causal: row t sees positions [0, positions[t]] of its sequence, through its block table;
+            // with a sliding window only the last `window` of them: [positions[t] - window + 1, positions[t]]
+            const int64_t p = step.positions[static_cast<size_t>(t)];
+            const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+            int64_t n_kv = p + 1 - j0;
             const int32_t* bt = &step.block_table[static_cast<size_t>(step.row_seq[static_cast<size_t>(t)] * limits_.max_blocks_per_seq)];
             kv_row.resize(static_cast<size_t>(n_kv));
-            for (int64_t j = 0; j < n_kv; ++j) kv_row[static_cast<size_t>(j)] = bt[j / B] * B + j % B;
+            for (int64_t j = 0; j < n_kv; ++j) kv_row[static_cast<size_t>(j)] = bt[(j0 + j) / B] * B + (j0 + j) % B;
             score.resize(static_cast<size_t>(n_kv));
             for (int64_t h = 0; h < nh; ++h) {
               int64_t hk = h / (nh / nkv);

@@ -428,12 +428,12 @@ template <class C>
 __device__ __forceinline__ int mk_kv_row(const int* bt, int j) {
   return mk_ld_i32(bt + j / C::KVB) * C::KVB + j % C::KVB;
 }
-// Positions row r attends to: [*begin, *end) of its sequence (causal: [0, pos[r]]). The one place
-// the device takes a row's range from.
+// Positions row r attends to: [*begin, *end) of its sequence (causal: [0, pos[r]]; under a sliding
+// window C::WIN > 0 only the last WIN of them). The one place the device takes a row's range from.
 template <class C>
 __device__ __forceinline__ void mk_kv_range(const MkOpArgs& a, int r, int* begin, int* end) {
-  *begin = 0;
   *end = mk_ld_i32(a.pos + r) + 1;
+  *begin = C::WIN > 0 && *end > C::WIN ? *end - C::WIN : 0;
 }
 // Shared memory of mk_attend_head, in floats (codegen.cpp sizes it from the same formula).
 #define MK_ATTN_SMEM(HD) ((HD) + MK_WARPS * ((HD) + 2) + 2 * MK_WARPS * 32)
