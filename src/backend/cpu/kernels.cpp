@@ -176,8 +176,10 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* utmp = s + 4 * stride;  // 4 converted up rows
   float* tile = s + 8 * stride;  // [R, T]
   const WeightRef& W = c.w(o.w);
-  // Past the tile: quantized activation rows (up to two block types for a GLU), then RoPE's table.
-  float* after_tile = tile + R * T + act_q8_floats(R, K);
+  // Past the tile: quantized activation rows (up to two block types for a GLU), the GLU's up tile
+  // [R, T], then RoPE's table.
+  float* utile = tile + R * T + act_q8_floats(R, K);
+  float* after_tile = utile + R * T;
   bool done = false;
   if (W.act_q8 && (o.glu == Act::none || c.w(o.w_up).act_q8)) {
     // llama.cpp's arithmetic: each activation row quantized once per tile to 8-bit blocks, then
@@ -199,6 +201,15 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       if (q->dot_act4) return q->dot_act4(row, xr, K, o4);
       for (int i = 0; i < 4; ++i) o4[i] = q->dot_act(row, xr[i], K);
     };
+    if (W.quant->gemm_act && (o.glu == Act::none || U.quant->gemm_act)) {
+      // Register-blocked tiles (several weight rows x several activation rows per pass, VNNI where
+      // the CPU has it): the same bits as dot_act per element.
+      W.quant->gemm_act(W.data + static_cast<size_t>(in.c0) * W.row_bytes, W.row_bytes, T, xw, wrow, R, K, tile, T);
+      if (o.glu != Act::none) {
+        U.quant->gemm_act(U.data + static_cast<size_t>(in.c0) * U.row_bytes, U.row_bytes, T, xu, urow, R, K, utile, T);
+        for (int64_t i = 0; i < R * T; ++i) tile[i] = act(o.glu, tile[i]) * utile[i];
+      }
+    } else
     for (int64_t j = in.c0; j < in.c1; ++j) {
       const uint8_t* wr = W.data + static_cast<size_t>(j) * W.row_bytes;
       const uint8_t* ur = o.glu != Act::none ? U.data + static_cast<size_t>(j) * U.row_bytes : nullptr;
@@ -363,7 +374,7 @@ size_t scratch_floats(const Program& p) {
     int64_t n = 0;
     switch (o.opcode) {
       case Opcode::matmul:
-        n = 2 * R * o.k + 8 * (o.k + 32) + R * o.tile_cols + act_q8_floats(R, o.k) + 2 * o.n_rot + 64;
+        n = 2 * R * o.k + 8 * (o.k + 32) + 2 * R * o.tile_cols + act_q8_floats(R, o.k) + 2 * o.n_rot + 64;
         break;
       case Opcode::attention:
         n = 2 * (p.n_ctx + 16) + 2 * (o.head_dim + 16);  // scores, pool rows (i32), accumulator, f16 query
