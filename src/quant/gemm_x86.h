@@ -19,8 +19,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "quant/avx2.h"
+#include "quant/quant_impl.h"
 
 #define MK_AVXVNNI_FN __attribute__((target("avxvnni,avx2,fma,f16c,bmi2")))
 #define MK_AVX512VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,bmi2")))
@@ -103,13 +105,16 @@ MK_AVXVNNI_FN inline __m256i dpbusd256_avxvnni(__m256i acc, __m256i u, __m256i s
 MK_GEMM_TILE256(gemm_tile256_avx2, MK_AVX2_FN, false, dpbusd256_avx2)
 MK_GEMM_TILE256(gemm_tile256_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
 
-// ---- 512-bit tiles (AVX-512 VNNI): NP pairs of weight rows x NA activation rows.
+// ---- 512-bit tiles (AVX-512 VNNI): NP pairs of weight rows x NA activation rows (up to 8). The
+// activation scales come as float32 tables (dx[a][b], converted once per call), and q4_1's minimum
+// terms are left to gemm_rows512 (a separate pass, vectorised over activation rows).
 template <GemmKind K, int NP, int NA>
-MK_AVX512VNNI_FN inline void gemm_tile512(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
+MK_AVX512VNNI_FN inline void gemm_tile512(const uint8_t* const* w, const uint8_t* const* y, const float* const* dx,
+                                          int64_t nb, float* out) {
   using L = GemmLayout<K>;
-  __m512 acc[NP][NA], summs[NP][NA];
+  __m512 acc[NP][NA];
   for (int p = 0; p < NP; ++p)
-    for (int a = 0; a < NA; ++a) acc[p][a] = summs[p][a] = _mm512_setzero_ps();
+    for (int a = 0; a < NA; ++a) acc[p][a] = _mm512_setzero_ps();
   const auto unpack = [](const uint8_t* p) {
     if constexpr (K == GemmKind::q8_0)
       return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs)),
@@ -117,49 +122,102 @@ MK_AVX512VNNI_FN inline void gemm_tile512(const uint8_t* const* w, const uint8_t
     else
       return bytes_from_nibbles_32(p + L::kQs);
   };
-  // [v0 x 8 | v1 x 8]
-  const auto pair_ps = [](float v0, float v1) {
-    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(v0), 0xff00, _mm_set_ss(v1));
-  };
   for (int64_t b = 0; b < nb; ++b) {
     __m512i u[NP];
-    __m512 dw[NP], mw[NP];
+    __m512 dw[NP];
     for (int p = 0; p < NP; ++p) {
       const uint8_t* p0 = w[2 * p] + b * L::kBytes;
       const uint8_t* p1 = w[2 * p + 1] + b * L::kBytes;
       u[p] = _mm512_inserti64x4(_mm512_zextsi256_si512(unpack(p0)), unpack(p1), 1);
-      dw[p] = pair_ps(ld_f16c(p0), ld_f16c(p1));
-      if constexpr (L::kMin) mw[p] = pair_ps(ld_f16c(p0 + 2), ld_f16c(p1 + 2));
+      // [d0 x 8 | d1 x 8]: both f16 scales broadcast into one register, then converted
+      const __m256i h = _mm256_mask_set1_epi16(_mm256_set1_epi16(static_cast<short>(ld_u16(p0))), 0xff00,
+                                               static_cast<short>(ld_u16(p1)));
+      dw[p] = _mm512_cvtph_ps(h);
     }
     for (int a = 0; a < NA; ++a) {
       const uint8_t* yb = y[a] + b * L::kXBytes;
-      const __m512 dx = _mm512_set1_ps(ld_f16c(yb));
+      const __m512 dxa = _mm512_set1_ps(dx[a][b]);
       const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs)));
       __m512i base = _mm512_setzero_si512();
       if constexpr (L::kCorr != 0)
         base = _mm512_sub_epi32(base, _mm512_dpbusd_epi32(_mm512_setzero_si512(),
                                                           _mm512_set1_epi8(static_cast<char>(L::kCorr)), qy));
-      __m512 sx;
-      if constexpr (L::kMin) sx = _mm512_set1_ps(ld_f16c(yb + 2));
       for (int p = 0; p < NP; ++p) {
         const __m512i isum = _mm512_dpbusd_epi32(base, u[p], qy);
-        acc[p][a] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(isum), acc[p][a]);
-        if constexpr (L::kMin) summs[p][a] = _mm512_fmadd_ps(mw[p], sx, summs[p][a]);
+        acc[p][a] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dxa), _mm512_cvtepi32_ps(isum), acc[p][a]);
       }
     }
   }
   for (int p = 0; p < NP; ++p)
     for (int a = 0; a < NA; ++a) {
       const __m256 lo = _mm512_castps512_ps256(acc[p][a]);
-      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][a]), 1));
-      float r0 = hsum_float_8(lo), r1 = hsum_float_8(hi);
-      if constexpr (L::kMin) {
-        r0 = r0 + _mm512_cvtss_f32(summs[p][a]);
-        r1 = r1 + _mm_cvtss_f32(_mm512_extractf32x4_ps(summs[p][a], 2));
-      }
-      out[(2 * p) * NA + a] = r0;
-      out[(2 * p + 1) * NA + a] = r1;
+      const __m256 hi = _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc[p][a], acc[p][a], 0x4e));  // lanes 8..15
+      out[(2 * p) * NA + a] = hsum_float_8(lo);
+      out[(2 * p + 1) * NA + a] = hsum_float_8(hi);
     }
+}
+
+// gemm_act with gemm_tile512: weight rows in groups of 4 (the last padded by repeating its last row),
+// activation rows in groups of up to 8; for q4_1, out += the fma chain of m_w * s_x over the blocks,
+// 16 activation rows per register (the same scalar chain per lane, added last as dot_act adds it).
+template <GemmKind K, int NA>
+MK_AVX512VNNI_FN void gemm_tile512_na(const uint8_t* const* w, const uint8_t* const* y, const float* const* dx,
+                                      int64_t nb, float* out) {
+  gemm_tile512<K, 2, NA>(w, y, dx, nb, out);
+}
+
+template <GemmKind K>
+MK_AVX512VNNI_FN void gemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride,
+                                   int64_t na, int64_t n, float* out, int64_t ldo) {
+  using L = GemmLayout<K>;
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  const uint8_t* xb = static_cast<const uint8_t*>(xq);
+  const int64_t nb = n / 32, na16 = (na + 15) / 16 * 16;
+  thread_local std::vector<float> tables;  // dx [na][nb], then (q4_1) s_x transposed [nb][na16]
+  tables.resize(static_cast<size_t>(na * nb + (L::kMin ? nb * na16 : 0)));
+  float* dxt = tables.data();
+  float* sxt = dxt + na * nb;
+  for (int64_t a = 0; a < na; ++a)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* yb = xb + static_cast<size_t>(a) * x_stride + static_cast<size_t>(b) * L::kXBytes;
+      dxt[a * nb + b] = ld_f16c(yb);
+      if constexpr (L::kMin) sxt[b * na16 + a] = ld_f16c(yb + 2);
+    }
+  if constexpr (L::kMin)
+    for (int64_t b = 0; b < nb; ++b) std::fill(sxt + b * na16 + na, sxt + (b + 1) * na16, 0.0f);
+  constexpr void (*tiles[8])(const uint8_t* const*, const uint8_t* const*, const float* const*, int64_t, float*) = {
+      gemm_tile512_na<K, 1>, gemm_tile512_na<K, 2>, gemm_tile512_na<K, 3>, gemm_tile512_na<K, 4>,
+      gemm_tile512_na<K, 5>, gemm_tile512_na<K, 6>, gemm_tile512_na<K, 7>, gemm_tile512_na<K, 8>};
+  for (int64_t i0 = 0; i0 < nw; i0 += 4) {
+    const int rows = static_cast<int>(std::min<int64_t>(4, nw - i0));
+    const uint8_t* wr[4];
+    for (int i = 0; i < 4; ++i) wr[i] = wb + static_cast<size_t>(i0 + std::min(i, rows - 1)) * w_stride;
+    for (int64_t a0 = 0; a0 < na; a0 += 8) {
+      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
+      const uint8_t* yr[8];
+      const float* dr[8];
+      for (int a = 0; a < cols; ++a) {
+        yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
+        dr[a] = dxt + (a0 + a) * nb;
+      }
+      float t[4 * 8];
+      tiles[cols - 1](wr, yr, dr, nb, t);
+      for (int i = 0; i < rows; ++i)
+        for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
+    }
+    if constexpr (L::kMin)
+      for (int i = 0; i < rows; ++i) {
+        const uint8_t* wi = wr[i];
+        for (int64_t a0 = 0; a0 < na; a0 += 16) {
+          __m512 summs = _mm512_setzero_ps();
+          for (int64_t b = 0; b < nb; ++b)
+            summs = _mm512_fmadd_ps(_mm512_set1_ps(ld_f16c(wi + b * L::kBytes + 2)), _mm512_loadu_ps(sxt + b * na16 + a0), summs);
+          alignas(64) float s16[16];
+          _mm512_store_ps(s16, summs);
+          for (int64_t a = a0; a < std::min(na, a0 + 16); ++a) out[a * ldo + i0 + i] = out[a * ldo + i0 + i] + s16[a - a0];
+        }
+      }
+  }
 }
 
 // The gemm_act of quant.h from a tile function: weight rows in groups of RW (the last group padded
@@ -206,11 +264,6 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
   MK_AVXVNNI_FN void NAME##_t_avxvnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) { \
     ::mk::quant::detail::gemm_tile256_avxvnni<KIND, 2, NA>(w, y, nb, o);                                        \
   }                                                                                                           \
-  template <int NA>                                                                                           \
-  MK_AVX512VNNI_FN void NAME##_t_avx512vnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb,     \
-                                            float* o) {                                                       \
-    ::mk::quant::detail::gemm_tile512<KIND, 2, NA>(w, y, nb, o);                                              \
-  }                                                                                                           \
   void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
                    float* out, int64_t ldo) {                                                                 \
     ::mk::quant::detail::gemm_rows<2, NAME##_t_avx2<1>, NAME##_t_avx2<2>, NAME##_t_avx2<3>, NAME##_t_avx2<4>>( \
@@ -223,8 +276,7 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
   }                                                                                                           \
   void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
                          int64_t n, float* out, int64_t ldo) {                                                \
-    ::mk::quant::detail::gemm_rows<4, NAME##_t_avx512vnni<1>, NAME##_t_avx512vnni<2>, NAME##_t_avx512vnni<3>, \
-                                   NAME##_t_avx512vnni<4>>(w, ws, nw, x, xs, na, n, out, ldo);                \
+    ::mk::quant::detail::gemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
   }                                                                                                           \
   void NAME##_generic(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
                       float* out, int64_t ldo) {                                                              \
