@@ -220,21 +220,22 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
         U.quant->gemm_act(U.data + static_cast<size_t>(in.c0) * U.row_bytes, U.row_bytes, T, xu, urow, R, K, utile, T);
         for (int64_t i = 0; i < R * T; ++i) tile[i] = act(o.glu, tile[i]) * utile[i];
       }
-    } else
-    for (int64_t j = in.c0; j < in.c1; ++j) {
-      const uint8_t* wr = W.data + static_cast<size_t>(j) * W.row_bytes;
-      const uint8_t* ur = o.glu != Act::none ? U.data + static_cast<size_t>(j) * U.row_bytes : nullptr;
-      int64_t r = 0;
-      for (; r + 4 <= R; r += 4) {
-        float v[4], u[4];
-        dot4(W.quant, wr, xw, wrow, r, v);
-        if (ur) dot4(U.quant, ur, xu, urow, r, u);
-        for (int i = 0; i < 4; ++i) tile[(r + i) * T + (j - in.c0)] = ur ? act(o.glu, v[i]) * u[i] : v[i];
-      }
-      for (; r < R; ++r) {
-        float v = W.quant->dot_act(wr, xw + r * wrow, K);
-        if (ur) v = act(o.glu, v) * U.quant->dot_act(ur, xu + r * urow, K);
-        tile[r * T + (j - in.c0)] = v;
+    } else {  // types without gemm_act (q5_0, q5_1): dot_act4 / dot_act per weight row
+      for (int64_t j = in.c0; j < in.c1; ++j) {
+        const uint8_t* wr = W.data + static_cast<size_t>(j) * W.row_bytes;
+        const uint8_t* ur = o.glu != Act::none ? U.data + static_cast<size_t>(j) * U.row_bytes : nullptr;
+        int64_t r = 0;
+        for (; r + 4 <= R; r += 4) {
+          float v[4], u[4];
+          dot4(W.quant, wr, xw, wrow, r, v);
+          if (ur) dot4(U.quant, ur, xu, urow, r, u);
+          for (int i = 0; i < 4; ++i) tile[(r + i) * T + (j - in.c0)] = ur ? act(o.glu, v[i]) * u[i] : v[i];
+        }
+        for (; r < R; ++r) {
+          float v = W.quant->dot_act(wr, xw + r * wrow, K);
+          if (ur) v = act(o.glu, v) * U.quant->dot_act(ur, xu + r * urow, K);
+          tile[r * T + (j - in.c0)] = v;
+        }
       }
     }
     done = true;
