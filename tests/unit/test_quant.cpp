@@ -573,6 +573,7 @@ TEST(QuantActK, DotActWithinBudgetAndVariantsAgreeOnQuantizedRows) {
       }
     }
   }
+}
 
 // gemm_act: every variant and tile shape gives dot_act's bits per (weight row, activation row): row
 // counts that are not a multiple of the tile (1..9 weight rows, 1..17 activation rows), padded strides,
