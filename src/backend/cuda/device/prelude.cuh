@@ -673,6 +673,58 @@ __device__ void mk_last_row(const MkInstr& in, const MkOpArgs& a, const MkSym& s
   }
 }
 
+// argmax (greedy decoding on the device): out[r, 0:4] = (index of the largest x[r, 0:K], ties to
+// the lowest index, NaN never wins, -1 when all are NaN; count of non-finite values; first
+// non-finite index or -1; its float bits or 0), as the host's argmax and check_finite_logits
+// (backend/step_batch.h GreedyRow). One tile (c0 = 0, c1 = 4);
+// rows one after another; each thread scans a strided slice, then warp shuffles and one shared-memory
+// round combine the records. The order of (value desc, index asc) is total on non-NaN values, so
+// the result does not depend on how the slices are combined.
+__device__ __forceinline__ bool mk_argmax_better(float v, int i, float bv, int bi) {
+  return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
+}
+__device__ __forceinline__ void mk_argmax_merge(float& bv, int& bi, int& nb, int& fb, float v, int i, int n, int f) {
+  if (mk_argmax_better(v, i, bv, bi)) { bv = v; bi = i; }
+  nb += n;
+  if (f >= 0 && (fb < 0 || f < fb)) fb = f;
+}
+template <class C>
+__device__ void mk_argmax(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  float* sv = (float*)smem;            // [MK_WARPS] best value per warp
+  int* si = (int*)smem + MK_WARPS;     // [MK_WARPS] best index
+  int* sn = si + MK_WARPS;             // [MK_WARPS] non-finite count
+  int* sf = sn + MK_WARPS;             // [MK_WARPS] first non-finite
+  const int R = C::rows(s), lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+  for (int r = 0; r < R; ++r) {
+    const float* x = a.x + (mk_i64)r * C::XS;
+    float bv = 0.0f;
+    int bi = -1, nb = 0, fb = -1;
+    for (int j = threadIdx.x; j < C::K; j += MK_THREADS) {  // ascending j: the first hit is the lowest
+      const float v = mk_ld(x + j);
+      if (!isfinite(v)) {
+        if (fb < 0) fb = j;
+        ++nb;
+      }
+      if (!isnan(v) && (bi < 0 || v > bv)) { bv = v; bi = j; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int i = __shfl_xor_sync(0xffffffffu, bi, o), n = __shfl_xor_sync(0xffffffffu, nb, o),
+                f = __shfl_xor_sync(0xffffffffu, fb, o);
+      mk_argmax_merge(bv, bi, nb, fb, v, i, n, f);
+    }
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; sn[warp] = nb; sf[warp] = fb; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < MK_WARPS; ++w) mk_argmax_merge(bv, bi, nb, fb, sv[w], si[w], sn[w], sf[w]);
+      const float res[4] = {__int_as_float(bi), __int_as_float(nb), __int_as_float(fb), fb >= 0 ? mk_ld(x + fb) : 0.0f};
+      for (int c = in.c0; c < in.c1; ++c) mk_st(a.out + (mk_i64)r * C::OS + c, res[c]);
+    }
+    __syncthreads();
+  }
+}
+
 // ---- the interpreter's counter wait --------------------------------------------------------------
 // Warp 0, all 32 lanes (called convergently). Lane l waits on waits l, l+32, ... of the instruction
 // in order, so the last layer's q/k/v (~128 counters each) cost about 4 L2 round trips, not 128.
