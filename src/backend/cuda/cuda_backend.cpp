@@ -332,11 +332,16 @@ class CudaBackend final : public Backend {
     const int64_t m = si.n_rows();
     // Stage inputs exactly as they lie in the arena, then the symbols.
     auto* in = static_cast<uint8_t*>(in_host_);
+    // The bytes each input uses this step (arena offsets): only those are copied. The block table
+    // is sized for max_tokens sequences of n_ctx positions (256 KB for the 1B at 4096 tokens) while
+    // a decode step of one sequence uses one row of it.
+    std::vector<std::pair<size_t, size_t>> used;
     auto put = [&](int buffer, const std::vector<int32_t>& v) {
       if (buffer < 0) return;
       const Buffer& B = p.buffers[static_cast<size_t>(buffer)];
       MK_CHECK(static_cast<int64_t>(v.size()) <= B.max_rows * B.cols, "step input {} too long", B.name);
       std::memcpy(in + static_cast<size_t>(B.offset) - in_lo_, v.data(), v.size() * 4);
+      if (!v.empty()) used.emplace_back(static_cast<size_t>(B.offset), static_cast<size_t>(B.offset) + v.size() * 4);
     };
     put(p.tokens_buffer, si.tokens);
     put(p.positions_buffer, si.positions);
@@ -354,8 +359,19 @@ class CudaBackend final : public Backend {
 
     cuda::MkParams prm = params();
     prm.sym = sym;
+    // The used ranges merged where less than 4 KB apart (a copy call costs more than that many
+    // bytes); the graph's captured copy is fixed at capture, so it takes the whole input region.
+    std::sort(used.begin(), used.end());
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (const auto& [lo, hi] : used)
+      if (!ranges.empty() && lo <= ranges.back().second + 4096) ranges.back().second = std::max(ranges.back().second, hi);
+      else ranges.emplace_back(lo, hi);
     auto copy_in = [&] {
-      rt_->copy_to_device(arena_ + in_lo_, in_host_, in_hi_ - in_lo_, true);
+      if (mode_ == CudaMode::graph) {
+        rt_->copy_to_device(arena_ + in_lo_, in_host_, in_hi_ - in_lo_, true);
+      } else {
+        for (const auto& [lo, hi] : ranges) rt_->copy_to_device(arena_ + lo, in + (lo - in_lo_), hi - lo, true);
+      }
       rt_->copy_to_device(sym_dev_, in + (in_hi_ - in_lo_), sizeof sym, true);
     };
     switch (mode_) {
