@@ -1,6 +1,6 @@
 // The machine code of the generated megakernel, read without a GPU: NVRTC compiles the source for
-// sm_90 and `cuobjdump -sass` disassembles the cubin. Decode is memory-bound, so the one-row matmul
-// path must keep several 16-byte weight loads in flight per lane (issue 8: >= 4, about 25-35 KB per
+// sm_90 and `cuobjdump -sass` disassembles the cubin. Decode is memory-bound, so the matmul paths
+// (one row, and several staged rows for prefill) must keep several 16-byte weight loads in flight per lane (issue 8: >= 4, about 25-35 KB per
 // SM to stream HBM): the weight loads (`ld.global.nc.L1::no_allocate.v4`, SASS
 // `LDG.E.NA.128.CONSTANT`, used only for weights) must come in runs of >= 4 issued back to back,
 // i.e. with no instruction in between that reads a register one of them loads and no branch or
@@ -167,14 +167,18 @@ TEST(CudaSass, WeightLoadRunsParserCountsLoadsUntilAUse) {
   EXPECT_EQ(starts, (std::vector<uint64_t>{0x0, 0x70, 0xa0}));
 }
 
-// The Llama-3.2-1B shape (2 layers: the device functions depend on shapes only) as a decode-only
-// program (max_tokens 1: every matmul is the RB = 1 path), bf16 weights.
-TEST(CudaSass, OneRowMatmulIssuesFourWeightLoadsBackToBack) {
-  if (cuda::nvrtc_version().empty()) GTEST_SKIP() << "built without NVRTC";
+#define MK_REQUIRE_SASS_TOOLS()                                                                                   \
+  do {                                                                                                          \
+    if (cuda::nvrtc_version().empty()) GTEST_SKIP() << "built without NVRTC";                                   \
+    if (find_cuobjdump().empty())                                                                               \
+      GTEST_SKIP() << "cuobjdump not found ($MK_CUOBJDUMP, /usr/local/cuda/bin, PATH, ~/.cache/megakernel/tools/bin; " \
+                      "scripts/setup.sh installs it)";                                                          \
+  } while (0)
+
+// The Llama-3.2-1B shape (2 layers: the device functions depend on shapes only), bf16 weights,
+// compiled for `max_tokens` rows per step; every run of weight loads in its SASS must hold >= 4.
+void check_weight_load_runs(int64_t max_tokens) {
   const std::string cuobjdump = find_cuobjdump();
-  if (cuobjdump.empty())
-    GTEST_SKIP() << "cuobjdump not found ($MK_CUOBJDUMP, /usr/local/cuda/bin, PATH, ~/.cache/megakernel/tools/bin; "
-                    "scripts/setup.sh installs it)";
   SynthSpec spec = synthetic_spec("llama3.2-1b");
   spec.n_layer = 2;
   ModelFile m = make_synthetic_model(spec, false);
@@ -182,7 +186,7 @@ TEST(CudaSass, OneRowMatmulIssuesFourWeightLoadsBackToBack) {
   bo.n_ctx = 256;
   CompileOptions co;
   co.workers = 132;
-  co.max_tokens = 1;
+  co.max_tokens = max_tokens;
   Program p = compile_program(build_graph(m, bo), co);
   int matmul_functions = 0;
   {
@@ -216,9 +220,22 @@ TEST(CudaSass, OneRowMatmulIssuesFourWeightLoadsBackToBack) {
       EXPECT_GE(runs[i], 4) << "weight loads at 0x" << std::hex << starts[i] << std::dec << ": only " << runs[i]
                             << " issued before one of them is used";
     }
-    RecordProperty("weight_load_runs", static_cast<int>(runs.size()));
-    RecordProperty("weight_loads", weight_loads);
+    ::testing::Test::RecordProperty("weight_load_runs", static_cast<int>(runs.size()));
+    ::testing::Test::RecordProperty("weight_loads", weight_loads);
   }
+}
+
+// Decode-only (max_tokens 1): every matmul is the RB = 1 path.
+TEST(CudaSass, OneRowMatmulIssuesFourWeightLoadsBackToBack) {
+  MK_REQUIRE_SASS_TOOLS();
+  check_weight_load_runs(1);
+}
+
+// Prefill tiles (max_tokens 64: RB = 8 staged rows, and the RB = 1 path for one-row steps). Before
+// the step loads were hoisted out of the row-guarded loop, these runs held 1 load (2 with GLU).
+TEST(CudaSass, MultiRowMatmulIssuesFourWeightLoadsBackToBack) {
+  MK_REQUIRE_SASS_TOOLS();
+  check_weight_load_runs(64);
 }
 
 }  // namespace mk

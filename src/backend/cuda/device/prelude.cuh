@@ -198,25 +198,60 @@ __device__ __forceinline__ void mk_matmul_cols(const float* xs, float* tile, con
     for (int rb = 0; rb < RB; ++rb)
 #pragma unroll
       for (int c = 0; c < NW; ++c) acc[rb][c] = accu[rb][c] = 0.0f;
+    if constexpr (RB == 1) {  // decode: nvcc issues the loads of the unrolled steps back to back
 #pragma unroll (NW >= 4 ? 1 : 4 / NW)
-    for (int q = lane * 8; q < KV; q += 256) {
-      float w8[NW][8], u8[NW][8];
+      for (int q = lane * 8; q < KV; q += 256) {
+        float w8[NW][8], u8[NW][8];
 #pragma unroll
-      for (int c = 0; c < NW; ++c) {
-        C::W::load8(wrow[c], q, w8[c]);
-        if constexpr (C::GLU) C::W::load8(urow[c], q, u8[c]);
+        for (int c = 0; c < NW; ++c) {
+          C::W::load8(wrow[c], q, w8[c]);
+          if constexpr (C::GLU) C::W::load8(urow[c], q, u8[c]);
+        }
+        const float4 xa = *(const float4*)(xs + q), xb = *(const float4*)(xs + q + 4);
+#pragma unroll
+        for (int c = 0; c < NW; ++c) {
+          acc[0][c] += w8[c][0] * xa.x + w8[c][1] * xa.y + w8[c][2] * xa.z + w8[c][3] * xa.w + w8[c][4] * xb.x +
+                       w8[c][5] * xb.y + w8[c][6] * xb.z + w8[c][7] * xb.w;
+          if constexpr (C::GLU)
+            accu[0][c] += u8[c][0] * xa.x + u8[c][1] * xa.y + u8[c][2] * xa.z + u8[c][3] * xa.w + u8[c][4] * xb.x +
+                          u8[c][5] * xb.y + u8[c][6] * xb.z + u8[c][7] * xb.w;
+        }
       }
+    } else {
+      // Several rows: U steps of K per pass, all U x NW (x2 with GLU) 16-byte loads of a lane issued
+      // before any is used. The row guards (rb < nr) are branches the compiler does not move loads
+      // across, so with the loads inside the step loop a multi-row tile kept one load in flight per
+      // lane (SASS, issue 8). A step past the end reloads the pass's first chunk (valid, unused): no
+      // branch among the loads. Per lane the steps still add in ascending q: the same sums as before.
+      constexpr int U = NW >= 4 ? 1 : 4 / NW;
+      for (int q0 = lane * 8; q0 < KV; q0 += 256 * U) {
+        float w8[U][NW][8], u8[U][NW][8];
 #pragma unroll
-      for (int rb = 0; rb < RB; ++rb) {
-        if (rb < nr) {
-          const float4 xa = *(const float4*)(xs + rb * K + q), xb = *(const float4*)(xs + rb * K + q + 4);
+        for (int st = 0; st < U; ++st) {
+          const int q = q0 + 256 * st < KV ? q0 + 256 * st : q0;
 #pragma unroll
           for (int c = 0; c < NW; ++c) {
-            acc[rb][c] += w8[c][0] * xa.x + w8[c][1] * xa.y + w8[c][2] * xa.z + w8[c][3] * xa.w + w8[c][4] * xb.x +
-                          w8[c][5] * xb.y + w8[c][6] * xb.z + w8[c][7] * xb.w;
-            if constexpr (C::GLU)
-              accu[rb][c] += u8[c][0] * xa.x + u8[c][1] * xa.y + u8[c][2] * xa.z + u8[c][3] * xa.w + u8[c][4] * xb.x +
-                             u8[c][5] * xb.y + u8[c][6] * xb.z + u8[c][7] * xb.w;
+            C::W::load8(wrow[c], q, w8[st][c]);
+            if constexpr (C::GLU) C::W::load8(urow[c], q, u8[st][c]);
+          }
+        }
+#pragma unroll
+        for (int st = 0; st < U; ++st) {
+          const int q = q0 + 256 * st;
+          if (q >= KV) break;
+#pragma unroll
+          for (int rb = 0; rb < RB; ++rb) {
+            if (rb < nr) {
+              const float4 xa = *(const float4*)(xs + rb * K + q), xb = *(const float4*)(xs + rb * K + q + 4);
+#pragma unroll
+              for (int c = 0; c < NW; ++c) {
+                acc[rb][c] += w8[st][c][0] * xa.x + w8[st][c][1] * xa.y + w8[st][c][2] * xa.z + w8[st][c][3] * xa.w +
+                              w8[st][c][4] * xb.x + w8[st][c][5] * xb.y + w8[st][c][6] * xb.z + w8[st][c][7] * xb.w;
+                if constexpr (C::GLU)
+                  accu[rb][c] += u8[st][c][0] * xa.x + u8[st][c][1] * xa.y + u8[st][c][2] * xa.z + u8[st][c][3] * xa.w +
+                                 u8[st][c][4] * xb.x + u8[st][c][5] * xb.y + u8[st][c][6] * xb.z + u8[st][c][7] * xb.w;
+              }
+            }
           }
         }
       }
