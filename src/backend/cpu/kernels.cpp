@@ -1,9 +1,11 @@
 #include "backend/cpu/kernels.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
+#include "backend/step_batch.h"
 #include "ir/ops.h"
 #include "support/error.h"
 
@@ -521,6 +523,17 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       const int32_t* rows = c.ibuf(p.logit_rows_buffer);  // R = n_out rows, each a row of x
       for (int64_t r = 0; r < R; ++r)
         std::memcpy(out + r * o.cols + c0, x + rows[r] * o.cols + c0, static_cast<size_t>(T) * 4);
+      return;
+    }
+    case Opcode::argmax: {
+      const float* x = c.buf(o.x);
+      int32_t* out = const_cast<int32_t*>(c.ibuf(o.out));
+      const int64_t xs = c.cols(o.x);
+      for (int64_t r = 0; r < R; ++r) {
+        const GreedyRow g = greedy_row(std::span<const float>(x + r * xs, static_cast<size_t>(o.k)));
+        const int32_t v[4] = {g.id, g.n_nonfinite, g.first_nonfinite, std::bit_cast<int32_t>(g.first_value)};
+        for (int64_t j = c0; j < c1; ++j) out[r * 4 + j] = v[j];
+      }
       return;
     }
   }
