@@ -5,6 +5,8 @@
 // Figures go into docs/PERFORMANCE.md.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <thread>
@@ -84,10 +86,25 @@ void BM_CpuDecode(benchmark::State& state, const std::string& path, const std::s
       benchmark::Counter(static_cast<double>(n) / 1000.0, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
+// SmolLM2-135M-Instruct Q4_1 (scripts/get-model.sh smollm2), where it has been fetched.
+std::string smollm2_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string cache = xdg && *xdg ? xdg : std::string(home ? home : "") + "/.cache";
+  return cache + "/megakernel/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+bool model_present(benchmark::State& state, const std::string& path) {
+  if (path.rfind("synth:", 0) == 0 || std::filesystem::exists(path)) return true;
+  state.SkipWithError((path + " not found (scripts/get-model.sh smollm2)").c_str());
+  return false;
+}
+
 // Continuous batching: n_seqs sequences decode together, one row each per step (a ragged batch
 // over the paged KV pool, blocks interleaved between sequences), at positions 64..127. tokens/s
 // counts rows; compare n_seqs = 1 with more to see what one step's shared weight reads buy.
 void BM_CpuBatchedDecode(benchmark::State& state, const std::string& path, int threads, int n_seqs) {
+  if (!model_present(state, path)) return;
   Loaded& l = loaded(path);
   BuildOptions bo{128, false};
   bo.kv_pool_tokens = 128 * n_seqs;
@@ -138,6 +155,24 @@ void BM_CpuBatchedDecode(benchmark::State& state, const std::string& path, int t
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate);
 }
 
+// Prompt processing: one forward of n_prompt tokens from an empty cache (a 150-token prompt is
+// bench/llamacpp_compare.sh's); tokens/s counts prompt tokens.
+void BM_CpuPrefill(benchmark::State& state, const std::string& path, int threads, int n_prompt) {
+  if (!model_present(state, path)) return;
+  Backend& b = backend(path, "cpu", threads, "dynamic");
+  const int64_t vocab = loaded(path).n_vocab;
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 1) % vocab);
+  int64_t n = 0;
+  for (auto _ : state) {
+    b.reset();
+    auto logits = b.forward(prompt, 0);
+    benchmark::DoNotOptimize(logits.data());
+    n += n_prompt;
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate);
+}
+
 const std::string kStories260K = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
 const std::string kSynth110M = "synth:stories110m";
 
@@ -183,3 +218,7 @@ BENCHMARK_CAPTURE(BM_CpuBatchedDecode, stories260K_cpu_t2_seqs1, kStories260K, 2
 BENCHMARK_CAPTURE(BM_CpuBatchedDecode, stories260K_cpu_t2_seqs8, kStories260K, 2, 8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuBatchedDecode, synth110m_cpu_t2_seqs1, kSynth110M, 2, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuBatchedDecode, synth110m_cpu_t2_seqs8, kSynth110M, 2, 8)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuBatchedDecode, synth110m_cpu_t2_seqs16, kSynth110M, 2, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuBatchedDecode, smollm2_cpu_t2_seqs1, smollm2_path(), 2, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuBatchedDecode, smollm2_cpu_t2_seqs16, smollm2_path(), 2, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuPrefill, smollm2_cpu_t2_prompt150, smollm2_path(), 2, 150)->Unit(benchmark::kMillisecond)->UseRealTime();

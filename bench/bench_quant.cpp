@@ -2,7 +2,7 @@
 // streaming a 256 x 4096 matrix against one float32 activation row, every instruction-set variant
 // this CPU has) and decode tokens/s of the stories110M shape (768 wide, random weights) quantized in
 // memory to each type, on the cpu backend with 2 workers, against its float32 self.
-// Run: build/bench/mk_bench --benchmark_filter='QuantDot|QuantDecode'
+// Run: build/bench/mk_bench --benchmark_filter='QuantDot|QuantGemm|QuantDecode'
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -71,7 +71,60 @@ void BM_QuantDecode(benchmark::State& state, std::optional<DType> t) {
   state.counters["weight MB"] = static_cast<double>(bytes) / 1e6;
 }
 
+// Matmul tile with 8-bit activations: N = 256 weight rows of K = 576 (SmolLM2's width, so the tile
+// stays in L2 as an interpreter tile does) against R activation rows. variant -1: what matmul did before
+// gemm_act (dot_act4 per weight row over groups of four activation rows, dot_act for the rest), else
+// gemm_act_variants[variant]. Gmacs/s = K * N * R per second of CPU time.
+void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
+  const quant::QuantType* q = quant::quant_type(t);
+  const int64_t R = state.range(0);
+  if (variant >= 0 && !quant::gemm_isa_available(static_cast<quant::GemmIsa>(variant))) {
+    state.SkipWithError("this CPU lacks the instruction set");
+    return;
+  }
+  const int64_t K = 576, N = 256;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<float> w(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * R));
+  for (auto& v : w) v = nd(rng);
+  for (auto& v : x) v = nd(rng);
+  const size_t row_bytes = dtype_bytes(t, K), xrow = static_cast<size_t>(K / 32 * q->act->block_bytes);
+  std::vector<uint8_t> qw(row_bytes * N), xq(xrow * static_cast<size_t>(R));
+  for (int64_t r = 0; r < N; ++r) q->quantize_row(w.data() + r * K, qw.data() + static_cast<size_t>(r) * row_bytes, K);
+  for (int64_t r = 0; r < R; ++r) q->act->quantize_row(x.data() + r * K, xq.data() + static_cast<size_t>(r) * xrow, K);
+  std::vector<float> out(static_cast<size_t>(N * R));
+  for (auto _ : state) {
+    if (variant >= 0) {
+      q->gemm_act_variants[variant](qw.data(), row_bytes, N, xq.data(), xrow, R, K, out.data(), N);
+    } else {
+      for (int64_t j = 0; j < N; ++j) {
+        const uint8_t* wr = qw.data() + static_cast<size_t>(j) * row_bytes;
+        int64_t r = 0;
+        for (; r + 4 <= R; r += 4) {
+          const void* xr[4] = {&xq[r * xrow], &xq[(r + 1) * xrow], &xq[(r + 2) * xrow], &xq[(r + 3) * xrow]};
+          float o4[4];
+          q->dot_act4(wr, xr, K, o4);
+          for (int i = 0; i < 4; ++i) out[static_cast<size_t>((r + i) * N + j)] = o4[i];
+        }
+        for (; r < R; ++r) out[static_cast<size_t>(r * N + j)] = q->dot_act(wr, &xq[r * xrow], K);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["Gmacs/s"] = benchmark::Counter(static_cast<double>(K * N * R) * static_cast<double>(state.iterations()) / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+
 }  // namespace
+
+#define MK_QUANT_GEMM_BENCH(T)                                                                                        \
+  BENCHMARK_CAPTURE(BM_QuantGemm, T##_dot_act, DType::T, -1)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime(); \
+  BENCHMARK_CAPTURE(BM_QuantGemm, T##_avx2, DType::T, 1)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();     \
+  BENCHMARK_CAPTURE(BM_QuantGemm, T##_avxvnni, DType::T, 2)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();  \
+  BENCHMARK_CAPTURE(BM_QuantGemm, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();
+MK_QUANT_GEMM_BENCH(Q4_0)
+MK_QUANT_GEMM_BENCH(Q4_1)
+MK_QUANT_GEMM_BENCH(Q8_0)
 
 // One thread, timed in process CPU time: comparable between variants on a shared, loaded machine.
 #define MK_QUANT_DOT_BENCH(T)                                                                               \

@@ -32,9 +32,11 @@
 #  part1 (b) + part2: ms/token of greedy decode (64 tokens; 16 in rehearsal, after a 4-token prompt given as ids: the
 #      synthetic shapes have no tokenizer), effective GB/s = weight bytes read per token / time, and
 #      its share of the device-to-device copy bandwidth measured in the same call (`megakernel
-#      bench-copy`), for cuda, cuda-graph and cuda-perop (automatic attention splits), and cuda/s1
-#      (cuda with --attn-splits 1: one attention tile per KV group, no flash-decoding); part1 on synth:llama3.2-1b, part2 on
-#      synth:llama3.1-8b. Each row also logs its `cuda compile:` line (MK_CUDA_VERBOSE).
+#      bench-copy`), for cuda, cuda-graph and cuda-perop (automatic attention splits), and on the
+#      float shapes cuda/s1 (cuda with --attn-splits 1: no flash-decoding); part1 on
+#      synth:llama3.2-1b and the same shape quantized to q4_1 (synth:llama3.2-1b:q4_1: the weights
+#      are synthesised and quantized on the device machine, no file is carried), part2 on
+#      synth:llama3.1-8b and the 1B in q4_K. Each row also logs its `cuda compile:` line (MK_CUDA_VERBOSE).
 #  part1 (c) / part2: compile time: the host passes (`compile --emit program -t 132`, shapes only)
 #      and, part1, cold (empty NVRTC cache) and cached compile of the 1B (`cuda compile:` line).
 #
@@ -154,6 +156,11 @@ if [[ $REHEARSE == 1 ]]; then
   # Small enough for cuda-emu (fibers for threads) to stay within CI time; the "8B" is the larger.
   SHAPE1="synth:stories260k:bf16"
   SHAPE8="synth:stories15m:bf16"
+  # Quantized rows: q4_1 / q4_K where rows are whole blocks; stories260k's 172-wide ffn_down stays
+  # f32 and its 64-wide rows fall back to q8_0 for q4_K (synth.h), so both rows still run quantized
+  # device code (q4_1, q8_0) on cuda-emu in seconds.
+  SHAPE1Q="synth:stories260k:q4_1"
+  SHAPE1QK="synth:stories260k:q4_K"
   N_DECODE=16
   ORACLE=(--backend reference)
   say "== rehearsal on $(hostname): ${BACKENDS[*]} in place of cuda, cuda-graph, cuda-perop; $SHAPE1 for the 1B rows, $SHAPE8 for the 8B rows (available backends: $avail)"
@@ -162,6 +169,8 @@ else
   MAIN=cuda
   SHAPE1="synth:llama3.2-1b"
   SHAPE8="synth:llama3.1-8b"
+  SHAPE1Q="synth:llama3.2-1b:q4_1"
+  SHAPE1QK="synth:llama3.2-1b:q4_K"
   N_DECODE=64
   ORACLE=(--backend cpu -t 16)
 fi
@@ -335,10 +344,12 @@ timing() {  # timing SHAPE
   say "== decode timing on $shape: $N_DECODE greedy tokens after a 4-token prompt (--ids), ms/token from the run's own decode timer"
   bytes=$(weight_bytes "$shape")
   printf "%-24s %-11s %10s %10s %8s\n" model backend ms/token GB/s "%copy" | tee -a "$LOG"
-  # Rows: each backend with its default (the GPU backends: flash-decoding splits, auto), then the
-  # megakernel with one unsplit attention op per KV group ("$MAIN/s1"): what the splits gain.
-  local row extra
-  for row in "${BACKENDS[@]}" "$MAIN/s1"; do
+  # Rows: each backend with its default (the GPU backends: flash-decoding splits, auto), then, on
+  # the float shapes, the megakernel with one unsplit attention op per KV group ("$MAIN/s1"): what
+  # the splits gain.
+  local row extra rows=("${BACKENDS[@]}")
+  [[ $shape == *:q* ]] || rows+=("$MAIN/s1")
+  for row in "${rows[@]}"; do
     b=${row%/s1}
     extra=()
     [[ $row == */s1 ]] && extra=(--attn-splits 1)
@@ -402,6 +413,7 @@ if [[ $PART == part1 || $PART == all ]]; then
   correctness
   rm -rf "$XDG_CACHE_HOME"  # the 1B rows start cold: the first one's `cuda compile:` line is the cold one
   timing "$SHAPE1"
+  timing "$SHAPE1Q"
   say "== host compile time"
   host_compile synth:llama3.2-1b
   device_compile "$SHAPE1"
@@ -411,6 +423,7 @@ if [[ $PART == part2 || $PART == all ]]; then
   timing "$SHAPE8"
   say "== host compile time"
   host_compile synth:llama3.1-8b
+  timing "$SHAPE1QK"
 fi
 
 say "elapsed: $(($(date +%s) - T_START)) s"

@@ -27,3 +27,18 @@ fi
 if [[ "${MK_SETUP_VENV:-1}" == 1 ]]; then
   "$(dirname "$0")/../tests/scripts/openai_venv.sh" >/dev/null || echo "setup: note: no openai venv; Serve.OpenAIClient will be skipped" >&2
 fi
+
+# cuobjdump for ctest CudaSass.* (the SASS of the generated cubin), from NVIDIA's PyPI wheel into
+# ~/.cache/megakernel/tools/bin when the CUDA toolkit here lacks it. Best effort: offline, the test
+# is skipped with a message. MK_SETUP_CUOBJDUMP=0 skips it.
+if [[ "${MK_SETUP_CUOBJDUMP:-1}" == 1 ]] && ! command -v cuobjdump >/dev/null && [[ ! -x /usr/local/cuda/bin/cuobjdump ]]; then
+  tools="${HOME}/.cache/megakernel/tools"
+  if [[ ! -x "$tools/bin/cuobjdump" ]]; then
+    if python3 -m pip install --quiet --disable-pip-version-check --target "$tools/py" "nvidia-cuda-cuobjdump>=13,<14" 2>/dev/null \
+      && bin=$(find "$tools/py" -type f -name cuobjdump | head -1) && [[ -n "$bin" ]]; then
+      mkdir -p "$tools/bin" && ln -sf "$bin" "$tools/bin/cuobjdump" && chmod +x "$bin"
+    else
+      echo "setup: note: cuobjdump not installed; CudaSass.* will be skipped" >&2
+    fi
+  fi
+fi

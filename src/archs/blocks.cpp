@@ -147,6 +147,8 @@ class DecoderBuilder {
     int logits = g_.add(Op::matmul, {x, cls}, {}, "logits_all");
     int out = s_.all_logits ? logits : g_.add(Op::last_row, {logits}, {}, "logits");
     g_.add_output(out, "logits");
+    // Greedy decoding reads 16 bytes per row instead of the row (Backend::forward_greedy).
+    g_.add_output(g_.add(Op::argmax, {out}, {}, "greedy"), "greedy");
     return std::move(g_);
   }
 

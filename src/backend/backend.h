@@ -44,6 +44,15 @@ class Backend {
   // sequence not consecutive, a position past the sequence's blocks, a block outside the pool, more
   // rows than max_batch_rows()) and where the backend has no paged KV (the default).
   virtual std::vector<float> forward(const StepBatch& batch);
+  // Greedy decoding without copying logits: each logit row's GreedyRow (backend/step_batch.h: the
+  // token id, ties to the lowest id, and the row's non-finite count), in batch.logit_rows order.
+  // Backends read the program's `argmax` output (graph output "greedy"), so a GPU copies 16 bytes
+  // per row instead of n_vocab floats; the default argmaxes forward(batch)'s logits on the host.
+  // Same errors as forward(batch).
+  virtual std::vector<GreedyRow> forward_greedy(const StepBatch& batch);
+  // The one-sequence case: the last token's row, as forward(tokens, n_past) would give it (prompts
+  // longer than max_batch_rows() run in chunks through forward_greedy(StepBatch)).
+  GreedyRow forward_greedy(std::span<const int32_t> tokens, int64_t n_past);
   // Paged KV geometry: rows per block and blocks in the pool (0 = the backend has no paged KV).
   virtual int64_t kv_block_size() const { return 0; }
   virtual int64_t kv_pool_blocks() const { return 0; }

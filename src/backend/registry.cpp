@@ -35,6 +35,27 @@ std::vector<float> Backend::forward(const StepBatch&) {
   fail("backend '{}' does not run ragged batches (no paged KV cache)", name());
 }
 
+std::vector<GreedyRow> Backend::forward_greedy(const StepBatch& batch) {
+  std::vector<float> logits = forward(batch);
+  std::vector<GreedyRow> r;
+  if (batch.logit_rows.empty()) return r;
+  const size_t n_vocab = logits.size() / batch.logit_rows.size();
+  for (size_t i = 0; i < batch.logit_rows.size(); ++i) r.push_back(greedy_row(std::span<const float>(logits).subspan(i * n_vocab, n_vocab)));
+  return r;
+}
+
+GreedyRow Backend::forward_greedy(std::span<const int32_t> tokens, int64_t n_past) {
+  if (tokens.empty()) fail("forward: no tokens");
+  const size_t max = max_batch_rows() > 0 ? static_cast<size_t>(max_batch_rows()) : tokens.size();
+  std::vector<GreedyRow> last;
+  for (size_t at = 0; at < tokens.size(); at += max) {
+    const auto chunk = tokens.subspan(at, std::min(max, tokens.size() - at));
+    last = forward_greedy(one_sequence_batch(chunk, n_past + static_cast<int64_t>(at), kv_block_size(), false));
+  }
+  MK_CHECK(last.size() == 1, "{}: {} greedy rows for one sequence", name(), last.size());
+  return last[0];
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,
                                       const BackendOptions& options) {
   for (const auto& b : kBackends)

@@ -1,6 +1,8 @@
 #include "backend/step_batch.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <unordered_map>
 
 #include "support/error.h"
@@ -114,6 +116,37 @@ StepBatch one_sequence_batch(std::span<const int32_t> tokens, int64_t n_past, in
   if (block_size > 0)
     for (int64_t j = 0; j * block_size < n_past + n; ++j) b.block_tables[0].push_back(static_cast<int32_t>(j));
   return b;
+}
+
+GreedyRow greedy_row(std::span<const float> logits) {
+  GreedyRow g;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float v = logits[i];
+    if (!std::isfinite(v) && g.n_nonfinite++ == 0) {
+      g.first_nonfinite = static_cast<int32_t>(i);
+      g.first_value = v;
+    }
+    if (!std::isnan(v) && (g.id < 0 || v > logits[static_cast<size_t>(g.id)])) g.id = static_cast<int32_t>(i);
+  }
+  return g;
+}
+
+std::vector<GreedyRow> select_greedy_rows(std::span<const int32_t> out, int64_t rows, const StepBatch& batch,
+                                          const StepInputs& in) {
+  std::vector<GreedyRow> r;
+  if (batch.logit_rows.empty()) return r;
+  MK_CHECK(rows == in.n_out() || rows == in.n_rows(), "greedy output has {} rows for {} rows, {} wanted", rows, in.n_rows(),
+           in.n_out());
+  MK_CHECK(static_cast<int64_t>(out.size()) >= rows * 4);
+  auto at = [&](int64_t row) {
+    const int32_t* o = out.data() + row * 4;
+    return GreedyRow{o[0], o[1], o[2], std::bit_cast<float>(o[3])};
+  };
+  if (rows == in.n_out())
+    for (int64_t i = 0; i < rows; ++i) r.push_back(at(i));
+  else
+    for (int32_t row : batch.logit_rows) r.push_back(at(row));
+  return r;
 }
 
 }  // namespace mk

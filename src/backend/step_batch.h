@@ -69,6 +69,22 @@ StepInputs prepare_step(const StepBatch& batch, const StepLimits& limits);
 std::vector<float> select_logit_rows(std::span<const float> out, int64_t rows, int64_t cols, const StepBatch& batch,
                                      const StepInputs& in);
 
+// The greedy choice of one logits row (the `argmax` op's output row: i32 [id, n_nonfinite,
+// first_nonfinite, first_value's bits]). id: index of the largest value, ties to the lowest index,
+// NaN never wins, -1 when every value is NaN (runtime/sampler.h's argmax); n_nonfinite: NaN/inf values
+// in the row; first_nonfinite / first_value: the first one's index and value, -1 / 0 when none (what
+// check_finite_logits reports).
+struct GreedyRow {
+  int32_t id = -1;
+  int32_t n_nonfinite = 0;
+  int32_t first_nonfinite = -1;
+  float first_value = 0;
+};
+GreedyRow greedy_row(std::span<const float> logits);
+// forward_greedy's rows from a step's `argmax` output (i32 [rows, 4]), picked as select_logit_rows does.
+std::vector<GreedyRow> select_greedy_rows(std::span<const int32_t> out, int64_t rows, const StepBatch& batch,
+                                          const StepInputs& in);
+
 // The one-sequence case: tokens at positions n_past.., block table 0, 1, 2, ... (pool row ==
 // position), logits of the last row, or of every row when all_rows.
 StepBatch one_sequence_batch(std::span<const int32_t> tokens, int64_t n_past, int64_t block_size, bool all_rows);

@@ -271,6 +271,12 @@ void infer_node(const Graph& g, Node& n) {
       n.shape = {SymExpr::out(), in(0).shape[1]};
       n.dtype = in(0).dtype;
       return;
+    case Op::argmax:
+      need_rank(in(0), 2, "x");
+      need_f32(in(0), "x");
+      n.shape = {in(0).shape[0], SymExpr::constant(4)};
+      n.dtype = DType::I32;
+      return;
   }
   fail("{}: unhandled op", where());
 }

@@ -282,6 +282,10 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       read(o.x, zero, p.buffers.at(static_cast<size_t>(o.x)).rows, in.c0, in.c1);
       write(o.out, zero, R, in.c0, in.c1);
       break;
+    case Opcode::argmax:  // whole rows of x
+      read(o.x, zero, R, 0, o.k);
+      write(o.out, zero, R, in.c0, in.c1);
+      break;
   }
   (void)full_cols;
   return a;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "quant/quant.h"
 #include "support/error.h"
 
 namespace mk {
@@ -75,10 +76,18 @@ ModelFile make_synthetic_model(const SynthSpec& c, bool with_data) {
     WeightTensor t;
     t.name = name;
     t.dtype = kind == 1 ? DType::F32 : c.dtype;
+    // A quantized model: rows that are not whole blocks of the type fall back to q8_0 (32-element
+    // blocks; as llama.cpp falls back for K-quants), else stay f32.
+    if (dtype_is_quantized(t.dtype) && shape.back() % dtype_block_size(t.dtype))
+      t.dtype = shape.back() % 32 == 0 ? DType::Q8_0 : DType::F32;
+    const DType stored = t.dtype;
+    const bool quantized = dtype_is_quantized(stored);
+    if (quantized) t.dtype = DType::F32;  // generated as f32, then quantized row by row below
     t.shape = shape;
     const int64_t n = t.numel();
     const uint64_t stream = c.seed * 0x100000001b3ull + (++tensor_index);
     if (!with_data) {
+      t.dtype = stored;
       t.nbytes = dtype_bytes(t.dtype, n);
       m.add_tensor(std::move(t));
       return;
@@ -111,6 +120,27 @@ ModelFile make_synthetic_model(const SynthSpec& c, bool with_data) {
           for (int64_t ch = next++; ch < chunks; ch = next++) fill(ch);
         });
       for (auto& th : pool) th.join();
+    }
+    if (quantized) {  // rows quantized in parallel (ggml's reference quantize_row_*)
+      const quant::QuantType* q = quant::quant_type(stored);
+      MK_CHECK(q != nullptr);
+      const int64_t K = shape.back(), rows = n / K;
+      const size_t row_bytes = dtype_bytes(stored, K);
+      auto qbuf = std::make_shared<std::vector<uint8_t>>(dtype_bytes(stored, n));
+      const float* f = reinterpret_cast<const float*>(buf->data());
+      std::atomic<int64_t> next{0};
+      constexpr int64_t kRows = 64;
+      auto work = [&] {
+        for (int64_t r0 = next.fetch_add(kRows); r0 < rows; r0 = next.fetch_add(kRows))
+          for (int64_t r = r0; r < std::min(rows, r0 + kRows); ++r)
+            q->quantize_row(f + r * K, qbuf->data() + static_cast<size_t>(r) * row_bytes, K);
+      };
+      std::vector<std::thread> pool;
+      for (unsigned w = 1; w < std::min<int64_t>(n_threads, (rows + kRows - 1) / kRows); ++w) pool.emplace_back(work);
+      work();
+      for (auto& th : pool) th.join();
+      buf = std::move(qbuf);
+      t.dtype = stored;
     }
     t.data = buf->data();
     t.nbytes = buf->size();
@@ -146,7 +176,18 @@ ModelFile load_synthetic_model(const std::string& path, bool with_data) {
   SynthSpec s = synthetic_spec(rest);
   if (dtype == "f16") s.dtype = DType::F16;
   else if (dtype == "bf16") s.dtype = DType::BF16;
-  else if (!dtype.empty() && dtype != "f32") fail("{}: unknown dtype '{}' (f32, f16, bf16)", path, dtype);
+  else if (dtype == "f32") s.dtype = DType::F32;
+  else if (!dtype.empty()) {
+    const quant::QuantType* q = nullptr;
+    for (const quant::QuantType* t : quant::quant_types())
+      if (dtype_name(t->dtype) == dtype) q = t;
+    if (!q) {
+      std::vector<std::string> names = {"f32", "f16", "bf16"};
+      for (const quant::QuantType* t : quant::quant_types()) names.emplace_back(dtype_name(t->dtype));
+      fail("{}: unknown dtype '{}' ({})", path, dtype, fmt::join(names, ", "));
+    }
+    s.dtype = q->dtype;
+  }
   ModelFile m = make_synthetic_model(s, with_data);
   m.path = path;
   return m;

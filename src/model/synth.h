@@ -12,7 +12,7 @@ namespace mk {
 struct SynthSpec {
   std::string name;
   int64_t n_vocab = 0, n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_ctx = 0;
-  DType dtype = DType::F32;  // of the matrices; norm weights are always float32
+  DType dtype = DType::F32;  // of the matrices (f32, f16, bf16 or a quantized type); norm weights are always float32
   uint64_t seed = 0x5eed;
   bool tied = false;            // no output.weight: the classifier is the token embedding
   double rope_theta = 10000.0;
@@ -30,8 +30,11 @@ std::vector<std::string> synthetic_model_names();
 // thread count. with_data = false gives the same tensors (names, dtypes, shapes, sizes) with no data
 // (data == nullptr): enough to build the graph and compile the program of a multi-GB model in tests.
 ModelFile make_synthetic_model(const SynthSpec& spec, bool with_data = true);
-// "synth:stories110m" or "synth:stories110m:bf16". with_data = false: shapes only (as above), for
-// commands that only compile (`compile`, `info`): the 8B shape then takes milliseconds, not 16 GB.
+// "synth:stories110m" or "synth:stories110m:bf16"; a ggml block type ("synth:llama3.2-1b:q4_1",
+// q4_0 ... q6_K) quantizes the matrices (embedding and classifier included) from the f32 values
+// (ggml's reference quantize_row_*, rows in parallel); rows that are not whole blocks of the type
+// fall back to q8_0 (else f32). with_data = false: shapes only (as above), for commands that only
+// compile (`compile`, `info`): the 8B shape then takes milliseconds, not 16 GB.
 ModelFile load_synthetic_model(const std::string& path, bool with_data = true);
 
 }  // namespace mk

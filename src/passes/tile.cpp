@@ -387,6 +387,15 @@ class Lowering {
         emit(d, cheap_width(d.cols, 16));
         return;
       }
+      case Op::argmax: {  // one tile: each row's reduction runs in one worker
+        OpDesc d = desc(n, Opcode::argmax);
+        d.x = buf(in(0));
+        d.k = g_[in(0)].shape[1].c;
+        d.out = buffer(n, BufferKind::activation, DType::I32, n.shape[0], 4);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        emit(d, d.cols);
+        return;
+      }
     }
     fail("tile: op {} has no lowering", op_name(n.op));
   }

@@ -4,7 +4,13 @@
 // separate multiply and add (no FMA), and the same final tree, so their bits equal the generic dot's
 // (QuantDot.EveryVariantEqualsDequantizeThenDot).
 #pragma once
+// GCC 12 warns "'__Y' (may be) used uninitialized" inside its own AVX-512 intrinsic headers (the
+// _mm512_undefined_* operand of masked builtins, GCC bug 105593); silenced for these headers only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <cstdint>
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "quant/avx2.h"
+#include "quant/gemm_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -105,10 +106,11 @@ MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t
   for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]);
 }
 MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
+MK_QUANT_GEMM_ACT(gemm_act, GemmKind::q4_0, dot_act_generic)
 }  // namespace
 
 extern const QuantType kQ4_0 = {DType::Q4_0, "q4_0", 2, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                dot_act4};
+                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant

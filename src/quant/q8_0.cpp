@@ -1,5 +1,6 @@
 // q8_0 (ggml id 8): 32 elements in 34 bytes, { f16 d; i8 qs[32] }; value d * q (block_q8_0).
 #include "quant/avx2.h"
+#include "quant/gemm_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -84,10 +85,11 @@ MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t
   for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]);
 }
 MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
+MK_QUANT_GEMM_ACT(gemm_act, GemmKind::q8_0, dot_act_generic)
 }  // namespace
 
 extern const QuantType kQ8_0 = {DType::Q8_0, "q8_0", 8, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                dot_act4};
+                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant

@@ -1,6 +1,7 @@
 #include "quant/quant.h"
 
 #include <array>
+#include <cstdlib>
 
 #include "model/model_file.h"
 #include "quant/quant_impl.h"
@@ -26,6 +27,43 @@ Isa runtime_isa() {
 }  // namespace detail
 
 DotIsa dot_isa() { return detail::runtime_isa(); }
+
+namespace {
+GemmIsa runtime_gemm_isa() {
+  __builtin_cpu_init();
+  if (detail::runtime_isa() == DotIsa::generic) return GemmIsa::generic;
+  if (detail::runtime_isa() == DotIsa::avx512 && __builtin_cpu_supports("avx512vnni")) return GemmIsa::avx512vnni;
+  if (__builtin_cpu_supports("avxvnni")) return GemmIsa::avxvnni;
+  return GemmIsa::avx2;
+}
+}  // namespace
+
+bool gemm_isa_available(GemmIsa isa) {
+  static const GemmIsa have = runtime_gemm_isa();
+  if (isa == GemmIsa::avxvnni) return __builtin_cpu_supports("avxvnni");
+  return static_cast<int>(isa) <= static_cast<int>(have);
+}
+
+GemmIsa gemm_isa() {
+  static const GemmIsa isa = [] {
+    GemmIsa best = runtime_gemm_isa();
+    if (const char* e = std::getenv("MK_GEMM_ISA"))
+      for (GemmIsa i : {GemmIsa::generic, GemmIsa::avx2, GemmIsa::avxvnni, GemmIsa::avx512vnni})
+        if (gemm_isa_name(i) == e && gemm_isa_available(i)) best = i;
+    return best;
+  }();
+  return isa;
+}
+
+std::string_view gemm_isa_name(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::avx512vnni: return "avx512vnni";
+    case GemmIsa::avxvnni: return "avxvnni";
+    case GemmIsa::avx2: return "avx2";
+    case GemmIsa::generic: return "generic";
+  }
+  return "generic";
+}
 
 bool dot_isa_available(DotIsa isa) {
   const DotIsa have = detail::runtime_isa();

@@ -24,6 +24,7 @@
 // is what ggml's reference `dequantize_row_*` and gguf-py's `gguf.quants` compute: dequantization is
 // bit-exact against both (tests/unit/test_quant.cpp, fixtures from tests/data/quant/).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -102,6 +103,15 @@ struct QuantType {
   // q4_1, q8_0, q4_K, q5_K, q6_K have it); the AVX2 kernel on AVX2/AVX-512 machines, else four
   // dot_act calls.
   void (*dot_act4)(const void* w, const void* const* xq, int64_t n, float* out) = nullptr;
+  // A tile of dot_act: out[a * ldo + i] = dot_act(w + i * w_stride, xq + a * xq_stride, n) for weight
+  // rows i < nw and activation rows a < na (strides in bytes), the same bits as dot_act per pair.
+  // Register-blocked (src/quant/gemm_x86.h: 4 weight rows x 4 activation rows per pass with AVX-512
+  // VNNI, 2 x 4 with AVX2 / AVX-VNNI): for batched decode and prefill. nullptr where not written
+  // (q4_0, q4_1, q8_0 have it); picks the best variant this CPU runs once (gemm_isa).
+  using GemmActFn = void (*)(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t xq_stride,
+                             int64_t na, int64_t n, float* out, int64_t ldo);
+  GemmActFn gemm_act = nullptr;
+  GemmActFn gemm_act_variants[4] = {};  // indexed by GemmIsa (tests call each one the CPU runs)
 };
 
 // The entry for a quantized type, or nullptr for f32, f16, bf16, i32.
@@ -116,6 +126,15 @@ enum class DotIsa { generic = 0, avx2 = 1, avx512 = 2 };
 DotIsa dot_isa();
 bool dot_isa_available(DotIsa isa);
 std::string_view dot_isa_name(DotIsa isa);
+
+// Instruction sets of gemm_act: generic (dot_act per pair), AVX2 (vpmaddubsw), AVX-VNNI (vpdpbusd on
+// 256 bits) and AVX-512 VNNI (vpdpbusd on 512 bits). All give the same bits.
+enum class GemmIsa { generic = 0, avx2 = 1, avxvnni = 2, avx512vnni = 3 };
+// The one QuantType::gemm_act uses on this machine (MK_GEMM_ISA=generic|avx2|avxvnni|avx512vnni
+// picks a lower one, for benchmarks), whether the CPU can run one, and its name.
+GemmIsa gemm_isa();
+bool gemm_isa_available(GemmIsa isa);
+std::string_view gemm_isa_name(GemmIsa isa);
 
 // A copy of `m` with weight tensors quantized with quantize_row (for tests and benchmarks: a model
 // quantized in memory). `type_of` picks each tensor's type, or nullopt to keep it as it is; only

@@ -238,12 +238,21 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
 }
 
 // Samples the next token from the sequence's logits row; returns true when the sequence goes on.
-bool Engine::sample_and_emit(Seq& s, std::span<const float> logits) {
+bool Engine::sample_and_emit(Seq& s, std::span<const float> logits, const GreedyRow* greedy) {
   auto now = clock::now();
   int32_t next;
   try {
-    check_finite_logits(logits, fmt::format("position {}", s.tokens.size() - 1));
-    next = s.sampler.sample(logits);
+    const std::string where = fmt::format("position {}", s.tokens.size() - 1);
+    if (greedy) {  // chosen by the backend (forward_greedy): the same rule and the same refusal
+      if (greedy->n_nonfinite > 0)
+        fail("logits are not finite at {}: token {} is {} ({} of {} values are not finite); the model's weights or "
+             "activations overflowed or hold NaN",
+             where, greedy->first_nonfinite, greedy->first_value, greedy->n_nonfinite, n_vocab_);
+      next = greedy->id;
+    } else {
+      check_finite_logits(logits, where);
+      next = s.sampler.sample(logits);
+    }
   } catch (const Error& e) {
     finish(s, FinishReason::error, e.what());
     return false;
@@ -369,8 +378,15 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     b.block_tables.push_back(s.blocks);
   }
   std::vector<float> logits;
+  std::vector<GreedyRow> greedy;
+  // Every wanted row greedy: the backend picks the tokens where the logits are (a GPU returns 16
+  // bytes per row instead of n_vocab floats).
+  bool all_greedy = paged_ && !wanted.empty();
+  for (Seq* s : wanted) all_greedy &= s->params.sampler.temperature == 0;
   try {
-    if (paged_) {
+    if (all_greedy) {
+      greedy = backend_.forward_greedy(b);
+    } else if (paged_) {
       logits = backend_.forward(b);
     } else {
       MK_CHECK(seqs.size() == 1);
@@ -391,16 +407,19 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     ++stats_.steps;
     stats_.batch_rows += static_cast<uint64_t>(b.n_rows());
   }
-  if (logits.size() != wanted.size() * static_cast<size_t>(n_vocab_)) {
+  if (all_greedy ? greedy.size() != wanted.size() : logits.size() != wanted.size() * static_cast<size_t>(n_vocab_)) {
     std::string msg = fmt::format("backend '{}' returned {} logits for {} rows of {} tokens", backend_.name(),
-                                  logits.size(), wanted.size(), n_vocab_);
+                                  all_greedy ? greedy.size() : logits.size(), wanted.size(), n_vocab_);
     for (Seq* s : seqs) finish(*s, FinishReason::error, msg);
     return;
   }
   for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->n_computed += rows[i];
   for (size_t k = 0; k < wanted.size(); ++k)
-    sample_and_emit(*wanted[k], std::span<const float>(logits.data() + k * static_cast<size_t>(n_vocab_),
-                                                       static_cast<size_t>(n_vocab_)));
+    if (all_greedy)
+      sample_and_emit(*wanted[k], {}, &greedy[k]);
+    else
+      sample_and_emit(*wanted[k], std::span<const float>(logits.data() + k * static_cast<size_t>(n_vocab_),
+                                                         static_cast<size_t>(n_vocab_)));
 }
 
 void Engine::start() {

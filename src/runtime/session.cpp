@@ -72,6 +72,16 @@ std::vector<float> Session::eval(std::span<const int32_t> tokens) {
   return logits;
 }
 
+GreedyRow Session::eval_greedy(std::span<const int32_t> tokens) {
+  if (n_past + static_cast<int64_t>(tokens.size()) > n_ctx)
+    fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, tokens.size(), n_ctx);
+  for (int32_t t : tokens)
+    if (t < 0 || t >= hparams.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, hparams.n_vocab);
+  GreedyRow g = backend->forward_greedy(tokens, n_past);
+  n_past += static_cast<int64_t>(tokens.size());
+  return g;
+}
+
 void Session::reset() {
   backend->reset();
   n_past = 0;
@@ -107,19 +117,40 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     std::string echo = !o.prompt_ids.empty() ? (tok ? tok->decode(r.prompt_ids) : "") : o.prompt;
     if (!echo.empty()) on_text(echo);
   }
+  // Greedy decoding asks the backend for the token ids (computed where the logits are: on a GPU
+  // 16 bytes per step come back instead of the logits); sampling needs the logits row.
+  const bool greedy = o.sampler.temperature == 0;
+  GreedyRow g;
+  std::vector<float> logits;
+  auto eval = [&](std::span<const int32_t> t) {
+    if (greedy)
+      g = s.eval_greedy(t);
+    else
+      logits = s.eval(t);
+  };
   auto t0 = clock::now();
-  std::vector<float> logits = s.eval(r.prompt_ids);
+  eval(r.prompt_ids);
   r.prompt_ms = ms_since(t0);
   int64_t n_vocab = s.hparams.n_vocab;
   int32_t prev = r.prompt_ids.back();
   r.stop_reason = "n_new";
   auto t1 = clock::now();
   for (int i = 0; i < o.n_new; ++i) {
-    std::span<const float> last(logits.data() + logits.size() - static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab));
     // Every backend's row goes through this check: a NaN/inf row is an error naming where it
     // appeared, never a token chosen by where the bad value sits.
-    check_finite_logits(last, fmt::format("generation step {} (position {})", i, s.n_past - 1));
-    int32_t next = sampler.sample(last);
+    const std::string where = fmt::format("generation step {} (position {})", i, s.n_past - 1);
+    int32_t next;
+    if (greedy) {
+      if (g.n_nonfinite > 0)
+        fail("logits are not finite at {}: token {} is {} ({} of {} values are not finite); the model's weights or "
+             "activations overflowed or hold NaN",
+             where, g.first_nonfinite, g.first_value, g.n_nonfinite, n_vocab);
+      next = g.id;
+    } else {
+      std::span<const float> last(logits.data() + logits.size() - static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab));
+      check_finite_logits(last, where);
+      next = sampler.sample(last);
+    }
     if (!o.ignore_eos && tok && (tok->is_eos(next) || (s.stop_at_bos && next == tok->bos_id))) {
       r.stop_reason = "eos";
       break;
@@ -134,7 +165,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
       break;
     }
     int32_t tok[1] = {next};
-    logits = s.eval(tok);
+    eval(tok);
     ++r.n_decode_steps;
   }
   r.generation_ms = ms_since(t1);

@@ -44,6 +44,8 @@ class Session {
   explicit Session(const SessionOptions& options);
   // Runs the tokens at positions n_past.. and advances n_past; returns the backend's logits.
   std::vector<float> eval(std::span<const int32_t> tokens);
+  // The same step, returning the last token's greedy choice (Backend::forward_greedy) instead of logits.
+  GreedyRow eval_greedy(std::span<const int32_t> tokens);
   void reset();
 
   ModelFile model;

@@ -330,6 +330,22 @@ INSTANTIATE_TEST_SUITE_P(E2ECudaEmu, E2ECudaEmuQuant,
                          ::testing::Values("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q6_K", "q5_K", "q3_K", "q2_K", "mix"),
                          [](const auto& info) { return info.param; });
 
+// Float matmuls with several K steps per lane (K = 288 and 768 > 256 elements a warp covers per
+// step; 288 leaves a partial pass) on prompt rows (RB staged rows: the loads of a pass hoisted above
+// the row guards) and decode rows: stories15m's shape in bf16, 2 layers, within float rounding of cpu.
+TEST(E2ECudaEmuFloat, MultiStepMatmulRowsMatchTheCpuBackend) {
+  SynthSpec spec = synthetic_spec("stories15m");
+  spec.n_layer = 2;
+  spec.dtype = DType::BF16;
+  const ModelFile m = make_synthetic_model(spec);
+  const std::vector<float> cpu = test::prompt_then_decode_logits(m, "cpu", 32, "off");
+  const std::vector<float> emu = test::prompt_then_decode_logits(m, "cuda-emu", 32, "off");
+  ASSERT_EQ(emu.size(), cpu.size());
+  const double err = test::rel_l2(emu, cpu);
+  EXPECT_LT(err, 1e-5);
+  std::printf("  bf16 stories15m shape: cuda-emu vs cpu rel. L2 %.2e\n", err);
+}
+
 // SmolLM2-135M-Instruct Q4_1 (scripts/get-model.sh smollm2; skipped when absent): cuda-emu's greedy
 // tokens are the cpu backend's.
 TEST(E2ECudaEmuQuantModel, SmolLM2Q41GreedyEqualsCpu) {

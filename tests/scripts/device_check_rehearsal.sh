@@ -2,8 +2,9 @@
 # ctest DeviceCheck.Rehearsal: bench/device_check.sh --rehearse, both parts, on this machine (cpu,
 # and cuda-emu when the binary has it, in place of the GPU backends; small shapes in place of
 # 1B/8B). Each part must pass every row it runs and leave exactly its log and its tarball in $OUT,
-# the tarball holding each row's JSON; the log must hold one timing row per backend and one for the
-# unsplit attention (<main>/s1), and part1 the flash-decoding greedy rows (--attn-splits 1, 7).
+# the tarball holding each row's JSON; the log must hold one timing row per backend and shape (the
+# float shape and the quantized one: q4_1 in part1, q4_K in part2), one for the unsplit attention
+# (<main>/s1) on the float shape, and part1 the flash-decoding greedy rows (--attn-splits 1, 7).
 # Env: MK_BIN (the megakernel binary), MK_SHARED_DIR.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,7 +26,7 @@ for part in part1 part2; do
   backends=$(sed -n 's/^== rehearsal on .*: \(.*\) in place of cuda.*/\1/p' "$log")
   [[ -n "$backends" ]] || bad "$part: no rehearsal line naming the backends"
   if [[ $part == part1 ]]; then
-    shape=synth:stories260k:bf16
+    shapes="synth:stories260k:bf16 synth:stories260k:q4_1"
     for b in $backends; do
       for c in 0 1; do grep -qx "greedy_${b}_$c.json" <<<"$entries" || bad "part1: tarball lacks greedy_${b}_$c.json"; done
     done
@@ -36,13 +37,16 @@ for part in part1 part2; do
     grep -q '^PASS: .*logits: relative L2' "$log" || bad "part1: no passing logits row"
     grep -q '^PASS: host compile of synth:llama3.2-1b' "$log" || bad "part1: no host compile row"
   else
-    shape=synth:stories15m:bf16
+    shapes="synth:stories15m:bf16 synth:stories260k:q4_K"
     grep -q '^PASS: host compile of synth:llama3.1-8b' "$log" || bad "part2: no host compile row"
   fi
-  for b in $backends; do
-    grep -qE "^$shape +$b +[0-9.]+ +[0-9.]+ " "$log" || bad "$part: no timing row for $shape on $b"
-    grep -qx "time_${shape//[:.]/_}_$b.json" <<<"$entries" || bad "$part: tarball lacks the timing JSON of $b"
+  for shape in $shapes; do
+    for b in $backends; do
+      grep -qE "^$shape +$b +[0-9.]+ +[0-9.]+ " "$log" || bad "$part: no timing row for $shape on $b"
+      grep -qx "time_${shape//[:.]/_}_$b.json" <<<"$entries" || bad "$part: tarball lacks the timing JSON of $shape on $b"
+    done
   done
+  shape=${shapes%% *}  # the float shape also times the unsplit attention on the backend standing in for cuda
   grep -qE "^$shape +${backends##* }/s1 +[0-9.]+ +[0-9.]+ " "$log" || bad "$part: no unsplit-attention timing row (${backends##* }/s1)"
 done
 [[ $status == 0 ]] && echo "rehearsal passed"

@@ -439,5 +439,72 @@ TEST(E2EServeEngine, CpuBatchedEqualsGenerateAlone) {
   EXPECT_EQ(st.kv_blocks_free, 8);
 }
 
+
+// Delegates to a real backend and counts which entry the engine uses.
+class CountingBackend final : public Backend {
+ public:
+  explicit CountingBackend(Backend& b) : b_(b) {}
+  std::string name() const override { return "counting-" + b_.name(); }
+  std::vector<float> forward(std::span<const int32_t> t, int64_t n_past) override { return b_.forward(t, n_past); }
+  std::vector<float> forward(const StepBatch& batch) override {
+    ++logit_steps;
+    return b_.forward(batch);
+  }
+  using Backend::forward_greedy;
+  std::vector<GreedyRow> forward_greedy(const StepBatch& batch) override {
+    ++greedy_steps;
+    return b_.forward_greedy(batch);
+  }
+  int64_t kv_block_size() const override { return b_.kv_block_size(); }
+  int64_t kv_pool_blocks() const override { return b_.kv_pool_blocks(); }
+  int64_t max_batch_rows() const override { return b_.max_batch_rows(); }
+  void reset() override { b_.reset(); }
+  int logit_steps = 0, greedy_steps = 0;
+
+ private:
+  Backend& b_;
+};
+
+// Requests that are all greedy: every step asks the backend for token ids (forward_greedy, the
+// program's argmax op), never for logits, and the tokens equal `generate` alone.
+TEST(E2EServeEngine, AllGreedyBatchesAskForIdsNotLogits) {
+  const std::string model = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " not found";
+  SessionOptions so;
+  so.model_path = model;
+  so.backend = "cpu";
+  so.backend_options.threads = 2;
+  so.n_ctx = 128;
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat sat", "One day", "A dog"};
+  std::vector<GenerateResult> alone;
+  Session one(so);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateOptions g;
+    g.prompt = prompts[i];
+    g.n_new = 10 + static_cast<int>(i) * 2;
+    g.sampler.temperature = 0;
+    one.reset();
+    alone.push_back(generate(one, g));
+  }
+  Session s(so);
+  CountingBackend counting(*s.backend);
+  EngineOptions eo = engine_options(4, 128, s.hparams.n_vocab);
+  eo.prefill_chunk = 5;
+  eo.stop_at_bos = s.stop_at_bos;
+  Engine e(counting, s.tokenizer.get(), eo);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams p;
+    p.prompt_ids = alone[i].prompt_ids;
+    p.max_tokens = 10 + static_cast<int64_t>(i) * 2;
+    p.sampler.temperature = 0;
+    reqs.push_back(e.submit(p));
+  }
+  run_until_idle(e);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(*reqs[i]).token_ids, alone[i].generated_ids) << prompts[i];
+  EXPECT_GT(counting.greedy_steps, 0);
+  EXPECT_EQ(counting.logit_steps, 0);
+}
+
 }  // namespace
 }  // namespace mk

@@ -575,6 +575,74 @@ TEST(QuantActK, DotActWithinBudgetAndVariantsAgreeOnQuantizedRows) {
   }
 }
 
+// gemm_act: every variant and tile shape gives dot_act's bits per (weight row, activation row): row
+// counts that are not a multiple of the tile (1..9 weight rows, 1..17 activation rows), padded strides,
+// an output leading dimension wider than the tile, and a weight range starting at an odd row (a
+// matmul tile's columns c0..c1).
+TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  int with_gemm = 0;
+  for (const QuantType* q : quant::quant_types()) {
+    if (!q->gemm_act) continue;
+    SCOPED_TRACE(type_name(q));
+    ++with_gemm;
+    for (const int64_t n : {int64_t{32}, int64_t{7 * 32}, int64_t{18 * 32}}) {
+      const int64_t n_w = 10, n_x = 17;
+      const size_t wrow = static_cast<size_t>(n / 32 * q->block_bytes), xrow = static_cast<size_t>(n / 32 * q->act->block_bytes);
+      const size_t ws = wrow + 6, xs = xrow + 10;  // padded strides
+      std::vector<uint8_t> w(ws * n_w), x(xs * n_x);
+      for (int64_t i = 0; i < n_w; ++i) {
+        std::vector<uint8_t> r = quantize(q, random_weights(n, 100 + static_cast<int>(i + n)));
+        if (i == 3) {  // the fixture's blocks (extreme scales, every quant value) as far as they fit
+          const std::vector<uint8_t> f = read_bin(type_name(q) + ".blocks.bin");
+          std::copy_n(f.begin(), std::min(f.size(), r.size()), r.begin());
+        }
+        std::copy(r.begin(), r.end(), w.begin() + static_cast<std::ptrdiff_t>(ws * i));
+      }
+      for (int64_t a = 0; a < n_x; ++a) {
+        std::vector<float> xf(static_cast<size_t>(n));
+        for (auto& v : xf) v = u(rng);
+        q->act->quantize_row(xf.data(), x.data() + xs * a, n);
+      }
+      for (int v = 0; v < 4; ++v) {
+        const auto isa = static_cast<quant::GemmIsa>(v);
+        if (!quant::gemm_isa_available(isa)) continue;
+        SCOPED_TRACE(std::string(quant::gemm_isa_name(isa)));
+        for (const int64_t w0 : {int64_t{0}, int64_t{1}})
+          for (const int64_t nw : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7}, int64_t{9}}) {
+            if (w0 + nw > n_w) continue;
+            for (const int64_t na : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{9}, int64_t{17}}) {
+              const int64_t ldo = nw + 3;
+              std::vector<float> out(static_cast<size_t>(na * ldo), -7.0f);
+              q->gemm_act_variants[v](w.data() + ws * w0, ws, nw, x.data(), xs, na, n, out.data(), ldo);
+              for (int64_t a = 0; a < na; ++a)
+                for (int64_t i = 0; i < ldo; ++i) {
+                  const float got = out[static_cast<size_t>(a * ldo + i)];
+                  if (i >= nw) {
+                    EXPECT_EQ(got, -7.0f) << "wrote past the tile";
+                    continue;
+                  }
+                  const float want = dot_act_model(q, w.data() + ws * (w0 + i), x.data() + xs * a, n);
+                  if (std::isnan(want)) {
+                    EXPECT_TRUE(std::isnan(got));
+                    continue;
+                  }
+                  uint32_t bw, bg;
+                  std::memcpy(&bw, &want, 4);
+                  std::memcpy(&bg, &got, 4);
+                  EXPECT_EQ(bg, bw) << "n " << n << " rows " << nw << " x " << na << " at (" << i << ", " << a << "): " << got
+                                    << " vs " << want;
+                }
+            }
+          }
+      }
+    }
+  }
+  EXPECT_EQ(with_gemm, 3);  // q4_0, q4_1, q8_0
+  EXPECT_TRUE(quant::gemm_isa_available(quant::gemm_isa()));
+}
+
 TEST(QuantDot, ScaleChecksFindNonFiniteScales) {
   // The f16 scale fields of each block (ggml-common.h): d, and m / dmin where the type has one.
   const std::pair<DType, std::vector<int>> fields[] = {

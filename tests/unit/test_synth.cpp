@@ -9,6 +9,7 @@
 
 #include "archs/arch.h"
 #include "model/synth.h"
+#include "quant/quant.h"
 #include "support/error.h"
 #include "passes/pass.h"
 
@@ -92,6 +93,40 @@ TEST(Synth, ParallelFillIsDeterministicAndSmallTensorsUnchanged) {
   const WeightTensor& e = a.get("token_embd.weight");
   EXPECT_NE(std::memcmp(e.data, e.data + (size_t{1} << 21), 4096), 0);
   EXPECT_THROW(synthetic_spec("llama3.2-1b-nosuch"), Error);
+}
+
+// synth:<name>:<ggml type>: the f32 synthetic weights quantized (quant::quantize_model's bytes), rows
+// that are not whole blocks falling back to q8_0 (stories260k's 64-wide rows for q4_K) or f32 (its
+// 172-wide ffn_down); shapes-only gives the same dtypes and sizes; a bad name lists the types.
+TEST(Synth, QuantizedTypeEqualsQuantizeModelOfTheF32Weights) {
+  const ModelFile f32 = load_synthetic_model("synth:stories260k");
+  for (auto [type, fallback] : {std::pair{DType::Q4_1, std::optional<DType>{}}, std::pair{DType::Q4_K, std::optional<DType>{DType::Q8_0}}}) {
+    const std::string path = "synth:stories260k:" + std::string(dtype_name(type));
+    const ModelFile q = load_synthetic_model(path);
+    const ModelFile want = quant::quantize_model(f32, type, fallback);
+    const ModelFile shapes = load_synthetic_model(path, false);
+    ASSERT_EQ(q.tensors().size(), want.tensors().size());
+    int quantized = 0;
+    for (const WeightTensor& w : want.tensors()) {
+      const WeightTensor& t = q.get(w.name);
+      EXPECT_EQ(t.dtype, w.dtype) << path << " " << w.name;
+      EXPECT_EQ(shapes.get(w.name).dtype, w.dtype) << path << " " << w.name;
+      EXPECT_EQ(shapes.get(w.name).nbytes, w.nbytes) << path << " " << w.name;
+      ASSERT_EQ(t.nbytes, w.nbytes) << path << " " << w.name;
+      EXPECT_EQ(std::memcmp(t.data, w.data, w.nbytes), 0) << path << " " << w.name;
+      quantized += dtype_is_quantized(t.dtype);
+    }
+    EXPECT_EQ(q.get("blk.0.ffn_down.weight").dtype, DType::F32) << path;  // 172 columns
+    EXPECT_EQ(q.get("blk.0.attn_q.weight").dtype, type == DType::Q4_K ? DType::Q8_0 : DType::Q4_1) << path;
+    EXPECT_GE(quantized, 30) << path;
+  }
+  try {
+    load_synthetic_model("synth:stories260k:q9_9");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown dtype 'q9_9' (f32, f16, bf16, "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("q4_K"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -92,7 +92,8 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bo
   arena_ = alloc_zeroed(static_cast<size_t>(p_.arena_bytes));
   kv_ = alloc_zeroed(static_cast<size_t>(p_.kv_bytes));
   counters_ = std::make_unique<Counter[]>(p_.counters.size());
-  const size_t sf = scratch_floats(p_);
+  scratch_floats_ = scratch_floats(p_);
+  const size_t sf = scratch_floats_ + act_cache_floats(p_);
   const int W = p_.workers;
   for (int w = 0; w < W; ++w) scratch_.push_back(reinterpret_cast<float*>(alloc_zeroed(sf * sizeof(float))));
   trace_.assign(static_cast<size_t>(W), {});
@@ -278,8 +279,8 @@ bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
 }
 
 void Interpreter::run_step(int w, uint32_t epoch) {
-  StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_};
   float* scratch = scratch_[static_cast<size_t>(w)];
+  StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_, scratch + scratch_floats_, epoch};
   const uint64_t n = p_.instrs.size();
   auto exec = [&](uint64_t idx) -> bool {
     const Instr& in = p_.instrs[idx];

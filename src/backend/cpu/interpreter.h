@@ -82,7 +82,8 @@ class Interpreter {
   std::vector<std::unique_ptr<std::vector<float>>> converted_;  // unaligned f32 copies
   uint8_t* arena_ = nullptr;
   uint8_t* kv_ = nullptr;
-  std::vector<float*> scratch_;
+  std::vector<float*> scratch_;  // per worker: scratch_floats, then act_cache_floats (kernels.h)
+  size_t scratch_floats_ = 0;
   std::unique_ptr<Counter[]> counters_;
   std::vector<uint32_t> wait_target_;  // count per wait, flattened
   SymValues sym_;

@@ -1,9 +1,11 @@
 #include "backend/cpu/kernels.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
+#include "backend/step_batch.h"
 #include "ir/ops.h"
 #include "support/error.h"
 
@@ -163,35 +165,48 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* s = c.scratch;
   const float* x = c.buf(o.x);
   const int64_t xs = c.cols(o.x);
-  if (o.pro_rms) {  // normalise the rows once per tile
+  const WeightRef& W = c.w(o.w);
+  const bool act_q8 = W.act_q8 && (o.glu == Act::none || c.w(o.w_up).act_q8);
+  // The activation rows quantized by this worker for an earlier tile of this op in this step.
+  uint32_t* cache_tag = c.m.act_cache ? reinterpret_cast<uint32_t*>(c.m.act_cache) : nullptr;
+  const bool cached = act_q8 && cache_tag && cache_tag[0] == c.m.step && cache_tag[1] == static_cast<uint32_t>(in.op);
+  if (o.pro_rms && !cached) {  // normalise the rows once per tile
     float* nw = s + R * K;
     const float* wn = weight_span(c.w(o.norm_w), 0, 0, K, nw);
     for (int64_t r = 0; r < R; ++r) rms_norm_span(x + r * xs, wn, o.weight_offset, o.eps, K, s + r * K);
     x = s;
-    s += R * K;
   }
+  if (o.pro_rms) s += R * K;
   const int64_t ldx = o.pro_rms ? K : xs;
   const int64_t stride = K + 32;
   float* wtmp = s;               // 4 converted weight rows
   float* utmp = s + 4 * stride;  // 4 converted up rows
   float* tile = s + 8 * stride;  // [R, T]
-  const WeightRef& W = c.w(o.w);
-  // Past the tile: quantized activation rows (up to two block types for a GLU), then RoPE's table.
-  float* after_tile = tile + R * T + act_q8_floats(R, K);
+  // Past the tile: quantized activation rows (up to two block types for a GLU), the GLU's up tile
+  // [R, T], then RoPE's table.
+  float* utile = tile + R * T + act_q8_floats(R, K);
+  float* after_tile = utile + R * T;
   bool done = false;
-  if (W.act_q8 && (o.glu == Act::none || c.w(o.w_up).act_q8)) {
-    // llama.cpp's arithmetic: each activation row quantized once per tile to 8-bit blocks, then
-    // integer block dots (src/quant/quant.h dot_act); the same for decode and prefill rows.
+  if (act_q8) {
+    // llama.cpp's arithmetic: each activation row quantized to 8-bit blocks, then integer block dots
+    // (src/quant/quant.h dot_act); the same for decode and prefill rows. The quantized rows are kept
+    // in the worker's act_cache for its next tile of this op (or, without a cache, made per tile).
     const WeightRef& U = c.w(o.w_up);
     const quant::ActQuant* aw = W.quant->act;
     const quant::ActQuant* au = o.glu != Act::none ? U.quant->act : aw;
     const size_t wrow = static_cast<size_t>(K / aw->block_size * aw->block_bytes);
     const size_t urow = static_cast<size_t>(K / au->block_size * au->block_bytes);
-    uint8_t* xw = reinterpret_cast<uint8_t*>(tile + R * T);
+    uint8_t* xw = cache_tag ? reinterpret_cast<uint8_t*>(c.m.act_cache + 16) : reinterpret_cast<uint8_t*>(tile + R * T);
     uint8_t* xu = au == aw ? xw : xw + R * wrow;
-    for (int64_t r = 0; r < R; ++r) aw->quantize_row(x + r * ldx, xw + r * wrow, K);
-    if (au != aw)
-      for (int64_t r = 0; r < R; ++r) au->quantize_row(x + r * ldx, xu + r * urow, K);
+    if (!cached) {
+      for (int64_t r = 0; r < R; ++r) aw->quantize_row(x + r * ldx, xw + r * wrow, K);
+      if (au != aw)
+        for (int64_t r = 0; r < R; ++r) au->quantize_row(x + r * ldx, xu + r * urow, K);
+      if (cache_tag) {
+        cache_tag[0] = c.m.step;
+        cache_tag[1] = static_cast<uint32_t>(in.op);
+      }
+    }
     // dot_act of weight row `row` against activation rows r..r+3 (four rows sharing each weight block).
     const auto dot4 = [&](const quant::QuantType* q, const uint8_t* row, const uint8_t* xs, size_t xrow, int64_t r,
                           float* o4) {
@@ -199,20 +214,30 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       if (q->dot_act4) return q->dot_act4(row, xr, K, o4);
       for (int i = 0; i < 4; ++i) o4[i] = q->dot_act(row, xr[i], K);
     };
-    for (int64_t j = in.c0; j < in.c1; ++j) {
-      const uint8_t* wr = W.data + static_cast<size_t>(j) * W.row_bytes;
-      const uint8_t* ur = o.glu != Act::none ? U.data + static_cast<size_t>(j) * U.row_bytes : nullptr;
-      int64_t r = 0;
-      for (; r + 4 <= R; r += 4) {
-        float v[4], u[4];
-        dot4(W.quant, wr, xw, wrow, r, v);
-        if (ur) dot4(U.quant, ur, xu, urow, r, u);
-        for (int i = 0; i < 4; ++i) tile[(r + i) * T + (j - in.c0)] = ur ? act(o.glu, v[i]) * u[i] : v[i];
+    if (W.quant->gemm_act && (o.glu == Act::none || U.quant->gemm_act)) {
+      // Register-blocked tiles (several weight rows x several activation rows per pass, VNNI where
+      // the CPU has it): the same bits as dot_act per element.
+      W.quant->gemm_act(W.data + static_cast<size_t>(in.c0) * W.row_bytes, W.row_bytes, T, xw, wrow, R, K, tile, T);
+      if (o.glu != Act::none) {
+        U.quant->gemm_act(U.data + static_cast<size_t>(in.c0) * U.row_bytes, U.row_bytes, T, xu, urow, R, K, utile, T);
+        for (int64_t i = 0; i < R * T; ++i) tile[i] = act(o.glu, tile[i]) * utile[i];
       }
-      for (; r < R; ++r) {
-        float v = W.quant->dot_act(wr, xw + r * wrow, K);
-        if (ur) v = act(o.glu, v) * U.quant->dot_act(ur, xu + r * urow, K);
-        tile[r * T + (j - in.c0)] = v;
+    } else {  // types without gemm_act (q5_0, q5_1): dot_act4 / dot_act per weight row
+      for (int64_t j = in.c0; j < in.c1; ++j) {
+        const uint8_t* wr = W.data + static_cast<size_t>(j) * W.row_bytes;
+        const uint8_t* ur = o.glu != Act::none ? U.data + static_cast<size_t>(j) * U.row_bytes : nullptr;
+        int64_t r = 0;
+        for (; r + 4 <= R; r += 4) {
+          float v[4], u[4];
+          dot4(W.quant, wr, xw, wrow, r, v);
+          if (ur) dot4(U.quant, ur, xu, urow, r, u);
+          for (int i = 0; i < 4; ++i) tile[(r + i) * T + (j - in.c0)] = ur ? act(o.glu, v[i]) * u[i] : v[i];
+        }
+        for (; r < R; ++r) {
+          float v = W.quant->dot_act(wr, xw + r * wrow, K);
+          if (ur) v = act(o.glu, v) * U.quant->dot_act(ur, xu + r * urow, K);
+          tile[r * T + (j - in.c0)] = v;
+        }
       }
     }
     done = true;
@@ -460,7 +485,7 @@ size_t scratch_floats(const Program& p) {
     int64_t n = 0;
     switch (o.opcode) {
       case Opcode::matmul:
-        n = 2 * R * o.k + 8 * (o.k + 32) + R * o.tile_cols + act_q8_floats(R, o.k) + 2 * o.n_rot + 64;
+        n = 2 * R * o.k + 8 * (o.k + 32) + 2 * R * o.tile_cols + act_q8_floats(R, o.k) + 2 * o.n_rot + 64;
         break;
       case Opcode::attention:
       case Opcode::attention_partial:
@@ -475,6 +500,13 @@ size_t scratch_floats(const Program& p) {
     need = std::max(need, n);
   }
   return static_cast<size_t>(need);
+}
+
+size_t act_cache_floats(const Program& p) {
+  int64_t need = 0;
+  for (const OpDesc& o : p.ops)
+    if (o.opcode == Opcode::matmul) need = std::max(need, act_q8_floats(o.rows.eval({p.max_tokens, p.max_tokens}), o.k));
+  return static_cast<size_t>(16 + need);  // 16: the (step, op) tag, keeping the rows 64-byte aligned
 }
 
 void execute(const Program& p, const Instr& in, const StepMemory& m, float* scratch) {
@@ -596,6 +628,17 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       const int32_t* rows = c.ibuf(p.logit_rows_buffer);  // R = n_out rows, each a row of x
       for (int64_t r = 0; r < R; ++r)
         std::memcpy(out + r * o.cols + c0, x + rows[r] * o.cols + c0, static_cast<size_t>(T) * 4);
+      return;
+    }
+    case Opcode::argmax: {
+      const float* x = c.buf(o.x);
+      int32_t* out = const_cast<int32_t*>(c.ibuf(o.out));
+      const int64_t xs = c.cols(o.x);
+      for (int64_t r = 0; r < R; ++r) {
+        const GreedyRow g = greedy_row(std::span<const float>(x + r * xs, static_cast<size_t>(o.k)));
+        const int32_t v[4] = {g.id, g.n_nonfinite, g.first_nonfinite, std::bit_cast<int32_t>(g.first_value)};
+        for (int64_t j = c0; j < c1; ++j) out[r * 4 + j] = v[j];
+      }
       return;
     }
   }

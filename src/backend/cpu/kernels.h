@@ -39,6 +39,11 @@ struct StepMemory {
   // and V rows are rounded to f16 where they are stored, the query to f16 before Q.K, and the
   // normalised attention probabilities to f16 before they weight V.
   bool kv_f16 = false;
+  // This worker's cache of a matmul op's activation rows quantized to 8-bit blocks (act_cache_floats
+  // floats; nullptr: none), valid for one (step, op): every tile of an op reads the same rows, so the
+  // worker that runs several of its tiles quantizes them (and applies the RMS prologue) once.
+  float* act_cache = nullptr;
+  uint32_t step = 0;  // the step's number, > 0 and different for every step of an interpreter
 };
 
 // v rounded to the nearest IEEE half (ties to even), as float.
@@ -52,6 +57,8 @@ inline float round_f16(float v) {
 
 // Per-worker scratch space, sized by scratch_floats().
 size_t scratch_floats(const Program& p);
+// Per-worker floats for StepMemory::act_cache.
+size_t act_cache_floats(const Program& p);
 
 void execute(const Program& p, const Instr& in, const StepMemory& m, float* scratch);
 

@@ -157,6 +157,7 @@ class Generator {
       case Opcode::rope: return fmt::format("mk_rope<MkC{}>(in, a, s, smem)", f);
       case Opcode::kv_store: return fmt::format("mk_kv_store<MkC{}>(in, a, s, smem)", f);
       case Opcode::last_row: return fmt::format("mk_last_row<MkC{}>(in, a, s, smem)", f);
+      case Opcode::argmax: return fmt::format("mk_argmax<MkC{}>(in, a, s, smem)", f);
       default: return fmt::format("mk_eltwise<MkC{}>(in, a, s, smem)", f);
     }
   }
@@ -327,6 +328,10 @@ class Generator {
       case Opcode::last_row:
         b += fmt::format("  static constexpr int XS = {}, OS = {};\n", stride(op.x), stride(op.out));
         *smem_floats = 4;
+        break;
+      case Opcode::argmax:  // a (value, id, non-finite count, first non-finite) record per warp
+        b += fmt::format("  static constexpr int K = {}, XS = {}, OS = {};\n", op.k, stride(op.x), stride(op.out));
+        *smem_floats = static_cast<size_t>(4 * warps_ + 4);
         break;
     }
     return b;

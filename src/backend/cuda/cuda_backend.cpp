@@ -8,7 +8,8 @@
 // Setup: compile the Program for one block per SM (workers = SM count; cuda-emu: its block count),
 // generate the source, compile it for the device (NVRTC, or the host compiler; disk-cached), upload
 // weights (ggml blocks raw, rows padded to 16 bytes), allocate the arena, KV storage, counters and tables. A step: copy
-// tokens/positions/symbols from pinned staging, launch, copy the logits back, synchronise, then read
+// tokens/positions/symbols from pinned staging, launch, copy the logits back (greedy decoding: the
+// argmax op's 16 bytes per row instead), synchronise, then read
 // the host-mapped error record (a counter wait that timed out, a bad token id, on cuda-emu a race)
 // and turn it into an mk::Error. After a device error the backend refuses further steps until reset().
 //
@@ -213,6 +214,12 @@ class CudaBackend final : public Backend {
     if (out_buffer_ < 0) fail("{}: the program has no output named logits", name_);
     const Buffer& ob = p.buffers[static_cast<size_t>(out_buffer_)];
     out_host_ = rt_->host_alloc(static_cast<size_t>(ob.max_rows * ob.cols) * 4, nullptr);
+    for (const auto& [oname, b] : p.outputs)  // the argmax op's rows: what greedy decoding copies back
+      if (oname == "greedy") greedy_buffer_ = b;
+    if (greedy_buffer_ >= 0) {
+      const Buffer& gb = p.buffers[static_cast<size_t>(greedy_buffer_)];
+      greedy_host_ = rt_->host_alloc(static_cast<size_t>(gb.max_rows * gb.cols) * 4, nullptr);
+    }
     timeout_ns_ = static_cast<uint64_t>(env_int("MK_CUDA_WAIT_TIMEOUT_MS", 10000)) * 1000000ull;
     n_ctx_ = p.n_ctx;
     limits_.max_rows = p.max_tokens;
@@ -264,6 +271,16 @@ class CudaBackend final : public Backend {
     const int64_t cols = program_.buffers[static_cast<size_t>(out_buffer_)].cols;
     return select_logit_rows(out, static_cast<int64_t>(out.size()) / cols, cols, batch, in);
   }
+  using Backend::forward_greedy;
+  // Copies the argmax op's 16 bytes per row instead of the logits.
+  std::vector<GreedyRow> forward_greedy(const StepBatch& batch) override {
+    if (greedy_buffer_ < 0) return Backend::forward_greedy(batch);
+    if (!broken_.empty()) fail("{}: the backend stopped after a device error ({}); reset() first", name_, broken_);
+    StepInputs in = prepare_step(batch, limits_);
+    const size_t words = run_step(in, greedy_buffer_, greedy_host_);
+    return select_greedy_rows(std::span<const int32_t>(static_cast<const int32_t*>(greedy_host_), words),
+                              static_cast<int64_t>(words) / 4, batch, in);
+  }
   int64_t kv_block_size() const override { return limits_.block_size; }
   int64_t kv_pool_blocks() const override { return limits_.pool_blocks; }
   int64_t max_batch_rows() const override { return limits_.max_rows; }
@@ -305,15 +322,27 @@ class CudaBackend final : public Backend {
   }
 
   std::vector<float> step(const StepInputs& si) {
+    const float* o = static_cast<const float*>(out_host_);
+    return std::vector<float>(o, o + run_step(si, out_buffer_, out_host_));
+  }
+
+  // One step; copies output buffer `out_buffer` (this step's rows) to pinned `out_host` and returns
+  // its size in 32-bit words.
+  size_t run_step(const StepInputs& si, int out_buffer, void* out_host) {
     const Program& p = program_;
     const int64_t m = si.n_rows();
     // Stage inputs exactly as they lie in the arena, then the symbols.
     auto* in = static_cast<uint8_t*>(in_host_);
+    // The bytes each input uses this step (arena offsets): only those are copied. The block table
+    // is sized for max_tokens sequences of n_ctx positions (256 KB for the 1B at 4096 tokens) while
+    // a decode step of one sequence uses one row of it.
+    std::vector<std::pair<size_t, size_t>> used;
     auto put = [&](int buffer, const std::vector<int32_t>& v) {
       if (buffer < 0) return;
       const Buffer& B = p.buffers[static_cast<size_t>(buffer)];
       MK_CHECK(static_cast<int64_t>(v.size()) <= B.max_rows * B.cols, "step input {} too long", B.name);
       std::memcpy(in + static_cast<size_t>(B.offset) - in_lo_, v.data(), v.size() * 4);
+      if (!v.empty()) used.emplace_back(static_cast<size_t>(B.offset), static_cast<size_t>(B.offset) + v.size() * 4);
     };
     put(p.tokens_buffer, si.tokens);
     put(p.positions_buffer, si.positions);
@@ -324,16 +353,26 @@ class CudaBackend final : public Backend {
     const int64_t n_past = si.positions.empty() ? 0 : si.positions[0];  // for error messages
     cuda::MkSym sym{static_cast<int32_t>(m), static_cast<int32_t>(si.n_out())};
     std::memcpy(in + (in_hi_ - in_lo_), &sym, sizeof sym);
-    const Buffer& ob = p.buffers[static_cast<size_t>(out_buffer_)];
+    const Buffer& ob = p.buffers[static_cast<size_t>(out_buffer)];
     const int64_t out_rows = ob.rows.eval({m, si.n_out()});
     const size_t out_bytes = static_cast<size_t>(out_rows * ob.cols) * 4;
-    const size_t out_max = static_cast<size_t>(ob.max_rows * ob.cols) * 4;
     const uint64_t out_dev = arena_ + static_cast<uint64_t>(ob.offset);
 
     cuda::MkParams prm = params();
     prm.sym = sym;
+    // The used ranges merged where less than 4 KB apart (a copy call costs more than that many
+    // bytes); the graph's captured copy is fixed at capture, so it takes the whole input region.
+    std::sort(used.begin(), used.end());
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (const auto& [lo, hi] : used)
+      if (!ranges.empty() && lo <= ranges.back().second + 4096) ranges.back().second = std::max(ranges.back().second, hi);
+      else ranges.emplace_back(lo, hi);
     auto copy_in = [&] {
-      rt_->copy_to_device(arena_ + in_lo_, in_host_, in_hi_ - in_lo_, true);
+      if (mode_ == CudaMode::graph) {
+        rt_->copy_to_device(arena_ + in_lo_, in_host_, in_hi_ - in_lo_, true);
+      } else {
+        for (const auto& [lo, hi] : ranges) rt_->copy_to_device(arena_ + lo, in + (lo - in_lo_), hi - lo, true);
+      }
       rt_->copy_to_device(sym_dev_, in + (in_hi_ - in_lo_), sizeof sym, true);
     };
     switch (mode_) {
@@ -345,24 +384,26 @@ class CudaBackend final : public Backend {
         copy_in();
         rt_->launch(src_.kernel_name, static_cast<unsigned>(grid_), static_cast<unsigned>(src_.threads), src_.smem_bytes, prm, -1, true);
         epoch_ = prm.epoch;
-        rt_->copy_to_host(out_host_, out_dev, out_bytes, true);
+        rt_->copy_to_host(out_host, out_dev, out_bytes, true);
         break;
       }
       case CudaMode::perop:
         copy_in();
         launch_perop(prm);
-        rt_->copy_to_host(out_host_, out_dev, out_bytes, true);
+        rt_->copy_to_host(out_host, out_dev, out_bytes, true);
         break;
       case CudaMode::graph:
-        if (!captured_) {  // captured once: the copies read the pinned staging at replay
+        if (!captured_) {  // captured once: the input copies read the pinned staging at replay
           rt_->begin_capture();
           copy_in();
           launch_perop(prm);
-          rt_->copy_to_host(out_host_, out_dev, out_max, true);
           rt_->end_capture();
           captured_ = true;
         }
         rt_->replay();
+        // After the replay on the same stream (not captured: a step copies the logits or, for
+        // greedy decoding, the argmax rows).
+        rt_->copy_to_host(out_host, out_dev, out_bytes, true);
         break;
     }
     const std::string sync_error = rt_->synchronize();
@@ -375,8 +416,7 @@ class CudaBackend final : public Backend {
       fail("{}: {}", name_, broken_);
     }
     if (!trace_path_.empty()) collect_trace(prm.epoch);
-    const float* o = static_cast<const float*>(out_host_);
-    return std::vector<float>(o, o + out_bytes / 4);
+    return out_bytes / 4;
   }
 
   // Appends this step's records to the per-SM tracks; times in ns from the earliest record of the
@@ -471,6 +511,8 @@ class CudaBackend final : public Backend {
   void* out_host_ = nullptr;
   size_t in_lo_ = 0, in_hi_ = 0;
   int out_buffer_ = -1;
+  int greedy_buffer_ = -1;        // the argmax op's output (i32 [rows, 4]); -1 when the graph has none
+  void* greedy_host_ = nullptr;   // pinned
   int64_t n_ctx_ = 0;
   StepLimits limits_;
   uint64_t timeout_ns_ = 0;

@@ -1,5 +1,6 @@
 // The reference backend: executes the Graph op by op in float32 with float64 accumulation in
 // reductions. Simple and obviously right: the oracle every other backend is compared with.
+#include <bit>
 #include <cmath>
 #include <unordered_map>
 
@@ -56,6 +57,15 @@ class ReferenceBackend final : public Backend {
     std::vector<float> out = run(in);
     const int64_t cols = g_[g_.outputs.at(0).value].shape[1].c;
     return select_logit_rows(out, static_cast<int64_t>(out.size()) / cols, cols, batch, in);
+  }
+  using Backend::forward_greedy;
+  std::vector<GreedyRow> forward_greedy(const StepBatch& batch) override {
+    bool has = false;  // a graph without the argmax op: argmax the logits here
+    for (const auto& o : g_.outputs) has |= o.name == "greedy";
+    if (!has) return Backend::forward_greedy(batch);
+    StepInputs in = prepare_step(batch, limits_);
+    run(in);
+    return select_greedy_rows(greedy_, static_cast<int64_t>(greedy_.size()) / 4, batch, in);
   }
   int64_t kv_block_size() const override { return limits_.block_size; }
   int64_t kv_pool_blocks() const override { return limits_.pool_blocks; }
@@ -260,6 +270,16 @@ class ReferenceBackend final : public Backend {
           for (int32_t r : step.logit_rows) out.insert(out.end(), x + r * cols, x + (r + 1) * cols);
           break;
         }
+        case Op::argmax: {
+          const float* x = in(0);
+          const int64_t k = in_node(0).shape[1].c;
+          auto& iv = ival[static_cast<size_t>(n.id)];
+          for (int64_t r = 0; r < rows; ++r) {
+            const GreedyRow g = greedy_row(std::span<const float>(x + r * k, static_cast<size_t>(k)));
+            iv.insert(iv.end(), {g.id, g.n_nonfinite, g.first_nonfinite, std::bit_cast<int32_t>(g.first_value)});
+          }
+          break;
+        }
         case Op::fused_matmul:  // made by the compiler's fuse pass; the oracle runs unfused graphs
           fail("reference backend: %{} is a fused_matmul; run the graph before the fuse pass", n.id);
       }
@@ -270,6 +290,9 @@ class ReferenceBackend final : public Backend {
         if (last_use_[static_cast<size_t>(i)] == n.id && !is_output(i)) std::vector<float>().swap(val[static_cast<size_t>(i)]);
     }
     MK_CHECK(!g_.outputs.empty());
+    greedy_.clear();
+    for (const auto& o : g_.outputs)
+      if (o.name == "greedy") greedy_ = ival[static_cast<size_t>(o.value)];
     return val[static_cast<size_t>(g_.outputs[0].value)];
   }
 
@@ -291,6 +314,7 @@ class ReferenceBackend final : public Backend {
 
   const Graph& g_;
   const ModelFile& m_;
+  std::vector<int32_t> greedy_;  // the last run's "greedy" output, i32 [rows, 4]
   int64_t n_ctx_ = 0;
   StepLimits limits_{256};  // rows per step: the compiled backends' default max_tokens
   bool all_rows_ = false;   // the output is logits of every row (all_logits)

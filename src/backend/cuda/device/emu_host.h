@@ -326,6 +326,8 @@ inline void check_write(const void* p) {
 
 }  // namespace mk_emu
 
+using std::isfinite;  // CUDA's math functions (the argmax op)
+using std::isnan;
 #define threadIdx (mk_emu::thread_idx())
 #define blockIdx (mk_emu::block_idx())
 #define gridDim (mk_emu::grid_dim())

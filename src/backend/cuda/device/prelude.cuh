@@ -198,25 +198,60 @@ __device__ __forceinline__ void mk_matmul_cols(const float* xs, float* tile, con
     for (int rb = 0; rb < RB; ++rb)
 #pragma unroll
       for (int c = 0; c < NW; ++c) acc[rb][c] = accu[rb][c] = 0.0f;
+    if constexpr (RB == 1) {  // decode: nvcc issues the loads of the unrolled steps back to back
 #pragma unroll (NW >= 4 ? 1 : 4 / NW)
-    for (int q = lane * 8; q < KV; q += 256) {
-      float w8[NW][8], u8[NW][8];
+      for (int q = lane * 8; q < KV; q += 256) {
+        float w8[NW][8], u8[NW][8];
 #pragma unroll
-      for (int c = 0; c < NW; ++c) {
-        C::W::load8(wrow[c], q, w8[c]);
-        if constexpr (C::GLU) C::W::load8(urow[c], q, u8[c]);
+        for (int c = 0; c < NW; ++c) {
+          C::W::load8(wrow[c], q, w8[c]);
+          if constexpr (C::GLU) C::W::load8(urow[c], q, u8[c]);
+        }
+        const float4 xa = *(const float4*)(xs + q), xb = *(const float4*)(xs + q + 4);
+#pragma unroll
+        for (int c = 0; c < NW; ++c) {
+          acc[0][c] += w8[c][0] * xa.x + w8[c][1] * xa.y + w8[c][2] * xa.z + w8[c][3] * xa.w + w8[c][4] * xb.x +
+                       w8[c][5] * xb.y + w8[c][6] * xb.z + w8[c][7] * xb.w;
+          if constexpr (C::GLU)
+            accu[0][c] += u8[c][0] * xa.x + u8[c][1] * xa.y + u8[c][2] * xa.z + u8[c][3] * xa.w + u8[c][4] * xb.x +
+                          u8[c][5] * xb.y + u8[c][6] * xb.z + u8[c][7] * xb.w;
+        }
       }
+    } else {
+      // Several rows: U steps of K per pass, all U x NW (x2 with GLU) 16-byte loads of a lane issued
+      // before any is used. The row guards (rb < nr) are branches the compiler does not move loads
+      // across, so with the loads inside the step loop a multi-row tile kept one load in flight per
+      // lane (SASS, issue 8). A step past the end reloads the pass's first chunk (valid, unused): no
+      // branch among the loads. Per lane the steps still add in ascending q: the same sums as before.
+      constexpr int U = NW >= 4 ? 1 : 4 / NW;
+      for (int q0 = lane * 8; q0 < KV; q0 += 256 * U) {
+        float w8[U][NW][8], u8[U][NW][8];
 #pragma unroll
-      for (int rb = 0; rb < RB; ++rb) {
-        if (rb < nr) {
-          const float4 xa = *(const float4*)(xs + rb * K + q), xb = *(const float4*)(xs + rb * K + q + 4);
+        for (int st = 0; st < U; ++st) {
+          const int q = q0 + 256 * st < KV ? q0 + 256 * st : q0;
 #pragma unroll
           for (int c = 0; c < NW; ++c) {
-            acc[rb][c] += w8[c][0] * xa.x + w8[c][1] * xa.y + w8[c][2] * xa.z + w8[c][3] * xa.w + w8[c][4] * xb.x +
-                          w8[c][5] * xb.y + w8[c][6] * xb.z + w8[c][7] * xb.w;
-            if constexpr (C::GLU)
-              accu[rb][c] += u8[c][0] * xa.x + u8[c][1] * xa.y + u8[c][2] * xa.z + u8[c][3] * xa.w + u8[c][4] * xb.x +
-                             u8[c][5] * xb.y + u8[c][6] * xb.z + u8[c][7] * xb.w;
+            C::W::load8(wrow[c], q, w8[st][c]);
+            if constexpr (C::GLU) C::W::load8(urow[c], q, u8[st][c]);
+          }
+        }
+#pragma unroll
+        for (int st = 0; st < U; ++st) {
+          const int q = q0 + 256 * st;
+          if (q >= KV) break;
+#pragma unroll
+          for (int rb = 0; rb < RB; ++rb) {
+            if (rb < nr) {
+              const float4 xa = *(const float4*)(xs + rb * K + q), xb = *(const float4*)(xs + rb * K + q + 4);
+#pragma unroll
+              for (int c = 0; c < NW; ++c) {
+                acc[rb][c] += w8[st][c][0] * xa.x + w8[st][c][1] * xa.y + w8[st][c][2] * xa.z + w8[st][c][3] * xa.w +
+                              w8[st][c][4] * xb.x + w8[st][c][5] * xb.y + w8[st][c][6] * xb.z + w8[st][c][7] * xb.w;
+                if constexpr (C::GLU)
+                  accu[rb][c] += u8[st][c][0] * xa.x + u8[st][c][1] * xa.y + u8[st][c][2] * xa.z + u8[st][c][3] * xa.w +
+                                 u8[st][c][4] * xb.x + u8[st][c][5] * xb.y + u8[st][c][6] * xb.z + u8[st][c][7] * xb.w;
+              }
+            }
           }
         }
       }
@@ -870,6 +905,58 @@ __device__ void mk_last_row(const MkInstr& in, const MkOpArgs& a, const MkSym& s
   for (int i = threadIdx.x; i < R * nc; i += MK_THREADS) {
     const int r = i / nc, j = in.c0 + (i - r * nc);
     mk_st(a.out + (mk_i64)r * C::OS + j, mk_ld(a.x + (mk_i64)mk_ld_i32(a.ids + r) * C::XS + j));
+  }
+}
+
+// argmax (greedy decoding on the device): out[r, 0:4] = (index of the largest x[r, 0:K], ties to
+// the lowest index, NaN never wins, -1 when all are NaN; count of non-finite values; first
+// non-finite index or -1; its float bits or 0), as the host's argmax and check_finite_logits
+// (backend/step_batch.h GreedyRow). One tile (c0 = 0, c1 = 4);
+// rows one after another; each thread scans a strided slice, then warp shuffles and one shared-memory
+// round combine the records. The order of (value desc, index asc) is total on non-NaN values, so
+// the result does not depend on how the slices are combined.
+__device__ __forceinline__ bool mk_argmax_better(float v, int i, float bv, int bi) {
+  return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
+}
+__device__ __forceinline__ void mk_argmax_merge(float& bv, int& bi, int& nb, int& fb, float v, int i, int n, int f) {
+  if (mk_argmax_better(v, i, bv, bi)) { bv = v; bi = i; }
+  nb += n;
+  if (f >= 0 && (fb < 0 || f < fb)) fb = f;
+}
+template <class C>
+__device__ void mk_argmax(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  float* sv = (float*)smem;            // [MK_WARPS] best value per warp
+  int* si = (int*)smem + MK_WARPS;     // [MK_WARPS] best index
+  int* sn = si + MK_WARPS;             // [MK_WARPS] non-finite count
+  int* sf = sn + MK_WARPS;             // [MK_WARPS] first non-finite
+  const int R = C::rows(s), lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+  for (int r = 0; r < R; ++r) {
+    const float* x = a.x + (mk_i64)r * C::XS;
+    float bv = 0.0f;
+    int bi = -1, nb = 0, fb = -1;
+    for (int j = threadIdx.x; j < C::K; j += MK_THREADS) {  // ascending j: the first hit is the lowest
+      const float v = mk_ld(x + j);
+      if (!isfinite(v)) {
+        if (fb < 0) fb = j;
+        ++nb;
+      }
+      if (!isnan(v) && (bi < 0 || v > bv)) { bv = v; bi = j; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int i = __shfl_xor_sync(0xffffffffu, bi, o), n = __shfl_xor_sync(0xffffffffu, nb, o),
+                f = __shfl_xor_sync(0xffffffffu, fb, o);
+      mk_argmax_merge(bv, bi, nb, fb, v, i, n, f);
+    }
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; sn[warp] = nb; sf[warp] = fb; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < MK_WARPS; ++w) mk_argmax_merge(bv, bi, nb, fb, sv[w], si[w], sn[w], sf[w]);
+      const float res[4] = {__int_as_float(bi), __int_as_float(nb), __int_as_float(fb), fb >= 0 ? mk_ld(x + fb) : 0.0f};
+      for (int c = in.c0; c < in.c1; ++c) mk_st(a.out + (mk_i64)r * C::OS + c, res[c]);
+    }
+    __syncthreads();
   }
 }
 

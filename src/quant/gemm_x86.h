@@ -1,0 +1,302 @@
+// Register-blocked tiles of dot_act (quant.h QuantType::gemm_act) for q4_0, q4_1 and q8_0 weights:
+// several weight rows x several activation rows per pass over the blocks, each weight block unpacked
+// once for all activation rows and each activation block loaded once for all weight rows.
+//
+// Same bits as dot_act (quant.h): per 32-element block the exact int32 sums of 8 lanes of 4 products
+// (integer sums are exact, so how they are formed does not matter), then per lane
+// acc = fma(d_w * d_x, float(sum), acc), hsum_float_8 at the end, plus the scalar chain
+// summs = fma(m_w, s_x, summs) for q4_1. What differs between the variants is only how the integer
+// sums are formed:
+//   avx2        vpmaddubsw + vpmaddwd (unsigned x signed bytes; no pair exceeds int16 here)
+//   avxvnni     vpdpbusd on 256 bits (AVX-VNNI, Alder Lake and later)
+//   avx512vnni  vpdpbusd on 512 bits: two weight rows per register (low half row i, high half row
+//               i + 1) against the activation block broadcast to both halves.
+// vpdpbusd multiplies unsigned by signed bytes, so weights go in unsigned with a correction folded
+// into the accumulator's start value (as llama.cpp's VNNI paths do): q4_0 nibbles q with
+// -8 * sum4(y) (q - 8 = value), q8_0 bytes x + 128 with -128 * sum4(y); q4_1 nibbles need none.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "quant/avx2.h"
+#include "quant/quant_impl.h"
+
+#define MK_AVXVNNI_FN __attribute__((target("avxvnni,avx2,fma,f16c,bmi2")))
+#define MK_AVX512VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,bmi2")))
+
+namespace mk::quant::detail {
+
+enum class GemmKind { q4_0, q4_1, q8_0 };
+
+template <GemmKind K>
+struct GemmLayout {
+  static constexpr int kBytes = K == GemmKind::q4_0 ? 18 : K == GemmKind::q4_1 ? 20 : 34;  // weight block
+  static constexpr int kQs = K == GemmKind::q4_1 ? 4 : 2;                                   // weight quants offset
+  static constexpr bool kMin = K == GemmKind::q4_1;                                         // q8_1 activations
+  static constexpr int kXBytes = kMin ? 36 : 34, kXQs = kMin ? 4 : 2;
+  static constexpr int kCorr = K == GemmKind::q4_0 ? 8 : K == GemmKind::q8_0 ? 128 : 0;  // weight offset
+};
+
+// ---- 256-bit tiles (AVX2 or AVX-VNNI): NW weight rows x NA activation rows. One body, built under
+// two target attributes (a function's target cannot depend on a template argument, and the AVX2
+// build must not be allowed VNNI instructions: GCC fuses vpmaddwd + vpaddd into vpdpwssd where it may).
+#define MK_GEMM_TILE256(FN, ATTR, IS_VNNI, dpbusd)                                                                     \
+  template <GemmKind K, int NW, int NA>                                                                       \
+  ATTR inline void FN(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {             \
+    using L = GemmLayout<K>;                                                                                  \
+    constexpr bool VNNI = IS_VNNI;                                                                            \
+    __m256 acc[NW][NA];                                                                                       \
+    float summs[NW][NA];                                                                                      \
+    for (int i = 0; i < NW; ++i)                                                                              \
+      for (int a = 0; a < NA; ++a) {                                                                          \
+        acc[i][a] = _mm256_setzero_ps();                                                                      \
+        summs[i][a] = 0;                                                                                      \
+      }                                                                                                       \
+    for (int64_t b = 0; b < nb; ++b) {                                                                        \
+      __m256i u[NW];                                                                                          \
+      float dw[NW], mw[NW];                                                                                   \
+      for (int i = 0; i < NW; ++i) {                                                                          \
+        const uint8_t* p = w[i] + b * L::kBytes;                                                              \
+        dw[i] = ld_f16c(p);                                                                                   \
+        if constexpr (L::kMin) mw[i] = ld_f16c(p + 2);                                                        \
+        if constexpr (K == GemmKind::q8_0) {                                                                  \
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs));                 \
+          u[i] = VNNI ? _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80))) : x; /* x + 128 / x */ \
+        } else {                                                                                              \
+          u[i] = bytes_from_nibbles_32(p + L::kQs);                                                           \
+        }                                                                                                     \
+      }                                                                                                       \
+      for (int a = 0; a < NA; ++a) {                                                                          \
+        const uint8_t* yb = y[a] + b * L::kXBytes;                                                            \
+        const float dx = ld_f16c(yb);                                                                         \
+        float sx = 0;                                                                                         \
+        if constexpr (L::kMin) sx = ld_f16c(yb + 2);                                                          \
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs));                \
+        __m256i base = _mm256_setzero_si256();                                                                \
+        if constexpr (L::kCorr != 0 && (VNNI || K == GemmKind::q4_0))                                         \
+          base = _mm256_sub_epi32(                                                                            \
+              base, dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(L::kCorr)), qy));       \
+        for (int i = 0; i < NW; ++i) {                                                                        \
+          __m256i isum;                                                                                       \
+          if constexpr (K == GemmKind::q8_0 && !VNNI) /* signed x signed: |x| times y with x's sign */         \
+            isum = dpbusd(base, _mm256_sign_epi8(u[i], u[i]), _mm256_sign_epi8(qy, u[i]));                    \
+          else                                                                                                \
+            isum = dpbusd(base, u[i], qy);                                                                    \
+          acc[i][a] = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * dx), _mm256_cvtepi32_ps(isum), acc[i][a]);       \
+          if constexpr (L::kMin) summs[i][a] = std::fma(mw[i], sx, summs[i][a]);                              \
+        }                                                                                                     \
+      }                                                                                                       \
+    }                                                                                                         \
+    for (int i = 0; i < NW; ++i)                                                                              \
+      for (int a = 0; a < NA; ++a)                                                                            \
+        out[i * NA + a] = L::kMin ? hsum_float_8(acc[i][a]) + summs[i][a] : hsum_float_8(acc[i][a]);          \
+  }
+
+// acc + the exact int32 sums of 4 unsigned x signed byte products per lane.
+MK_AVX2_FN inline __m256i dpbusd256_avx2(__m256i acc, __m256i u, __m256i s) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+MK_AVXVNNI_FN inline __m256i dpbusd256_avxvnni(__m256i acc, __m256i u, __m256i s) {
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+}
+MK_GEMM_TILE256(gemm_tile256_avx2, MK_AVX2_FN, false, dpbusd256_avx2)
+MK_GEMM_TILE256(gemm_tile256_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
+
+// ---- 512-bit tiles (AVX-512 VNNI): NP pairs of weight rows x NA activation rows (up to 8). The
+// activation scales come as float32 tables (dx[a][b], converted once per call), and q4_1's minimum
+// terms are left to gemm_rows512 (a separate pass, vectorised over activation rows).
+template <GemmKind K, int NP, int NA>
+MK_AVX512VNNI_FN inline void gemm_tile512(const uint8_t* const* w, const uint8_t* const* y, const float* const* dx,
+                                          int64_t nb, float* out) {
+  using L = GemmLayout<K>;
+  __m512 acc[NP][NA];
+  for (int p = 0; p < NP; ++p)
+    for (int a = 0; a < NA; ++a) acc[p][a] = _mm512_setzero_ps();
+  const auto unpack = [](const uint8_t* p) {
+    if constexpr (K == GemmKind::q8_0)
+      return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs)),
+                              _mm256_set1_epi8(static_cast<char>(0x80)));
+    else
+      return bytes_from_nibbles_32(p + L::kQs);
+  };
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i u[NP];
+    __m512 dw[NP];
+    for (int p = 0; p < NP; ++p) {
+      const uint8_t* p0 = w[2 * p] + b * L::kBytes;
+      const uint8_t* p1 = w[2 * p + 1] + b * L::kBytes;
+      u[p] = _mm512_inserti64x4(_mm512_zextsi256_si512(unpack(p0)), unpack(p1), 1);
+      // [d0 x 8 | d1 x 8]: both f16 scales broadcast into one register, then converted
+      const __m256i h = _mm256_mask_set1_epi16(_mm256_set1_epi16(static_cast<short>(ld_u16(p0))), 0xff00,
+                                               static_cast<short>(ld_u16(p1)));
+      dw[p] = _mm512_cvtph_ps(h);
+    }
+    for (int a = 0; a < NA; ++a) {
+      const uint8_t* yb = y[a] + b * L::kXBytes;
+      const __m512 dxa = _mm512_set1_ps(dx[a][b]);
+      const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs)));
+      __m512i base = _mm512_setzero_si512();
+      if constexpr (L::kCorr != 0)
+        base = _mm512_sub_epi32(base, _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                          _mm512_set1_epi8(static_cast<char>(L::kCorr)), qy));
+      for (int p = 0; p < NP; ++p) {
+        const __m512i isum = _mm512_dpbusd_epi32(base, u[p], qy);
+        acc[p][a] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dxa), _mm512_cvtepi32_ps(isum), acc[p][a]);
+      }
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int a = 0; a < NA; ++a) {
+      const __m256 lo = _mm512_castps512_ps256(acc[p][a]);
+      const __m256 hi = _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc[p][a], acc[p][a], 0x4e));  // lanes 8..15
+      out[(2 * p) * NA + a] = hsum_float_8(lo);
+      out[(2 * p + 1) * NA + a] = hsum_float_8(hi);
+    }
+}
+
+// gemm_act with gemm_tile512: weight rows in groups of 4 (the last padded by repeating its last row),
+// activation rows in groups of up to 8; for q4_1, out += the fma chain of m_w * s_x over the blocks,
+// 16 activation rows per register (the same scalar chain per lane, added last as dot_act adds it).
+template <GemmKind K, int NA>
+MK_AVX512VNNI_FN void gemm_tile512_na(const uint8_t* const* w, const uint8_t* const* y, const float* const* dx,
+                                      int64_t nb, float* out) {
+  gemm_tile512<K, 2, NA>(w, y, dx, nb, out);
+}
+
+template <GemmKind K>
+MK_AVX512VNNI_FN void gemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride,
+                                   int64_t na, int64_t n, float* out, int64_t ldo) {
+  using L = GemmLayout<K>;
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  const uint8_t* xb = static_cast<const uint8_t*>(xq);
+  const int64_t nb = n / 32, na16 = (na + 15) / 16 * 16;
+  thread_local std::vector<float> tables;  // dx [na][nb], then (q4_1) s_x transposed [nb][na16]
+  tables.resize(static_cast<size_t>(na * nb + (L::kMin ? nb * na16 : 0)));
+  float* dxt = tables.data();
+  float* sxt = dxt + na * nb;
+  for (int64_t a = 0; a < na; ++a)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* yb = xb + static_cast<size_t>(a) * x_stride + static_cast<size_t>(b) * L::kXBytes;
+      dxt[a * nb + b] = ld_f16c(yb);
+      if constexpr (L::kMin) sxt[b * na16 + a] = ld_f16c(yb + 2);
+    }
+  if constexpr (L::kMin)
+    for (int64_t b = 0; b < nb; ++b) std::fill(sxt + b * na16 + na, sxt + (b + 1) * na16, 0.0f);
+  constexpr void (*tiles[8])(const uint8_t* const*, const uint8_t* const*, const float* const*, int64_t, float*) = {
+      gemm_tile512_na<K, 1>, gemm_tile512_na<K, 2>, gemm_tile512_na<K, 3>, gemm_tile512_na<K, 4>,
+      gemm_tile512_na<K, 5>, gemm_tile512_na<K, 6>, gemm_tile512_na<K, 7>, gemm_tile512_na<K, 8>};
+  for (int64_t i0 = 0; i0 < nw; i0 += 4) {
+    const int rows = static_cast<int>(std::min<int64_t>(4, nw - i0));
+    const uint8_t* wr[4];
+    for (int i = 0; i < 4; ++i) wr[i] = wb + static_cast<size_t>(i0 + std::min(i, rows - 1)) * w_stride;
+    for (int64_t a0 = 0; a0 < na; a0 += 8) {
+      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
+      const uint8_t* yr[8];
+      const float* dr[8];
+      for (int a = 0; a < cols; ++a) {
+        yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
+        dr[a] = dxt + (a0 + a) * nb;
+      }
+      float t[4 * 8];
+      tiles[cols - 1](wr, yr, dr, nb, t);
+      for (int i = 0; i < rows; ++i)
+        for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
+    }
+    if constexpr (L::kMin)  // four independent chains (one per weight row) hide the fma latency
+      for (int64_t a0 = 0; a0 < na; a0 += 16) {
+        __m512 summs[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t b = 0; b < nb; ++b) {
+          const __m512 sx = _mm512_loadu_ps(sxt + b * na16 + a0);
+          for (int i = 0; i < 4; ++i)
+            summs[i] = _mm512_fmadd_ps(_mm512_set1_ps(ld_f16c(wr[i] + b * L::kBytes + 2)), sx, summs[i]);
+        }
+        for (int i = 0; i < rows; ++i) {
+          alignas(64) float s16[16];
+          _mm512_store_ps(s16, summs[i]);
+          for (int64_t a = a0; a < std::min(na, a0 + 16); ++a) out[a * ldo + i0 + i] = out[a * ldo + i0 + i] + s16[a - a0];
+        }
+      }
+  }
+}
+
+// The gemm_act of quant.h from a tile function: weight rows in groups of RW (the last group padded
+// by repeating its last row), activation rows in groups of up to 4.
+template <int RW, void (*T1)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
+          void (*T2)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
+          void (*T3)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
+          void (*T4)(const uint8_t* const*, const uint8_t* const*, int64_t, float*)>
+inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na,
+                      int64_t n, float* out, int64_t ldo) {
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  const uint8_t* xb = static_cast<const uint8_t*>(xq);
+  for (int64_t i0 = 0; i0 < nw; i0 += RW) {
+    const int rows = static_cast<int>(std::min<int64_t>(RW, nw - i0));
+    const uint8_t* wr[RW];
+    for (int i = 0; i < RW; ++i) wr[i] = wb + static_cast<size_t>(i0 + std::min(i, rows - 1)) * w_stride;
+    for (int64_t a0 = 0; a0 < na; a0 += 4) {
+      const int cols = static_cast<int>(std::min<int64_t>(4, na - a0));
+      const uint8_t* yr[4];
+      for (int a = 0; a < cols; ++a) yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
+      float t[RW * 4];
+      switch (cols) {
+        case 1: T1(wr, yr, n / 32, t); break;
+        case 2: T2(wr, yr, n / 32, t); break;
+        case 3: T3(wr, yr, n / 32, t); break;
+        default: T4(wr, yr, n / 32, t); break;
+      }
+      for (int i = 0; i < rows; ++i)
+        for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
+    }
+  }
+}
+
+}  // namespace mk::quant::detail
+
+// Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for weight kind KIND) and
+// NAME_generic (dot_act per pair through DOT_ACT_GENERIC), plus NAME, which picks one once.
+#define MK_QUANT_GEMM_ACT(NAME, KIND, DOT_ACT_GENERIC)                                                         \
+  template <int NA>                                                                                           \
+  MK_AVX2_FN void NAME##_t_avx2(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) {     \
+    ::mk::quant::detail::gemm_tile256_avx2<KIND, 2, NA>(w, y, nb, o);                                       \
+  }                                                                                                           \
+  template <int NA>                                                                                           \
+  MK_AVXVNNI_FN void NAME##_t_avxvnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) { \
+    ::mk::quant::detail::gemm_tile256_avxvnni<KIND, 2, NA>(w, y, nb, o);                                        \
+  }                                                                                                           \
+  void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
+                   float* out, int64_t ldo) {                                                                 \
+    ::mk::quant::detail::gemm_rows<2, NAME##_t_avx2<1>, NAME##_t_avx2<2>, NAME##_t_avx2<3>, NAME##_t_avx2<4>>( \
+        w, ws, nw, x, xs, na, n, out, ldo);                                                                   \
+  }                                                                                                           \
+  void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
+                      float* out, int64_t ldo) {                                                              \
+    ::mk::quant::detail::gemm_rows<2, NAME##_t_avxvnni<1>, NAME##_t_avxvnni<2>, NAME##_t_avxvnni<3>,          \
+                                   NAME##_t_avxvnni<4>>(w, ws, nw, x, xs, na, n, out, ldo);                   \
+  }                                                                                                           \
+  void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
+                         int64_t n, float* out, int64_t ldo) {                                                \
+    /* one q4_1 activation row: the 256-bit tile is faster (no separate pass for the minimum terms) */       \
+    if (::mk::quant::detail::GemmLayout<KIND>::kMin && na == 1)                                               \
+      return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
+    ::mk::quant::detail::gemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
+  }                                                                                                           \
+  void NAME##_generic(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
+                      float* out, int64_t ldo) {                                                              \
+    for (int64_t i = 0; i < nw; ++i)                                                                          \
+      for (int64_t a = 0; a < na; ++a)                                                                        \
+        out[a * ldo + i] = DOT_ACT_GENERIC(static_cast<const uint8_t*>(w) + i * ws,                           \
+                                           static_cast<const uint8_t*>(x) + a * xs, n);                       \
+  }                                                                                                           \
+  void NAME(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, float* out, \
+            int64_t ldo) {                                                                                    \
+    static const ::mk::quant::GemmIsa isa = ::mk::quant::gemm_isa();                                          \
+    switch (isa) {                                                                                            \
+      case ::mk::quant::GemmIsa::avx512vnni: return NAME##_avx512vnni(w, ws, nw, x, xs, na, n, out, ldo);     \
+      case ::mk::quant::GemmIsa::avxvnni: return NAME##_avxvnni(w, ws, nw, x, xs, na, n, out, ldo);           \
+      case ::mk::quant::GemmIsa::avx2: return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                 \
+      default: return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                                      \
+    }                                                                                                         \
+  }
