@@ -41,11 +41,19 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("--kv-type", o->backend_options.kv_type, "cpu: KV cache precision as llama.cpp's: auto (f16 with --act-quant auto), f16, f32")
       ->check(CLI::IsMember({"auto", "f16", "f32"}));
   cmd->add_option("--schedule", o->backend_options.schedule, "CPU schedule");
-  cmd->callback([o, ids] {
+  auto n_ctx = std::make_shared<int64_t>(0);
+  cmd->add_option("-c,--ctx-size", *n_ctx,
+                  "context length (default: the number of ids); models whose RoPE depends on the context "
+                  "(phi3 LongRoPE) give run's logits with run's -c")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([o, ids, n_ctx] {
     o->all_logits = true;
     o->need_tokenizer = false;
     std::vector<int32_t> tok = parse_ids(*ids);
-    o->n_ctx = static_cast<int64_t>(tok.size());  // Session rejects more than the training context
+    // Session rejects more than the training context; the logits buffer holds n_ctx rows.
+    if (*n_ctx > 0 && *n_ctx < static_cast<int64_t>(tok.size()))
+      fail("--ctx-size {} is smaller than the {} ids", *n_ctx, tok.size());
+    o->n_ctx = *n_ctx > 0 ? *n_ctx : static_cast<int64_t>(tok.size());
     Session s(*o);
     std::vector<float> logits = s.eval(tok);
     int64_t n_vocab = s.hparams.n_vocab;

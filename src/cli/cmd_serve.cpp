@@ -388,6 +388,24 @@ class Server {
                          "invalid_request_error", "", ""});
         return httplib::Server::HandlerResponse::Handled;
       }
+      // The length is judged from the header, before any body byte is read: one header, digits only
+      // (RFC 9110 8.6; several differing ones are a request-smuggling vector), at most --max-body.
+      if (req.method == "POST") {
+        const std::string cl = req.get_header_value("Content-Length");
+        const bool numeric = !cl.empty() && cl.find_first_not_of("0123456789") == std::string::npos;
+        if (req.get_header_value_count("Content-Length") != 1 || !numeric) {
+          res.set_header("Connection", "close");
+          send_error(res, {400, "the request needs exactly one Content-Length header holding a non-negative integer",
+                           "invalid_request_error", "", ""});
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        if (cl.size() > 19 || std::stoull(cl) > o_.max_body) {
+          res.set_header("Connection", "close");
+          send_error(res, {413, fmt::format("the request body ({} bytes) is larger than --max-body {}", cl, o_.max_body),
+                           "invalid_request_error", "", ""});
+          return httplib::Server::HandlerResponse::Handled;
+        }
+      }
       if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + o_.api_key)
         return httplib::Server::HandlerResponse::Unhandled;

@@ -164,8 +164,9 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   // Reserve blocks for every row the sequence can write: the prompt and all but the last token.
   int64_t need = blocks_.blocks_for(n_prompt + std::max<int64_t>(seq->max_tokens - 1, 0));
   if (need > blocks_.n_blocks())
-    invalid("max_tokens", "the request needs {} KV blocks ({} tokens) but the pool has {}; lower max_tokens or raise --kv-tokens", need,
-         need * blocks_.block_size(), blocks_.n_blocks());
+    invalid("max_tokens", "the request needs {} KV blocks ({} tokens{}) but the pool has {}; {} or raise --kv-tokens", need,
+            need * blocks_.block_size(), seq->params.max_tokens < 0 ? ": no max_tokens, so up to the context" : "",
+            blocks_.n_blocks(), seq->params.max_tokens < 0 ? "set max_tokens" : "lower max_tokens");
   seq->tokens = seq->params.prompt_ids;
   seq->req = std::make_shared<Request>();
   seq->submitted = clock::now();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -119,3 +120,32 @@ TEST(E2ECliIds, InfoAndCompileUseShapesOnly) {
 }
 
 }  // namespace
+
+// `logits -c N`: the context of the evaluation. phi3 LongRoPE picks its factors by context, so the
+// same ids give llama.cpp's "short" logits at n_ctx 32 and its "long" ones at n_ctx 64
+// (tests/data/phi3_longrope/expected.json); a context below the ids is an error.
+TEST(E2ECliIds, LogitsContextSizePicksLongRopeFactors) {
+  const std::string dir = std::string(MK_SOURCE_DIR) + "/tests/data/phi3_longrope/";
+  const auto want = mk::test::read_json(dir + "expected.json");
+  ASSERT_FALSE(want.is_null());
+  std::string ids;
+  for (int id : want["prompt_ids"].get<std::vector<int>>()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  for (const char* which : {"short", "long"}) {
+    int status = 0;
+    const int64_t n_ctx = want[which]["n_ctx"].get<int64_t>();
+    const std::string out =
+        cli("logits -m " + dir + "phi3-longrope.f32.gguf --ids " + ids + " -c " + std::to_string(n_ctx), &status);
+    ASSERT_EQ(status, 0) << out;
+    const auto got = nlohmann::json::parse(out)["logits_last"].get<std::vector<double>>();
+    const auto ref = want[which]["logits"].back().get<std::vector<double>>();
+    ASSERT_EQ(got.size(), ref.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) num += (got[i] - ref[i]) * (got[i] - ref[i]), den += ref[i] * ref[i];
+    EXPECT_LT(std::sqrt(num / den), 2e-5) << which << " (n_ctx " << n_ctx << ")";
+  }
+  int status = 0;
+  std::string err;
+  cli("logits -m " + dir + "phi3-longrope.f32.gguf --ids " + ids + " -c 3", &status, &err);
+  EXPECT_EQ(status, 1);
+  EXPECT_NE(err.find("--ctx-size 3 is smaller than the 24 ids"), std::string::npos) << err;
+}

@@ -180,6 +180,14 @@ def stories_checks():
     head = sock.recv(4096).decode(errors="replace")
     sock.close()
     check(head.startswith("HTTP/1.1 411"), f"a POST without Content-Length: 411 at once, got {head[:40]!r}")
+    for head, want, what in [(b"Content-Length: -5\r\n", 400, "a negative Content-Length"),
+                             (b"Content-Length: 2\r\nContent-Length: 5\r\n", 400, "two Content-Length headers"),
+                             (b"Content-Length: 99999999999999999999\r\n", 413, "a Content-Length past 64 bits")]:
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)  # judged from the header at once
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n{}")
+        reply = sock.recv(4096).decode(errors="replace")
+        sock.close()
+        check(reply.startswith(f"HTTP/1.1 {want}"), f"{what}: {want} at once, got {reply[:40]!r}")
     sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
     sock.sendall(b"GARBAGE\r\n\r\n")
     reply = b""
