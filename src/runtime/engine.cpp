@@ -222,7 +222,13 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
     s.text += tail;
   }
   publish(s, true);
-  blocks_.release(s.blocks);  // the same step: the next admission can take them
+  {
+    // The same step: the next admission can take them. Under mu_, as submit() and stats() read the
+    // pool's counts from other threads.
+    std::lock_guard lock(mu_);
+    blocks_.release(s.blocks);
+    update_gauges_locked();
+  }
   {
     std::lock_guard lock(s.req->mu_);
     auto& p = s.req->pending_;
