@@ -14,6 +14,7 @@
 
 #include "archs/arch.h"
 #include "backend/backend.h"
+#include "backend/cpu/float_gemm.h"
 #include "runtime/session.h"
 
 using namespace mk;
@@ -176,6 +177,39 @@ void BM_CpuPrefill(benchmark::State& state, const std::string& path, int threads
 const std::string kStories260K = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
 const std::string kSynth110M = "synth:stories110m";
 
+
+// The float32 many-row tile alone (src/backend/cpu/float_gemm.h), one thread: R activation rows x
+// 2048 weight rows of K = 768 (6 MiB of weights, past L2: streamed like a model's), weight rows 4 at a
+// time as matmul() passes them. isa -1 = dot_f32 per (row, column), the one-row path. GFLOP/s counts
+// a multiply and an add per element.
+void BM_FloatGemm(benchmark::State& state, int isa, int64_t R) {
+  const int64_t K = 768, C = 2048;
+  if (isa >= 0 && !cpu::float_isa_runs(static_cast<cpu::FloatIsa>(isa))) return state.SkipWithError("ISA not run by this CPU");
+  std::vector<float> x(static_cast<size_t>(R * K)), w(static_cast<size_t>(C * K)), out(static_cast<size_t>(R * C));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.01f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 89) * 0.01f;
+  for (auto _ : state) {
+    for (int64_t j = 0; j < C; j += 4) {
+      const float* wr[4] = {&w[static_cast<size_t>(j * K)], &w[static_cast<size_t>((j + 1) * K)],
+                            &w[static_cast<size_t>((j + 2) * K)], &w[static_cast<size_t>((j + 3) * K)]};
+      if (isa < 0) {
+        for (int64_t r = 0; r < R; ++r)
+          for (int q = 0; q < 4; ++q) out[static_cast<size_t>(r * C + j + q)] = cpu::dot_f32(&x[static_cast<size_t>(r * K)], wr[q], K);
+      } else {
+        cpu::gemm_f32(x.data(), K, R, wr, 4, K, out.data() + j, C, static_cast<cpu::FloatIsa>(isa));
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(R * C * K) * static_cast<double>(state.iterations()) / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK_CAPTURE(BM_FloatGemm, dot_rows16, -1, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FloatGemm, portable_rows16, 0, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FloatGemm, avx2_rows16, 1, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FloatGemm, avx512_rows16, 2, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FloatGemm, dot_rows1, -1, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 }  // namespace
 
 #define MK_CPU_BENCH(tag, path)                                                                              \
@@ -221,4 +255,5 @@ BENCHMARK_CAPTURE(BM_CpuBatchedDecode, synth110m_cpu_t2_seqs8, kSynth110M, 2, 8)
 BENCHMARK_CAPTURE(BM_CpuBatchedDecode, synth110m_cpu_t2_seqs16, kSynth110M, 2, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuBatchedDecode, smollm2_cpu_t2_seqs1, smollm2_path(), 2, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuBatchedDecode, smollm2_cpu_t2_seqs16, smollm2_path(), 2, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuPrefill, synth110m_cpu_t2_prompt150, kSynth110M, 2, 150)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuPrefill, smollm2_cpu_t2_prompt150, smollm2_path(), 2, 150)->Unit(benchmark::kMillisecond)->UseRealTime();

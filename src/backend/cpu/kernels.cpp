@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/dot_lanes.h"
+#include "backend/cpu/float_gemm.h"
 #include "backend/step_batch.h"
 #include "ir/ops.h"
 #include "support/error.h"
@@ -12,79 +14,6 @@
 namespace mk::cpu {
 
 namespace {
-
-constexpr int kLanes = 16;
-
-// Sum of a[i] * b[i] in 16 lanes (lane = i mod 16), combined in a fixed tree.
-inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
-  for (int s = kLanes / 2; s > 0; s /= 2)
-    for (int l = 0; l < s; ++l) acc[l] += acc[l + s];
-  return acc[0];
-}
-
-// Four dot products of `a` with rows b[0..3], each with exactly dot()'s lanes and tree (same bits),
-// loading `a` once for four weight streams.
-inline void dot4(const float* __restrict a, const float* const* b, int64_t n, float* out) {
-  const float* __restrict b0 = b[0];
-  const float* __restrict b1 = b[1];
-  const float* __restrict b2 = b[2];
-  const float* __restrict b3 = b[3];
-  float c0[kLanes] = {}, c1[kLanes] = {}, c2[kLanes] = {}, c3[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const float x = a[i + l];
-      c0[l] += x * b0[i + l];
-      c1[l] += x * b1[i + l];
-      c2[l] += x * b2[i + l];
-      c3[l] += x * b3[i + l];
-    }
-  for (int l = 0; i < n; ++i, ++l) {
-    c0[l] += a[i] * b0[i];
-    c1[l] += a[i] * b1[i];
-    c2[l] += a[i] * b2[i];
-    c3[l] += a[i] * b3[i];
-  }
-  for (int s = kLanes / 2; s > 0; s /= 2)
-    for (int l = 0; l < s; ++l) {
-      c0[l] += c0[l + s];
-      c1[l] += c1[l + s];
-      c2[l] += c2[l + s];
-      c3[l] += c3[l + s];
-    }
-  out[0] = c0[0];
-  out[1] = c1[0];
-  out[2] = c2[0];
-  out[3] = c3[0];
-}
-
-// Two dot products sharing `a` (gate and up rows of a GLU): one pass over the activations.
-inline void dot2(const float* __restrict a, const float* __restrict b, const float* __restrict c, int64_t n, float* rb,
-                 float* rc) {
-  float ab[kLanes] = {}, ac[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      ab[l] += a[i + l] * b[i + l];
-      ac[l] += a[i + l] * c[i + l];
-    }
-  for (int l = 0; i < n; ++i, ++l) {
-    ab[l] += a[i] * b[i];
-    ac[l] += a[i] * c[i];
-  }
-  for (int s = kLanes / 2; s > 0; s /= 2)
-    for (int l = 0; l < s; ++l) {
-      ab[l] += ab[l + s];
-      ac[l] += ac[l + s];
-    }
-  *rb = ab[0];
-  *rc = ac[0];
-}
 
 inline float act(Act a, float v) {
   switch (a) {
@@ -160,6 +89,32 @@ struct Ctx {
 // (at most 37 bytes per 32 elements: q8_K's 292 per 256; two block types for a GLU's gate and up weights).
 inline int64_t act_q8_floats(int64_t R, int64_t K) { return (2 * R * ((K + 31) / 32) * 37 + 3) / 4 + 16; }
 
+// Where a matmul tile keeps its parts in the worker's scratch (float offsets), for R activation rows
+// of K elements and T output columns: the one layout matmul() uses and scratch_floats() sizes.
+struct MatmulScratch {
+  int64_t rows;   // [R, K] RMS-normalised activation rows (pro_rms only; the norm weight converted at `wtmp`)
+  int64_t wtmp;   // 4 converted weight rows, `stride` floats apart
+  int64_t utmp;   // 4 converted up rows (GLU)
+  int64_t tile;   // [R, T] results
+  int64_t act;    // activation rows quantized to 8-bit blocks (act_q8 without an act cache)
+  int64_t utile;  // [R, T] the GLU's up results
+  int64_t rope;   // RoPE's cos/sin table: n_rot doubles, 8-byte aligned inside the reserved floats
+  int64_t end;    // floats in all
+  static int64_t stride(int64_t K) { return K + 32; }
+};
+MatmulScratch matmul_scratch(int64_t R, int64_t K, int64_t T, int64_t n_rot, bool pro_rms) {
+  MatmulScratch m{};
+  m.rows = 0;
+  m.wtmp = pro_rms ? R * K : 0;
+  m.utmp = m.wtmp + 4 * MatmulScratch::stride(K);
+  m.tile = m.utmp + 4 * MatmulScratch::stride(K);
+  m.act = m.tile + R * T;
+  m.utile = m.act + act_q8_floats(R, K);
+  m.rope = m.utile + R * T;
+  m.end = m.rope + 2 * n_rot + 2;
+  return m;
+}
+
 void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int64_t K = o.k, T = in.c1 - in.c0;
   float* s = c.scratch;
@@ -170,23 +125,18 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   // The activation rows quantized by this worker for an earlier tile of this op in this step.
   uint32_t* cache_tag = c.m.act_cache ? reinterpret_cast<uint32_t*>(c.m.act_cache) : nullptr;
   const bool cached = act_q8 && cache_tag && cache_tag[0] == c.m.step && cache_tag[1] == static_cast<uint32_t>(in.op);
+  const MatmulScratch ms = matmul_scratch(R, K, T, o.n_rot, o.pro_rms);
+  const int64_t stride = MatmulScratch::stride(K);
+  float* wtmp = s + ms.wtmp;
+  float* utmp = s + ms.utmp;
+  float* tile = s + ms.tile;
+  float* utile = s + ms.utile;
   if (o.pro_rms && !cached) {  // normalise the rows once per tile
-    float* nw = s + R * K;
-    const float* wn = weight_span(c.w(o.norm_w), 0, 0, K, nw);
-    for (int64_t r = 0; r < R; ++r) rms_norm_span(x + r * xs, wn, o.weight_offset, o.eps, K, s + r * K);
-    x = s;
+    const float* wn = weight_span(c.w(o.norm_w), 0, 0, K, wtmp);
+    for (int64_t r = 0; r < R; ++r) rms_norm_span(x + r * xs, wn, o.weight_offset, o.eps, K, s + ms.rows + r * K);
+    x = s + ms.rows;
   }
-  if (o.pro_rms) s += R * K;
   const int64_t ldx = o.pro_rms ? K : xs;
-  const int64_t stride = K + 32;
-  float* wtmp = s;               // 4 converted weight rows
-  float* utmp = s + 4 * stride;  // 4 converted up rows
-  float* tile = s + 8 * stride;  // [R, T]
-  // Past the tile: quantized activation rows (up to two block types for a GLU), the GLU's up tile
-  // [R, T], then RoPE's table.
-  float* utile = tile + R * T + act_q8_floats(R, K);
-  float* after_tile = utile + R * T;
-  bool done = false;
   if (act_q8) {
     // llama.cpp's arithmetic: each activation row quantized to 8-bit blocks, then integer block dots
     // (src/quant/quant.h dot_act); the same for decode and prefill rows. The quantized rows are kept
@@ -196,7 +146,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     const quant::ActQuant* au = o.glu != Act::none ? U.quant->act : aw;
     const size_t wrow = static_cast<size_t>(K / aw->block_size * aw->block_bytes);
     const size_t urow = static_cast<size_t>(K / au->block_size * au->block_bytes);
-    uint8_t* xw = cache_tag ? reinterpret_cast<uint8_t*>(c.m.act_cache + 16) : reinterpret_cast<uint8_t*>(tile + R * T);
+    uint8_t* xw = cache_tag ? reinterpret_cast<uint8_t*>(c.m.act_cache + 16) : reinterpret_cast<uint8_t*>(s + ms.act);
     uint8_t* xu = au == aw ? xw : xw + R * wrow;
     if (!cached) {
       for (int64_t r = 0; r < R; ++r) aw->quantize_row(x + r * ldx, xw + r * wrow, K);
@@ -240,7 +190,6 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
         }
       }
     }
-    done = true;
   } else if (R == 1 && W.quant) {
     // Decode over quantized weights: each row's blocks are dequantized inside the dot (the same bits
     // as dequantize-then-dot, src/quant/quant.h), never expanded to a float row.
@@ -269,47 +218,32 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
           v = act(o.glu, v) * dot(x + r * ldx, ur, K);
         }
       }
-  }
-  int64_t j = done || R < 4 ? in.c1 : in.c0;
-  for (; j + 4 <= in.c1; j += 4) {  // prefill: four output columns at a time, x loaded once per four
-    const float* wr[4];
-    const float* ur[4] = {};
-    for (int q = 0; q < 4; ++q) wr[q] = weight_span(W, j + q, 0, K, wtmp + q * stride);
-    if (o.glu != Act::none)
-      for (int q = 0; q < 4; ++q) ur[q] = weight_span(c.w(o.w_up), j + q, 0, K, utmp + q * stride);
-    for (int64_t r = 0; r < R; ++r) {
-      float a[4], b[4];
-      dot4(x + r * ldx, wr, K, a);
-      float* dst = tile + r * T + (j - in.c0);
-      if (o.glu != Act::none) {
-        dot4(x + r * ldx, ur, K, b);
-        for (int q = 0; q < 4; ++q) dst[q] = act(o.glu, a[q]) * b[q];
-      } else {
-        for (int q = 0; q < 4; ++q) dst[q] = a[q];
+  } else {
+    // Many rows (prefill, batched decode): register-blocked tiles of several activation rows x
+    // several weight rows (float_gemm.h), each element with dot()'s bits, so a row computed in a
+    // batch equals the row computed alone. Weight rows four at a time: pointers into the model for
+    // float32, converted rows for f16/bf16 and the quantized types without act_q8.
+    const bool glu = o.glu != Act::none;
+    for (int64_t j = in.c0; j < in.c1; j += 4) {
+      const int64_t n = std::min<int64_t>(4, in.c1 - j);
+      const float* wr[4];
+      for (int64_t q = 0; q < n; ++q) wr[q] = weight_span(W, j + q, 0, K, wtmp + q * stride);
+      gemm_f32(x, ldx, R, wr, n, K, tile + (j - in.c0), T);
+      if (glu) {
+        for (int64_t q = 0; q < n; ++q) wr[q] = weight_span(c.w(o.w_up), j + q, 0, K, utmp + q * stride);
+        gemm_f32(x, ldx, R, wr, n, K, utile + (j - in.c0), T);
       }
     }
-  }
-  for (; j < in.c1; ++j) {
-    const float* wr = weight_span(W, j, 0, K, wtmp);
-    float* col = tile + (j - in.c0);
-    if (o.glu != Act::none) {
-      const float* ur = weight_span(c.w(o.w_up), j, 0, K, utmp);
-      for (int64_t r = 0; r < R; ++r) {
-        float a, b;
-        dot2(x + r * ldx, wr, ur, K, &a, &b);
-        col[r * T] = act(o.glu, a) * b;
-      }
-    } else {
-      for (int64_t r = 0; r < R; ++r) col[r * T] = dot(x + r * ldx, wr, K);
-    }
+    if (glu)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < T; ++j) tile[r * T + j] = act(o.glu, tile[r * T + j]) * utile[r * T + j];
   }
   const int64_t oc = c.cols(o.out);
   float* out = c.buf(o.out);
   const int32_t* slot = o.epi == Epi::store || o.epi == Epi::rope_store ? c.ibuf(c.p.kv_slot_buffer) : nullptr;
   if (o.epi == Epi::rope || o.epi == Epi::rope_store) {
     const int32_t* pos = c.ibuf(o.pos);
-    size_t at = static_cast<size_t>(after_tile - c.scratch);
-    double* cs = reinterpret_cast<double*>(c.scratch + ((at + 1) & ~size_t{1}));  // 8-byte aligned
+    double* cs = reinterpret_cast<double*>(s + ((ms.rope + 1) & ~int64_t{1}));  // 8-byte aligned
     for (int64_t r = 0; r < R; ++r) rope_span(o, tile + r * T, T, pos[r], cs);
   }
   if (o.epi == Epi::add) {
@@ -485,7 +419,7 @@ size_t scratch_floats(const Program& p) {
     int64_t n = 0;
     switch (o.opcode) {
       case Opcode::matmul:
-        n = 2 * R * o.k + 8 * (o.k + 32) + 2 * R * o.tile_cols + act_q8_floats(R, o.k) + 2 * o.n_rot + 64;
+        n = matmul_scratch(R, o.k, o.tile_cols, o.n_rot, o.pro_rms).end + 64;
         break;
       case Opcode::attention:
       case Opcode::attention_partial:
