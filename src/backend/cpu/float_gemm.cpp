@@ -21,9 +21,21 @@ namespace {
 typedef float V16 __attribute__((vector_size(64)));
 typedef float V16u __attribute__((vector_size(64), aligned(4), may_alias));  // an unaligned load
 
+typedef float V8 __attribute__((vector_size(32)));
+typedef float V4 __attribute__((vector_size(16)));
+
+// dot()'s tree on the 16 lanes in registers: lane l += lane l + 8, then l + 4, l + 2, l + 1 (the
+// same adds, so the same bits, without going through memory).
+[[gnu::always_inline]] inline float tree16(V16 a) {
+  const V8 t = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  const V4 u = __builtin_shufflevector(t, t, 0, 1, 2, 3) + __builtin_shufflevector(t, t, 4, 5, 6, 7);
+  return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
 // RB activation rows x CB weight rows: RB * CB accumulators, each weight and activation piece
-// loaded once per 16 elements. The K % 16 tail and the tree are dot()'s scalar code on the stored
-// lanes. Inlined into each ISA's wrapper below, which decides the registers.
+// loaded once per 16 elements, then the K % 16 tail (scalar, on the stored lanes) and the tree as in
+// dot(). Inlined into each ISA's wrapper below, which decides the registers.
 template <int RB, int CB>
 [[gnu::always_inline]] inline void tile_body(const float* __restrict x, int64_t ldx, const float* const* w, int64_t K,
                                              float* out, int64_t ldo) {
@@ -47,16 +59,19 @@ template <int RB, int CB>
       for (int c = 0; c < CB; ++c) acc[r][c] += xv * wv[c];
     }
   }
+  if (k16 < K)  // the tail: element i into lane i - k16 (= i mod 16), as dot() does
+    for (int r = 0; r < RB; ++r)
+      for (int c = 0; c < CB; ++c) {
+        float a[kLanes];
+        std::memcpy(a, &acc[r][c], sizeof a);
+        const float* xr = x + r * ldx;
+        for (int64_t i = k16, l = 0; i < K; ++i, ++l) a[l] += xr[i] * wp[c][i];
+        std::memcpy(&acc[r][c], a, sizeof a);
+      }
+#pragma GCC unroll 8
   for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c) {
-      float a[kLanes];
-      std::memcpy(a, &acc[r][c], sizeof a);
-      const float* xr = x + r * ldx;
-      for (int64_t i = k16, l = 0; i < K; ++i, ++l) a[l] += xr[i] * wp[c][i];
-      for (int s = kLanes / 2; s > 0; s /= 2)
-        for (int l = 0; l < s; ++l) a[l] += a[l + s];
-      out[r * ldo + c] = a[0];
-    }
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) out[r * ldo + c] = tree16(acc[r][c]);
 }
 
 using TileFn = void (*)(const float*, int64_t, const float* const*, int64_t, float*, int64_t);
