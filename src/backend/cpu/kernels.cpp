@@ -122,16 +122,27 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int64_t xs = c.cols(o.x);
   const WeightRef& W = c.w(o.w);
   const bool act_q8 = W.act_q8 && (o.glu == Act::none || c.w(o.w_up).act_q8);
-  // The activation rows quantized by this worker for an earlier tile of this op in this step.
+  // The activation rows this worker prepared for an earlier tile of this op in this step: quantized
+  // (act_q8) or, on the float path, RMS-normalised (pro_rms).
   uint32_t* cache_tag = c.m.act_cache ? reinterpret_cast<uint32_t*>(c.m.act_cache) : nullptr;
-  const bool cached = act_q8 && cache_tag && cache_tag[0] == c.m.step && cache_tag[1] == static_cast<uint32_t>(in.op);
+  const bool cache_rows = cache_tag && (act_q8 || o.pro_rms);
+  const bool cached = cache_rows && cache_tag[0] == c.m.step && cache_tag[1] == static_cast<uint32_t>(in.op);
   const MatmulScratch ms = matmul_scratch(R, K, T, o.n_rot, o.pro_rms);
   const int64_t stride = MatmulScratch::stride(K);
   float* wtmp = s + ms.wtmp;
   float* utmp = s + ms.utmp;
   float* tile = s + ms.tile;
   float* utile = s + ms.utile;
-  if (o.pro_rms && !cached) {  // normalise the rows once per tile
+  if (o.pro_rms && !act_q8 && cache_rows) {  // float rows normalised once per (worker, step, op)
+    float* rows = c.m.act_cache + 16;
+    if (!cached) {
+      const float* wn = weight_span(c.w(o.norm_w), 0, 0, K, wtmp);
+      for (int64_t r = 0; r < R; ++r) rms_norm_span(x + r * xs, wn, o.weight_offset, o.eps, K, rows + r * K);
+      cache_tag[0] = c.m.step;
+      cache_tag[1] = static_cast<uint32_t>(in.op);
+    }
+    x = rows;
+  } else if (o.pro_rms && !cached) {  // normalise the rows once per tile
     const float* wn = weight_span(c.w(o.norm_w), 0, 0, K, wtmp);
     for (int64_t r = 0; r < R; ++r) rms_norm_span(x + r * xs, wn, o.weight_offset, o.eps, K, s + ms.rows + r * K);
     x = s + ms.rows;
@@ -439,7 +450,10 @@ size_t scratch_floats(const Program& p) {
 size_t act_cache_floats(const Program& p) {
   int64_t need = 0;
   for (const OpDesc& o : p.ops)
-    if (o.opcode == Opcode::matmul) need = std::max(need, act_q8_floats(o.rows.eval({p.max_tokens, p.max_tokens}), o.k));
+    if (o.opcode == Opcode::matmul) {
+      const int64_t R = o.rows.eval({p.max_tokens, p.max_tokens});
+      need = std::max(need, std::max(act_q8_floats(R, o.k), o.pro_rms ? R * o.k : 0));  // 8-bit rows or float rows
+    }
   return static_cast<size_t>(16 + need);  // 16: the (step, op) tag, keeping the rows 64-byte aligned
 }
 

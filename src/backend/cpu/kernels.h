@@ -1,5 +1,6 @@
 // Tile implementations of every opcode for the CPU interpreter: plain C++ written for the compiler
-// to vectorise. Determinism rule: the arithmetic producing one output element depends only on the
+// to vectorise, except the float32 matmul of 4 rows or more, which runs register-blocked tiles with a
+// run-time ISA (float_gemm.h) that keep dot()'s per-element arithmetic. Determinism rule: the arithmetic producing one output element depends only on the
 // element (row, column), never on the tile bounds or the worker, so every tiling, worker count and
 // schedule gives the same bits. Reductions use 16 fixed lanes combined in a fixed tree.
 #pragma once
@@ -39,9 +40,10 @@ struct StepMemory {
   // and V rows are rounded to f16 where they are stored, the query to f16 before Q.K, and the
   // normalised attention probabilities to f16 before they weight V.
   bool kv_f16 = false;
-  // This worker's cache of a matmul op's activation rows quantized to 8-bit blocks (act_cache_floats
-  // floats; nullptr: none), valid for one (step, op): every tile of an op reads the same rows, so the
-  // worker that runs several of its tiles quantizes them (and applies the RMS prologue) once.
+  // This worker's cache of a matmul op's activation rows, quantized to 8-bit blocks (act_q8) or, for
+  // float32 activations, RMS-normalised (an RMS prologue) (act_cache_floats floats; nullptr: none),
+  // valid for one (step, op): every tile of an op reads the same rows, so the worker that runs several
+  // of its tiles quantizes or normalises them once.
   float* act_cache = nullptr;
   uint32_t step = 0;  // the step's number, > 0 and different for every step of an interpreter
 };
