@@ -15,80 +15,35 @@ float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); 
 
 namespace {
 
-// 16 float lanes as one value (GCC/Clang vector extension): one zmm register where the function is
-// compiled for AVX-512F, two ymm for AVX2, four xmm for SSE2. Lane l of a 16-element piece at i
-// holds element i + l, so the lanes are dot()'s lanes (i mod 16).
-typedef float V16 __attribute__((vector_size(64)));
-typedef float V16u __attribute__((vector_size(64), aligned(4), may_alias));  // an unaligned load
-
-typedef float V8 __attribute__((vector_size(32)));
-typedef float V4 __attribute__((vector_size(16)));
-
-// dot()'s tree on the 16 lanes in registers: lane l += lane l + 8, then l + 4, l + 2, l + 1 (the
-// same adds, so the same bits, without going through memory).
-[[gnu::always_inline]] inline float tree16(V16 a) {
-  const V8 t = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
-  const V4 u = __builtin_shufflevector(t, t, 0, 1, 2, 3) + __builtin_shufflevector(t, t, 4, 5, 6, 7);
-  return (u[0] + u[2]) + (u[1] + u[3]);
-}
-
-// RB activation rows x CB weight rows: RB * CB accumulators, each weight and activation piece
-// loaded once per 16 elements, then the K % 16 tail (scalar, on the stored lanes) and the tree as in
-// dot(). Inlined into each ISA's wrapper below, which decides the registers.
-template <int RB, int CB>
-[[gnu::always_inline]] inline void tile_body(const float* __restrict x, int64_t ldx, const float* const* w, int64_t K,
-                                             float* out, int64_t ldo) {
-  V16 acc[RB][CB];
-#pragma GCC unroll 8
-  for (int r = 0; r < RB; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) acc[r][c] = V16{};
-  const float* wp[CB];
-#pragma GCC unroll 8
-  for (int c = 0; c < CB; ++c) wp[c] = w[c];
-  const int64_t k16 = K / kLanes * kLanes;
-  for (int64_t i = 0; i < k16; i += kLanes) {
-    V16 wv[CB];
-#pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) wv[c] = *reinterpret_cast<const V16u*>(wp[c] + i);
-#pragma GCC unroll 8
-    for (int r = 0; r < RB; ++r) {
-      const V16 xv = *reinterpret_cast<const V16u*>(x + r * ldx + i);
-#pragma GCC unroll 8
-      for (int c = 0; c < CB; ++c) acc[r][c] += xv * wv[c];
-    }
-  }
-  if (k16 < K)  // the tail: element i into lane i - k16 (= i mod 16), as dot() does
-    for (int r = 0; r < RB; ++r)
-      for (int c = 0; c < CB; ++c) {
-        float a[kLanes];
-        std::memcpy(a, &acc[r][c], sizeof a);
-        const float* xr = x + r * ldx;
-        for (int64_t i = k16, l = 0; i < K; ++i, ++l) a[l] += xr[i] * wp[c][i];
-        std::memcpy(&acc[r][c], a, sizeof a);
-      }
-#pragma GCC unroll 8
-  for (int r = 0; r < RB; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) out[r * ldo + c] = tree16(acc[r][c]);
-}
-
 using TileFn = void (*)(const float*, int64_t, const float* const*, int64_t, float*, int64_t);
 
-#define MK_FLOAT_TILE(NAME, ATTR)                                                                                  \
-  template <int RB, int CB>                                                                                        \
-  struct NAME {                                                                                                    \
-    ATTR static void run(const float* x, int64_t ldx, const float* const* w, int64_t K, float* out, int64_t ldo) { \
-      tile_body<RB, CB>(x, ldx, w, K, out, ldo);                                                                   \
-    }                                                                                                              \
-  };
-MK_FLOAT_TILE(TilePortable, )
-#if defined(__x86_64__)
-MK_FLOAT_TILE(TileAvx2, __attribute__((target("avx2"))))
-MK_FLOAT_TILE(TileAvx512, __attribute__((target("avx512f"))))
+namespace portable {  // 4-float registers (SSE2, NEON) for whatever the build targets
+#define MK_TILE_W 4
+#include "backend/cpu/float_tile.inc"
+}  // namespace portable
+
+// GCC's target pragmas (Clang ignores them: there the portable tile runs on every CPU).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MK_FLOAT_ISA_TILES 1
+#else
+#define MK_FLOAT_ISA_TILES 0
 #endif
-#undef MK_FLOAT_TILE
+#if MK_FLOAT_ISA_TILES
+#pragma GCC push_options
+#pragma GCC target("arch=haswell")  // AVX2 and nothing wider, even in a -march=native build on an AVX-512 CPU
+namespace avx2 {
+#define MK_TILE_W 8
+#include "backend/cpu/float_tile.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace avx512 {
+#define MK_TILE_W 16
+#include "backend/cpu/float_tile.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+#endif
 
 // Tiles of up to 4 x 4 (the edge tiles of a shape smaller than the ISA's block included): [rows-1][cols-1].
 template <template <int, int> class T>
@@ -106,11 +61,11 @@ struct TileSet {
 
 TileSet tiles(FloatIsa isa) {
   switch (isa) {
-#if defined(__x86_64__)
-    case FloatIsa::avx512: return {kTiles<TileAvx512>, 4, 4};  // 16 zmm accumulators of 32
-    case FloatIsa::avx2: return {kTiles<TileAvx2>, 2, 2};      // 8 ymm accumulators of 16
+#if MK_FLOAT_ISA_TILES
+    case FloatIsa::avx512: return {kTiles<avx512::Tile>, 4, 4};  // 16 zmm accumulators of 32
+    case FloatIsa::avx2: return {kTiles<avx2::Tile>, 2, 2};      // 8 ymm accumulators (two per 16 lanes) of 16
 #endif
-    default: return {kTiles<TilePortable>, 2, 2};
+    default: return {kTiles<portable::Tile>, 2, 2};  // 16 xmm accumulators (four per 16 lanes)
   }
 }
 
@@ -126,7 +81,7 @@ const char* float_isa_name(FloatIsa isa) {
 }
 
 bool float_isa_runs(FloatIsa isa) {
-#if defined(__x86_64__)
+#if MK_FLOAT_ISA_TILES
   if (isa == FloatIsa::avx512) return __builtin_cpu_supports("avx512f");
   if (isa == FloatIsa::avx2) return __builtin_cpu_supports("avx2");
 #else
