@@ -15,7 +15,7 @@ float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); 
 
 namespace {
 
-using TileFn = void (*)(const float*, int64_t, const float* const*, int64_t, float*, int64_t);
+using TileFn = void (*)(const float*, int64_t, const float* const*, int64_t, float*, int64_t, const float* const*, int);
 
 namespace portable {  // 4-float registers (SSE2, NEON) for whatever the build targets
 #define MK_TILE_W 4
@@ -102,12 +102,18 @@ void gemm_f32(const float* x, int64_t ldx, int64_t R, const float* const* w, int
   MK_CHECK(float_isa_runs(isa));
   const TileSet t = tiles(isa);
   // Weight rows outermost: a block of t.cols weight rows (t.cols * K floats) stays in L1 while every
-  // activation row passes over it, so the weights are read from memory once per call.
+  // activation row passes over it, so the weights are read from memory once per call. Meanwhile the
+  // row blocks prefetch the next block's weight rows, shared out between them.
+  const int64_t n_row_blocks = (R + t.rows - 1) / t.rows;
   for (int64_t j = 0; j < C; j += t.cols) {
     const int cb = static_cast<int>(std::min<int64_t>(t.cols, C - j));
-    for (int64_t r = 0; r < R; r += t.rows) {
+    const int64_t next = std::min<int64_t>(t.cols, std::max<int64_t>(0, C - j - t.cols));  // rows of the next block
+    const int64_t per_block = (next + n_row_blocks - 1) / n_row_blocks;
+    for (int64_t r = 0, b = 0; r < R; r += t.rows, ++b) {
       const int rb = static_cast<int>(std::min<int64_t>(t.rows, R - r));
-      t.fn[rb - 1][cb - 1](x + r * ldx, ldx, w + j, K, out + r * ldo + j, ldo);
+      const int64_t p0 = std::min(next, b * per_block), p1 = std::min(next, p0 + per_block);
+      t.fn[rb - 1][cb - 1](x + r * ldx, ldx, w + j, K, out + r * ldo + j, ldo, p1 > p0 ? w + j + t.cols + p0 : w,
+                           static_cast<int>(p1 - p0));
     }
   }
 }

@@ -232,16 +232,20 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   } else {
     // Many rows (prefill, batched decode): register-blocked tiles of several activation rows x
     // several weight rows (float_gemm.h), each element with dot()'s bits, so a row computed in a
-    // batch equals the row computed alone. Weight rows four at a time: pointers into the model for
-    // float32, converted rows for f16/bf16 and the quantized types without act_q8.
+    // batch equals the row computed alone. Float32 weights: up to 64 rows per call, pointers into
+    // the model (gemm_f32 prefetches the next rows); others four converted rows at a time (f16,
+    // bf16, the quantized types without act_q8).
     const bool glu = o.glu != Act::none;
-    for (int64_t j = in.c0; j < in.c1; j += 4) {
-      const int64_t n = std::min<int64_t>(4, in.c1 - j);
-      const float* wr[4];
-      for (int64_t q = 0; q < n; ++q) wr[q] = weight_span(W, j + q, 0, K, wtmp + q * stride);
+    const WeightRef& U = c.w(o.w_up);
+    const bool direct = W.f32 && (!glu || U.f32);
+    const int64_t step = direct ? 64 : 4;
+    for (int64_t j = in.c0; j < in.c1; j += step) {
+      const int64_t n = std::min<int64_t>(step, in.c1 - j);
+      const float* wr[64];
+      for (int64_t q = 0; q < n; ++q) wr[q] = direct ? W.f32 + (j + q) * W.row_elems : weight_span(W, j + q, 0, K, wtmp + q * stride);
       gemm_f32(x, ldx, R, wr, n, K, tile + (j - in.c0), T);
       if (glu) {
-        for (int64_t q = 0; q < n; ++q) wr[q] = weight_span(c.w(o.w_up), j + q, 0, K, utmp + q * stride);
+        for (int64_t q = 0; q < n; ++q) wr[q] = direct ? U.f32 + (j + q) * U.row_elems : weight_span(U, j + q, 0, K, utmp + q * stride);
         gemm_f32(x, ldx, R, wr, n, K, utile + (j - in.c0), T);
       }
     }
