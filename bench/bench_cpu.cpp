@@ -180,30 +180,33 @@ const std::string kSynth110M = "synth:stories110m";
 
 // The float32 many-row tile alone (src/backend/cpu/float_gemm.h), one thread: R activation rows x
 // 2048 weight rows of K = 768 (6 MiB of weights, past L2: streamed like a model's), 64 weight rows
-// per call as matmul() passes float32 weights. isa -1 = dot_f32 per (row, column), the one-row path. GFLOP/s counts
-// a multiply and an add per element.
+// per call as matmul() passes float32 weights. isa -1: dot_f32 per (row, column), as the one-row
+// path computes. GFLOP/s counts a multiply and an add per element; on a loaded machine read the
+// CPU column.
 void BM_FloatGemm(benchmark::State& state, int isa, int64_t R) {
   const int64_t K = 768, C = 2048;
-  if (isa >= 0 && !cpu::float_isa_runs(static_cast<cpu::FloatIsa>(isa))) return state.SkipWithError("ISA not run by this CPU");
+  const auto fisa = static_cast<cpu::FloatIsa>(isa);
+  if (isa >= 0 && !cpu::float_isa_runs(fisa)) return state.SkipWithError("ISA not run by this CPU");
   std::vector<float> x(static_cast<size_t>(R * K)), w(static_cast<size_t>(C * K)), out(static_cast<size_t>(R * C));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.01f;
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 89) * 0.01f;
   std::vector<const float*> rows(static_cast<size_t>(C));
   for (int64_t j = 0; j < C; ++j) rows[static_cast<size_t>(j)] = &w[static_cast<size_t>(j * K)];
   for (auto _ : state) {
-    for (int64_t j = 0; j < C; j += 64) {  // 64 weight rows per call, as matmul() passes float32 weights
+    for (int64_t j = 0; j < C; j += 64) {
       if (isa < 0) {
         for (int64_t q = j; q < j + 64; ++q)
           for (int64_t r = 0; r < R; ++r)
-            out[static_cast<size_t>(r * C + q)] = cpu::dot_f32(&x[static_cast<size_t>(r * K)], rows[static_cast<size_t>(q)], K);
+            out[static_cast<size_t>(r * C + q)] =
+                cpu::dot_f32(&x[static_cast<size_t>(r * K)], rows[static_cast<size_t>(q)], K);
       } else {
-        cpu::gemm_f32(x.data(), K, R, rows.data() + j, 64, K, out.data() + j, C, static_cast<cpu::FloatIsa>(isa));
+        cpu::gemm_f32(x.data(), K, R, rows.data() + j, 64, K, out.data() + j, C, fisa);
       }
     }
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(R * C * K) * static_cast<double>(state.iterations()) / 1e9,
-                                                 benchmark::Counter::kIsRate);
+  const double flops = 2.0 * static_cast<double>(R * C * K) * static_cast<double>(state.iterations());
+  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK_CAPTURE(BM_FloatGemm, dot_rows16, -1, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FloatGemm, portable_rows16, 0, 16)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -59,8 +59,8 @@ TEST(FloatGemm, EveryIsaEqualsDotPerElementForAllShapes) {
               const float got = out[static_cast<size_t>(r * ldo + j)];
               const float want = j < C ? cpu::dot_f32(x.data() + r * ldx, w[static_cast<size_t>(j)], K) : -7.0f;
               ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
-                  << cpu::float_isa_name(isa) << " R=" << R << " C=" << C << " K=" << K << " row " << r << " column " << j
-                  << (j >= C ? " (past C: must stay untouched)" : "") << ": " << got << " vs " << want;
+                  << cpu::float_isa_name(isa) << " R=" << R << " C=" << C << " K=" << K << " row " << r << " column "
+                  << j << (j >= C ? " (past C: must stay untouched)" : "") << ": " << got << " vs " << want;
             }
         }
     }
@@ -78,7 +78,8 @@ TEST(FloatGemm, LaneOrderChangesBitsSoTheCheckCanFail) {
   for (int64_t off = 0; off < 16; ++off) {
     float seq = 0;
     for (int64_t i = off; i < K; ++i) seq += a[static_cast<size_t>(i)] * b[static_cast<size_t>(i)];
-    differ += std::bit_cast<uint32_t>(seq) != std::bit_cast<uint32_t>(cpu::dot_f32(a.data() + off, b.data() + off, K - off));
+    differ +=
+        std::bit_cast<uint32_t>(seq) != std::bit_cast<uint32_t>(cpu::dot_f32(a.data() + off, b.data() + off, K - off));
   }
   EXPECT_GT(differ, 0);
 }
@@ -121,7 +122,8 @@ void check_batched_decode_bits(const std::string& path, int n_seqs) {
     b->reset();
     b->forward(prompts[static_cast<size_t>(s)], 0);
     const int32_t t = next_token(s);
-    alone.push_back(b->forward(std::span<const int32_t>(&t, 1), static_cast<int64_t>(prompts[static_cast<size_t>(s)].size())));
+    alone.push_back(
+        b->forward(std::span<const int32_t>(&t, 1), static_cast<int64_t>(prompts[static_cast<size_t>(s)].size())));
   }
   // Batched: each prompt in its own step (rows per step <= n_ctx), then every decode row in one step.
   b->reset();
@@ -147,7 +149,9 @@ void check_batched_decode_bits(const std::string& path, int n_seqs) {
   ASSERT_EQ(got.size(), static_cast<size_t>(n_seqs * n_vocab));
   for (int s = 0; s < n_seqs; ++s) {
     ASSERT_EQ(alone[static_cast<size_t>(s)].size(), static_cast<size_t>(n_vocab));
-    EXPECT_EQ(std::memcmp(got.data() + s * n_vocab, alone[static_cast<size_t>(s)].data(), static_cast<size_t>(n_vocab) * 4), 0)
+    EXPECT_EQ(
+        std::memcmp(got.data() + s * n_vocab, alone[static_cast<size_t>(s)].data(), static_cast<size_t>(n_vocab) * 4),
+        0)
         << path << ": sequence " << s << " of " << n_seqs << " decoded in a batch differs from alone";
   }
 }

@@ -236,16 +236,18 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     // the model (gemm_f32 prefetches the next rows); others four converted rows at a time (f16,
     // bf16, the quantized types without act_q8).
     const bool glu = o.glu != Act::none;
-    const WeightRef& U = c.w(o.w_up);
-    const bool direct = W.f32 && (!glu || U.f32);
+    const WeightRef* U = glu ? &c.w(o.w_up) : nullptr;
+    const bool direct = W.f32 && (!glu || U->f32);
     const int64_t step = direct ? 64 : 4;
     for (int64_t j = in.c0; j < in.c1; j += step) {
       const int64_t n = std::min<int64_t>(step, in.c1 - j);
       const float* wr[64];
-      for (int64_t q = 0; q < n; ++q) wr[q] = direct ? W.f32 + (j + q) * W.row_elems : weight_span(W, j + q, 0, K, wtmp + q * stride);
+      for (int64_t q = 0; q < n; ++q)
+        wr[q] = direct ? W.f32 + (j + q) * W.row_elems : weight_span(W, j + q, 0, K, wtmp + q * stride);
       gemm_f32(x, ldx, R, wr, n, K, tile + (j - in.c0), T);
       if (glu) {
-        for (int64_t q = 0; q < n; ++q) wr[q] = direct ? U.f32 + (j + q) * U.row_elems : weight_span(U, j + q, 0, K, utmp + q * stride);
+        for (int64_t q = 0; q < n; ++q)
+          wr[q] = direct ? U->f32 + (j + q) * U->row_elems : weight_span(*U, j + q, 0, K, utmp + q * stride);
         gemm_f32(x, ldx, R, wr, n, K, utile + (j - in.c0), T);
       }
     }
