@@ -14,9 +14,10 @@ namespace mk::cpu {
 // Sum of a[i] * b[i], i < n, in dot_f32's 16 lanes and tree (the reference of the contract above).
 float dot_f32(const float* a, const float* b, int64_t n);
 
-// Instruction sets of gemm_f32's tiles, chosen at run time (__builtin_cpu_supports), as src/quant does.
+// Instruction sets of gemm_f32's tiles, chosen at run time (__builtin_cpu_supports), as src/quant does;
+// passing one explicitly is for tests and benchmarks. The AVX2 and AVX-512 tiles need GCC on x86-64.
 enum class FloatIsa {
-  portable,  // plain C++ for the compiler to vectorise (any CPU)
+  portable,  // 2 x 2, 4-float registers (SSE2, NEON; wider where the build targets it), any CPU
   avx2,      // 2 activation rows x 2 weight rows per tile, each 16-lane accumulator two 8-lane registers
   avx512,    // 4 activation rows x 4 weight rows per tile, one 16-lane register per accumulator
 };
