@@ -17,7 +17,7 @@ float dot_f32(const float* a, const float* b, int64_t n);
 // Instruction sets of gemm_f32's tiles, chosen at run time (__builtin_cpu_supports), as src/quant does;
 // passing one explicitly is for tests and benchmarks. The AVX2 and AVX-512 tiles need GCC on x86-64.
 enum class FloatIsa {
-  portable,  // 2 x 2, 4-float registers (SSE2, NEON; wider where the build targets it), any CPU
+  portable,  // 2 x 2 in 4-float registers (SSE2, NEON), any CPU
   avx2,      // 2 activation rows x 2 weight rows per tile, each 16-lane accumulator two 8-lane registers
   avx512,    // 4 activation rows x 4 weight rows per tile, one 16-lane register per accumulator
 };
