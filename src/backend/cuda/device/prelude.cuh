@@ -830,9 +830,9 @@ __device__ void mk_attention_partial(const MkInstr& in, const MkOpArgs& a, const
 // attention_combine: heads [c0/HD, c1/HD), one row at a time: a thread per head loads the S
 // partials' m and l once into shared memory and turns them into each split's weight
 // f = exp(m - M) (M the largest m of the non-empty splits; empty ones, l = 0, are skipped) and the
-// merged L = sum l f; then a thread per (head, element) sums o f over the splits and stores O / L. The same operations in the same order as one thread
-// per element reading m and l itself (the same bits), with S + 1 instead of HD (S + 1) loads of
-// m and l per head.
+// merged L = sum l f; then a thread per (head, element) sums o f over the splits and stores O / L.
+// The same operations in the same order as one thread per element reading m and l itself (the
+// same bits), with 2 S loads of m and l per head instead of about 4 S per element.
 template <class C>
 __device__ void mk_attention_combine(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   constexpr int HD = C::HD, ST = HD + 2, TILE = C::HPG * ST;
