@@ -49,6 +49,7 @@ void add_compile_command(CLI::App& app) {
     co.schedule = schedule_from_name(o->schedule);
     co.max_tokens = std::min(o->max_tokens, n_ctx);
     co.attn_splits = o->attn_splits >= 0 ? o->attn_splits : o->emit == "cuda" ? 0 : 1;  // the backends' defaults
+    co.rms_partials = o->emit == "cuda";
     PassContext cx = o->emit == "graph" ? PassContext{g, {}, co, false} : run_pipeline(g, co);
     std::string text = o->emit == "graph" ? g.str() : o->emit == "ir" ? cx.graph.str() : o->emit == "program" ? cx.program.listing() : cx.program.str();
     if (o->emit == "cuda") {  // the backend's settings on an H100/H200: 227 KB of opt-in shared memory

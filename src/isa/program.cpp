@@ -86,6 +86,8 @@ std::string Program::op_str(int i) const {
   buf("res", o.res);
   buf("pos", o.pos);
   buf("ids", o.ids);
+  buf("ss", o.ss);
+  buf("ss_out", o.ss_out);
   wt("w", o.w);
   wt("w_up", o.w_up);
   wt("norm_w", o.norm_w);
@@ -287,7 +289,8 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       write(o.out, zero, R, in.c0, in.c1);
       break;
   }
-  (void)full_cols;
+  if (o.ss >= 0) read(o.ss, zero, R, 0, full_cols(o.ss));  // every producer tile's partials
+  if (o.ss_out >= 0) write(o.ss_out, zero, R, 2 * static_cast<int64_t>(in.tile), 2 * static_cast<int64_t>(in.tile) + 2);
   return a;
 }
 

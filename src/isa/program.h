@@ -80,6 +80,11 @@ struct OpDesc {
   int64_t cols = 0;  // output columns (the tiled dimension)
   int64_t k = 0;     // reduction length (matmul: x columns; norms: row length)
   int out = -1, x = -1, y = -1, z = -1, pos = -1, ids = -1, res = -1;
+  // RMS statistic partials (CompileOptions::rms_partials): ss_out on the op that writes a matmul's
+  // pro_rms x: tile t writes, per row, the sum of squares of its output columns as a float pair
+  // (hi, lo: hi = (float)s, lo = (float)(s - hi) of the double s) into columns [2t, 2t + 2); ss on the
+  // pro_rms matmul: reads all of them and sums them in tile order instead of re-reading its x row.
+  int ss_out = -1, ss = -1;
   int w = -1, w_up = -1, norm_w = -1, bias = -1;
   bool pro_rms = false;  // matmul: rms_norm prologue
   Act glu = Act::none;   // matmul: act(x@w) * (x@w_up)

@@ -19,6 +19,11 @@ struct CompileOptions {
   // tiles = n_head_kv x attn_splits, then attention_combine). 1 = one attention op (no split);
   // 0 = auto: ceil(workers / n_head_kv), so the tiles cover the workers. Capped at 64 and n_ctx.
   int64_t attn_splits = 1;
+  // RMS statistic once per op (GPU backends): the op writing a pro_rms matmul's x also writes its
+  // tiles' per-row sums of squares (OpDesc::ss_out), and the matmul's tiles sum those partials
+  // instead of re-reading and squaring the row. Adds buffers, no waits (the matmul already waits for
+  // every tile of that op). Backends that ignore the slots (cpu) keep the option off.
+  bool rms_partials = false;
   std::vector<std::string> skip;     // pass names not to run (e.g. {"fuse"} to compare against)
   bool verify = true;                // verify the IR / program after every pass
 };

@@ -57,6 +57,7 @@ class Lowering {
     for (const Node& n : g_.nodes)
       for (int i : n.inputs) users_[static_cast<size_t>(i)].push_back(n.id);
     for (const Node& n : g_.nodes) lower(n);
+    if (o_.rms_partials) add_rms_partials();
     // Attention reads each row's position even where no op does (a graph without RoPE).
     if (p_.kv_block_size > 0) step_input(&p_.positions_buffer, "inp_positions", SymExpr::tokens(), 1);
     for (const auto& o : g_.outputs) {
@@ -93,6 +94,45 @@ class Lowering {
     b.max_rows = o_.max_tokens;
     p_.buffers.push_back(b);
     *id = static_cast<int>(p_.buffers.size()) - 1;
+  }
+  // CompileOptions::rms_partials: one partials buffer per x read by pro_rms matmuls whose writer
+  // is a single op that stores [rows, c0:c1) per tile (not a KV store), K columns wide.
+  void add_rms_partials() {
+    std::map<int, int> partials;  // x buffer -> its partials buffer (-1: x's writer cannot make them)
+    for (size_t i = 0; i < p_.ops.size(); ++i) {
+      OpDesc& c = p_.ops[i];
+      if (c.opcode != Opcode::matmul || !c.pro_rms || c.x < 0) continue;
+      auto it = partials.find(c.x);
+      if (it == partials.end()) it = partials.emplace(c.x, make_partials(c)).first;
+      c.ss = it->second;
+    }
+  }
+  int make_partials(const OpDesc& c) {
+    const Buffer& xb = p_.buffers[static_cast<size_t>(c.x)];
+    if (xb.kind != BufferKind::activation || xb.cols != c.k) return -1;
+    int writer = -1;
+    for (size_t i = 0; i < p_.ops.size(); ++i)
+      if (p_.ops[i].out == c.x) {
+        if (writer >= 0) return -1;
+        writer = static_cast<int>(i);
+      }
+    if (writer < 0) return -1;
+    OpDesc& w = p_.ops[static_cast<size_t>(writer)];
+    const bool stores_rows = w.opcode != Opcode::kv_store && w.opcode != Opcode::attention_partial &&
+                             w.opcode != Opcode::argmax && w.epi != Epi::store && w.epi != Epi::rope_store;
+    if (!stores_rows || w.cols != c.k || w.ss_out >= 0 || !(w.rows == xb.rows)) return -1;
+    int64_t tiles = 0;
+    for (const Instr& in : p_.instrs) tiles += in.op == writer;
+    Buffer b;
+    b.name = xb.name + ".ss";
+    b.kind = BufferKind::activation;
+    b.dtype = DType::F32;
+    b.rows = xb.rows;
+    b.max_rows = xb.max_rows;
+    b.cols = 2 * tiles;
+    p_.buffers.push_back(b);
+    w.ss_out = static_cast<int>(p_.buffers.size()) - 1;
+    return w.ss_out;
   }
   int buf(int value) const {
     int b = value_buf_.at(static_cast<size_t>(value));

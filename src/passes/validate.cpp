@@ -53,7 +53,7 @@ class Validator {
     auto wok = [&](int w) { return w >= -1 && w < nw; };
     for (int i = 0; i < nops; ++i) {
       const OpDesc& o = p_.ops[static_cast<size_t>(i)];
-      for (int b : {o.out, o.x, o.y, o.z, o.pos, o.ids, o.res})
+      for (int b : {o.out, o.x, o.y, o.z, o.pos, o.ids, o.res, o.ss, o.ss_out})
         if (!bufok(b)) issue("op{} {}: buffer b{} does not exist", i, o.name, b);
       for (int w : {o.w, o.w_up, o.norm_w, o.bias})
         if (!wok(w)) issue("op{} {}: weight w{} does not exist", i, o.name, w);
@@ -290,7 +290,7 @@ void verify_program_structure(const Program& p) {
     for (const Wait& w : in.waits) MK_CHECK(w.counter >= 0 && w.counter < static_cast<int>(p.counters.size()), "instruction {}: bad wait", i);
   }
   for (const OpDesc& o : p.ops) {
-    for (int b : {o.out, o.x, o.y, o.z, o.pos, o.ids, o.res}) MK_CHECK(b >= -1 && b < static_cast<int>(p.buffers.size()), "op {}: bad buffer", o.name);
+    for (int b : {o.out, o.x, o.y, o.z, o.pos, o.ids, o.res, o.ss, o.ss_out}) MK_CHECK(b >= -1 && b < static_cast<int>(p.buffers.size()), "op {}: bad buffer", o.name);
     for (int w : {o.w, o.w_up, o.norm_w, o.bias}) MK_CHECK(w >= -1 && w < static_cast<int>(p.weights.size()), "op {}: bad weight", o.name);
   }
 }

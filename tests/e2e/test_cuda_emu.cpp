@@ -18,6 +18,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <span>
 
 #include "archs/arch.h"
@@ -272,6 +273,115 @@ TEST(CudaEmuRaceCheck, ValidProgramHasNoRace) {
   EXPECT_EQ(l.size(), 512u);
 }
 
+// ---- RMS statistic once per op (CompileOptions::rms_partials) -------------------------------------
+
+Program stories_program(bool rms_partials, int workers) {
+  ModelFile m = load_model(kStories + "stories260K.gguf");
+  CompileOptions co;
+  co.workers = workers;
+  co.max_tokens = 8;
+  co.rms_partials = rms_partials;
+  return compile_program(build_graph(m, {32, false}), co);
+}
+
+// The writer of every pro_rms matmul's x also writes per-tile partials; the matmuls read them. No
+// counter or wait changes (the matmuls already wait for every tile of x's writer), the validator
+// accepts it, and without the option nothing changes at all.
+TEST(CudaEmuRmsPartials, ProgramAddsPartialsButNoWaits) {
+  const Program off = stories_program(false, 3), on = stories_program(true, 3);
+  ASSERT_TRUE(check_program(on).empty()) << check_program(on).front();
+  ASSERT_EQ(on.instrs.size(), off.instrs.size());
+  EXPECT_EQ(on.counters.size(), off.counters.size());
+  for (size_t i = 0; i < on.instrs.size(); ++i) EXPECT_EQ(on.instrs[i].waits, off.instrs[i].waits) << on.instr_str(static_cast<int>(i));
+  int pro_rms = 0, with_partials = 0;
+  std::set<int> partial_buffers;
+  for (const OpDesc& o : off.ops) EXPECT_TRUE(o.ss < 0 && o.ss_out < 0) << o.name;
+  for (const OpDesc& o : on.ops) {
+    if (o.opcode != Opcode::matmul || !o.pro_rms) continue;
+    ++pro_rms;
+    if (o.ss < 0) continue;
+    ++with_partials;
+    partial_buffers.insert(o.ss);
+    int writers = 0, tiles = 0;
+    for (size_t w = 0; w < on.ops.size(); ++w)
+      if (on.ops[w].ss_out == o.ss) {
+        ++writers;
+        EXPECT_EQ(on.ops[w].out, o.x) << o.name << ": the partials' writer is not the writer of x";
+        for (const Instr& in : on.instrs) tiles += in.op == static_cast<int>(w);
+      }
+    EXPECT_EQ(writers, 1) << o.name;
+    EXPECT_EQ(on.buffers[static_cast<size_t>(o.ss)].cols, 2 * tiles) << o.name;
+  }
+  // stories260K (5 layers): attn_norm (q, k, v), ffn_norm (gate/up) per layer, output_norm.
+  EXPECT_EQ(pro_rms, with_partials);
+  EXPECT_EQ(static_cast<int>(partial_buffers.size()), 2 * 5 + 1);
+  EXPECT_EQ(on.buffers.size(), off.buffers.size() + partial_buffers.size());
+}
+
+// The same tokens' logits with and without partials (the statistic summed in another order, in
+// double: float-rounding apart at most), and the cpu backend's.
+TEST(CudaEmuRmsPartials, LogitsMatchTheInTileStatistic) {
+  ModelFile m = load_model(kStories + "stories260K.gguf");
+  BackendOptions bo;
+  cuda::EmuOptions eo;
+  eo.blocks = 3;
+  eo.threads = 64;
+  std::vector<std::vector<float>> got;
+  for (bool partials : {false, true}) {
+    auto b = make_cuda_emu_program_backend(stories_program(partials, 3), m, bo, eo);
+    std::vector<float> l = b->forward(std::vector<int32_t>{1, 403, 407, 261, 378}, 0);
+    for (int64_t pos = 5; pos < 9; ++pos) {
+      const std::vector<float> d = b->forward(std::vector<int32_t>{static_cast<int32_t>(pos * 7)}, pos);
+      l.insert(l.end(), d.begin(), d.end());
+    }
+    got.push_back(l);
+  }
+  ASSERT_EQ(got[0].size(), got[1].size());
+  const double err = test::rel_l2(got[1], got[0]);
+  EXPECT_LT(err, 1e-6);
+  std::printf("  stories260K, partials vs in-tile RMS statistic: rel. L2 %.2e\n", err);
+}
+
+// The partials are an ordinary buffer to the validator and the race check. A program whose
+// partials nobody writes (a writer's slot removed) is rejected by the validator. A device whose
+// tiles write another tile's partials (the writer's tile width doubled: t = c0 / SS_TC sends tiles
+// 2k and 2k + 1 to one column pair; the program's regions still say one pair per tile, so the
+// validator cannot see it) is caught by the race check: two unordered tiles wrote one element.
+TEST(CudaEmuRaceCheck, MisplacedRmsPartialsAreARace) {
+  ModelFile m = load_model(kStories + "stories260K.gguf");
+  const Program base = stories_program(true, 2);
+  int victim = -1;
+  for (size_t w = 0; w < base.ops.size() && victim < 0; ++w) {
+    int tiles = 0;
+    for (const Instr& in : base.instrs) tiles += in.op == static_cast<int>(w);
+    if (base.ops[w].ss_out >= 0 && base.ops[w].layer == 2 && tiles >= 2) victim = static_cast<int>(w);
+  }
+  ASSERT_GE(victim, 0);
+  const OpDesc& v = base.ops[static_cast<size_t>(victim)];
+  const std::string name = base.buffers[static_cast<size_t>(v.ss_out)].name;
+  Program unwritten = base;
+  unwritten.ops[static_cast<size_t>(victim)].ss_out = -1;
+  const auto issues = check_program(unwritten);
+  ASSERT_FALSE(issues.empty());
+  EXPECT_NE(issues.front().find(name), std::string::npos) << issues.front();
+  Program misplaced = base;
+  misplaced.ops[static_cast<size_t>(victim)].tile_cols *= 2;
+  ASSERT_TRUE(check_program(misplaced).empty());
+  BackendOptions bo;
+  cuda::EmuOptions eo;
+  eo.blocks = 2;
+  eo.threads = 32;
+  auto b = make_cuda_emu_program_backend(std::move(misplaced), m, bo, eo);
+  try {
+    b->forward(std::vector<int32_t>{1, 403, 407}, 0);
+    ADD_FAILURE() << "two tiles writing one partial went unreported";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("race:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(name), std::string::npos) << msg;
+  }
+}
+
 // ---- quantized weights ---------------------------------------------------------------------------
 
 std::vector<float> quant_logits(const ModelFile& m, const std::string& backend) {
@@ -344,6 +454,29 @@ TEST(E2ECudaEmuFloat, MultiStepMatmulRowsMatchTheCpuBackend) {
   const double err = test::rel_l2(emu, cpu);
   EXPECT_LT(err, 1e-5);
   std::printf("  bf16 stories15m shape: cuda-emu vs cpu rel. L2 %.2e\n", err);
+}
+
+// Rows whose K is not a multiple of 8 (ffn_down reads n_ff-wide rows): vector loads as wide as the
+// row offset allows (K % 4 == 0: 16 bytes f32 / 8 bytes bf16; K % 2 == 0: 8 / 4 bytes), the
+// emulator faulting on a misaligned one as a GPU would (f32 K = 174 rows are 8-byte aligned only);
+// odd K stays scalar. Prompt and decode rows,
+// within float rounding of the cpu backend.
+TEST(E2ECudaEmuFloat, OddKMatmulRowsMatchTheCpuBackend) {
+  for (const auto& [dtype, n_ff] : std::vector<std::pair<DType, int64_t>>{
+           {DType::F32, 174}, {DType::BF16, 172}, {DType::F16, 171}}) {  // f32, K = 172: stories260K
+    SynthSpec spec = synthetic_spec("stories260k");
+    spec.n_layer = 2;
+    spec.n_ff = n_ff;
+    spec.dtype = dtype;
+    const ModelFile m = make_synthetic_model(spec);
+    const std::vector<float> cpu = test::prompt_then_decode_logits(m, "cpu", 32, "off");
+    const std::vector<float> emu = test::prompt_then_decode_logits(m, "cuda-emu", 32, "off");
+    ASSERT_EQ(emu.size(), cpu.size());
+    const double err = test::rel_l2(emu, cpu);
+    EXPECT_LT(err, 1e-5) << dtype_name(dtype) << " n_ff " << n_ff;
+    std::printf("  %s n_ff %lld: cuda-emu vs cpu rel. L2 %.2e\n", std::string(dtype_name(dtype)).c_str(),
+                static_cast<long long>(n_ff), err);
+  }
 }
 
 // SmolLM2-135M-Instruct Q4_1 (scripts/get-model.sh smollm2; skipped when absent): cuda-emu's greedy

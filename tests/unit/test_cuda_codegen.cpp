@@ -97,6 +97,7 @@ Program compile_for_h200(const ModelFile& m, ScheduleKind schedule, int64_t n_ct
   co.max_tokens = 64;
   co.schedule = schedule;
   co.attn_splits = attn_splits;
+  co.rms_partials = true;  // as the cuda backends
   return compile_program(g, co);
 }
 
@@ -120,6 +121,7 @@ Program compile_hf_for_h200(const std::string& family) {
   co.workers = 132;
   co.max_tokens = 32;
   co.attn_splits = 0;  // as the cuda backends
+  co.rms_partials = true;
   return compile_program(g, co);
 }
 

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -114,10 +115,13 @@ constexpr const char* kWeightLoad = "LDG.E.NA.128.CONSTANT";
 // Lengths of the runs of weight loads: a run starts at a weight load and takes every later weight
 // load until an instruction reads a register a load of the run writes (its 4 destination registers),
 // or control flow / a barrier intervenes.
-std::vector<int> weight_load_runs(const std::vector<Sass>& code, std::vector<uint64_t>* starts) {
+// `load` names the weight load counted (default: the 16-byte one; 8-byte ones write 2 registers).
+std::vector<int> weight_load_runs(const std::vector<Sass>& code, std::vector<uint64_t>* starts,
+                                  const std::string& load = kWeightLoad) {
+  const int regs = load.find(".64.") != std::string::npos ? 2 : 4;
   std::vector<int> runs;
   for (size_t i = 0; i < code.size();) {
-    if (code[i].opcode != kWeightLoad) {
+    if (code[i].opcode != load) {
       ++i;
       continue;
     }
@@ -129,10 +133,10 @@ std::vector<int> weight_load_runs(const std::vector<Sass>& code, std::vector<uin
       bool stop = false;
       for (int x : reads(s)) stop |= pending.count(x) > 0;
       if (stop || starts_with_any(s.opcode, {"BRA", "BRX", "JMP", "CALL", "RET", "EXIT", "BAR", "WARPSYNC", "BSYNC"})) break;
-      if (s.opcode == kWeightLoad && !s.operands.empty()) {
+      if (s.opcode == load && !s.operands.empty()) {
         const std::set<int> d = registers(s.operands[0]);
         if (d.empty()) break;
-        for (int k = 0; k < 4; ++k) pending.insert(*d.begin() + k);
+        for (int k = 0; k < regs; ++k) pending.insert(*d.begin() + k);
         ++n;
       }
     }
@@ -175,54 +179,69 @@ TEST(CudaSass, WeightLoadRunsParserCountsLoadsUntilAUse) {
                       "scripts/setup.sh installs it)";                                                          \
   } while (0)
 
-// The Llama-3.2-1B shape (2 layers: the device functions depend on shapes only), bf16 weights,
-// compiled for `max_tokens` rows per step; every run of weight loads in its SASS must hold >= 4.
-void check_weight_load_runs(int64_t max_tokens) {
+// NVRTC (sm_90) + cuobjdump -sass of the megakernel of `m` compiled for `max_tokens` rows per step
+// (`dtypes`: the device weight types, empty = the model's); *matmul_functions gets the number of
+// matmul device functions.
+std::vector<Sass> megakernel_sass(const ModelFile& m, int64_t max_tokens, const std::vector<DType>& dtypes,
+                                  int* matmul_functions) {
   const std::string cuobjdump = find_cuobjdump();
-  SynthSpec spec = synthetic_spec("llama3.2-1b");
-  spec.n_layer = 2;
-  ModelFile m = make_synthetic_model(spec, false);
   BuildOptions bo;
   bo.n_ctx = 256;
   CompileOptions co;
   co.workers = 132;
   co.max_tokens = max_tokens;
+  co.rms_partials = true;  // as the cuda backend compiles it
   Program p = compile_program(build_graph(m, bo), co);
-  int matmul_functions = 0;
-  {
-    cuda::CudaCodegenOptions cg;
-    cg.perop_kernels = false;
-    cuda::CudaSource src = cuda::generate_cuda(p, cg);
-    std::set<int> fns;
-    for (size_t op = 0; op < p.ops.size(); ++op)
-      if (p.ops[op].opcode == Opcode::matmul) fns.insert(src.op_function[op]);
-    matmul_functions = static_cast<int>(fns.size());
-    cuda::NvrtcOptions no;
-    no.use_cache = false;
-    cuda::NvrtcResult r = cuda::compile_to_cubin(src.code, no);
-    const fs::path cubin = fs::temp_directory_path() / ("mk_sass_" + std::to_string(::getpid()) + ".cubin");
-    std::ofstream(cubin, std::ios::binary).write(r.cubin.data(), static_cast<std::streamsize>(r.cubin.size()));
-    int status = 0;
-    const std::string text = run(cuobjdump + " -sass " + cubin.string() + " 2>&1", &status);
-    fs::remove(cubin);
-    ASSERT_EQ(status, 0) << text.substr(0, 2000);
-    const auto code = parse_sass(text);
-    ASSERT_GT(code.size(), 1000u) << text.substr(0, 2000);
-    std::vector<uint64_t> starts;
-    const std::vector<int> runs = weight_load_runs(code, &starts);
-    // Every matmul function has its own weight-load loop (q, k, v, attn_output, GLU gate/up, down,
-    // classifier: 7 functions), so at least that many runs.
-    EXPECT_GE(matmul_functions, 5);
-    EXPECT_GE(static_cast<int>(runs.size()), matmul_functions);
-    int weight_loads = 0;
-    for (size_t i = 0; i < runs.size(); ++i) {
-      weight_loads += runs[i];
-      EXPECT_GE(runs[i], 4) << "weight loads at 0x" << std::hex << starts[i] << std::dec << ": only " << runs[i]
-                            << " issued before one of them is used";
-    }
-    ::testing::Test::RecordProperty("weight_load_runs", static_cast<int>(runs.size()));
-    ::testing::Test::RecordProperty("weight_loads", weight_loads);
+  cuda::CudaCodegenOptions cg;
+  cg.perop_kernels = false;
+  cg.weight_dtypes = dtypes;
+  cuda::CudaSource src = cuda::generate_cuda(p, cg);
+  std::set<int> fns;
+  for (size_t op = 0; op < p.ops.size(); ++op)
+    if (p.ops[op].opcode == Opcode::matmul) fns.insert(src.op_function[op]);
+  *matmul_functions = static_cast<int>(fns.size());
+  cuda::NvrtcOptions no;
+  no.use_cache = false;
+  cuda::NvrtcResult r = cuda::compile_to_cubin(src.code, no);
+  const fs::path cubin = fs::temp_directory_path() / ("mk_sass_" + std::to_string(::getpid()) + ".cubin");
+  std::ofstream(cubin, std::ios::binary).write(r.cubin.data(), static_cast<std::streamsize>(r.cubin.size()));
+  int status = 0;
+  const std::string text = run(cuobjdump + " -sass " + cubin.string() + " 2>&1", &status);
+  fs::remove(cubin);
+  if (const char* dump = std::getenv("MK_SASS_DUMP")) std::ofstream(dump) << text;  // for a look at a failure
+  EXPECT_EQ(status, 0) << text.substr(0, 2000);
+  const auto code = parse_sass(text);
+  EXPECT_GT(code.size(), 1000u) << text.substr(0, 2000);
+  return code;
+}
+
+// Every run of `load`s in `code` holds >= 4 (at least `min_runs` runs); returns the loads counted.
+int expect_runs_of_four(const std::vector<Sass>& code, int min_runs, const std::string& load = kWeightLoad) {
+  std::vector<uint64_t> starts;
+  const std::vector<int> runs = weight_load_runs(code, &starts, load);
+  EXPECT_GE(static_cast<int>(runs.size()), min_runs) << load;
+  int loads = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    loads += runs[i];
+    EXPECT_GE(runs[i], 4) << load << " at 0x" << std::hex << starts[i] << std::dec << ": only " << runs[i]
+                          << " issued before one of them is used";
   }
+  ::testing::Test::RecordProperty("weight_load_runs", static_cast<int>(runs.size()));
+  ::testing::Test::RecordProperty("weight_loads", loads);
+  return loads;
+}
+
+// The Llama-3.2-1B shape (2 layers: the device functions depend on shapes only), bf16 weights,
+// compiled for `max_tokens` rows per step; every run of weight loads in its SASS must hold >= 4.
+void check_weight_load_runs(int64_t max_tokens) {
+  SynthSpec spec = synthetic_spec("llama3.2-1b");
+  spec.n_layer = 2;
+  int matmul_functions = 0;
+  const auto code = megakernel_sass(make_synthetic_model(spec, false), max_tokens, {}, &matmul_functions);
+  // Every matmul function has its own weight-load loop (q, k, v, attn_output, GLU gate/up, down,
+  // classifier: 7 functions), so at least that many runs.
+  EXPECT_GE(matmul_functions, 5);
+  expect_runs_of_four(code, matmul_functions);
 }
 
 // Decode-only (max_tokens 1): every matmul is the RB = 1 path.
@@ -236,6 +255,49 @@ TEST(CudaSass, OneRowMatmulIssuesFourWeightLoadsBackToBack) {
 TEST(CudaSass, MultiRowMatmulIssuesFourWeightLoadsBackToBack) {
   MK_REQUIRE_SASS_TOOLS();
   check_weight_load_runs(64);
+}
+
+// Quantized weights (issue 8): the 1B shape with q4_1 attention/classifier matrices and q4_K FFN
+// matrices, decode (max_tokens 1: the memory-bound case; 64 passes too, 3x the NVRTC time). Each
+// lane loads a whole unit of blocks (q4_1: 4 blocks = 80 bytes, 5 loads; q4_K: one 144-byte block,
+// 9 loads) before dequantizing any of it. Before mk_q_load tied them together, ptxas issued them
+// as 3 + 2 (q4_1) and 3 + 2 + 2 + 2 (q4_K).
+TEST(CudaSass, QuantizedMatmulIssuesFourWeightLoadsBackToBack) {
+  MK_REQUIRE_SASS_TOOLS();
+  SynthSpec spec = synthetic_spec("llama3.2-1b");
+  spec.n_layer = 2;
+  spec.dtype = DType::Q4_1;
+  const ModelFile m = make_synthetic_model(spec, false);
+  std::vector<DType> dtypes;
+  BuildOptions bo;
+  bo.n_ctx = 256;
+  int matmul_functions = 0;
+  {
+    CompileOptions co;
+    co.workers = 132;
+    co.max_tokens = 1;
+    const Program p = compile_program(build_graph(m, bo), co);
+    for (const ProgramWeight& w : p.weights)
+      dtypes.push_back(w.dtype == DType::Q4_1 && w.name.find("ffn_") != std::string::npos ? DType::Q4_K : w.dtype);
+    ASSERT_NE(std::count(dtypes.begin(), dtypes.end(), DType::Q4_K), 0);
+    ASSERT_NE(std::count(dtypes.begin(), dtypes.end(), DType::Q4_1), 0);
+  }
+  const auto code = megakernel_sass(m, 1, dtypes, &matmul_functions);
+  EXPECT_GE(matmul_functions, 5);
+  expect_runs_of_four(code, matmul_functions);
+}
+
+// Rows of K % 8 != 0 elements (bf16, ffn_down over n_ff = 772: K % 4 == 0) take 8-byte vector
+// weight loads, 4 per lane in flight; before, such rows were read 2 bytes at a time.
+TEST(CudaSass, OddKMatmulTakesEightByteWeightLoads) {
+  MK_REQUIRE_SASS_TOOLS();
+  SynthSpec spec = synthetic_spec("stories15m");
+  spec.n_layer = 2;
+  spec.n_ff = 772;
+  spec.dtype = DType::BF16;
+  int matmul_functions = 0;
+  const auto code = megakernel_sass(make_synthetic_model(spec, false), 1, {}, &matmul_functions);
+  EXPECT_GE(expect_runs_of_four(code, 1, "LDG.E.NA.64.CONSTANT"), 4);
 }
 
 }  // namespace mk

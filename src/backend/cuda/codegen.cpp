@@ -118,8 +118,9 @@ class Generator {
       c += fmt::format("struct MkC{} {{\n{}}};\n", f, body);
       c += fmt::format(
           "__device__ __noinline__ void mk_fn{0}(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem, "
-          "const MkParams& p, int idx) {{ {1}; }}\n\n",
-          f, call(fn_opcode[f], f));
+          "const MkParams& p, int idx) {{ {1};{2} }}\n\n",
+          f, call(fn_opcode[f], f),
+          body.find("SS_TC") != std::string::npos ? fmt::format(" mk_rms_partials<MkC{}>(in, a, s);", f) : "");
     }
     c += "__device__ __forceinline__ void mk_dispatch(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem, "
          "const MkParams& p, int idx) {\n  switch (in.fn) {\n";
@@ -235,6 +236,8 @@ class Generator {
                          op.epi == Epi::store || op.epi == Epi::rope_store ? "true" : "false");
         b += fmt::format("  static constexpr int GLU = {};\n  static constexpr double EPS = {}, WOFF = {};\n",
                          static_cast<int>(op.glu), lit(op.eps), lit(op.weight_offset));
+        // RMS statistic partials of x (isa/program.h OpDesc::ss): NSS (hi, lo) pairs per row, SSS apart.
+        b += fmt::format("  static constexpr int NSS = {}, SSS = {};\n", op.ss >= 0 ? stride(op.ss) / 2 : 0, stride(op.ss));
         if (rope) b += rope_fields(op);
         *smem_floats = static_cast<size_t>(rb * (XK + T)) + 4 + red;
         break;
@@ -243,9 +246,11 @@ class Generator {
         if (op.head_dim <= 0 || op.n_head_kv <= 0 || op.n_head % op.n_head_kv || op.attn_splits < 1)
           fail("cuda codegen: {}: bad attention shape (n_head {}, n_head_kv {}, head_dim {}, attn_splits {})", op.name,
                op.n_head, op.n_head_kv, op.head_dim, op.attn_splits);
-        b += fmt::format("  static constexpr int HD = {}, HPG = {}, S = {}, XS = {}, OS = {};\n", op.head_dim,
-                         op.n_head / op.n_head_kv, op.attn_splits, stride(op.x), stride(op.out));
-        *smem_floats = 4;
+        b += fmt::format("  static constexpr int HD = {}, HPG = {}, S = {}, XS = {}, OS = {}, NH = {};\n", op.head_dim,
+                         op.n_head / op.n_head_kv, op.attn_splits, stride(op.x), stride(op.out),
+                         (op.tile_cols + op.head_dim - 1) / op.head_dim);
+        // Per head of the tile: S (m, l) pairs and the merged l (mk_attention_combine).
+        *smem_floats = static_cast<size_t>((op.tile_cols + op.head_dim - 1) / op.head_dim * (2 * op.attn_splits + 1)) + 4;
         break;
       case Opcode::attention:
       case Opcode::attention_partial: {
@@ -334,6 +339,8 @@ class Generator {
         *smem_floats = static_cast<size_t>(4 * warps_ + 4);
         break;
     }
+    if (op.ss_out >= 0)  // this op writes a pro_rms matmul's x: mk_rms_partials after each tile
+      b += fmt::format("  static constexpr int SS_TC = {}, SS_OS = {}, SS_S = {};\n", op.tile_cols, stride(op.out), stride(op.ss_out));
     return b;
   }
 

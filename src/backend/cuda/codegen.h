@@ -37,6 +37,7 @@ struct MkWait {
 };
 struct MkOpArgs {
   uint64_t out, x, y, z, res, pos, ids, w, w_up, norm_w, bias, tab;  // device pointers (abi.cuh: step inputs)
+  uint64_t ss, ss_out;  // RMS statistic partials (isa/program.h OpDesc::ss, ss_out)
 };
 struct MkError {
   uint32_t flag;
@@ -55,7 +56,7 @@ struct MkParams {
   MkSym sym;
   uint32_t epoch, pad;
 };
-static_assert(sizeof(MkInstr) == 32 && sizeof(MkWait) == 16 && sizeof(MkOpArgs) == 96 && sizeof(MkError) == 32 &&
+static_assert(sizeof(MkInstr) == 32 && sizeof(MkWait) == 16 && sizeof(MkOpArgs) == 112 && sizeof(MkError) == 32 &&
               sizeof(MkParams) == 120);
 struct MkTraceRec {  // one executed instruction (globaltimer ns)
   int32_t instr;

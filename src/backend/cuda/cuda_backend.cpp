@@ -71,6 +71,7 @@ Program compile_for_device(const Graph& graph, int workers, const BackendOptions
     if (n.op == Op::kv_cache) co.max_tokens = std::min<int64_t>(co.max_tokens, kv_geometry(n).n_ctx);
   co.schedule = schedule_from_name(options.schedule);
   co.attn_splits = options.attn_splits < 0 ? 0 : options.attn_splits;  // auto: attention tiles cover the SMs
+  co.rms_partials = env_int("MK_CUDA_RMS_PARTIALS", 1) != 0;  // RMS statistic once per op (docs/cuda.md)
   return compile_program(graph, co);
 }
 
@@ -184,6 +185,8 @@ class CudaBackend final : public Backend {
       a.w_up = wt(o.w_up);
       a.norm_w = wt(o.norm_w);
       a.bias = wt(o.bias);
+      a.ss = buf(o.ss);
+      a.ss_out = buf(o.ss_out);
       // Step inputs of a ragged batch (abi.cuh: which slot carries which).
       const bool store = o.opcode == Opcode::kv_store ||
                          (o.opcode == Opcode::matmul && (o.epi == Epi::store || o.epi == Epi::rope_store));

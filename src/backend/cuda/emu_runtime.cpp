@@ -257,7 +257,7 @@ class EmuRuntime final : public DeviceRuntime {
     if (e.kind != 3 && e.kind != 4) return "";
     const int region = (e.block >> 30) & 1;
     const int block = e.block & ((1 << 30) - 1);
-    const std::string where = element_name(p, region, e.value);
+    const std::string where = element_name(p, region, e.value, e.instr);
     if (e.kind == 3) {
       const std::string writer = e.counter < 0 ? "nothing in this launch (never written)"
                                  : e.target != e.epoch ? fmt::format("{} in step {}", instr(e.counter), e.target)
@@ -293,9 +293,15 @@ class EmuRuntime final : public DeviceRuntime {
     }
   }
 
-  std::string element_name(const Program& p, int region, unsigned elem) const {
+  // The buffer holding arena/KV element `elem`: among the buffers instruction `instr` touches first
+  // (memplan gives dead buffers' memory to later ones, so an address can belong to several).
+  std::string element_name(const Program& p, int region, unsigned elem, int instr) const {
     const uint64_t byte = static_cast<uint64_t>(elem) * 4;
-    for (size_t b = 0; b < p.buffers.size(); ++b) {
+    std::vector<size_t> order;
+    if (instr >= 0 && instr < static_cast<int>(p.instrs.size()))
+      for (const Access& a : instr_accesses(p, p.instrs[static_cast<size_t>(instr)])) order.push_back(static_cast<size_t>(a.buffer));
+    for (size_t b = 0; b < p.buffers.size(); ++b) order.push_back(b);
+    for (size_t b : order) {
       const Buffer& B = p.buffers[b];
       if ((B.kind == BufferKind::kv) != (region == 1) || B.offset < 0) continue;
       const uint64_t lo = static_cast<uint64_t>(B.offset), hi = lo + static_cast<uint64_t>(B.bytes());

@@ -38,6 +38,8 @@ struct MkOpArgs {
   const void* norm_w;
   const void* bias;
   const int* tab;
+  const float* ss;  // pro_rms matmul: per-row partial sums of squares of x (isa/program.h OpDesc::ss)
+  float* ss_out;    // writer of such an x: this tile's partials go to columns [2t, 2t + 2)
 };
 struct MkError {   // first failure wins; read by the host after each step
   mk_u32 flag;     // 0 = none
@@ -73,7 +75,7 @@ struct MkParams {
 };
 static_assert(sizeof(MkInstr) == 32, "MkInstr ABI");
 static_assert(sizeof(MkWait) == 16, "MkWait ABI");
-static_assert(sizeof(MkOpArgs) == 96, "MkOpArgs ABI");
+static_assert(sizeof(MkOpArgs) == 112, "MkOpArgs ABI");
 static_assert(sizeof(MkError) == 32, "MkError ABI");
 static_assert(sizeof(MkParams) == 120, "MkParams ABI");
 

@@ -63,6 +63,9 @@ struct alignas(16) float4 {
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 struct MkDim3 {
   unsigned x, y, z;
 };
@@ -378,12 +381,28 @@ inline void mk_st(float* p, float v) {
   mk_emu::check_write(p);
   std::atomic_ref<float>(*p).store(v, std::memory_order_relaxed);
 }
+// A GPU faults on a vector load from an address that is not a multiple of its size: so does the
+// emulator (weight loads; the ones that matter for the vector widths codegen picks).
+inline void mk_emu_check_align(const void* p, unsigned bytes) {
+  if (reinterpret_cast<unsigned long long>(p) % bytes != 0) {
+    std::fprintf(stderr, "cuda-emu: misaligned %u-byte weight load at %p\n", bytes, p);
+    std::abort();
+  }
+}
 inline uint4 mk_ldw16(const void* p) {
+  mk_emu_check_align(p, 16);
   uint4 v;
   std::memcpy(&v, p, 16);
   return v;
 }
+inline uint2 mk_ldw8(const void* p) {
+  mk_emu_check_align(p, 8);
+  uint2 v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
 inline mk_u32 mk_ldw32(const void* p) {
+  mk_emu_check_align(p, 4);
   mk_u32 v;
   std::memcpy(&v, p, 4);
   return v;

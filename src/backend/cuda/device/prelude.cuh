@@ -28,7 +28,8 @@ __device__ void mk_report(const MkParams& p, int kind, int instr, int a, mk_u32 
 
 // ---- element types of weights ------------------------------------------------------------------
 __device__ __forceinline__ float mk_bf16(mk_u32 bits16) { return __uint_as_float(bits16 << 16); }
-// load8: elements [i, i+8) of a row starting at `row` (16-byte aligned when the row is); load1: one.
+// load8: elements [i, i+8) of a row starting at `row` (16-byte aligned when the row is); load1: one;
+// loadv<N>: N elements with one vector load (rows of K % 8 != 0 elements: mk_matmul_cols).
 struct MkF32 {
   static constexpr int kBytes = 4;
   static constexpr bool kQuant = false;
@@ -40,6 +41,19 @@ struct MkF32 {
   }
   __device__ static __forceinline__ float load1(const void* row, mk_i64 i) {
     return __uint_as_float(mk_ldw32((const char*)row + i * 4));
+  }
+  // loadv<N>: elements [i, i+N) with one N * 4-byte load (N = 4 or 2; rows K % N == 0 elements).
+  template <int N>
+  __device__ static __forceinline__ void loadv(const void* row, int i, float* o) {
+    const char* p = (const char*)row + (mk_i64)i * 4;
+    if constexpr (N == 4) {
+      const uint4 a = mk_ldw16(p);
+      o[0] = __uint_as_float(a.x); o[1] = __uint_as_float(a.y); o[2] = __uint_as_float(a.z); o[3] = __uint_as_float(a.w);
+    } else {
+      static_assert(N == 2, "f32 vector loads are 4 or 2 elements");
+      const uint2 a = mk_ldw8(p);
+      o[0] = __uint_as_float(a.x); o[1] = __uint_as_float(a.y);
+    }
   }
 };
 struct MkBF16 {
@@ -54,6 +68,19 @@ struct MkBF16 {
   }
   __device__ static __forceinline__ float load1(const void* row, mk_i64 i) {
     return mk_bf16(mk_ldw16bit((const char*)row + i * 2));
+  }
+  template <int N>  // N = 4 (8 bytes) or 2 (4 bytes)
+  __device__ static __forceinline__ void loadv(const void* row, int i, float* o) {
+    const char* p = (const char*)row + (mk_i64)i * 2;
+    if constexpr (N == 4) {
+      const uint2 a = mk_ldw8(p);
+      o[0] = __uint_as_float(a.x << 16); o[1] = __uint_as_float(a.x & 0xffff0000u);
+      o[2] = __uint_as_float(a.y << 16); o[3] = __uint_as_float(a.y & 0xffff0000u);
+    } else {
+      static_assert(N == 2, "bf16 vector loads are 4 or 2 elements");
+      const mk_u32 a = mk_ldw32(p);
+      o[0] = __uint_as_float(a << 16); o[1] = __uint_as_float(a & 0xffff0000u);
+    }
   }
 };
 struct MkF16 {
@@ -70,6 +97,24 @@ struct MkF16 {
   }
   __device__ static __forceinline__ float load1(const void* row, mk_i64 i) {
     return mk_f16(mk_ldw16bit((const char*)row + i * 2));
+  }
+  template <int N>  // N = 4 (8 bytes) or 2 (4 bytes)
+  __device__ static __forceinline__ void loadv(const void* row, int i, float* o) {
+    const char* p = (const char*)row + (mk_i64)i * 2;
+    mk_u32 v[2];
+    if constexpr (N == 4) {
+      const uint2 a = mk_ldw8(p);
+      v[0] = a.x;
+      v[1] = a.y;
+    } else {
+      static_assert(N == 2, "f16 vector loads are 4 or 2 elements");
+      v[0] = mk_ldw32(p);
+    }
+#pragma unroll
+    for (int e = 0; e < N / 2; ++e) {
+      o[2 * e] = mk_f16((unsigned short)(v[e] & 0xffffu));
+      o[2 * e + 1] = mk_f16((unsigned short)(v[e] >> 16));
+    }
   }
 };
 
@@ -178,6 +223,9 @@ template <class C, int RB>
 __device__ __forceinline__ void mk_matmul_cols(const float* xs, float* tile, const MkOpArgs& a, int c0, int nc, int nr) {
   constexpr int K = C::K, T = C::T;
   constexpr int KV = C::VEC ? K / 8 * 8 : 0;  // elements covered by 8-wide chunks
+  // K % 8 != 0: the widest vector (in elements, <= 16 bytes) that divides K, 1 = scalar loads.
+  constexpr int VW = C::VEC ? 1 : K % 4 == 0 ? 4 : K % 2 == 0 ? 2 : 1;
+  constexpr int KT = VW > 1 ? K : KV;  // elements the vector loops cover
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // Warp w computes NW columns at once (NW = T / MK_WARPS, at most 8 / RB, a power of two): each
   // lane keeps NW (x2 with GLU) independent 16-byte weight loads in flight per step of K, and the
@@ -256,7 +304,47 @@ __device__ __forceinline__ void mk_matmul_cols(const float* xs, float* tile, con
         }
       }
     }
-    for (int k = KV + lane; k < K; k += 32) {  // tail (or everything when rows are not 16-byte aligned)
+    if constexpr (VW > 1) {
+      // Rows of K % 8 != 0 elements: every row starts at a multiple of VW elements (K % VW == 0), so
+      // lanes take VW-element chunks with one VW * kBytes-byte load each (f32: 16 or 8 bytes, 16-bit
+      // types: 8 or 4), U x NW (x2 with GLU) >= 4 loads per lane issued before any is used. The tail
+      // loop below is then empty.
+      constexpr int U = NW >= 4 ? 1 : 4 / NW;
+      for (int q0 = lane * VW; q0 < K; q0 += 32 * VW * U) {
+        float wv[U][NW][VW], uv[U][NW][VW];
+#pragma unroll
+        for (int st = 0; st < U; ++st) {
+          const int q = q0 + 32 * VW * st < K ? q0 + 32 * VW * st : q0;  // past the end: reload (unused)
+#pragma unroll
+          for (int c = 0; c < NW; ++c) {
+            C::W::template loadv<VW>(wrow[c], q, wv[st][c]);
+            if constexpr (C::GLU) C::W::template loadv<VW>(urow[c], q, uv[st][c]);
+          }
+        }
+#pragma unroll
+        for (int st = 0; st < U; ++st) {
+          const int q = q0 + 32 * VW * st;
+          if (q >= K) break;
+#pragma unroll
+          for (int rb = 0; rb < RB; ++rb) {
+            if (rb < nr) {
+#pragma unroll
+              for (int c = 0; c < NW; ++c) {
+                float t = 0.0f, tu = 0.0f;
+#pragma unroll
+                for (int e = 0; e < VW; ++e) {
+                  t += wv[st][c][e] * xs[rb * K + q + e];
+                  if constexpr (C::GLU) tu += uv[st][c][e] * xs[rb * K + q + e];
+                }
+                acc[rb][c] += t;
+                if constexpr (C::GLU) accu[rb][c] += tu;
+              }
+            }
+          }
+        }
+      }
+    }
+    for (int k = KT + lane; k < K; k += 32) {  // tail (or everything when rows are 2-byte aligned only)
 #pragma unroll
       for (int c = 0; c < NW; ++c) {
         const float wv = C::W::load1(wrow[c], k);
@@ -396,14 +484,32 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
         xs[rb * XK + mk_xi<XU, XK - K>(k)] = mk_ld(a.x + (mk_i64)(r0 + rb) * C::XS + k);
       }
     }
+    if constexpr (C::PRO_RMS && C::NSS > 0) {
+      // The row statistics from the partials x's writer left (mk_rms_partials): warp w sums row
+      // w's NSS (hi, lo) pairs, lane-strided then a fixed shuffle tree (the same bits in every tile
+      // of the op). tile[rb] holds 1 / rms until the column loop; the staging barrier publishes it.
+      const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+      for (int rb = warp; rb < nr; rb += MK_WARPS) {
+        const float* sp = a.ss + (mk_i64)(r0 + rb) * C::SSS;
+        double ss = 0;
+        for (int i = lane; i < C::NSS; i += 32) ss += (double)mk_ld(sp + 2 * i) + (double)mk_ld(sp + 2 * i + 1);
+        ss = mk_warp_sum_d(ss);
+        if (lane == 0) tile[rb] = (float)(1.0 / sqrt(ss / (double)K + C::EPS));
+      }
+    }
     __syncthreads();
     if constexpr (C::PRO_RMS) {
       for (int rb = 0; rb < nr; ++rb) {
-        double ss = 0;
         float* xr = xs + rb * XK;
-        for (int k = threadIdx.x; k < K; k += MK_THREADS) ss += (double)xr[mk_xi<XU, XK - K>(k)] * xr[mk_xi<XU, XK - K>(k)];
-        ss = mk_block_sum(ss, red);
-        const float inv = (float)(1.0 / sqrt(ss / (double)K + C::EPS));
+        float inv;
+        if constexpr (C::NSS > 0) {
+          inv = tile[rb];
+        } else {  // no partials (x's writer cannot make them): the statistic of the staged row
+          double ss = 0;
+          for (int k = threadIdx.x; k < K; k += MK_THREADS) ss += (double)xr[mk_xi<XU, XK - K>(k)] * xr[mk_xi<XU, XK - K>(k)];
+          ss = mk_block_sum(ss, red);
+          inv = (float)(1.0 / sqrt(ss / (double)K + C::EPS));
+        }
         for (int k = threadIdx.x; k < K; k += MK_THREADS)
           xr[mk_xi<XU, XK - K>(k)] = xr[mk_xi<XU, XK - K>(k)] * inv * (C::NormW::load1(a.norm_w, k) + (float)C::WOFF);
       }
@@ -721,29 +827,52 @@ __device__ void mk_attention_partial(const MkInstr& in, const MkOpArgs& a, const
     }
   }
 }
-// attention_combine: heads [c0/HD, c1/HD); thread per (row, head, element): the S partials merged
-// with log-sum-exp rescaling to their largest m; empty splits (l = 0) are skipped.
+// attention_combine: heads [c0/HD, c1/HD), one row at a time: a thread per head loads the S
+// partials' m and l once into shared memory and turns them into each split's weight
+// f = exp(m - M) (M the largest m of the non-empty splits; empty ones, l = 0, are skipped) and the
+// merged L = sum l f; then a thread per (head, element) sums o f over the splits and stores O / L.
+// The same operations in the same order as one thread per element reading m and l itself (the
+// same bits), with 2 S loads of m and l per head instead of about 4 S per element.
 template <class C>
 __device__ void mk_attention_combine(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   constexpr int HD = C::HD, ST = HD + 2, TILE = C::HPG * ST;
+  float* fs = (float*)smem;           // [NH][S][2]: (m, l) of each split, then (weight f, l)
+  float* ls = fs + C::NH * C::S * 2;  // [NH] merged l
   const int R = C::rows(s), h0 = in.c0 / HD, nh = (in.c1 - in.c0) / HD;
-  for (int idx = threadIdx.x; idx < R * nh * HD; idx += MK_THREADS) {
-    const int r = idx / (nh * HD), rem = idx - r * nh * HD, h = h0 + rem / HD, i = rem % HD;
-    const float* base = a.x + (mk_i64)r * C::XS + (h / C::HPG) * C::S * TILE + (h % C::HPG) * ST;
-    float M = MK_NEG_INF;
-    for (int sp = 0; sp < C::S; ++sp)
-      if (mk_ld(base + sp * TILE + HD + 1) > 0.0f) M = fmaxf(M, mk_ld(base + sp * TILE + HD));
-    float L = 0.0f, O = 0.0f;
-    for (int sp = 0; sp < C::S; ++sp) {
-      const float* ps = base + sp * TILE;
-      const float l = mk_ld(ps + HD + 1);
-      if (l > 0.0f) {
-        const float f = expf(mk_ld(ps + HD) - M);
-        L += l * f;
-        O += mk_ld(ps + i) * f;
+  for (int r = 0; r < R; ++r) {
+    const float* row = a.x + (mk_i64)r * C::XS;
+    for (int hi = threadIdx.x; hi < nh; hi += MK_THREADS) {
+      const int h = h0 + hi;
+      const float* base = row + (h / C::HPG) * C::S * TILE + (h % C::HPG) * ST;
+      float* f = fs + hi * C::S * 2;
+      float M = MK_NEG_INF;
+      for (int sp = 0; sp < C::S; ++sp) {  // m and l of every split, loaded once
+        f[2 * sp] = mk_ld(base + sp * TILE + HD);
+        f[2 * sp + 1] = mk_ld(base + sp * TILE + HD + 1);
       }
+      for (int sp = 0; sp < C::S; ++sp)
+        if (f[2 * sp + 1] > 0.0f) M = fmaxf(M, f[2 * sp]);
+      float L = 0.0f;
+      for (int sp = 0; sp < C::S; ++sp) {
+        const float l = f[2 * sp + 1];
+        if (l > 0.0f) {
+          f[2 * sp] = expf(f[2 * sp] - M);
+          L += l * f[2 * sp];
+        }
+      }
+      ls[hi] = L;
     }
-    mk_st(a.out + (mk_i64)r * C::OS + h * HD + i, O / L);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < nh * HD; idx += MK_THREADS) {
+      const int hi = idx / HD, h = h0 + hi, i = idx - hi * HD;
+      const float* base = row + (h / C::HPG) * C::S * TILE + (h % C::HPG) * ST;
+      const float* f = fs + hi * C::S * 2;
+      float O = 0.0f;
+      for (int sp = 0; sp < C::S; ++sp)
+        if (f[2 * sp + 1] > 0.0f) O += mk_ld(base + sp * TILE + i) * f[2 * sp];
+      mk_st(a.out + (mk_i64)r * C::OS + h * HD + i, O / ls[hi]);
+    }
+    __syncthreads();  // fs and ls are rewritten for the next row
   }
 }
 
@@ -820,6 +949,31 @@ __device__ void mk_rms_norm(const MkInstr& in, const MkOpArgs& a, const MkSym& s
         const float wv = C::HAS_W ? C::NormW::load1(a.norm_w, k) + (float)C::WOFF : 1.0f;
         mk_st(a.out + (mk_i64)r * C::OS + g0 + k, mk_ld(xr + k) * inv * wv);
       }
+    }
+  }
+}
+
+// RMS statistic partials (isa/program.h OpDesc::ss_out), after a tile of an op whose output is a
+// pro_rms matmul's x: per row, the double sum of squares of the tile's stored columns [c0, c1)
+// (read back from global memory, lane-strided then a fixed shuffle tree: deterministic), stored as
+// (hi, lo) = ((float)s, (float)(s - hi)) in columns [2t, 2t + 2) of row r, t = c0 / SS_TC. One barrier
+// and a warp per row here, instead of a K-long sum with three barriers in every consumer tile.
+template <class C>
+__device__ void mk_rms_partials(const MkInstr& in, const MkOpArgs& a, const MkSym& s) {
+  __syncthreads();  // every thread's stores of the tile, before any warp reads them back
+  const int R = C::rows(s), warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = in.c0 / C::SS_TC;
+  for (int r = warp; r < R; r += MK_WARPS) {
+    const float* o = a.out + (mk_i64)r * C::SS_OS;
+    double ss = 0;
+    for (int k = in.c0 + lane; k < in.c1; k += 32) {
+      const float v = mk_ld(o + k);
+      ss += (double)v * v;
+    }
+    ss = mk_warp_sum_d(ss);
+    if (lane == 0) {
+      const float hi = (float)ss;
+      mk_st(a.ss_out + (mk_i64)r * C::SS_S + 2 * t, hi);
+      mk_st(a.ss_out + (mk_i64)r * C::SS_S + 2 * t + 1, (float)(ss - (double)hi));
     }
   }
 }

@@ -29,6 +29,11 @@ __device__ __forceinline__ uint4 mk_ldw16(const void* p) {
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+__device__ __forceinline__ uint2 mk_ldw8(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ mk_u32 mk_ldw32(const void* p) {
   mk_u32 v;
   asm("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));

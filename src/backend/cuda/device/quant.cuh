@@ -231,6 +231,19 @@ __device__ __forceinline__ void mk_q_load(const char* row, int u, mk_u32 (&w)[Mk
     w[4 * i + 2] = v.z;
     w[4 * i + 3] = v.w;
   }
+  // All NCH loads in flight before any arithmetic: ptxas otherwise issued a few, started
+  // dequantizing the first block and loaded the rest into the registers that freed (SASS, issue 8:
+  // q4_1's 5 loads as 3 + 2, q4_K's 9 as 3 + 2 + 2 + 2). Chunk 0's words (the block scales come
+  // first) take a dependency on a word of every other chunk, masked by a zero the compiler cannot
+  // prove (the row address's top bit): 2-5 logic ops per unit, no change to any value.
+  if constexpr (U::NCH > 1) {
+    mk_u32 dep = 0u;
+#pragma unroll
+    for (int i = 1; i < U::NCH; ++i) dep ^= w[4 * i];
+    dep &= (mk_u32)((unsigned long long)row >> 63);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] ^= dep;
+  }
   if constexpr (U::GRAN <= 8) {
     const bool by8 = (s & 8) != 0;
 #pragma unroll
