@@ -13,10 +13,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "cli/commands.h"
 #include "runtime/chat.h"
@@ -335,8 +337,9 @@ class Server {
       handed_over = true;
       res.set_chunked_content_provider(
           "application/json",
-          [this, req, out, reply](size_t, httplib::DataSink& sink) {
-            if (!wait_until_done(*req, *out, heartbeat_every_)) {
+          [this, req, out, reply, first = true](size_t, httplib::DataSink& sink) mutable {
+            // A heartbeat right away (the reply is late already), then one per heartbeat_every_.
+            if (std::exchange(first, false) || !wait_until_done(*req, *out, heartbeat_every_)) {
               if (sink.write(" ", 1)) return true;
               req->cancel();  // the client went away: its sequence ends at the next step
               return false;
@@ -353,10 +356,7 @@ class Server {
             sink.done();
             return true;
           },
-          [this, req](bool) {
-            req->cancel();  // no-op when it already ended
-            --in_flight_;
-          });
+          releaser(req));
       return;
     }
     res.set_header("Cache-Control", "no-cache");
@@ -424,10 +424,16 @@ class Server {
             return true;
           }
         },
-        [this, req](bool) {
-          req->cancel();  // no-op when it already ended
-          --in_flight_;
-        });
+        releaser(req));
+  }
+
+  // A chunked response's resource releaser: runs when it ends or the client is gone; the request
+  // stops counting in flight.
+  std::function<void(bool)> releaser(std::shared_ptr<Request> req) {
+    return [this, req](bool) {
+      req->cancel();  // no-op when it already ended
+      --in_flight_;
+    };
   }
 
   void install(httplib::Server& svr) {
