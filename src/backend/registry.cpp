@@ -58,6 +58,7 @@ GreedyRow Backend::forward_greedy(std::span<const int32_t> tokens, int64_t n_pas
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,
                                       const BackendOptions& options) {
+  if (options.threads < 0) fail("threads: {} is negative (0 = all cores)", options.threads);
   for (const auto& b : kBackends)
     if (name == b.name) return b.make(graph, model, options);
   fail("unknown backend '{}'; available: {}", name, fmt::join(backend_names(), ", "));

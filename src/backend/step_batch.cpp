@@ -24,6 +24,7 @@ StepInputs prepare_step(const StepBatch& b, const StepLimits& l) {
   std::unordered_map<int32_t, int32_t> compact;  // batch sequence -> row of the flat block table
   std::vector<int32_t> seqs;                       // flat row -> batch sequence
   std::vector<int32_t> max_pos;                    // flat row -> its last position in the step
+  std::vector<int32_t> first_pos;                  // flat row -> its first position in the step
   for (int64_t r = 0; r < n; ++r) {
     const int32_t sq = b.seq[static_cast<size_t>(r)], pos = b.positions[static_cast<size_t>(r)];
     if (sq < 0 || sq >= n_tables) fail("step batch: row {}: sequence {} out of range (block_tables has {})", r, sq, n_tables);
@@ -39,6 +40,7 @@ StepInputs prepare_step(const StepBatch& b, const StepLimits& l) {
       compact.emplace(sq, static_cast<int32_t>(seqs.size()));
       seqs.push_back(sq);
       max_pos.push_back(pos);
+      first_pos.push_back(pos);
     }
     const int32_t f = compact.at(sq);
     s.row_seq[static_cast<size_t>(r)] = f;
@@ -72,6 +74,22 @@ StepInputs prepare_step(const StepBatch& b, const StepLimits& l) {
       if (!fresh) fail("step batch: rows {} and {} write the same KV slot {} (their sequences share a block)", it->second, r, slot);
       s.kv_slot[static_cast<size_t>(r)] = slot;
     }
+    if (l.written) {
+      std::vector<int32_t>& w = l.written->rows;
+      if (static_cast<int64_t>(w.size()) != l.pool_blocks) w.assign(static_cast<size_t>(l.pool_blocks), 0);
+      // Positions [0, first) of each sequence: whole blocks before the first row's, then its block's head.
+      for (int64_t f = 0; f < s.n_seqs; ++f) {
+        const int64_t first = first_pos[static_cast<size_t>(f)];
+        for (int64_t j = 0; j <= first / B; ++j) {
+          const int32_t blk = s.block_table[static_cast<size_t>(f * mb + j)];
+          const int64_t need = j < first / B ? B : first % B, have = w[static_cast<size_t>(blk)];
+          if (have < need)
+            fail("internal error: step batch: sequence {} starts at position {} but its position {} (block {}, row {} of "
+                 "pool block {}) was never written; the scheduler lost track of its KV cache",
+                 seqs[static_cast<size_t>(f)], first, j * B + have, j, have, blk);
+        }
+      }
+    }
   }
   for (size_t i = 0; i < b.logit_rows.size(); ++i) {
     const int32_t r = b.logit_rows[i];
@@ -79,6 +97,10 @@ StepInputs prepare_step(const StepBatch& b, const StepLimits& l) {
       fail("step batch: logit_rows[{}] = {}: logit rows must be ascending row indices in [0, {})", i, r, n);
   }
   s.logit_rows = b.logit_rows.empty() ? std::vector<int32_t>{static_cast<int32_t>(n - 1)} : b.logit_rows;
+  if (l.written && l.block_size > 0)  // the batch is good: its rows are written this step
+    for (int64_t r = 0; r < n; ++r)
+      l.written->rows[static_cast<size_t>(s.kv_slot[static_cast<size_t>(r)] / l.block_size)] =
+          static_cast<int32_t>(b.positions[static_cast<size_t>(r)] % l.block_size + 1);
   return s;
 }
 

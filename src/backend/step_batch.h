@@ -16,6 +16,7 @@
 // The one-sequence case (`run`, `logits`, `chat`) is a batch with one sequence whose block table
 // is 0, 1, 2, ... (pool row == position): exactly the layout of a contiguous per-sequence cache.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -35,6 +36,18 @@ struct StepBatch {
   int64_t n_rows() const { return static_cast<int64_t>(tokens.size()); }
 };
 
+// Which rows of the KV pool hold what a sequence wrote: per block, how many leading rows have been
+// written (a row at position p leaves its block at p % block_size + 1; rows of a sequence come in
+// order, so a rewrite of an earlier position truncates). A backend keeps one beside its pool, clears
+// it in reset(), and names it in its StepLimits; prepare_step checks each sequence against it and
+// records the step's rows. A block handed to another sequence keeps its count until that sequence
+// writes it from row 0 (as every sequence does): a scheduler that skipped positions in a reused
+// block goes unnoticed.
+struct KvWritten {
+  std::vector<int32_t> rows;  // [pool blocks]
+  void clear() { std::fill(rows.begin(), rows.end(), 0); }
+};
+
 // What a backend checks a batch against: rows per step, positions per sequence, the pool.
 struct StepLimits {
   int64_t max_rows = 0;            // rows per step (the program's max_tokens)
@@ -42,6 +55,7 @@ struct StepLimits {
   int64_t block_size = 0;          // rows per KV block; 0 = the program has no KV cache
   int64_t pool_blocks = 0;         // blocks in the pool
   int64_t max_blocks_per_seq = 0;  // columns of the flat block table: ceil(n_ctx / block_size)
+  KvWritten* written = nullptr;    // the pool's written rows, checked and advanced by prepare_step; null = unchecked
 };
 
 // The flat i32 inputs a compiled program reads in one step (isa/program.h), from a checked batch.
@@ -60,7 +74,10 @@ struct StepInputs {
 // block for: no rows or more than max_rows, per-row vectors of different lengths, a sequence index
 // outside block_tables, rows of one sequence not consecutive or positions not consecutive, a
 // position outside [0, n_ctx), a position past its sequence's blocks, a block outside the pool, two
-// rows writing one KV slot, logit_rows not ascending in [0, n_rows).
+// rows writing one KV slot, logit_rows not ascending in [0, n_rows). With limits.written: a sequence
+// whose first row in the step is at position p while a position before p was never written throws
+// "internal error: step batch: ..." (the scheduler lost track of a sequence's cache: attention would
+// read rows nobody wrote); a batch that passes every check is recorded there.
 StepInputs prepare_step(const StepBatch& batch, const StepLimits& limits);
 
 // The logits forward(StepBatch) returns, from a step's output [rows, cols]: rows == n_out (the

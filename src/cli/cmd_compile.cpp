@@ -30,14 +30,16 @@ void add_compile_command(CLI::App& app) {
                   "cuda: the megakernel source the cuda backend compiles (for an H100/H200 unless -t says otherwise)")
       ->check(CLI::IsMember({"graph", "ir", "program", "program-full", "cuda"}));
   cmd->add_option("-o,--output", o->out, "write to this file instead of stdout");
-  cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores)");
+  cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores)")
+      ->check(integer_at_least(0));
   cmd->add_option("--schedule", o->schedule, "dynamic, static-rr or static-cp");
-  cmd->add_option("-c,--ctx-size", o->n_ctx, "context length (0 = the model's, at most 4096)");
+  cmd->add_option("-c,--ctx-size", o->n_ctx, "context length (0 = the model's, at most 4096)")
+      ->check(integer_at_least(0));
   cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)");
   cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
   cmd->add_option("--attn-splits", o->attn_splits,
                   "flash-decoding splits of attention (0 = auto; default: auto for --emit cuda, else 1)")
-      ->check(CLI::Range(0, 64));
+      ->check(integer_range(0, 64));
   cmd->callback([o] {
     ModelFile model = open_model(o->model, /*with_data=*/false);  // shapes are all compile needs
     Hparams hp = read_hparams(model);

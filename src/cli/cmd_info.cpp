@@ -13,7 +13,9 @@ void add_info_command(CLI::App& app) {
   cmd->callback([path] {
     ModelFile m = open_model(*path, /*with_data=*/false);
     Hparams hp = read_hparams(m);
-    std::printf("model:        %s (%s)\n", m.path.c_str(), m.format.c_str());
+    // Synthetic models carry GGUF names and keys (format "gguf") but are no file: say what they are.
+    const bool synthetic = m.path.rfind("synth:", 0) == 0;
+    std::printf("model:        %s (%s)\n", m.path.c_str(), synthetic ? "synthetic: random weights, no tokenizer" : m.format.c_str());
     std::printf("architecture: %s\n", hp.arch.c_str());
     std::printf("n_vocab %lld, n_embd %lld, n_layer %lld, n_head %lld, n_head_kv %lld, head_dim %lld, n_ff %lld, n_ctx_train %lld, norm_eps %g\n",
                 (long long)hp.n_vocab, (long long)hp.n_embd, (long long)hp.n_layer, (long long)hp.n_head,

@@ -31,21 +31,22 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("-m,--model", o->model_path, "model")->required();
   cmd->add_option("--ids", *ids, "comma-separated token ids")->required();
   cmd->add_option("--backend", o->backend, "backend");
-  cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads");
+  cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads")->check(integer_at_least(0));
   cmd->add_option("--act-quant", o->backend_options.act_quant,
                   "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--attn-splits", o->backend_options.attn_splits,
                   "flash-decoding: split each row's cached positions N ways (0 = auto; default 1 on cpu, auto on cuda)")
-      ->check(CLI::Range(0, 64));
-  cmd->add_option("--kv-type", o->backend_options.kv_type, "cpu: KV cache precision as llama.cpp's: auto (f16 with --act-quant auto), f16, f32")
+      ->check(integer_range(0, 64));
+  cmd->add_option("--kv-type", o->backend_options.kv_type,
+                  "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files with quantized weights, else f32)")
       ->check(CLI::IsMember({"auto", "f16", "f32"}));
   cmd->add_option("--schedule", o->backend_options.schedule, "CPU schedule");
   auto n_ctx = std::make_shared<int64_t>(0);
   cmd->add_option("-c,--ctx-size", *n_ctx,
                   "context length (default: the number of ids); models whose RoPE depends on the context "
                   "(phi3 LongRoPE) give run's logits with run's -c")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   cmd->callback([o, ids, n_ctx] {
     o->all_logits = true;
     o->need_tokenizer = false;

@@ -6,15 +6,19 @@
 #include <pthread.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "cli/commands.h"
 #include "runtime/chat.h"
@@ -67,6 +71,26 @@ void send_error(httplib::Response& res, const HttpError& e) {
   throw HttpError{400, message, "invalid_request_error", param, ""};
 }
 
+// Non-streaming replies still running after heartbeat_after are sent chunked, with a whitespace
+// heartbeat every heartbeat_every (a write to a closed connection fails by the second one). Tests
+// shorten both with MK_SERVE_HEARTBEAT_AFTER_MS / MK_SERVE_HEARTBEAT_EVERY_MS.
+std::chrono::milliseconds env_ms(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::chrono::milliseconds(fallback);
+  char* end = nullptr;
+  const long long ms = std::strtoll(v, &end, 10);
+  if (*end != '\0' || ms < 0) fail("{}={}: expected milliseconds (a whole number >= 0)", name, v);
+  return std::chrono::milliseconds(ms);
+}
+
+// Collects `req`'s output into `out` for at most `limit`; true when the request has ended.
+bool wait_until_done(Request& req, RequestOutput& out, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (auto now = std::chrono::steady_clock::now(); !out.done && now < until; now = std::chrono::steady_clock::now())
+    req.wait(out, std::chrono::duration_cast<std::chrono::milliseconds>(until - now) + std::chrono::milliseconds(1));
+  return out.done;
+}
+
 // Typed field access: absent or null -> the default; a wrong type -> 400 naming the field.
 const json* field(const json& body, const char* name) {
   auto it = body.find(name);
@@ -105,6 +129,9 @@ struct ParsedRequest {
 class Server {
  public:
   Server(ServeOptions o, Session& s, Engine& e) : o_(std::move(o)), s_(s), e_(e) {}
+  const std::chrono::milliseconds heartbeat_after_ = env_ms("MK_SERVE_HEARTBEAT_AFTER_MS", 1000);
+  const std::chrono::milliseconds heartbeat_every_ =
+      std::max(env_ms("MK_SERVE_HEARTBEAT_EVERY_MS", 200), std::chrono::milliseconds(1));
 
   ParsedRequest parse(const std::string& body_text, bool chat) {
     json body;
@@ -279,24 +306,57 @@ class Server {
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_++);
     if (!pr.stream) {
-      RequestOutput out;
-      while (!out.done) req->wait(out, std::chrono::milliseconds(1000));
-      if (failed(out)) return send_error(res, end_error(out));
-      json choice = {{"index", 0}};
-      if (chat)
-        choice["message"] = {{"role", "assistant"}, {"content", out.text}};
-      else
-        choice["text"] = out.text;
-      choice["logprobs"] = nullptr;
-      choice["finish_reason"] = finish_name(out.finish);
-      if (pr.return_token_ids) choice["token_ids"] = out.token_ids;
-      json j = {{"id", id},
-                {"object", chat ? "chat.completion" : "text_completion"},
-                {"created", created},
-                {"model", o_.model_id},
-                {"choices", json::array({choice})},
-                {"usage", usage(out)}};
-      res.set_content(j.dump(), "application/json");
+      auto reply = [this, pr, id, created, chat](const RequestOutput& out) {
+        json choice = {{"index", 0}};
+        if (chat)
+          choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+        else
+          choice["text"] = out.text;
+        choice["logprobs"] = nullptr;
+        choice["finish_reason"] = finish_name(out.finish);
+        if (pr.return_token_ids) choice["token_ids"] = out.token_ids;
+        return json{{"id", id},
+                    {"object", chat ? "chat.completion" : "text_completion"},
+                    {"created", created},
+                    {"model", o_.model_id},
+                    {"choices", json::array({choice})},
+                    {"usage", usage(out)}};
+      };
+      // A reply ready within heartbeat_after_ goes out whole, with its own status. A longer one is
+      // sent chunked: JSON whitespace every heartbeat_every_ until the reply (the body is valid JSON
+      // once concatenated), so that a client that went away fails a write and its request is
+      // cancelled (cpp-httplib 0.11 tells a handler nothing about its connection). Its status is
+      // then 200 and a later failure comes as an error object in the body, as in a stream.
+      auto out = std::make_shared<RequestOutput>();
+      wait_until_done(*req, *out, heartbeat_after_);
+      if (out->done) {
+        if (failed(*out)) return send_error(res, end_error(*out));
+        res.set_content(reply(*out).dump(), "application/json");
+        return;
+      }
+      handed_over = true;
+      res.set_chunked_content_provider(
+          "application/json",
+          [this, req, out, reply, first = true](size_t, httplib::DataSink& sink) mutable {
+            // A heartbeat right away (the reply is late already), then one per heartbeat_every_.
+            if (std::exchange(first, false) || !wait_until_done(*req, *out, heartbeat_every_)) {
+              if (sink.write(" ", 1)) return true;
+              req->cancel();  // the client went away: its sequence ends at the next step
+              return false;
+            }
+            json j;
+            if (failed(*out)) {
+              const HttpError e = end_error(*out);
+              j = error_json(e.message, e.type, e.param, e.code);
+            } else {
+              j = reply(*out);
+            }
+            const std::string body = j.dump();
+            sink.write(body.data(), body.size());
+            sink.done();
+            return true;
+          },
+          releaser(req));
       return;
     }
     res.set_header("Cache-Control", "no-cache");
@@ -364,10 +424,16 @@ class Server {
             return true;
           }
         },
-        [this, req](bool) {
-          req->cancel();  // no-op when it already ended
-          --in_flight_;
-        });
+        releaser(req));
+  }
+
+  // A chunked response's resource releaser: runs when it ends or the client is gone; the request
+  // stops counting in flight.
+  std::function<void(bool)> releaser(std::shared_ptr<Request> req) {
+    return [this, req](bool) {
+      req->cancel();  // no-op when it already ended
+      --in_flight_;
+    };
   }
 
   void install(httplib::Server& svr) {
@@ -618,20 +684,24 @@ void add_serve_command(CLI::App& app) {
       ->required();
   cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
   cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)");
-  cmd->add_option("--port", o->port, "TCP port (0 = any free port; the chosen one is printed)");
+  cmd->add_option("--port", o->port, "TCP port (0 = any free port; the chosen one is printed)")
+      ->check(integer_range(0, 65535));
   cmd->add_option("--parallel", o->parallel, "most requests generating at once (one batch)")
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(integer_range(1, 1 << 16));
   cmd->add_option("--max-queue", o->max_queue, "requests waiting beyond --parallel; more get HTTP 429")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)");
+      ->check(integer_at_least(0));
+  cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)")
+      ->check(integer_at_least(0));
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)");
   cmd->add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its end (0 = none)");
   cmd->add_option("--max-body", o->max_body, "largest request body in bytes (larger: HTTP 413)");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 chat template to use instead of the model's");
   cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)");
-  cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length per request (0 = the model's, at most 4096)");
+  cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length per request (0 = the model's, at most 4096)")
+      ->check(integer_at_least(0));
   cmd->add_option("--backend", o->session.backend, "backend: cpu, cuda, ... (default: the fastest available)");
-  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores)");
+  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores)")
+      ->check(integer_at_least(0));
   cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");
   cmd->callback([o] { serve(*o); });
 }

@@ -16,6 +16,12 @@ void add_tokenize_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 
+// Validators for integer options, replacing CLI11's Range/NonNegativeNumber (which call "abc" out of
+// range and print the double limits): "'abc' is not a whole number", "-1 is out of range: it must be 0
+// or more" (CLI11 puts the option's name first).
+CLI::Validator integer_range(int64_t lo, int64_t hi);
+CLI::Validator integer_at_least(int64_t lo);
+
 // "1,2,3" -> {1, 2, 3}; throws mk::Error naming `flag` for an empty list or a non-integer entry.
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag = "--ids");
 

@@ -16,7 +16,8 @@
 #include "quant/quant.h"
 #include "support/byte_reader.h"
 #include "support/error.h"
-#include "support/json.h"  // clip
+#include "support/printable.h"
+#include "support/json.h"
 
 namespace mk {
 namespace {
@@ -126,19 +127,19 @@ class GgufParser {
     for (auto& info : infos) {
       WeightTensor& t = info.t;
       if (info.rel_offset % alignment != 0)
-        fail("{}: tensor {} (info at offset {}): data offset {} is not a multiple of the alignment {}", path(), t.name,
+        fail("{}: tensor {} (info at offset {}): data offset {} is not a multiple of the alignment {}", path(), printable(t.name),
              info.info_offset, info.rel_offset, alignment);
       uint64_t room = size - data_start;
       if (info.rel_offset > room || t.nbytes > room - info.rel_offset)
         fail("{}: tensor {} (info at offset {}): data at offset {} + {} bytes lies past the end of the file ({} bytes)",
-             path(), t.name, info.info_offset, data_start + info.rel_offset, t.nbytes, size);
+             path(), printable(t.name), info.info_offset, data_start + info.rel_offset, t.nbytes, size);
       t.file_offset = data_start + info.rel_offset;
       t.data = file_->data() + t.file_offset;
       // A NaN or infinite block scale would poison every dot product that reads the block.
       if (const quant::QuantType* q = quant::quant_type(t.dtype)) {
         const int64_t n_blocks = t.numel() / q->block_size;
         if (int64_t bad = q->find_bad_scale(t.data, n_blocks); bad >= 0)
-          fail("{}: tensor {} ({}): block {} of {} (file offset {}) has a non-finite scale", path(), t.name, q->name, bad,
+          fail("{}: tensor {} ({}): block {} of {} (file offset {}) has a non-finite scale", path(), printable(t.name), q->name, bad,
                n_blocks, t.file_offset + static_cast<uint64_t>(bad * q->block_bytes));
       }
     }
@@ -153,8 +154,8 @@ class GgufParser {
       const WeightTensor* a = by_offset[i - 1];
       const WeightTensor* b = by_offset[i];
       if (a->nbytes > 0 && b->nbytes > 0 && a->file_offset + a->nbytes > b->file_offset)
-        fail("{}: tensors {} (offset {}, {} bytes) and {} (offset {}) overlap", path(), a->name, a->file_offset,
-             a->nbytes, b->name, b->file_offset);
+        fail("{}: tensors {} (offset {}, {} bytes) and {} (offset {}) overlap", path(), printable(a->name), a->file_offset,
+             a->nbytes, printable(b->name), b->file_offset);
     }
 
     for (auto& info : infos) m.add_tensor(std::move(info.t));
@@ -205,13 +206,13 @@ class GgufParser {
     std::string key = read_string(what);
     if (key.empty()) fail("{}: metadata entry {} at offset {} has an empty key", path(), index, at);
     if (key.size() > kMaxKeyBytes)
-      fail("{}: metadata entry {} at offset {}: key {} is longer than {} bytes", path(), index, at, clip(key), kMaxKeyBytes);
-    what = fmt::format("metadata {}", key);
+      fail("{}: metadata entry {} at offset {}: key {} is longer than {} bytes", path(), index, at, printable(key), kMaxKeyBytes);
+    what = fmt::format("metadata {}", printable(key));
     uint32_t type = r_.read<uint32_t>(what);
     if (type >= kValueTypeCount)
-      fail("{}: metadata {} at offset {}: unknown value type {}", path(), key, at, type);
+      fail("{}: metadata {} at offset {}: unknown value type {}", path(), printable(key), at, type);
     nlohmann::ordered_json value = read_value(static_cast<ValueType>(type), what, 0);
-    if (m.metadata.contains(key)) fail("{}: duplicate metadata key {} at offset {}", path(), key, at);
+    if (m.metadata.contains(key)) fail("{}: duplicate metadata key {} at offset {}", path(), printable(key), at);
     m.metadata[key] = std::move(value);
   }
 
@@ -276,11 +277,11 @@ class GgufParser {
     if (t.name.empty()) fail("{}: tensor info {} at offset {} has an empty name", path(), index, at);
     if (t.name.size() >= kMaxNameBytes)
       fail("{}: tensor info {} at offset {}: name {} is longer than ggml's limit of {} bytes", path(), index, at,
-           clip(t.name), kMaxNameBytes - 1);
-    std::string what = fmt::format("tensor info {}", t.name);
+           printable(t.name), kMaxNameBytes - 1);
+    std::string what = fmt::format("tensor info {}", printable(t.name));
     uint32_t n_dims = r_.read<uint32_t>(what);
     if (n_dims == 0 || n_dims > kMaxDims)
-      fail("{}: tensor {} at offset {}: {} dimensions (1 to {} supported)", path(), t.name, at, n_dims, kMaxDims);
+      fail("{}: tensor {} at offset {}: {} dimensions (1 to {} supported)", path(), printable(t.name), at, n_dims, kMaxDims);
     std::array<uint64_t, kMaxDims> ne{};
     // Bound the element count so that its byte size cannot overflow; whether the data really fits
     // the file is checked with the offsets below, with a message saying so.
@@ -288,20 +289,20 @@ class GgufParser {
     uint64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       ne[d] = r_.read<uint64_t>(what);
-      if (ne[d] == 0) fail("{}: tensor {} at offset {}: dimension {} is zero", path(), t.name, at, d);
+      if (ne[d] == 0) fail("{}: tensor {} at offset {}: dimension {} is zero", path(), printable(t.name), at, d);
       if (ne[d] > limit || numel > limit / ne[d])
-        fail("{}: tensor {} at offset {}: element count overflows (more than 2^60 elements)", path(), t.name, at);
+        fail("{}: tensor {} at offset {}: element count overflows (more than 2^60 elements)", path(), printable(t.name), at);
       numel *= ne[d];
     }
     uint32_t type = r_.read<uint32_t>(what);
     rel_offset = r_.read<uint64_t>(what);
     auto dtype = dtype_from_ggml(type);
     if (!dtype)
-      fail("{}: tensor {} at offset {}: unsupported tensor type {} (supported: {})", path(), t.name, at,
+      fail("{}: tensor {} at offset {}: unsupported tensor type {} (supported: {})", path(), printable(t.name), at,
            ggml_type_str(type), supported_types());
     t.dtype = *dtype;
     if (ne[0] % static_cast<uint64_t>(dtype_block_size(t.dtype)) != 0)
-      fail("{}: tensor {} at offset {}: {} rows of {} elements are not a whole number of blocks of {}", path(), t.name,
+      fail("{}: tensor {} at offset {}: {} rows of {} elements are not a whole number of blocks of {}", path(), printable(t.name),
            at, dtype_name(t.dtype), ne[0], dtype_block_size(t.dtype));
     for (uint32_t d = n_dims; d-- > 0;) t.shape.push_back(static_cast<int64_t>(ne[d]));  // outermost first
     t.nbytes = dtype_bytes(t.dtype, static_cast<int64_t>(numel));

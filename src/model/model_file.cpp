@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "support/error.h"
+#include "support/printable.h"
 #include "support/json.h"  // clip
 
 namespace mk {
@@ -15,7 +16,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }
 
 void ModelFile::add_tensor(WeightTensor t) {
-  if (index_.count(t.name)) fail("{}: duplicate tensor name {}", path, clip(t.name, 200));
+  if (index_.count(t.name)) fail("{}: duplicate tensor name {}", path, printable(t.name, 200));
   index_[t.name] = tensors_.size();
   tensors_.push_back(std::move(t));
 }

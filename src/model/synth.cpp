@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -169,11 +170,20 @@ ModelFile make_synthetic_model(const SynthSpec& c, bool with_data) {
 ModelFile load_synthetic_model(const std::string& path, bool with_data) {
   if (path.rfind("synth:", 0) != 0) fail("{}: not a synthetic model path (synth:<name>[:<dtype>])", path);
   std::string rest = path.substr(6), dtype;
-  if (auto colon = rest.find(':'); colon != std::string::npos) {
+  const size_t colon = rest.find(':');
+  if (colon != std::string::npos) {
     dtype = rest.substr(colon + 1);
     rest = rest.substr(0, colon);
   }
   SynthSpec s = synthetic_spec(rest);
+  auto type_names = [] {
+    std::vector<std::string> names = {"f32", "f16", "bf16"};
+    for (const quant::QuantType* t : quant::quant_types()) names.emplace_back(dtype_name(t->dtype));
+    return fmt::format("{}", fmt::join(names, ", "));
+  };
+  if (colon != std::string::npos && dtype.empty())
+    fail("{}: no type after the ':' (synth:<name>:<type>, types: {}; without ':<type>' the weights are {})", path,
+         type_names(), dtype_name(s.dtype));
   if (dtype == "f16") s.dtype = DType::F16;
   else if (dtype == "bf16") s.dtype = DType::BF16;
   else if (dtype == "f32") s.dtype = DType::F32;
@@ -181,15 +191,25 @@ ModelFile load_synthetic_model(const std::string& path, bool with_data) {
     const quant::QuantType* q = nullptr;
     for (const quant::QuantType* t : quant::quant_types())
       if (dtype_name(t->dtype) == dtype) q = t;
-    if (!q) {
-      std::vector<std::string> names = {"f32", "f16", "bf16"};
-      for (const quant::QuantType* t : quant::quant_types()) names.emplace_back(dtype_name(t->dtype));
-      fail("{}: unknown dtype '{}' ({})", path, dtype, fmt::join(names, ", "));
-    }
+    if (!q) fail("{}: unknown dtype '{}' ({})", path, dtype, type_names());
     s.dtype = q->dtype;
   }
   ModelFile m = make_synthetic_model(s, with_data);
   m.path = path;
+  // Matrices whose rows are not whole blocks of the type fell back (make_synthetic_model): say which,
+  // once per name with the layer index as '*', so a benchmark of "q4_K" knows what it measures.
+  std::vector<std::string> fallen;
+  std::string fallback_types;
+  for (const WeightTensor& t : m.tensors()) {
+    if (t.shape.size() < 2 || t.dtype == s.dtype) continue;
+    std::string name = t.name;
+    if (name.rfind("blk.", 0) == 0) name = "blk.*" + name.substr(name.find('.', 4));
+    const std::string entry = fmt::format("{} (rows of {}: {})", name, t.shape.back(), dtype_name(t.dtype));
+    if (std::find(fallen.begin(), fallen.end(), entry) == fallen.end()) fallen.push_back(entry);
+  }
+  if (!fallen.empty())
+    std::fprintf(stderr, "%s", fmt::format("note: {}: {} needs rows that are a multiple of {} elements; these fall back: {}\n", path,
+                                           dtype_name(s.dtype), dtype_block_size(s.dtype), fmt::join(fallen, ", ")).c_str());
   return m;
 }
 

@@ -33,7 +33,8 @@ ModelFile make_synthetic_model(const SynthSpec& spec, bool with_data = true);
 // "synth:stories110m" or "synth:stories110m:bf16"; a ggml block type ("synth:llama3.2-1b:q4_1",
 // q4_0 ... q6_K) quantizes the matrices (embedding and classifier included) from the f32 values
 // (ggml's reference quantize_row_*, rows in parallel); rows that are not whole blocks of the type
-// fall back to q8_0 (else f32). with_data = false: shapes only (as above), for commands that only
+// fall back to q8_0 (else f32), with a note on stderr naming those tensors. "synth:<name>:" (no type)
+// and an unknown type throw mk::Error listing the types. with_data = false: shapes only (as above), for commands that only
 // compile (`compile`, `info`): the 8B shape then takes milliseconds, not 16 GB.
 ModelFile load_synthetic_model(const std::string& path, bool with_data = true);
 

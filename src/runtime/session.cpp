@@ -33,6 +33,18 @@ std::unique_ptr<Tokenizer> open_tokenizer(const ModelFile& m, const std::string&
   }
   return load_model_tokenizer(m);
 }
+
+// Whether the model names a tokenizer of its own (loadable or not): GGUF tokenizer.ggml.model, an HF
+// directory's tokenizer.json, a tokenizer file beside a llama2.c checkpoint.
+bool carries_tokenizer(const ModelFile& m, int64_t n_vocab) {
+  if (m.format == "gguf") return m.has("tokenizer.ggml.model");
+  if (m.format == "hf") return fs::exists(fs::path(m.path) / "tokenizer.json");
+  if (m.format == "llama2c") {
+    const fs::path dir = fs::path(m.path).parent_path();
+    return fs::exists(dir / ("tok" + std::to_string(n_vocab) + ".bin")) || fs::exists(dir / "tokenizer.bin");
+  }
+  return false;
+}
 }  // namespace
 
 Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
@@ -47,7 +59,12 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
     try {
       tokenizer = open_tokenizer(model, "", hparams.n_vocab);
     } catch (const Error& e) {
-      std::fprintf(stderr, "note: no tokenizer (%s): token ids only\n", e.what());
+      // Ids in, ids out works without one; a tokenizer that is there but broken is worth a warning
+      // (a text prompt, `tokenize` and `chat` refuse the same model with this error).
+      if (carries_tokenizer(model, hparams.n_vocab))
+        std::fprintf(stderr, "warning: the model's tokenizer cannot be used (%s); printing token ids only\n", e.what());
+      else
+        std::fprintf(stderr, "note: no tokenizer (%s): token ids only\n", e.what());
     }
   }
   if (tokenizer && tokenizer->n_vocab() > hparams.n_vocab)

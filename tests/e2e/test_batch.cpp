@@ -286,6 +286,12 @@ TEST_P(E2EBatchErrors, MalformedBatchesNameTheProblem) {
   }
   EXPECT_NE(err(s).find(fmt::format("{} rows (this program runs 1..{} rows per step)", too_many, too_many - 1)), std::string::npos)
       << err(s);
+  s = good();  // sequence 1 decodes at position 2 but only its position 0 was written (block 7 holds one row)
+  s.positions = {0, 1, 2, 0};
+  EXPECT_NE(err(s).find("internal error: step batch: sequence 1 starts at position 2 but its position 1 (block 0, row 1 "
+                        "of pool block 7) was never written"),
+            std::string::npos)
+      << err(s);
   // The backend still works after rejected batches.
   EXPECT_EQ(err(good()), "<no error>");
 }

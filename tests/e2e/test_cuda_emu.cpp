@@ -30,7 +30,9 @@
 #include "passes/pass.h"
 #include "quant/quant.h"
 #include "runtime/session.h"
+#include "support/cli.h"
 #include "support/compare.h"
+#include "support/hf_fixtures.h"
 #include "support/quant_models.h"
 #include "support/error.h"
 
@@ -39,7 +41,6 @@ namespace {
 
 namespace fs = std::filesystem;
 const std::string kStories = std::string(MK_SHARED_DIR) + "/models/stories260K/";
-const fs::path kHfFixtures = fs::path(MK_SHARED_DIR) / "fixtures" / "hf";
 
 nlohmann::json greedy_cases() {
   std::ifstream f(kStories + "reference_greedy.json");
@@ -47,15 +48,9 @@ nlohmann::json greedy_cases() {
   return nlohmann::json::parse(f);
 }
 
+// `megakernel ARGS` with `env` (VAR=value ...) set, stdout and stderr together.
 std::string run_cli(const std::string& env, const std::string& args, int* status) {
-  std::string cmd = env + " " + std::string(MK_CLI_PATH) + " " + args + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), got);
-  *status = WEXITSTATUS(pclose(p.release()));
-  return out;
+  return test::run_shell(env + " " + std::string(MK_CLI_PATH) + " " + args + " 2>&1", status);
 }
 
 class E2ECudaEmuStories : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
@@ -93,41 +88,12 @@ INSTANTIATE_TEST_SUITE_P(E2ECudaEmu, E2ECudaEmuStories,
 class E2ECudaEmuHf : public testing::TestWithParam<std::string> {};
 
 TEST_P(E2ECudaEmuHf, LogitsMatchTransformers) {
-  const fs::path dir = kHfFixtures / GetParam();
-  if (!fs::is_directory(dir)) GTEST_SKIP() << "fixture missing: " << dir;
-  std::ifstream in(dir / "reference.json");
-  const auto ref = nlohmann::json::parse(in);
-  const auto prompt = ref.at("prompt_ids").get<std::vector<int32_t>>();
-  const auto want_last = ref.at("logits_last").get<std::vector<float>>();
-  const auto want_argmax = ref.at("logits_all_argmax").get<std::vector<int32_t>>();
-  ModelFile m = load_model(dir.string());
-  const int64_t n_ctx = static_cast<int64_t>(prompt.size()) + 4;
-  Graph all = build_graph(m, {n_ctx, true});
   BackendOptions bo;
   bo.threads = 3;
-  auto b = make_backend("cuda-emu", all, m, bo);
-  std::vector<float> logits = b->forward(prompt, 0);
-  const int64_t n_vocab = static_cast<int64_t>(want_last.size());
-  ASSERT_EQ(static_cast<int64_t>(logits.size()), static_cast<int64_t>(prompt.size()) * n_vocab);
-  std::vector<float> last(logits.end() - n_vocab, logits.end());
-  const double tol = GetParam().find("bfloat16") != std::string::npos ? 1e-2 : 1e-4;
-  EXPECT_LT(test::rel_l2(last, want_last), tol);
-  std::vector<int32_t> got_argmax;
-  for (size_t r = 0; r < prompt.size(); ++r) {
-    const float* row = logits.data() + static_cast<int64_t>(r) * n_vocab;
-    got_argmax.push_back(static_cast<int32_t>(std::max_element(row, row + n_vocab) - row));
-  }
-  EXPECT_EQ(got_argmax, want_argmax);
+  test::expect_logits_match_transformers(GetParam(), "cuda-emu", bo);
 }
 
-std::vector<std::string> hf_fixtures() {
-  std::vector<std::string> r;
-  for (const char* fam : {"gemma", "gpt2", "llama3_scaled_tied", "llama_gqa", "llama_mha_headdim", "mistral", "phi3",
-                          "qwen2_bias", "qwen3_qknorm"})
-    for (const char* dt : {"float32", "bfloat16"}) r.push_back(std::string(fam) + "_" + dt);
-  return r;
-}
-INSTANTIATE_TEST_SUITE_P(E2ECudaEmu, E2ECudaEmuHf, ::testing::ValuesIn(hf_fixtures()),
+INSTANTIATE_TEST_SUITE_P(E2ECudaEmu, E2ECudaEmuHf, ::testing::ValuesIn(test::hf_fixture_names()),
                          [](const auto& info) { return info.param; });
 
 TEST(E2ECudaEmuErrors, WatchdogNamesTheWait) {

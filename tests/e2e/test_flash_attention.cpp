@@ -25,13 +25,13 @@
 #include "passes/pass.h"
 #include "runtime/session.h"
 #include "support/compare.h"
+#include "support/hf_fixtures.h"
 
 namespace mk {
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kStories = std::string(MK_SHARED_DIR) + "/models/stories260K/";
-const fs::path kHfFixtures = fs::path(MK_SHARED_DIR) / "fixtures" / "hf";
 
 // Attention alone: q, k, v are rows of random tables picked by the token ids (embed), K/V stored
 // in a paged pool, the attention output is the graph's "logits" output (every row).
@@ -271,45 +271,17 @@ class E2EFlashHf : public ::testing::TestWithParam<std::tuple<std::string, std::
 
 TEST_P(E2EFlashHf, LogitsMatchTransformers) {
   auto [backend, fixture] = GetParam();
-  const fs::path dir = kHfFixtures / fixture;
-  if (!fs::is_directory(dir)) GTEST_SKIP() << "fixture missing: " << dir;
-  std::ifstream in(dir / "reference.json");
-  const auto ref = nlohmann::json::parse(in);
-  const auto prompt = ref.at("prompt_ids").get<std::vector<int32_t>>();
-  const auto want_last = ref.at("logits_last").get<std::vector<float>>();
-  const auto want_argmax = ref.at("logits_all_argmax").get<std::vector<int32_t>>();
-  ModelFile m = load_model(dir.string());
-  Graph all = build_graph(m, {static_cast<int64_t>(prompt.size()) + 4, true});
   BackendOptions bo;
   bo.threads = 3;
   bo.attn_splits = 3;
-  auto b = make_backend(backend, all, m, bo);
-  std::vector<float> logits = b->forward(prompt, 0);
-  const int64_t n_vocab = static_cast<int64_t>(want_last.size());
-  ASSERT_EQ(static_cast<int64_t>(logits.size()), static_cast<int64_t>(prompt.size()) * n_vocab);
-  std::vector<float> last(logits.end() - n_vocab, logits.end());
-  const double tol = fixture.find("bfloat16") != std::string::npos ? 1e-2 : 1e-4;
-  EXPECT_LT(test::rel_l2(last, want_last), tol);
-  std::vector<int32_t> got_argmax;
-  for (size_t r = 0; r < prompt.size(); ++r) {
-    const float* row = logits.data() + static_cast<int64_t>(r) * n_vocab;
-    got_argmax.push_back(static_cast<int32_t>(std::max_element(row, row + n_vocab) - row));
-  }
-  EXPECT_EQ(got_argmax, want_argmax);
+  test::expect_logits_match_transformers(fixture, backend, bo);
 }
 
-std::vector<std::string> hf_fixtures() {
-  std::vector<std::string> r;
-  for (const char* fam : {"gemma", "gpt2", "llama3_scaled_tied", "llama_gqa", "llama_mha_headdim", "mistral", "phi3",
-                          "qwen2_bias", "qwen3_qknorm"})
-    for (const char* dt : {"float32", "bfloat16"}) r.push_back(std::string(fam) + "_" + dt);
-  return r;
-}
 // cuda-emu: the float32 fixtures (each builds its own device source on the host: seconds apiece;
 // the bf16 ones differ only in the weight loads, which E2ECudaEmuHf covers).
 std::vector<std::tuple<std::string, std::string>> hf_cases() {
   std::vector<std::tuple<std::string, std::string>> r;
-  for (const std::string& f : hf_fixtures()) {
+  for (const std::string& f : test::hf_fixture_names()) {
     r.emplace_back("cpu", f);
     if (f.ends_with("_float32")) r.emplace_back("cuda-emu", f);
   }

@@ -22,12 +22,13 @@
 #include "model/hf.h"
 #include "model/model_file.h"
 #include "support/error.h"
+#include "support/hf_fixtures.h"
 
 namespace mk {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kHfFixtures = fs::path(MK_SHARED_DIR) / "fixtures" / "hf";
+using test::kHfFixtures;
 
 using test::rel_l2;
 
@@ -38,12 +39,11 @@ class HfFamilies : public testing::TestWithParam<std::string> {};
 TEST_P(HfFamilies, MatchesTransformers) {
   const fs::path dir = kHfFixtures / GetParam();
   if (!fs::is_directory(dir)) GTEST_SKIP() << "fixture missing: " << dir;
-  std::ifstream in(dir / "reference.json");
-  const auto ref = nlohmann::json::parse(in);
-  const auto prompt = ref.at("prompt_ids").get<std::vector<int32_t>>();
-  const auto want_last = ref.at("logits_last").get<std::vector<float>>();
-  const auto want_argmax = ref.at("logits_all_argmax").get<std::vector<int32_t>>();
-  const auto want_greedy = ref.at("greedy_ids").get<std::vector<int32_t>>();
+  const test::HfReference ref = test::read_hf_reference(dir);
+  const auto& prompt = ref.prompt;
+  const auto& want_last = ref.logits_last;
+  const auto& want_argmax = ref.argmax_all;
+  const auto& want_greedy = ref.greedy;
 
   ModelFile m = load_model(dir.string());
   const Hparams hp = read_hparams(m);

@@ -2,8 +2,8 @@
 
 Starts servers on free loopback ports (--port 0; the port is read from the server's log) and stops
 them by PID. Checks completions and chat completions (streaming and not), usage, stop strings,
-seeds, malformed and hostile requests, the API key, the bounded queue (429 + Retry-After), a client
-that disconnects mid-stream, a load test whose greedy outputs equal `megakernel run --temp 0`, KV
+seeds, malformed and hostile requests, the API key, the bounded queue (429 + Retry-After), clients
+that disconnect mid-stream and before a non-streaming reply, a load test whose greedy outputs equal `megakernel run --temp 0`, KV
 blocks all free in /metrics after every part, and SIGTERM (in-flight request finishes, exit 0).
 Env: MK_BIN (the binary), MK_SHARED_DIR.
 """
@@ -35,10 +35,10 @@ def check(cond, what):
 
 
 class Server:
-    def __init__(self, model_args, *extra):
+    def __init__(self, model_args, *extra, env=None):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="mk_serve_", suffix=".log", delete=False)
         self.proc = subprocess.Popen([BIN, "serve", "-m", *model_args, "--port", "0", "-t", "2", *extra],
-                                     stdout=self.log, stderr=self.log)
+                                     stdout=self.log, stderr=self.log, env={**os.environ, **(env or {})})
         deadline = time.time() + 120
         self.port = None
         while time.time() < deadline and self.port is None:
@@ -326,6 +326,43 @@ def auth_and_queue_checks():
     check(srv.stop() == 0, "SIGTERM when idle: exit code 0")
 
 
+def nonstream_disconnect_checks():
+    """Non-streaming replies past the heartbeat delay go out chunked, led by JSON whitespace: the
+    openai client parses them, and a client that closes its socket early is noticed at a heartbeat,
+    its request cancelled and its KV blocks freed. The delays are shortened (0 ms, then a heartbeat
+    every 20 ms) so that stories260K's fast replies are chunked too."""
+    srv = Server(STORIES, "--parallel", "2", env={"MK_SERVE_HEARTBEAT_AFTER_MS": "0", "MK_SERVE_HEARTBEAT_EVERY_MS": "20"})
+    prompt = "Once upon a time"
+    ref = run_cli(STORIES, prompt, 24, "--temp", "0", "--ignore-eos")
+    r = srv.client.completions.create(model="x", prompt=prompt, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    check(r.choices[0].text == ref["text"] and r.usage.completion_tokens == 24 and r.choices[0].finish_reason == "length",
+          f"chunked non-streaming reply parsed by the openai client, equal to `run --temp 0`: {r.choices[0].text!r}")
+    st, headers, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                                                            "ignore_eos": True})
+    check(st == 200 and headers.get("Transfer-Encoding") == "chunked" and text[:1].isspace()
+          and json.loads(text)["choices"][0]["text"] == ref["text"],
+          f"the raw reply: chunked, whitespace first, then the JSON object ({st} {headers.get('Transfer-Encoding')} {text[:40]!r})")
+    # A raw client that sends a long request, reads the start of the reply, and closes the socket.
+    before = srv.metrics().get('megakernel_requests_finished_total{reason="cancelled"}', 0)
+    body = json.dumps({"prompt": prompt, "max_tokens": 480, "ignore_eos": True, "temperature": 0}).encode()
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    head = sock.recv(4096)
+    sock.close()
+    check(head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower(), f"the long reply started chunked: {head[:60]!r}")
+    for _ in range(200):
+        m = srv.metrics()
+        if m.get('megakernel_requests_finished_total{reason="cancelled"}', 0) > before:
+            break
+        time.sleep(0.05)
+    got = m.get('megakernel_requests_finished_total{reason="cancelled"}', 0)
+    check(got == before + 1, f"non-streaming client gone: request cancelled ({got - before} cancelled)")
+    check(m.get('megakernel_requests_finished_total{reason="length"}', 0) == 2, "non-streaming client gone: it did not run to its end")
+    srv.blocks_free_at_end("after the non-streaming disconnect")
+    check(srv.stop() == 0, "heartbeat server: exit code 0")
+
+
 def chat_checks():
     if not os.path.exists(SMOLLM2):
         print(f"SKIPPED: chat checks: {SMOLLM2} not found (scripts/get-model.sh smollm2)")
@@ -365,6 +402,7 @@ if __name__ == "__main__":
     t0 = time.time()
     stories_checks()
     auth_and_queue_checks()
+    nonstream_disconnect_checks()
     chat_checks()
     lifecycle_checks()
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")

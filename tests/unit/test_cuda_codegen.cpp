@@ -28,6 +28,7 @@
 #include "model/synth.h"
 #include "passes/pass.h"
 #include "quant/quant.h"
+#include "support/cli.h"
 #include "support/error.h"
 
 using namespace mk;
@@ -349,18 +350,7 @@ TEST(CudaCodegen, BreakOneWaitMakesAWaitUnsatisfiable) {
   for (size_t j = static_cast<size_t>(i) + 1; j < p.instrs.size(); ++j) EXPECT_TRUE(p.instrs[j].waits.empty());
 }
 
-namespace {
-std::string run_cli(const std::string& args, int* status) {
-  std::string cmd = std::string(MK_CLI_PATH) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, got);
-  *status = WEXITSTATUS(pclose(f));
-  return out;
-}
-}  // namespace
+using test::run_cli;  // `megakernel ARGS`, stdout and stderr together
 
 // compile --emit cuda writes the source the cuda backend compiles on an H200 (132 blocks, the
 // megakernel alone); bench-copy without a device is a clear driver error.

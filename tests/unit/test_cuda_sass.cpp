@@ -27,6 +27,7 @@
 #include "backend/cuda/nvrtc.h"
 #include "model/synth.h"
 #include "passes/pass.h"
+#include "support/cli.h"
 
 namespace mk {
 namespace {
@@ -48,15 +49,7 @@ std::string find_cuobjdump() {
   return "";
 }
 
-std::string run(const std::string& cmd, int* status) {
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), got);
-  *status = WEXITSTATUS(pclose(p.release()));
-  return out;
-}
+std::string run(const std::string& cmd, int* status) { return test::run_shell(cmd, status); }
 
 struct Sass {
   uint64_t addr = 0;

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -387,30 +388,45 @@ TEST(Engine, StopStringsEndTheTextAndAreNeverStreamed) {
   for (const auto& piece : pieces) EXPECT_EQ(piece.find(stop), std::string::npos) << piece;
 }
 
-// The real cpu backend over its paged KV pool: requests batched by the engine (chunked prefill of
-// 7 rows, up to 4 sequences per step, greedy and seeded sampling) give the tokens of `generate`
-// running each prompt alone on the one-sequence path (what `run` does).
-TEST(E2EServeEngine, CpuBatchedEqualsGenerateAlone) {
-  const std::string model = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " not found";
+// stories260K on the cpu backend, 2 threads, a context of 128.
+SessionOptions stories_cpu_session() {
   SessionOptions so;
-  so.model_path = model;
+  so.model_path = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
   so.backend = "cpu";
   so.backend_options.threads = 2;
   so.n_ctx = 128;
-  const std::vector<std::string> prompts = {
-      "Once upon a time", "The cat sat", "Lily and Tom went to the park to play with a big red ball",
-      "One day",          "A dog",       "The sun was hot and the children"};
+  return so;
+}
+
+// Each prompt run by `generate` alone (the one-sequence path of `run`), with the options `set`
+// gives prompt i.
+std::vector<GenerateResult> generate_alone(const SessionOptions& so, const std::vector<std::string>& prompts,
+                                           const std::function<void(size_t, GenerateOptions&)>& set) {
   std::vector<GenerateResult> alone;
   Session one(so);
   for (size_t i = 0; i < prompts.size(); ++i) {
     GenerateOptions g;
     g.prompt = prompts[i];
-    g.n_new = 12 + static_cast<int>(i) * 3;
-    g.sampler = {i % 2 ? 0.8f : 0.0f, 0, 1.0f, 77 + i};
+    set(i, g);
     one.reset();
     alone.push_back(generate(one, g));
   }
+  return alone;
+}
+
+// The real cpu backend over its paged KV pool: requests batched by the engine (chunked prefill of
+// 7 rows, up to 4 sequences per step, greedy and seeded sampling) give the tokens of `generate`
+// running each prompt alone on the one-sequence path (what `run` does).
+TEST(E2EServeEngine, CpuBatchedEqualsGenerateAlone) {
+  const SessionOptions so = stories_cpu_session();
+  if (!std::filesystem::exists(so.model_path)) GTEST_SKIP() << so.model_path << " not found";
+  const std::vector<std::string> prompts = {
+      "Once upon a time", "The cat sat", "Lily and Tom went to the park to play with a big red ball",
+      "One day",          "A dog",       "The sun was hot and the children"};
+  const std::vector<GenerateResult> alone = generate_alone(so, prompts, [](size_t i, GenerateOptions& g) {
+    g.n_new = 12 + static_cast<int>(i) * 3;
+    g.sampler = {i % 2 ? 0.8f : 0.0f, 0, 1.0f, 77 + i};
+  });
   // The default pool, 128 rows = 8 blocks: about three requests fit at once, the others wait for blocks.
   Session s(so);
   ASSERT_GT(s.backend->kv_pool_blocks(), 0);
@@ -468,24 +484,13 @@ class CountingBackend final : public Backend {
 // Requests that are all greedy: every step asks the backend for token ids (forward_greedy, the
 // program's argmax op), never for logits, and the tokens equal `generate` alone.
 TEST(E2EServeEngine, AllGreedyBatchesAskForIdsNotLogits) {
-  const std::string model = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " not found";
-  SessionOptions so;
-  so.model_path = model;
-  so.backend = "cpu";
-  so.backend_options.threads = 2;
-  so.n_ctx = 128;
+  const SessionOptions so = stories_cpu_session();
+  if (!std::filesystem::exists(so.model_path)) GTEST_SKIP() << so.model_path << " not found";
   const std::vector<std::string> prompts = {"Once upon a time", "The cat sat", "One day", "A dog"};
-  std::vector<GenerateResult> alone;
-  Session one(so);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerateOptions g;
-    g.prompt = prompts[i];
+  const std::vector<GenerateResult> alone = generate_alone(so, prompts, [](size_t i, GenerateOptions& g) {
     g.n_new = 10 + static_cast<int>(i) * 2;
     g.sampler.temperature = 0;
-    one.reset();
-    alone.push_back(generate(one, g));
-  }
+  });
   Session s(so);
   CountingBackend counting(*s.backend);
   EngineOptions eo = engine_options(4, 128, s.hparams.n_vocab);

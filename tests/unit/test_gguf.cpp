@@ -432,6 +432,30 @@ TEST(GgufDamaged, BadMetadataValues) {
   }
 }
 
+// A damaged key or tensor name is echoed with its control and non-UTF-8 bytes escaped (\xNN), so
+// the error never writes raw bytes to the terminal; valid UTF-8 stays readable.
+TEST(GgufDamaged, NonPrintableKeyAndNameBytesAreEscaped) {
+  {
+    GgufWriter w;
+    w.kv(std::string("gen\x01ral.\xffname\x1b[2J"), 13, std::string(8, '\0'));
+    const std::string msg = error_of([&] { load_bytes(w.build()); });
+    EXPECT_NE(msg.find("metadata gen\\x01ral.\\xffname\\x1b[2J at offset 24: unknown value type 13"), std::string::npos) << msg;
+    for (char c : msg) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "raw byte " << int(static_cast<unsigned char>(c)) << " in: " << msg;
+  }
+  {
+    GgufWriter w;
+    w.kv_u32("caf\xc3\xa9\xc3", 1);  // "café" then a cut sequence
+    w.kv_u32("caf\xc3\xa9\xc3", 2);
+    expect_error(w.build(), "duplicate metadata key caf\xc3\xa9\\xc3 at offset");
+  }
+  {
+    GgufWriter w;
+    w.tensor(std::string("blk.0\x00\x07", 7), {8}, 0);
+    w.tensor(std::string("blk.0\x00\x07", 7), {8}, 0);
+    expect_error(w.build(), "duplicate tensor name blk.0\\x00\\x07");
+  }
+}
+
 TEST(GgufDamaged, BadAlignment) {
   for (uint32_t a : {0u, 3u, 48u}) {
     GgufWriter w = small_file();

@@ -115,7 +115,10 @@ int64_t Interpreter::now_ns() const {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count() - t0_;
 }
 
-void Interpreter::reset_kv() { std::memset(kv_, 0, static_cast<size_t>(p_.kv_bytes)); }
+void Interpreter::reset_kv() {
+  std::memset(kv_, 0, static_cast<size_t>(p_.kv_bytes));
+  written_.clear();
+}
 
 StepLimits Interpreter::limits() const {
   StepLimits l;
@@ -124,6 +127,7 @@ StepLimits Interpreter::limits() const {
   l.block_size = p_.kv_block_size;
   l.pool_blocks = p_.kv_block_size > 0 ? p_.kv_pool_rows / p_.kv_block_size : 0;
   l.max_blocks_per_seq = p_.max_blocks_per_seq();
+  l.written = &written_;
   return l;
 }
 

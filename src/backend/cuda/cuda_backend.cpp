@@ -230,6 +230,7 @@ class CudaBackend final : public Backend {
     limits_.block_size = p.kv_block_size;
     limits_.pool_blocks = p.kv_block_size > 0 ? p.kv_pool_rows / p.kv_block_size : 0;
     limits_.max_blocks_per_seq = p.max_blocks_per_seq();
+    limits_.written = &written_;
   }
 
   std::string name() const override { return name_; }
@@ -245,6 +246,7 @@ class CudaBackend final : public Backend {
     std::memset(const_cast<cuda::MkError*>(error_host_), 0, sizeof(cuda::MkError));
     epoch_ = 0;
     broken_.clear();
+    written_.clear();
   }
 
   std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_past) override {
@@ -518,6 +520,7 @@ class CudaBackend final : public Backend {
   void* greedy_host_ = nullptr;   // pinned
   int64_t n_ctx_ = 0;
   StepLimits limits_;
+  KvWritten written_;  // pool rows written so far (prepare_step checks batches against it)
   uint64_t timeout_ns_ = 0;
   uint32_t epoch_ = 0;
   std::string broken_;

@@ -27,6 +27,7 @@ class ReferenceBackend final : public Backend {
         limits_.block_size = kv.block_size;
         limits_.pool_blocks = kv.pool_blocks();
         limits_.max_blocks_per_seq = kv.max_blocks_per_seq();
+        limits_.written = &written_;
         caches_[n.id].assign(static_cast<size_t>(n.shape[0].c * n.shape[1].c), 0.0f);
       }
       if (n.op == Op::weight) {
@@ -40,6 +41,7 @@ class ReferenceBackend final : public Backend {
 
   void reset() override {
     for (auto& [id, c] : caches_) std::fill(c.begin(), c.end(), 0.0f);
+    written_.clear();
   }
 
   std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_past) override {
@@ -317,6 +319,7 @@ class ReferenceBackend final : public Backend {
   std::vector<int32_t> greedy_;  // the last run's "greedy" output, i32 [rows, 4]
   int64_t n_ctx_ = 0;
   StepLimits limits_{256};  // rows per step: the compiled backends' default max_tokens
+  KvWritten written_;       // the pool rows written so far (prepare_step checks batches against it)
   bool all_rows_ = false;   // the output is logits of every row (all_logits)
   std::unordered_map<int, std::vector<float>> caches_;
   std::unordered_map<int, std::vector<float>> wcache_;
@@ -329,6 +332,12 @@ std::unique_ptr<Backend> make_reference_backend(const Graph& g, const ModelFile&
   // The oracle computes in float32/float64 only; llama.cpp's numerics exist on the cpu backend.
   if (o.act_quant == "on") fail("--act-quant on: the reference backend keeps activations in float32 (cpu only)");
   if (o.kv_type == "f16") fail("--kv-type f16: the reference backend keeps the KV cache in float32 (cpu only)");
+  // Splits change the order of the softmax sums: an oracle that took them would no longer be one, so
+  // any value but 1 (and -1, the default) is refused rather than ignored.
+  if (o.attn_splits != -1 && o.attn_splits != 1)
+    fail("--attn-splits {}: the reference backend computes attention in one pass (1 split); flash-decoding splits "
+         "run on the cpu, cuda and cuda-emu backends",
+         o.attn_splits);
   return std::make_unique<ReferenceBackend>(g, m);
 }
 

@@ -21,12 +21,14 @@ the 24 rows, and the local/global RoPE bases (10000 / 1e6) differ.
 """
 import json
 import os
-import struct
+import sys
 
 import numpy as np
 import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from gen_common import add_placeholder_vocab, finish_gguf, llama_cpp_logits, rounded, write_hf as write_hf_dir  # noqa: E402
 N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 128, 32, 6, 2, 1, 16, 64
 WINDOW, N_CTX_TRAIN, EPS = 8, 128, 1e-6
 THETA_GLOBAL, THETA_LOCAL = 1_000_000.0, 10_000.0
@@ -87,40 +89,15 @@ def write_gguf(path):
     w.add_float32("gemma3.attention.layer_norm_rms_epsilon", EPS)
     w.add_float32("gemma3.rope.freq_base", THETA_GLOBAL)
     w.add_uint32("gemma3.attention.sliding_window", WINDOW)
-    # A placeholder SentencePiece vocabulary (llama.cpp takes n_vocab from it): <unk>, <s>, </s>, <0x0A>, t4 ...
-    tokens = ["<unk>", "<s>", "</s>", "<0x0A>"] + [f"t{i}" for i in range(4, N_VOCAB)]
-    w.add_string("tokenizer.ggml.model", "llama")
-    w.add_array("tokenizer.ggml.tokens", tokens)
-    w.add_array("tokenizer.ggml.scores", [0.0] * N_VOCAB)
-    w.add_array("tokenizer.ggml.token_type", [2, 3, 3, 6] + [1] * (N_VOCAB - 4))
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.unknown_token_id", 0)
+    add_placeholder_vocab(w, N_VOCAB)
     for name, t in hf.items():
         if name.endswith("norm.weight"):
             t = t + np.float32(1.0)  # convert_hf_to_gguf.py Gemma3Model: norm_shift
         w.add_tensor(gguf_name(name), t.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def write_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name, t in tensors.items():
-        b = np.ascontiguousarray(t, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        offset += len(b)
-        blobs.append(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    finish_gguf(w)
 
 
 def write_hf(folder):
-    os.makedirs(folder, exist_ok=True)
     config = {
         "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "torch_dtype": "float32",
         "vocab_size": N_VOCAB, "hidden_size": N_EMBD, "intermediate_size": N_FF, "num_hidden_layers": N_LAYER,
@@ -131,28 +108,17 @@ def write_hf(folder):
         "final_logit_softcapping": None, "attn_logit_softcapping": None, "tie_word_embeddings": True,
         "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
     }
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    write_safetensors(os.path.join(folder, "model.safetensors"), hf)
-
-
-def llama_cpp_logits(path):
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=path, n_ctx=64, n_batch=64, n_threads=2, logits_all=True, verbose=False,
-                type_k=0, type_v=0, flash_attn=False, seed=0)  # type 0 = GGML_TYPE_F32 KV cache
-    llm.eval(PROMPT)
-    return np.array(llm.scores[: len(PROMPT)], dtype=np.float32)
+    write_hf_dir(folder, config, hf)
 
 
 def main():
     path = os.path.join(HERE, "gemma3-tiny.f32.gguf")
     write_gguf(path)
     write_hf(os.path.join(HERE, "hf"))
-    logits = llama_cpp_logits(path)
+    logits = llama_cpp_logits(path, PROMPT, 64)
     with open(os.path.join(HERE, "expected.json"), "w") as f:
         json.dump({"source": "llama-cpp-python 0.3.16 (llama.cpp), f32 KV cache", "prompt_ids": PROMPT,
-                   "window": WINDOW, "logits": [[float(f"{x:.7g}") for x in row] for row in logits]}, f)
+                   "window": WINDOW, "logits": rounded(logits)}, f)
     print("wrote", path, "logits", logits.shape, "argmax", logits.argmax(-1).tolist())
 
 

@@ -17,12 +17,14 @@
 import json
 import math
 import os
-import struct
+import sys
 
 import numpy as np
 import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from gen_common import add_placeholder_vocab, finish_gguf, llama_cpp_logits, rounded, write_hf as write_hf_dir  # noqa: E402
 N_VOCAB, N_EMBD, N_LAYER, N_HEAD, HEAD_DIM, N_FF = 128, 32, 2, 2, 16, 64
 N_CTX_TRAIN, N_CTX_ORIG, EPS, THETA = 128, 32, 1e-5, 10000.0
 ATTN_FACTOR = math.sqrt(1 + math.log(N_CTX_TRAIN / N_CTX_ORIG) / math.log(N_CTX_ORIG))
@@ -75,39 +77,15 @@ def write_gguf(path):
     w.add_uint32("phi3.rope.dimension_count", HEAD_DIM)
     w.add_float32("phi3.rope.freq_base", THETA)
     w.add_float32("phi3.rope.scaling.attn_factor", ATTN_FACTOR)
-    tokens = ["<unk>", "<s>", "</s>", "<0x0A>"] + [f"t{i}" for i in range(4, N_VOCAB)]
-    w.add_string("tokenizer.ggml.model", "llama")
-    w.add_array("tokenizer.ggml.tokens", tokens)
-    w.add_array("tokenizer.ggml.scores", [0.0] * N_VOCAB)
-    w.add_array("tokenizer.ggml.token_type", [2, 3, 3, 6] + [1] * (N_VOCAB - 4))
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.unknown_token_id", 0)
+    add_placeholder_vocab(w, N_VOCAB)
     for name, t in hf.items():
         w.add_tensor(gguf_name(name), t)
     w.add_tensor("rope_factors_long.weight", np.array(LONG, dtype=np.float32))
     w.add_tensor("rope_factors_short.weight", np.array(SHORT, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def write_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name, t in tensors.items():
-        b = np.ascontiguousarray(t, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        offset += len(b)
-        blobs.append(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    finish_gguf(w)
 
 
 def write_hf(folder):
-    os.makedirs(folder, exist_ok=True)
     config = {
         "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "torch_dtype": "float32",
         "vocab_size": N_VOCAB, "hidden_size": N_EMBD, "intermediate_size": N_FF, "num_hidden_layers": N_LAYER,
@@ -117,19 +95,7 @@ def write_hf(folder):
         "rope_scaling": {"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
         "bos_token_id": 1, "eos_token_id": 2,
     }
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    write_safetensors(os.path.join(folder, "model.safetensors"), hf)
-
-
-def llama_cpp_logits(path, n_ctx, n_tokens):
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=2, logits_all=True, verbose=False,
-                type_k=0, type_v=0, flash_attn=False, seed=0)  # type 0 = GGML_TYPE_F32 KV cache
-    assert llm.n_ctx() == n_ctx, llm.n_ctx()
-    llm.eval(PROMPT[:n_tokens])
-    return np.array(llm.scores[:n_tokens], dtype=np.float32)
+    write_hf_dir(folder, config, hf)
 
 
 def main():
@@ -138,8 +104,8 @@ def main():
     write_hf(os.path.join(HERE, "hf"))
     out = {"source": "llama-cpp-python 0.3.16 (llama.cpp), f32 KV cache", "prompt_ids": PROMPT}
     for key, n_ctx, n_tokens in (("long", 64, 24), ("short", 32, 24)):
-        logits = llama_cpp_logits(path, n_ctx, n_tokens)
-        out[key] = {"n_ctx": n_ctx, "logits": [[float(f"{x:.7g}") for x in row] for row in logits]}
+        logits = llama_cpp_logits(path, PROMPT[:n_tokens], n_ctx)
+        out[key] = {"n_ctx": n_ctx, "logits": rounded(logits)}
         print(key, "n_ctx", n_ctx, "argmax", logits.argmax(-1).tolist())
     with open(os.path.join(HERE, "expected.json"), "w") as f:
         json.dump(out, f)
