@@ -151,20 +151,35 @@ std::vector<GreedyRow> select_greedy_rows(std::span<const int32_t> out, int64_t 
 
 TopKRow topk_row(std::span<const float> logits, int64_t k) {
   TopKRow t;
-  std::vector<int32_t> idx;
-  idx.reserve(logits.size());
+  const size_t kk = static_cast<size_t>(std::max<int64_t>(k, 0));
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  // One pass: candidates go to `buf`; when it holds 4k, the k best are kept and the k-th best
+  // becomes the bar a later value must pass (strictly greater: a tie loses to the lower index).
+  std::vector<int32_t> buf;
+  buf.reserve(4 * kk + 1);
+  bool have_bar = false;
+  float bar = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
     const float v = logits[i];
-    if (!std::isfinite(v) && t.n_nonfinite++ == 0) {
-      t.first_nonfinite = static_cast<int32_t>(i);
-      t.first_value = v;
+    if (!std::isfinite(v)) {
+      if (t.n_nonfinite++ == 0) {
+        t.first_nonfinite = static_cast<int32_t>(i);
+        t.first_value = v;
+      }
+      if (std::isnan(v)) continue;
     }
-    if (!std::isnan(v)) idx.push_back(static_cast<int32_t>(i));
+    if (kk == 0 || (have_bar && !(v > bar))) continue;
+    buf.push_back(static_cast<int32_t>(i));
+    if (buf.size() >= 4 * kk) {
+      std::nth_element(buf.begin(), buf.begin() + static_cast<long>(kk - 1), buf.end(), by_logit);
+      buf.resize(kk);
+      bar = logits[static_cast<size_t>(buf[kk - 1])];
+      have_bar = true;
+    }
   }
-  const size_t n = std::min(idx.size(), static_cast<size_t>(std::max<int64_t>(k, 0)));
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(n), idx.end(), by_logit);
-  t.ids.assign(idx.begin(), idx.begin() + static_cast<long>(n));
+  const size_t n = std::min(buf.size(), kk);
+  std::partial_sort(buf.begin(), buf.begin() + static_cast<long>(n), buf.end(), by_logit);
+  t.ids.assign(buf.begin(), buf.begin() + static_cast<long>(n));
   for (int32_t i : t.ids) t.logits.push_back(logits[static_cast<size_t>(i)]);
   return t;
 }
