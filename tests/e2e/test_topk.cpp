@@ -48,7 +48,8 @@ TopKRow host_sort(const std::vector<float>& row, int64_t k) {
     }
     if (!std::isnan(row[i])) idx.push_back(static_cast<int32_t>(i));
   }
-  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  std::sort(idx.begin(), idx.end(),
+            [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
   for (size_t j = 0; j < idx.size() && static_cast<int64_t>(j) < k; ++j) {
     t.ids.push_back(idx[j]);
     t.logits.push_back(row[static_cast<size_t>(idx[j])]);
@@ -60,7 +61,8 @@ void expect_same(const TopKRow& got, const TopKRow& want, const std::string& whe
   EXPECT_EQ(got.ids, want.ids) << where;
   ASSERT_EQ(got.logits.size(), want.logits.size()) << where;
   for (size_t i = 0; i < got.logits.size(); ++i)  // bit for bit: -0 stays -0
-    EXPECT_EQ(std::bit_cast<uint32_t>(got.logits[i]), std::bit_cast<uint32_t>(want.logits[i])) << where << " candidate " << i;
+    EXPECT_EQ(std::bit_cast<uint32_t>(got.logits[i]), std::bit_cast<uint32_t>(want.logits[i]))
+        << where << " candidate " << i;
   EXPECT_EQ(got.n_nonfinite, want.n_nonfinite) << where;
   EXPECT_EQ(got.first_nonfinite, want.first_nonfinite) << where;
   EXPECT_EQ(std::bit_cast<uint32_t>(got.first_value), std::bit_cast<uint32_t>(want.first_value)) << where;
@@ -142,14 +144,17 @@ TEST_P(E2ETopK, OpOnLongRowsEqualsAHostSort) {
   std::vector<float> r(kCols);
   for (auto& v : r) v = normal(rng);  // logits-like
   rows.push_back(r);
-  for (int i = 0; i < kCols; ++i) r[static_cast<size_t>(i)] = static_cast<float>((i * 7919) % 13);  // 231 values tie at the top
+  for (int i = 0; i < kCols; ++i)
+    r[static_cast<size_t>(i)] = static_cast<float>((i * 7919) % 13);  // 231 values tie at the top
   rows.push_back(r);
   std::fill(r.begin(), r.end(), 1.5f);  // all equal: the lowest 64 indices
   rows.push_back(r);
   for (int i = 0; i < kCols; ++i) r[static_cast<size_t>(i)] = (i % 3 == 0) ? -0.0f : (i % 3 == 1 ? 0.0f : -1.0f);
-  for (int i = 0; i < 20; ++i) r[static_cast<size_t>(150 * i + 7)] = 1.0f + static_cast<float>(i);  // 20 above the zeros
+  for (int i = 0; i < 20; ++i)
+    r[static_cast<size_t>(150 * i + 7)] = 1.0f + static_cast<float>(i);  // 20 above the zeros
   rows.push_back(r);
-  for (int i = 0; i < kCols; ++i) r[static_cast<size_t>(i)] = i < 1800 ? 4.0f : normal(rng);  // 1800 ties above the rest
+  for (int i = 0; i < kCols; ++i)
+    r[static_cast<size_t>(i)] = i < 1800 ? 4.0f : normal(rng);  // 1800 ties above the rest
   for (int i = 0; i < 30; ++i) r[static_cast<size_t>(97 * i + 5)] = 10.0f + static_cast<float>(i % 7);  // 30 above them
   rows.push_back(r);
   std::fill(r.begin(), r.end(), nan);  // mostly NaN: 40 values
@@ -229,7 +234,8 @@ TEST_P(E2ETopK, RaggedBatchCandidatesEqualTheLogitsRows) {
     ASSERT_EQ(got.size(), b.logit_rows.size());
     ASSERT_EQ(l.size(), b.logit_rows.size() * static_cast<size_t>(n_vocab));
     for (size_t i = 0; i < got.size(); ++i) {
-      std::vector<float> row(l.begin() + static_cast<long>(i) * n_vocab, l.begin() + static_cast<long>(i + 1) * n_vocab);
+      std::vector<float> row(l.begin() + static_cast<long>(i) * n_vocab,
+                             l.begin() + static_cast<long>(i + 1) * n_vocab);
       expect_same(got[i], host_sort(row, kTopK), "step " + std::to_string(st) + " row " + std::to_string(i));
       EXPECT_EQ(static_cast<int64_t>(got[i].ids.size()), kTopK);
     }
@@ -288,9 +294,10 @@ TEST(E2ETopKCli, RunSampledTopKEqualsTheFullLogitsPath) {
   for (uint64_t seed : {3u, 11u}) {
     int status = 0;
     std::string err;
-    const std::string out = mk::test::run_cli("run --json --backend cpu -t 2 --temp 0.8 --top-k 40 --seed " + std::to_string(seed) +
-                                                  " -n 40 --ignore-eos -m " + kStories + "stories260K.bin -p 'The cat sat'",
-                                              &status, &err);
+    const std::string out =
+        mk::test::run_cli("run --json --backend cpu -t 2 --temp 0.8 --top-k 40 --seed " + std::to_string(seed) +
+                              " -n 40 --ignore-eos -m " + kStories + "stories260K.bin -p 'The cat sat'",
+                          &status, &err);
     ASSERT_EQ(status, 0) << err;
     const auto j = nlohmann::json::parse(out);
     const auto prompt = j["prompt_ids"].get<std::vector<int32_t>>();
@@ -326,7 +333,8 @@ TEST(TopKSampler, SampleTopEqualsSampleOnTheFullRow) {
             ASSERT_TRUE(top.covered_by(static_cast<int64_t>(c.ids.size()), n_vocab));
             for (int draw = 0; draw < 5; ++draw)  // the same stream of draws
               EXPECT_EQ(top.sample_top(c.ids, c.logits, n_vocab), full.sample(row))
-                  << "vocab " << n_vocab << " trial " << trial << " top_k " << top_k << " temp " << temp << " top_p " << top_p;
+                  << "vocab " << n_vocab << " trial " << trial << " top_k " << top_k << " temp " << temp << " top_p "
+                  << top_p;
           }
       }
     }

@@ -1062,7 +1062,8 @@ __device__ void mk_topk(const MkInstr& in, const MkOpArgs& a, const MkSym& s, ch
   int* ti = (int*)(tv + MK_THREADS);      // [MK_THREADS] its index, -1 when none
   float* cv = (float*)(ti + MK_THREADS);  // [CAP] candidate values
   int* ci = (int*)(cv + CAP);             // [CAP] their indices
-  int* sc = ci + CAP;                     // [16] non-finite count, first non-finite, NaN count, appended, cut value bits, cut index, radix state
+  int* sc = ci + CAP;                     // [16] non-finite count, first non-finite, NaN count, appended,
+                                          // cut value bits, cut index, radix state
   const int R = C::rows(s), t = (int)threadIdx.x;
   for (int r = 0; r < R; ++r) {
     const float* x = a.x + (mk_i64)r * C::XS;
