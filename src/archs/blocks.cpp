@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "model/hparams.h"
+#include "ir/topk.h"
 #include "support/error.h"
 
 namespace mk {
@@ -149,6 +150,8 @@ class DecoderBuilder {
     g_.add_output(out, "logits");
     // Greedy decoding reads 16 bytes per row instead of the row (Backend::forward_greedy).
     g_.add_output(g_.add(Op::argmax, {out}, {}, "greedy"), "greedy");
+    // Sampling with top_k <= kTopK reads the k best (id, logit) pairs per row (Backend::forward_topk).
+    g_.add_output(g_.add(Op::topk, {out}, {{"k", kTopK}}, "topk"), "topk");
     return std::move(g_);
   }
 

@@ -53,6 +53,15 @@ class Backend {
   // The one-sequence case: the last token's row, as forward(tokens, n_past) would give it (prompts
   // longer than max_batch_rows() run in chunks through forward_greedy(StepBatch)).
   GreedyRow forward_greedy(std::span<const int32_t> tokens, int64_t n_past);
+  // Sampling without copying logits: each logit row's kTopK (ir/graph.h) best candidates (TopKRow,
+  // backend/step_batch.h: ids and logits in the sampler's order, and the non-finite count), in
+  // batch.logit_rows order: enough for Sampler::sample_top with top_k in [1, kTopK]. Backends read
+  // the program's `topk` output (graph output "topk"), so a GPU copies 16 + 8 * kTopK bytes per row
+  // instead of 4 * n_vocab; the default takes them from forward(batch)'s logits on the host. Same
+  // errors as forward(batch).
+  virtual std::vector<TopKRow> forward_topk(const StepBatch& batch);
+  // The one-sequence case, as forward_greedy(tokens, n_past).
+  TopKRow forward_topk(std::span<const int32_t> tokens, int64_t n_past);
   // Paged KV geometry: rows per block and blocks in the pool (0 = the backend has no paged KV).
   virtual int64_t kv_block_size() const { return 0; }
   virtual int64_t kv_pool_blocks() const { return 0; }

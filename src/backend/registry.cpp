@@ -2,6 +2,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/driver.h"
+#include "ir/topk.h"
 #include "support/error.h"
 
 namespace mk {
@@ -53,6 +54,28 @@ GreedyRow Backend::forward_greedy(std::span<const int32_t> tokens, int64_t n_pas
     last = forward_greedy(one_sequence_batch(chunk, n_past + static_cast<int64_t>(at), kv_block_size(), false));
   }
   MK_CHECK(last.size() == 1, "{}: {} greedy rows for one sequence", name(), last.size());
+  return last[0];
+}
+
+std::vector<TopKRow> Backend::forward_topk(const StepBatch& batch) {
+  std::vector<float> logits = forward(batch);
+  std::vector<TopKRow> r;
+  if (batch.logit_rows.empty()) return r;
+  const size_t n_vocab = logits.size() / batch.logit_rows.size();
+  for (size_t i = 0; i < batch.logit_rows.size(); ++i)
+    r.push_back(topk_row(std::span<const float>(logits).subspan(i * n_vocab, n_vocab), kTopK));
+  return r;
+}
+
+TopKRow Backend::forward_topk(std::span<const int32_t> tokens, int64_t n_past) {
+  if (tokens.empty()) fail("forward: no tokens");
+  const size_t max = max_batch_rows() > 0 ? static_cast<size_t>(max_batch_rows()) : tokens.size();
+  std::vector<TopKRow> last;
+  for (size_t at = 0; at < tokens.size(); at += max) {
+    const auto chunk = tokens.subspan(at, std::min(max, tokens.size() - at));
+    last = forward_topk(one_sequence_batch(chunk, n_past + static_cast<int64_t>(at), kv_block_size(), false));
+  }
+  MK_CHECK(last.size() == 1, "{}: {} topk rows for one sequence", name(), last.size());
   return last[0];
 }
 

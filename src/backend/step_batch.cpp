@@ -171,4 +171,82 @@ std::vector<GreedyRow> select_greedy_rows(std::span<const int32_t> out, int64_t 
   return r;
 }
 
+TopKRow topk_row(std::span<const float> logits, int64_t k) {
+  TopKRow t;
+  const size_t kk = static_cast<size_t>(std::max<int64_t>(k, 0));
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  // One pass: candidates go to `buf`; when it holds 4k, the k best are kept and the k-th best
+  // becomes the bar a later value must pass (strictly greater: a tie loses to the lower index).
+  std::vector<int32_t> buf;
+  buf.reserve(4 * kk + 1);
+  bool have_bar = false;
+  float bar = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float v = logits[i];
+    if (!std::isfinite(v)) {
+      if (t.n_nonfinite++ == 0) {
+        t.first_nonfinite = static_cast<int32_t>(i);
+        t.first_value = v;
+      }
+      if (std::isnan(v)) continue;
+    }
+    if (kk == 0 || (have_bar && !(v > bar))) continue;
+    buf.push_back(static_cast<int32_t>(i));
+    if (buf.size() >= 4 * kk) {
+      std::nth_element(buf.begin(), buf.begin() + static_cast<long>(kk - 1), buf.end(), by_logit);
+      buf.resize(kk);
+      bar = logits[static_cast<size_t>(buf[kk - 1])];
+      have_bar = true;
+    }
+  }
+  const size_t n = std::min(buf.size(), kk);
+  std::partial_sort(buf.begin(), buf.begin() + static_cast<long>(n), buf.end(), by_logit);
+  t.ids.assign(buf.begin(), buf.begin() + static_cast<long>(n));
+  for (int32_t i : t.ids) t.logits.push_back(logits[static_cast<size_t>(i)]);
+  return t;
+}
+
+void encode_topk_row(const TopKRow& t, int64_t k, int32_t* out) {
+  MK_CHECK(static_cast<int64_t>(t.ids.size()) <= k && t.ids.size() == t.logits.size());
+  out[0] = static_cast<int32_t>(t.ids.size());
+  out[1] = t.n_nonfinite;
+  out[2] = t.first_nonfinite;
+  out[3] = std::bit_cast<int32_t>(t.first_value);
+  for (int64_t j = 0; j < k; ++j) {
+    const bool has = j < static_cast<int64_t>(t.ids.size());
+    out[4 + 2 * j] = has ? t.ids[static_cast<size_t>(j)] : -1;
+    out[5 + 2 * j] = has ? std::bit_cast<int32_t>(t.logits[static_cast<size_t>(j)]) : 0;
+  }
+}
+
+TopKRow decode_topk_row(std::span<const int32_t> w) {
+  MK_CHECK(w.size() >= 4 && w.size() % 2 == 0, "topk row of {} words", w.size());
+  const auto k = static_cast<int32_t>((w.size() - 4) / 2);
+  MK_CHECK(w[0] >= 0 && w[0] <= k, "topk row: {} candidates for k = {}", w[0], k);
+  TopKRow t;
+  t.n_nonfinite = w[1];
+  t.first_nonfinite = w[2];
+  t.first_value = std::bit_cast<float>(w[3]);
+  for (int32_t j = 0; j < w[0]; ++j) {
+    t.ids.push_back(w[static_cast<size_t>(4 + 2 * j)]);
+    t.logits.push_back(std::bit_cast<float>(w[static_cast<size_t>(5 + 2 * j)]));
+  }
+  return t;
+}
+
+std::vector<TopKRow> select_topk_rows(std::span<const int32_t> out, int64_t rows, int64_t cols, const StepBatch& batch,
+                                      const StepInputs& in) {
+  std::vector<TopKRow> r;
+  if (batch.logit_rows.empty()) return r;
+  MK_CHECK(rows == in.n_out() || rows == in.n_rows(), "topk output has {} rows for {} rows, {} wanted", rows, in.n_rows(),
+           in.n_out());
+  MK_CHECK(static_cast<int64_t>(out.size()) >= rows * cols);
+  auto at = [&](int64_t row) { return decode_topk_row(out.subspan(static_cast<size_t>(row * cols), static_cast<size_t>(cols))); };
+  if (rows == in.n_out())
+    for (int64_t i = 0; i < rows; ++i) r.push_back(at(i));
+  else
+    for (int32_t row : batch.logit_rows) r.push_back(at(row));
+  return r;
+}
+
 }  // namespace mk

@@ -102,6 +102,26 @@ GreedyRow greedy_row(std::span<const float> logits);
 std::vector<GreedyRow> select_greedy_rows(std::span<const int32_t> out, int64_t rows, const StepBatch& batch,
                                           const StepInputs& in);
 
+// The sampler's candidates of one logits row (the `topk` op's output row, i32 [4 + 2k]: n_cand,
+// n_nonfinite, first_nonfinite, first_value's bits, then k (id, logit bits) pairs). ids/logits: the
+// min(k, non-NaN values) largest non-NaN values in runtime/sampler.h's order (logit descending, ties
+// to the lower id, -0 == +0; +-inf are ordered as values); n_nonfinite / first_*: as GreedyRow
+// (generation refuses such rows before it samples).
+struct TopKRow {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
+  int32_t n_nonfinite = 0;
+  int32_t first_nonfinite = -1;
+  float first_value = 0;
+};
+TopKRow topk_row(std::span<const float> logits, int64_t k);
+// The op's encoding of a row (4 + 2k words; unused pairs are (-1, 0)) and back.
+void encode_topk_row(const TopKRow& t, int64_t k, int32_t* out);
+TopKRow decode_topk_row(std::span<const int32_t> words);
+// forward_topk's rows from a step's `topk` output (i32 [rows, cols]), picked as select_logit_rows does.
+std::vector<TopKRow> select_topk_rows(std::span<const int32_t> out, int64_t rows, int64_t cols, const StepBatch& batch,
+                                      const StepInputs& in);
+
 // The one-sequence case: tokens at positions n_past.., block table 0, 1, 2, ... (pool row ==
 // position), logits of the last row, or of every row when all_rows.
 StepBatch one_sequence_batch(std::span<const int32_t> tokens, int64_t n_past, int64_t block_size, bool all_rows);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "ir/fused.h"
+#include "ir/topk.h"
 #include "support/error.h"
 
 namespace mk {
@@ -277,6 +278,15 @@ void infer_node(const Graph& g, Node& n) {
       n.shape = {in(0).shape[0], SymExpr::constant(4)};
       n.dtype = DType::I32;
       return;
+    case Op::topk: {
+      need_rank(in(0), 2, "x");
+      need_f32(in(0), "x");
+      const int64_t k = n.attr_int("k");
+      if (k < 1 || k > kTopKLimit) fail("{}: k = {} outside [1, {}]", where(), k, kTopKLimit);
+      n.shape = {in(0).shape[0], SymExpr::constant(4 + 2 * k)};
+      n.dtype = DType::I32;
+      return;
+    }
   }
   fail("{}: unhandled op", where());
 }

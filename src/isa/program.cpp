@@ -285,6 +285,7 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       write(o.out, zero, R, in.c0, in.c1);
       break;
     case Opcode::argmax:  // whole rows of x
+    case Opcode::topk:
       read(o.x, zero, R, 0, o.k);
       write(o.out, zero, R, in.c0, in.c1);
       break;

@@ -436,6 +436,15 @@ class Lowering {
         emit(d, d.cols);
         return;
       }
+      case Op::topk: {  // one tile, as argmax; the candidate count is (cols - 4) / 2
+        OpDesc d = desc(n, Opcode::topk);
+        d.x = buf(in(0));
+        d.k = g_[in(0)].shape[1].c;
+        d.out = buffer(n, BufferKind::activation, DType::I32, n.shape[0], n.shape[1].c);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        emit(d, d.cols);
+        return;
+      }
     }
     fail("tile: op {} has no lowering", op_name(n.op));
   }

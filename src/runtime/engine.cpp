@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ir/topk.h"
 #include "support/error.h"
 
 namespace mk {
@@ -245,17 +246,17 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
 }
 
 // Samples the next token from the sequence's logits row; returns true when the sequence goes on.
-bool Engine::sample_and_emit(Seq& s, std::span<const float> logits, const GreedyRow* greedy) {
+bool Engine::sample_and_emit(Seq& s, std::span<const float> logits, const GreedyRow* greedy, const TopKRow* top) {
   auto now = clock::now();
   int32_t next;
   try {
     const std::string where = fmt::format("position {}", s.tokens.size() - 1);
     if (greedy) {  // chosen by the backend (forward_greedy): the same rule and the same refusal
-      if (greedy->n_nonfinite > 0)
-        fail("logits are not finite at {}: token {} is {} ({} of {} values are not finite); the model's weights or "
-             "activations overflowed or hold NaN",
-             where, greedy->first_nonfinite, greedy->first_value, greedy->n_nonfinite, n_vocab_);
+      check_finite_count(greedy->n_nonfinite, greedy->first_nonfinite, greedy->first_value, n_vocab_, where);
       next = greedy->id;
+    } else if (top) {  // the row's best candidates (forward_topk): the same token as from the row
+      check_finite_count(top->n_nonfinite, top->first_nonfinite, top->first_value, n_vocab_, where);
+      next = s.sampler.sample_top(top->ids, top->logits, n_vocab_);
     } else {
       check_finite_logits(logits, where);
       next = s.sampler.sample(logits);
@@ -386,13 +387,21 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   }
   std::vector<float> logits;
   std::vector<GreedyRow> greedy;
+  std::vector<TopKRow> top;
   // Every wanted row greedy: the backend picks the tokens where the logits are (a GPU returns 16
-  // bytes per row instead of n_vocab floats).
-  bool all_greedy = paged_ && !wanted.empty();
-  for (Seq* s : wanted) all_greedy &= s->params.sampler.temperature == 0;
+  // bytes per row instead of n_vocab floats). Every wanted row greedy or top-k sampled with
+  // top_k <= kTopK: the backend returns each row's kTopK best candidates (16 + 8 * kTopK bytes).
+  bool all_greedy = paged_ && !wanted.empty(), all_top = all_greedy;
+  for (Seq* s : wanted) {
+    all_greedy &= s->params.sampler.temperature == 0;
+    all_top &= s->sampler.covered_by(kTopK, n_vocab_);
+  }
+  all_top &= !all_greedy;
   try {
     if (all_greedy) {
       greedy = backend_.forward_greedy(b);
+    } else if (all_top) {
+      top = backend_.forward_topk(b);
     } else if (paged_) {
       logits = backend_.forward(b);
     } else {
@@ -414,9 +423,10 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     ++stats_.steps;
     stats_.batch_rows += static_cast<uint64_t>(b.n_rows());
   }
-  if (all_greedy ? greedy.size() != wanted.size() : logits.size() != wanted.size() * static_cast<size_t>(n_vocab_)) {
-    std::string msg = fmt::format("backend '{}' returned {} logits for {} rows of {} tokens", backend_.name(),
-                                  all_greedy ? greedy.size() : logits.size(), wanted.size(), n_vocab_);
+  const size_t got = all_greedy ? greedy.size() : all_top ? top.size() : logits.size();
+  if (all_greedy || all_top ? got != wanted.size() : got != wanted.size() * static_cast<size_t>(n_vocab_)) {
+    std::string msg = fmt::format("backend '{}' returned {} {} for {} rows of {} tokens", backend_.name(), got,
+                                  all_greedy ? "greedy rows" : all_top ? "top-k rows" : "logits", wanted.size(), n_vocab_);
     for (Seq* s : seqs) finish(*s, FinishReason::error, msg);
     return;
   }
@@ -424,6 +434,8 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   for (size_t k = 0; k < wanted.size(); ++k)
     if (all_greedy)
       sample_and_emit(*wanted[k], {}, &greedy[k]);
+    else if (all_top)
+      sample_and_emit(*wanted[k], {}, nullptr, &top[k]);
     else
       sample_and_emit(*wanted[k], std::span<const float>(logits.data() + k * static_cast<size_t>(n_vocab_),
                                                          static_cast<size_t>(n_vocab_)));

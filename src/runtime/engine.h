@@ -162,8 +162,10 @@ class Engine {
   struct Seq;
   void finish(Seq& s, FinishReason why, const std::string& error = {});
   void publish(Seq& s, bool final);
-  // `greedy`: the backend's choice for a greedy request (forward_greedy), in place of the logits.
-  bool sample_and_emit(Seq& s, std::span<const float> logits, const GreedyRow* greedy = nullptr);
+  // `greedy`: the backend's choice for a greedy request (forward_greedy), `top`: the row's best
+  // candidates (forward_topk) for a request Sampler::covered_by them; either in place of the logits.
+  bool sample_and_emit(Seq& s, std::span<const float> logits, const GreedyRow* greedy = nullptr,
+                       const TopKRow* top = nullptr);
   void run_batch(std::vector<Seq*>& batch_seqs, const std::vector<int64_t>& n_rows_of);
   void update_gauges_locked();
 

@@ -27,6 +27,13 @@ void check_finite_logits(std::span<const float> logits, const std::string& where
          where, first, logits[first], n_bad, logits.size());
 }
 
+void check_finite_count(int64_t n_bad, int64_t first, float value, int64_t n_vocab, const std::string& where) {
+  if (n_bad)
+    fail("logits are not finite at {}: token {} is {} ({} of {} values are not finite); the model's weights or "
+         "activations overflowed or hold NaN",
+         where, first, value, n_bad, n_vocab);
+}
+
 Sampler::Sampler(SamplerOptions o) : o_(o), rng_(o.seed) {
   if (!(o_.temperature >= 0)) fail("temperature must be >= 0, got {}", o_.temperature);
   if (o_.top_k < 0) fail("top-k must be >= 0, got {}", o_.top_k);
@@ -43,9 +50,32 @@ int32_t Sampler::sample(std::span<const float> logits) {
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(k), idx.end(), by_logit);
   idx.resize(k);
+  std::vector<float> top(k);
+  for (size_t i = 0; i < k; ++i) top[i] = logits[static_cast<size_t>(idx[i])];
+  return pick(idx, top);
+}
+
+bool Sampler::covered_by(int64_t n_candidates, int64_t n_vocab) const {
+  if (n_candidates < 1) return false;
+  if (o_.temperature == 0) return true;
+  const int64_t k = o_.top_k > 0 && o_.top_k < n_vocab ? o_.top_k : n_vocab;
+  return k <= n_candidates;
+}
+
+int32_t Sampler::sample_top(std::span<const int32_t> ids, std::span<const float> logits, int64_t n_vocab) {
+  if (!covered_by(static_cast<int64_t>(ids.size()), n_vocab) || logits.size() != ids.size())
+    fail("sampling with top-k {} over {} tokens needs that many candidates, the backend gave {}", o_.top_k, n_vocab,
+         ids.size());
+  if (o_.temperature == 0) return ids[0];
+  const size_t k = static_cast<size_t>(o_.top_k > 0 && o_.top_k < n_vocab ? o_.top_k : n_vocab);
+  return pick(ids.first(k), logits.first(k));
+}
+
+int32_t Sampler::pick(std::span<const int32_t> idx, std::span<const float> top) {
+  const size_t k = idx.size();
   std::vector<double> p(k);
-  double mx = logits[idx[0]], sum = 0;
-  for (size_t i = 0; i < k; ++i) sum += (p[i] = std::exp((logits[idx[i]] - mx) / o_.temperature));
+  double mx = top[0], sum = 0;
+  for (size_t i = 0; i < k; ++i) sum += (p[i] = std::exp((top[i] - mx) / o_.temperature));
   for (auto& x : p) x /= sum;
   size_t keep = k;
   if (o_.top_p < 1) {

@@ -21,8 +21,19 @@ class Sampler {
   // Throws mk::Error when a logit is NaN or infinite (see check_finite_logits): such a row has no
   // meaningful distribution, and which token "wins" would depend on where the bad value sits.
   int32_t sample(std::span<const float> logits);
+  // Whether sample_top can decide from a row's first n_candidates in by-logit order (the backend's
+  // `topk` op, backend/step_batch.h TopKRow): greedy, or top_k in [1, n_candidates] (or a vocabulary
+  // of at most n_candidates tokens). top_k = 0 needs the whole row.
+  bool covered_by(int64_t n_candidates, int64_t n_vocab) const;
+  // The token sample() gives for the full row, from its best candidates: ids/logits sorted by logit
+  // descending, ties to the lower id (what sample() sorts by), finite (the caller refuses rows with
+  // non-finite values first). Draws the same random numbers as sample(), so a seed gives the same
+  // tokens either way. Throws mk::Error when covered_by(ids.size(), n_vocab) is false.
+  int32_t sample_top(std::span<const int32_t> ids, std::span<const float> logits, int64_t n_vocab);
 
  private:
+  // Temperature, top-p and the draw over the top-k candidates (sorted, k >= 1).
+  int32_t pick(std::span<const int32_t> ids, std::span<const float> logits);
   SamplerOptions o_;
   std::mt19937_64 rng_;
 };
@@ -34,5 +45,8 @@ int32_t argmax(std::span<const float> v);
 // Throws mk::Error "logits are not finite at <where>: token 7 is nan (3 of 512 values are not
 // finite)" when any value is NaN or +-inf. `where` names the step and position for the user.
 void check_finite_logits(std::span<const float> logits, const std::string& where);
+// The same error from a count the backend made where the logits are (GreedyRow, TopKRow): n_bad
+// non-finite values of n_vocab, the first at index `first` with value `value`. No-op when n_bad == 0.
+void check_finite_count(int64_t n_bad, int64_t first, float value, int64_t n_vocab, const std::string& where);
 
 }  // namespace mk

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "model/synth.h"
+#include "ir/topk.h"
 #include "support/error.h"
 
 namespace mk {
@@ -99,6 +100,16 @@ GreedyRow Session::eval_greedy(std::span<const int32_t> tokens) {
   return g;
 }
 
+TopKRow Session::eval_topk(std::span<const int32_t> tokens) {
+  if (n_past + static_cast<int64_t>(tokens.size()) > n_ctx)
+    fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, tokens.size(), n_ctx);
+  for (int32_t t : tokens)
+    if (t < 0 || t >= hparams.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, hparams.n_vocab);
+  TopKRow c = backend->forward_topk(tokens, n_past);
+  n_past += static_cast<int64_t>(tokens.size());
+  return c;
+}
+
 void Session::reset() {
   backend->reset();
   n_past = 0;
@@ -134,14 +145,19 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     std::string echo = !o.prompt_ids.empty() ? (tok ? tok->decode(r.prompt_ids) : "") : o.prompt;
     if (!echo.empty()) on_text(echo);
   }
-  // Greedy decoding asks the backend for the token ids (computed where the logits are: on a GPU
-  // 16 bytes per step come back instead of the logits); sampling needs the logits row.
+  // Greedy decoding asks the backend for the token ids and top-k sampling (top_k <= kTopK) for the
+  // row's best candidates, computed where the logits are (on a GPU 16 or 16 + 8 * kTopK bytes per
+  // step come back instead of the logits); other sampling (top_k 0 or > kTopK) needs the whole row.
   const bool greedy = o.sampler.temperature == 0;
+  const bool top = !greedy && sampler.covered_by(kTopK, s.hparams.n_vocab);
   GreedyRow g;
+  TopKRow c;
   std::vector<float> logits;
   auto eval = [&](std::span<const int32_t> t) {
     if (greedy)
       g = s.eval_greedy(t);
+    else if (top)
+      c = s.eval_topk(t);
     else
       logits = s.eval(t);
   };
@@ -158,11 +174,11 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     const std::string where = fmt::format("generation step {} (position {})", i, s.n_past - 1);
     int32_t next;
     if (greedy) {
-      if (g.n_nonfinite > 0)
-        fail("logits are not finite at {}: token {} is {} ({} of {} values are not finite); the model's weights or "
-             "activations overflowed or hold NaN",
-             where, g.first_nonfinite, g.first_value, g.n_nonfinite, n_vocab);
+      check_finite_count(g.n_nonfinite, g.first_nonfinite, g.first_value, n_vocab, where);
       next = g.id;
+    } else if (top) {
+      check_finite_count(c.n_nonfinite, c.first_nonfinite, c.first_value, n_vocab, where);
+      next = sampler.sample_top(c.ids, c.logits, n_vocab);
     } else {
       std::span<const float> last(logits.data() + logits.size() - static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab));
       check_finite_logits(last, where);

@@ -46,6 +46,8 @@ class Session {
   std::vector<float> eval(std::span<const int32_t> tokens);
   // The same step, returning the last token's greedy choice (Backend::forward_greedy) instead of logits.
   GreedyRow eval_greedy(std::span<const int32_t> tokens);
+  // The same step, returning the last token's kTopK best candidates (Backend::forward_topk).
+  TopKRow eval_topk(std::span<const int32_t> tokens);
   void reset();
 
   ModelFile model;

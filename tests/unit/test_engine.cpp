@@ -471,11 +471,16 @@ class CountingBackend final : public Backend {
     ++greedy_steps;
     return b_.forward_greedy(batch);
   }
+  using Backend::forward_topk;
+  std::vector<TopKRow> forward_topk(const StepBatch& batch) override {
+    ++topk_steps;
+    return b_.forward_topk(batch);
+  }
   int64_t kv_block_size() const override { return b_.kv_block_size(); }
   int64_t kv_pool_blocks() const override { return b_.kv_pool_blocks(); }
   int64_t max_batch_rows() const override { return b_.max_batch_rows(); }
   void reset() override { b_.reset(); }
-  int logit_steps = 0, greedy_steps = 0;
+  int logit_steps = 0, greedy_steps = 0, topk_steps = 0;
 
  private:
   Backend& b_;
@@ -509,6 +514,71 @@ TEST(E2EServeEngine, AllGreedyBatchesAskForIdsNotLogits) {
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(*reqs[i]).token_ids, alone[i].generated_ids) << prompts[i];
   EXPECT_GT(counting.greedy_steps, 0);
   EXPECT_EQ(counting.logit_steps, 0);
+}
+
+// Requests that are greedy or top-k sampled with top_k <= kTopK: every step asks the backend for
+// each row's candidates (forward_topk, the program's topk op), never for logits, and the tokens
+// equal `generate` alone with the full logits row (Sampler::sample, what the engine did before).
+// A request with top_k = 0 in the batch sends the steps back to the logits.
+TEST(E2EServeEngine, TopKSampledBatchesAskForCandidatesNotLogits) {
+  const std::string model = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " not found";
+  SessionOptions so;
+  so.model_path = model;
+  so.backend = "cpu";
+  so.backend_options.threads = 2;
+  so.n_ctx = 128;
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat sat", "One day", "A dog"};
+  auto sampler_of = [](size_t i) {
+    return i == 1 ? SamplerOptions{0.0f, 40, 0.95f, 5} : SamplerOptions{0.8f, i == 3 ? 64 : 40, 0.95f, 11 + i};
+  };
+  // Each prompt alone, sampled from the whole logits row by hand.
+  Session one(so);
+  std::vector<std::vector<int32_t>> prompt_ids, want;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    one.reset();
+    prompt_ids.push_back(one.tokenizer->encode(prompts[i], true, true));
+    Sampler sampler(sampler_of(i));
+    std::vector<float> l = one.eval(prompt_ids.back());
+    want.emplace_back();
+    for (int k = 0; k < 10 + static_cast<int>(i) * 2; ++k) {
+      const int32_t next = sampler.sample(l);
+      if (one.tokenizer->is_eos(next) || (one.stop_at_bos && next == one.tokenizer->bos_id)) break;
+      want.back().push_back(next);
+      l = one.eval(std::span<const int32_t>(&next, 1));
+    }
+  }
+  Session s(so);
+  CountingBackend counting(*s.backend);
+  EngineOptions eo = engine_options(4, 128, s.hparams.n_vocab);
+  eo.prefill_chunk = 5;
+  eo.stop_at_bos = s.stop_at_bos;
+  {
+    Engine e(counting, s.tokenizer.get(), eo);
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestParams p;
+      p.prompt_ids = prompt_ids[i];
+      p.max_tokens = 10 + static_cast<int64_t>(i) * 2;
+      p.sampler = sampler_of(i);
+      reqs.push_back(e.submit(p));
+    }
+    run_until_idle(e);
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(*reqs[i]).token_ids, want[i]) << prompts[i];
+    EXPECT_GT(counting.topk_steps, 0);
+    EXPECT_EQ(counting.logit_steps, 0);
+  }
+  counting.topk_steps = 0;
+  Engine e(counting, s.tokenizer.get(), eo);
+  RequestParams p;
+  p.prompt_ids = prompt_ids[0];
+  p.max_tokens = 4;
+  p.sampler = {0.8f, 0, 0.95f, 1};  // top_k off: the whole row
+  auto req = e.submit(p);
+  run_until_idle(e);
+  EXPECT_EQ(collect(*req).finish, FinishReason::length);
+  EXPECT_GT(counting.logit_steps, 0);
+  EXPECT_EQ(counting.topk_steps, 0);
 }
 
 }  // namespace

@@ -78,6 +78,18 @@ class CpuBackend final : public Backend {
     auto out = interp_->output("greedy", &rows);  // i32 [rows, 4] (the argmax op)
     return select_greedy_rows(std::span<const int32_t>(reinterpret_cast<const int32_t*>(out.data()), out.size()), rows, batch, in);
   }
+  using Backend::forward_topk;
+  std::vector<TopKRow> forward_topk(const StepBatch& batch) override {
+    bool has = false;  // a graph without the topk op: take the candidates from the logits here
+    for (const auto& [name, b] : interp_->program().outputs) has |= name == "topk";
+    if (!has) return Backend::forward_topk(batch);
+    StepInputs in = prepare_step(batch, interp_->limits());
+    interp_->step(in);
+    int64_t rows = 0, cols = 0;
+    auto out = interp_->output("topk", &rows, &cols);  // i32 [rows, 4 + 2k] (the topk op)
+    return select_topk_rows(std::span<const int32_t>(reinterpret_cast<const int32_t*>(out.data()), out.size()), rows, cols,
+                            batch, in);
+  }
   int64_t kv_block_size() const override { return interp_->program().kv_block_size; }
   int64_t kv_pool_blocks() const override { return interp_->limits().pool_blocks; }
   int64_t max_batch_rows() const override { return interp_->program().max_tokens; }

@@ -595,6 +595,17 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       }
       return;
     }
+    case Opcode::topk: {
+      const float* x = c.buf(o.x);
+      int32_t* out = const_cast<int32_t*>(c.ibuf(o.out));
+      const int64_t xs = c.cols(o.x), k = (o.cols - 4) / 2;
+      std::vector<int32_t> v(static_cast<size_t>(o.cols));
+      for (int64_t r = 0; r < R; ++r) {
+        encode_topk_row(topk_row(std::span<const float>(x + r * xs, static_cast<size_t>(o.k)), k), k, v.data());
+        for (int64_t j = c0; j < c1; ++j) out[r * o.cols + j] = v[static_cast<size_t>(j)];
+      }
+      return;
+    }
   }
   MK_CHECK(false, "cpu: opcode {} has no implementation", opcode_name(o.opcode));
 }

@@ -159,6 +159,7 @@ class Generator {
       case Opcode::kv_store: return fmt::format("mk_kv_store<MkC{}>(in, a, s, smem)", f);
       case Opcode::last_row: return fmt::format("mk_last_row<MkC{}>(in, a, s, smem)", f);
       case Opcode::argmax: return fmt::format("mk_argmax<MkC{}>(in, a, s, smem)", f);
+      case Opcode::topk: return fmt::format("mk_topk<MkC{}>(in, a, s, smem)", f);
       default: return fmt::format("mk_eltwise<MkC{}>(in, a, s, smem)", f);
     }
   }
@@ -337,6 +338,11 @@ class Generator {
       case Opcode::argmax:  // a (value, id, non-finite count, first non-finite) record per warp
         b += fmt::format("  static constexpr int K = {}, XS = {}, OS = {};\n", op.k, stride(op.x), stride(op.out));
         *smem_floats = static_cast<size_t>(4 * warps_ + 4);
+        break;
+      case Opcode::topk:  // histogram, thread bests, candidates (prelude.cuh mk_topk: MK_TOPK_CAP = 1024)
+        b += fmt::format("  static constexpr int K = {}, NC = {}, XS = {}, OS = {};\n", op.k, (op.cols - 4) / 2, stride(op.x),
+                         stride(op.out));
+        *smem_floats = static_cast<size_t>(256 + 2 * o_.threads + 2 * 1024 + 16);
         break;
     }
     if (op.ss_out >= 0)  // this op writes a pro_rms matmul's x: mk_rms_partials after each tile

@@ -9,7 +9,7 @@
 // generate the source, compile it for the device (NVRTC, or the host compiler; disk-cached), upload
 // weights (ggml blocks raw, rows padded to 16 bytes), allocate the arena, KV storage, counters and tables. A step: copy
 // tokens/positions/symbols from pinned staging, launch, copy the logits back (greedy decoding: the
-// argmax op's 16 bytes per row instead), synchronise, then read
+// argmax op's 16 bytes per row instead; top-k sampling: the topk op's 16 + 8k), synchronise, then read
 // the host-mapped error record (a counter wait that timed out, a bad token id, on cuda-emu a race)
 // and turn it into an mk::Error. After a device error the backend refuses further steps until reset().
 //
@@ -223,6 +223,12 @@ class CudaBackend final : public Backend {
       const Buffer& gb = p.buffers[static_cast<size_t>(greedy_buffer_)];
       greedy_host_ = rt_->host_alloc(static_cast<size_t>(gb.max_rows * gb.cols) * 4, nullptr);
     }
+    for (const auto& [oname, b] : p.outputs)  // the topk op's rows: what top-k sampling copies back
+      if (oname == "topk") topk_buffer_ = b;
+    if (topk_buffer_ >= 0) {
+      const Buffer& tb = p.buffers[static_cast<size_t>(topk_buffer_)];
+      topk_host_ = rt_->host_alloc(static_cast<size_t>(tb.max_rows * tb.cols) * 4, nullptr);
+    }
     timeout_ns_ = static_cast<uint64_t>(env_int("MK_CUDA_WAIT_TIMEOUT_MS", 10000)) * 1000000ull;
     n_ctx_ = p.n_ctx;
     limits_.max_rows = p.max_tokens;
@@ -285,6 +291,17 @@ class CudaBackend final : public Backend {
     const size_t words = run_step(in, greedy_buffer_, greedy_host_);
     return select_greedy_rows(std::span<const int32_t>(static_cast<const int32_t*>(greedy_host_), words),
                               static_cast<int64_t>(words) / 4, batch, in);
+  }
+  using Backend::forward_topk;
+  // Copies the topk op's 16 + 8k bytes per row instead of the logits.
+  std::vector<TopKRow> forward_topk(const StepBatch& batch) override {
+    if (topk_buffer_ < 0) return Backend::forward_topk(batch);
+    if (!broken_.empty()) fail("{}: the backend stopped after a device error ({}); reset() first", name_, broken_);
+    StepInputs in = prepare_step(batch, limits_);
+    const size_t words = run_step(in, topk_buffer_, topk_host_);
+    const int64_t cols = program_.buffers[static_cast<size_t>(topk_buffer_)].cols;
+    return select_topk_rows(std::span<const int32_t>(static_cast<const int32_t*>(topk_host_), words),
+                            static_cast<int64_t>(words) / cols, cols, batch, in);
   }
   int64_t kv_block_size() const override { return limits_.block_size; }
   int64_t kv_pool_blocks() const override { return limits_.pool_blocks; }
@@ -518,6 +535,8 @@ class CudaBackend final : public Backend {
   int out_buffer_ = -1;
   int greedy_buffer_ = -1;        // the argmax op's output (i32 [rows, 4]); -1 when the graph has none
   void* greedy_host_ = nullptr;   // pinned
+  int topk_buffer_ = -1;          // the topk op's output (i32 [rows, 4 + 2k]); -1 when the graph has none
+  void* topk_host_ = nullptr;     // pinned
   int64_t n_ctx_ = 0;
   StepLimits limits_;
   KvWritten written_;  // pool rows written so far (prepare_step checks batches against it)

@@ -69,6 +69,16 @@ class ReferenceBackend final : public Backend {
     run(in);
     return select_greedy_rows(greedy_, static_cast<int64_t>(greedy_.size()) / 4, batch, in);
   }
+  using Backend::forward_topk;
+  std::vector<TopKRow> forward_topk(const StepBatch& batch) override {
+    int64_t cols = 0;  // a graph without the topk op: take the candidates from the logits here
+    for (const auto& o : g_.outputs)
+      if (o.name == "topk") cols = g_[o.value].shape[1].c;
+    if (cols == 0) return Backend::forward_topk(batch);
+    StepInputs in = prepare_step(batch, limits_);
+    run(in);
+    return select_topk_rows(topk_, static_cast<int64_t>(topk_.size()) / cols, cols, batch, in);
+  }
   int64_t kv_block_size() const override { return limits_.block_size; }
   int64_t kv_pool_blocks() const override { return limits_.pool_blocks; }
   int64_t max_batch_rows() const override { return limits_.max_rows; }
@@ -282,6 +292,17 @@ class ReferenceBackend final : public Backend {
           }
           break;
         }
+        case Op::topk: {
+          const float* x = in(0);
+          const int64_t k = in_node(0).shape[1].c, kk = n.attr_int("k");
+          auto& iv = ival[static_cast<size_t>(n.id)];
+          std::vector<int32_t> row(static_cast<size_t>(4 + 2 * kk));
+          for (int64_t r = 0; r < rows; ++r) {
+            encode_topk_row(topk_row(std::span<const float>(x + r * k, static_cast<size_t>(k)), kk), kk, row.data());
+            iv.insert(iv.end(), row.begin(), row.end());
+          }
+          break;
+        }
         case Op::fused_matmul:  // made by the compiler's fuse pass; the oracle runs unfused graphs
           fail("reference backend: %{} is a fused_matmul; run the graph before the fuse pass", n.id);
       }
@@ -295,6 +316,9 @@ class ReferenceBackend final : public Backend {
     greedy_.clear();
     for (const auto& o : g_.outputs)
       if (o.name == "greedy") greedy_ = ival[static_cast<size_t>(o.value)];
+    topk_.clear();
+    for (const auto& o : g_.outputs)
+      if (o.name == "topk") topk_ = ival[static_cast<size_t>(o.value)];
     return val[static_cast<size_t>(g_.outputs[0].value)];
   }
 
@@ -317,6 +341,7 @@ class ReferenceBackend final : public Backend {
   const Graph& g_;
   const ModelFile& m_;
   std::vector<int32_t> greedy_;  // the last run's "greedy" output, i32 [rows, 4]
+  std::vector<int32_t> topk_;    // the last run's "topk" output, i32 [rows, 4 + 2k]
   int64_t n_ctx_ = 0;
   StepLimits limits_{256};  // rows per step: the compiled backends' default max_tokens
   KvWritten written_;       // the pool rows written so far (prepare_step checks batches against it)

@@ -1114,6 +1114,179 @@ __device__ void mk_argmax(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
   }
 }
 
+// topk (top-k sampling on the device): out[r, :] = (n_cand = min(NC, non-NaN values), count of
+// non-finite values, first non-finite index or -1, its float bits or 0, then NC (index, float
+// bits) pairs: the n_cand largest non-NaN x[r, 0:K] in the host sampler's order (value descending,
+// ties to the lower index, -0 == +0), the rest (-1, 0)), as backend/step_batch.h topk_row. One tile
+// (c0 = 0, c1 = 4 + 2 NC); rows one after another. Per row:
+//  1. one pass: the non-finite counts and each thread's best value of its strided slice;
+//  2. the cut L = the thread best of rank NC - 1 (each thread counts the better thread bests): at
+//     least NC values are not worse than L, so the row's NC best are among them;
+//  3. one pass appends the values not worse than L to shared memory (for logits about NC plus a
+//     few); with fewer than NC thread bests (tiny or mostly-NaN rows) every non-NaN value;
+//  4. when more than CAP qualify (many equal values), an exact radix select instead: 8 bits of an
+//     order-preserving key a pass from the top, then over the indices when equal values straddle
+//     the cut; one more pass appends exactly n_cand values;
+//  5. each candidate's rank = the candidates better than it; ranks < NC are written. The order is
+//     total on non-NaN values, so the result does not depend on the order of the appends.
+#define MK_TOPK_CAP 1024
+__device__ __forceinline__ bool mk_topk_better(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+__device__ __forceinline__ mk_u32 mk_topk_key(float v) {  // monotone in v; -0 and +0 share a key
+  const mk_u32 b = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ void mk_topk_put(const MkInstr& in, float* row, int c, float v) {
+  if (c >= in.c0 && c < in.c1) mk_st(row + c, v);
+}
+// Step 4: leaves exactly n_cand candidates in cv/ci and their count in sc[3]. sc[2] holds the NaN
+// count; sc[6..12] the select's state (prefix, mask, still wanted, done, index prefix, index mask,
+// index phase).
+template <class C>
+__device__ void mk_topk_radix(const float* x, int* hist, float* cv, int* ci, int* sc) {
+  constexpr int NC = C::NC;
+  const int t = (int)threadIdx.x;
+  __syncthreads();
+  if (t == 0) {
+    const int nv = C::K - sc[2];
+    sc[6] = 0; sc[7] = 0; sc[8] = nv < NC ? nv : NC; sc[9] = 0; sc[10] = 0; sc[11] = 0; sc[12] = 0;
+  }
+  for (int shift = 24; shift >= 0; shift -= 8) {  // the value's key, from the top byte
+    for (int b = t; b < 256; b += MK_THREADS) hist[b] = 0;
+    __syncthreads();
+    const mk_u32 prefix = (mk_u32)sc[6], mask = (mk_u32)sc[7];
+    for (int j = t; j < C::K; j += MK_THREADS) {
+      const float v = mk_ld(x + j);
+      if (isnan(v)) continue;
+      const mk_u32 key = mk_topk_key(v);
+      if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & 255u), 1);
+    }
+    __syncthreads();
+    if (t == 0) {
+      int want = sc[8], b = 255;
+      for (; b > 0 && hist[b] < want; --b) want -= hist[b];
+      sc[6] = (int)(prefix | ((mk_u32)b << shift)); sc[7] = (int)(mask | (255u << shift));
+      sc[8] = want; sc[9] = hist[b] == want;
+    }
+    __syncthreads();
+    if (sc[9]) break;
+  }
+  if (!sc[9]) {  // equal values straddle the cut: the lowest indices among them, from the top digit
+    const mk_u32 key_cut = (mk_u32)sc[6];
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      if (shift > 0 && ((C::K - 1) >> shift) == 0) continue;  // a digit that is 0 in every index
+      for (int b = t; b < 256; b += MK_THREADS) hist[b] = 0;
+      __syncthreads();
+      const int ip = sc[10], im = sc[11];
+      for (int j = t; j < C::K; j += MK_THREADS) {
+        const float v = mk_ld(x + j);
+        if (!isnan(v) && mk_topk_key(v) == key_cut && (j & im) == ip) atomicAdd(hist + ((j >> shift) & 255), 1);
+      }
+      __syncthreads();
+      if (t == 0) {
+        int want = sc[8], b = 0;
+        for (; b < 255 && hist[b] < want; ++b) want -= hist[b];
+        sc[10] = ip | (b << shift); sc[11] = im | (255 << shift); sc[8] = want; sc[9] = hist[b] == want; sc[12] = 1;
+      }
+      __syncthreads();
+      if (sc[9]) break;
+    }
+  }
+  if (t == 0) sc[3] = 0;
+  __syncthreads();
+  const mk_u32 prefix = (mk_u32)sc[6], mask = (mk_u32)sc[7];
+  const int ip = sc[10], im = sc[11], by_index = sc[12];
+  for (int j = t; j < C::K; j += MK_THREADS) {
+    const float v = mk_ld(x + j);
+    if (isnan(v)) continue;
+    const mk_u32 km = mk_topk_key(v) & mask;
+    if (km > prefix || (km == prefix && (!by_index || (j & im) <= ip))) {
+      const int slot = atomicAdd(sc + 3, 1);
+      if (slot < MK_TOPK_CAP) { cv[slot] = v; ci[slot] = j; }
+    }
+  }
+  __syncthreads();
+}
+template <class C>
+__device__ void mk_topk(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  constexpr int NC = C::NC, CAP = MK_TOPK_CAP;
+  int* hist = (int*)smem;                 // [256] the radix select's histogram
+  float* tv = (float*)(hist + 256);       // [MK_THREADS] each thread's best value
+  int* ti = (int*)(tv + MK_THREADS);      // [MK_THREADS] its index, -1 when none
+  float* cv = (float*)(ti + MK_THREADS);  // [CAP] candidate values
+  int* ci = (int*)(cv + CAP);             // [CAP] their indices
+  int* sc = ci + CAP;                     // [16] non-finite count, first non-finite, NaN count, appended,
+                                          // cut value bits, cut index, radix state
+  const int R = C::rows(s), t = (int)threadIdx.x;
+  for (int r = 0; r < R; ++r) {
+    const float* x = a.x + (mk_i64)r * C::XS;
+    float* o = a.out + (mk_i64)r * C::OS;
+    if (t == 0) { sc[0] = 0; sc[1] = 0x7fffffff; sc[2] = 0; sc[3] = 0; sc[4] = 0; sc[5] = -1; }
+    __syncthreads();
+    float bv = 0.0f;
+    int bi = -1, nb = 0, fb = -1, nn = 0;
+    for (int j = t; j < C::K; j += MK_THREADS) {  // 1.
+      const float v = mk_ld(x + j);
+      if (!isfinite(v)) {
+        if (fb < 0) fb = j;
+        ++nb;
+        if (isnan(v)) { ++nn; continue; }
+      }
+      if (bi < 0 || v > bv) { bv = v; bi = j; }
+    }
+    tv[t] = bv;
+    ti[t] = bi;
+    if (nb > 0) {
+      atomicAdd(sc + 0, nb);
+      atomicAdd(sc + 2, nn);
+      for (int old = sc[1]; fb < old;) {
+        const int seen = atomicCAS(sc + 1, old, fb);
+        if (seen == old) break;
+        old = seen;
+      }
+    }
+    __syncthreads();
+    if (bi >= 0) {  // 2.
+      int rank = 0;
+      for (int u = 0; u < MK_THREADS; ++u) rank += ti[u] >= 0 && mk_topk_better(tv[u], ti[u], bv, bi);
+      if (rank == NC - 1) { sc[4] = (int)__float_as_uint(bv); sc[5] = bi; }
+    }
+    __syncthreads();
+    const float cut_v = __int_as_float(sc[4]);
+    const int cut_i = sc[5];
+    for (int j = t; j < C::K; j += MK_THREADS) {  // 3.
+      const float v = mk_ld(x + j);
+      if (isnan(v) || (cut_i >= 0 && j != cut_i && !mk_topk_better(v, j, cut_v, cut_i))) continue;
+      const int slot = atomicAdd(sc + 3, 1);
+      if (slot < CAP) { cv[slot] = v; ci[slot] = j; }
+    }
+    __syncthreads();
+    if (sc[3] > CAP) mk_topk_radix<C>(x, hist, cv, ci, sc);  // 4. (uniform: read after the barrier)
+    const int n = sc[3], nv = C::K - sc[2], nout = nv < NC ? nv : NC;
+    for (int u = t; u < n; u += MK_THREADS) {  // 5.
+      int rank = 0;
+      for (int w = 0; w < n; ++w) rank += mk_topk_better(cv[w], ci[w], cv[u], ci[u]);
+      if (rank < NC) {
+        mk_topk_put(in, o, 4 + 2 * rank, __int_as_float(ci[u]));
+        mk_topk_put(in, o, 5 + 2 * rank, cv[u]);
+      }
+    }
+    for (int q = nout + t; q < NC; q += MK_THREADS) {
+      mk_topk_put(in, o, 4 + 2 * q, __int_as_float(-1));
+      mk_topk_put(in, o, 5 + 2 * q, 0.0f);
+    }
+    if (t == 0) {
+      const int first = sc[0] > 0 ? sc[1] : -1;
+      mk_topk_put(in, o, 0, __int_as_float(nout));
+      mk_topk_put(in, o, 1, __int_as_float(sc[0]));
+      mk_topk_put(in, o, 2, __int_as_float(first));
+      mk_topk_put(in, o, 3, first >= 0 ? mk_ld(x + first) : 0.0f);
+    }
+    __syncthreads();
+  }
+}
+
 // ---- the interpreter's counter wait --------------------------------------------------------------
 // Warp 0, all 32 lanes (called convergently). Lane l waits on waits l, l+32, ... of the instruction
 // in order, so the last layer's q/k/v (~128 counters each) cost about 4 L2 round trips, not 128.

@@ -1,0 +1,353 @@
+// Top-k sampling where the logits are: the program's `topk` op (graph output "topk"),
+// Backend::forward_topk and Sampler::sample_top. On every backend (reference, cpu, cuda-emu) the op's
+// rows must equal an independent host sort of the row (value descending, ties to the lower index,
+// -0 == +0, NaN left out) for hand-made rows (ties across the cut, signed zeros, NaN/inf, all-NaN,
+// rows shorter than k, rows that overflow the device's candidate buffer), and the
+// candidates of forward(batch)'s logits for stories260K's ragged batches; and sampled decoding
+// (temperature 0.8, top-k 40, several seeds) must give the tokens the full-logits path gives.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "archs/arch.h"
+#include "backend/backend.h"
+#include "ir/graph.h"
+#include "ir/topk.h"
+#include "model/model_file.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "support/cli.h"
+#include "support/error.h"
+
+namespace mk {
+namespace {
+
+const std::string kStories = std::string(MK_SHARED_DIR) + "/models/stories260K/";
+
+BackendOptions opts() {
+  BackendOptions bo;
+  bo.threads = 2;
+  return bo;
+}
+
+// The oracle: every non-NaN index sorted by (value desc, index asc), the first k kept.
+TopKRow host_sort(const std::vector<float>& row, int64_t k) {
+  TopKRow t;
+  std::vector<int32_t> idx;
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (!std::isfinite(row[i]) && t.n_nonfinite++ == 0) {
+      t.first_nonfinite = static_cast<int32_t>(i);
+      t.first_value = row[i];
+    }
+    if (!std::isnan(row[i])) idx.push_back(static_cast<int32_t>(i));
+  }
+  std::sort(idx.begin(), idx.end(),
+            [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  for (size_t j = 0; j < idx.size() && static_cast<int64_t>(j) < k; ++j) {
+    t.ids.push_back(idx[j]);
+    t.logits.push_back(row[static_cast<size_t>(idx[j])]);
+  }
+  return t;
+}
+
+void expect_same(const TopKRow& got, const TopKRow& want, const std::string& where) {
+  EXPECT_EQ(got.ids, want.ids) << where;
+  ASSERT_EQ(got.logits.size(), want.logits.size()) << where;
+  for (size_t i = 0; i < got.logits.size(); ++i)  // bit for bit: -0 stays -0
+    EXPECT_EQ(std::bit_cast<uint32_t>(got.logits[i]), std::bit_cast<uint32_t>(want.logits[i]))
+        << where << " candidate " << i;
+  EXPECT_EQ(got.n_nonfinite, want.n_nonfinite) << where;
+  EXPECT_EQ(got.first_nonfinite, want.first_nonfinite) << where;
+  EXPECT_EQ(std::bit_cast<uint32_t>(got.first_value), std::bit_cast<uint32_t>(want.first_value)) << where;
+}
+
+// A graph embed(table, tokens) -> topk {k}: each token id picks one hand-made row, so the rows reach
+// the op exactly as written. Returns forward_topk's rows for all of them.
+std::vector<TopKRow> run_op(const std::string& backend, const std::vector<std::vector<float>>& rows, int64_t k) {
+  const auto n_rows = static_cast<int64_t>(rows.size());
+  const auto cols = static_cast<int64_t>(rows[0].size());
+  auto data = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(n_rows * cols) * 4);
+  for (int64_t r = 0; r < n_rows; ++r)
+    std::memcpy(data->data() + r * cols * 4, rows[static_cast<size_t>(r)].data(), static_cast<size_t>(cols) * 4);
+  ModelFile m;
+  m.path = "topk-op-test";
+  m.format = "synthetic";
+  m.owned.push_back(data);
+  WeightTensor w;
+  w.name = "table";
+  w.shape = {n_rows, cols};
+  w.data = data->data();
+  w.nbytes = data->size();
+  m.add_tensor(w);
+  Graph g;
+  int tok = g.add_input("tokens");
+  int e = g.add(Op::embed, {g.add_weight("table", DType::F32, {n_rows, cols}), tok}, {}, "rows");
+  g.add_output(e, "logits");
+  g.add_output(g.add(Op::topk, {e}, {{"k", k}}, "topk"), "topk");
+  auto b = make_backend(backend, g, m, opts());
+  std::vector<int32_t> order(static_cast<size_t>(n_rows));
+  for (int32_t i = 0; i < n_rows; ++i) order[static_cast<size_t>(i)] = i;
+  return b->forward_topk(one_sequence_batch(order, 0, b->kv_block_size(), true));
+}
+
+class E2ETopK : public ::testing::TestWithParam<std::string> {};
+
+// Short rows (40 values, fewer than k = 64): every non-NaN value comes back, sorted; the header
+// counts the non-finite values.
+TEST_P(E2ETopK, OpOnShortRowsReturnsEveryValueSorted) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  constexpr int kCols = 40;
+  std::vector<std::vector<float>> rows;
+  auto row = [&](std::initializer_list<std::pair<int, float>> set, float fill) {
+    std::vector<float> r(kCols, fill);
+    for (auto [i, v] : set) r[static_cast<size_t>(i)] = v;
+    rows.push_back(r);
+  };
+  row({{5, 2.0f}, {17, 2.0f}, {39, 2.0f}, {3, -1.0f}}, 1.0f);  // ties everywhere
+  row({{0, nan}, {3, 1.0f}, {9, nan}}, 0.5f);                  // NaN left out: 38 candidates
+  row({}, nan);                                                // all NaN: none
+  row({{20, inf}, {2, -inf}, {30, inf}}, 0.0f);                // +-inf ordered as values
+  row({{0, -0.0f}, {1, 0.0f}, {2, -0.0f}}, -3.0f);             // -0 == +0: by index
+  std::vector<float> ramp(kCols);
+  for (int i = 0; i < kCols; ++i) ramp[static_cast<size_t>(i)] = static_cast<float>((i * 17) % 23) - 11.0f;
+  rows.push_back(ramp);
+  const auto got = run_op(GetParam(), rows, kTopK);
+  ASSERT_EQ(got.size(), rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) expect_same(got[r], host_sort(rows[r], kTopK), "row " + std::to_string(r));
+  EXPECT_EQ(got[0].ids.size(), 40u);
+  EXPECT_EQ(got[1].ids.size(), 38u);
+  EXPECT_EQ(got[1].n_nonfinite, 2);
+  EXPECT_TRUE(got[2].ids.empty());
+  EXPECT_EQ(got[2].n_nonfinite, kCols);
+  EXPECT_EQ(got[3].ids[0], 20);
+  EXPECT_EQ(got[3].ids[1], 30);
+  EXPECT_EQ(got[3].ids.back(), 2);
+  EXPECT_EQ(got[3].first_value, -inf);
+  EXPECT_EQ(std::vector<int32_t>(got[4].ids.begin(), got[4].ids.begin() + 3), (std::vector<int32_t>{0, 1, 2}));
+}
+
+// Long rows (3000 values, k = 64 and k = 5): random logits, ties straddling the cut, signed zeros,
+// many equal values, mostly NaN, -inf filled.
+TEST_P(E2ETopK, OpOnLongRowsEqualsAHostSort) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  constexpr int kCols = 3000;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<std::vector<float>> rows;
+  std::vector<float> r(kCols);
+  for (auto& v : r) v = normal(rng);  // logits-like
+  rows.push_back(r);
+  for (int i = 0; i < kCols; ++i)
+    r[static_cast<size_t>(i)] = static_cast<float>((i * 7919) % 13);  // 231 values tie at the top
+  rows.push_back(r);
+  std::fill(r.begin(), r.end(), 1.5f);  // all equal: the lowest 64 indices
+  rows.push_back(r);
+  for (int i = 0; i < kCols; ++i) r[static_cast<size_t>(i)] = (i % 3 == 0) ? -0.0f : (i % 3 == 1 ? 0.0f : -1.0f);
+  for (int i = 0; i < 20; ++i)
+    r[static_cast<size_t>(150 * i + 7)] = 1.0f + static_cast<float>(i);  // 20 above the zeros
+  rows.push_back(r);
+  for (int i = 0; i < kCols; ++i)
+    r[static_cast<size_t>(i)] = i < 1800 ? 4.0f : normal(rng);  // 1800 ties above the rest
+  for (int i = 0; i < 30; ++i) r[static_cast<size_t>(97 * i + 5)] = 10.0f + static_cast<float>(i % 7);  // 30 above them
+  rows.push_back(r);
+  std::fill(r.begin(), r.end(), nan);  // mostly NaN: 40 values
+  for (int i = 0; i < 40; ++i) r[static_cast<size_t>(71 * i + 3)] = normal(rng);
+  rows.push_back(r);
+  std::fill(r.begin(), r.end(), -inf);  // -inf filled, a few finite and +inf
+  r[2999] = 3.0f;
+  r[1000] = inf;
+  r[17] = -2.0f;
+  rows.push_back(r);
+  for (int64_t k : {kTopK, int64_t{5}}) {
+    const auto got = run_op(GetParam(), rows, k);
+    ASSERT_EQ(got.size(), rows.size());
+    for (size_t i = 0; i < rows.size(); ++i)
+      expect_same(got[i], host_sort(rows[i], k), "k " + std::to_string(k) + " row " + std::to_string(i));
+  }
+}
+
+// Rows whose best values sit in few threads' strided slices (indices j % 512 < 48: 48 threads for
+// 128, 256 or 512 threads per block), so that more values than the device's candidate buffer (1024)
+// pass the cut and the exact radix select decides: by value alone (distinct values), and by value
+// then index (few distinct values: equal values straddle the k-th place).
+TEST_P(E2ETopK, OpWhenTheBestValuesShareFewThreadsEqualsAHostSort) {
+  constexpr int kCols = 12000;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<float>> rows(3, std::vector<float>(kCols));
+  for (int j = 0; j < kCols; ++j) {
+    const bool big = j % 512 < 48;  // 1125 values
+    rows[0][static_cast<size_t>(j)] = big ? 100.0f + normal(rng) : normal(rng);
+    rows[1][static_cast<size_t>(j)] = big ? 100.0f + static_cast<float>(j % 3) : normal(rng);
+    rows[2][static_cast<size_t>(j)] = big ? 50.0f : normal(rng);
+  }
+  // cuda-emu: k = 64 only (each radix pass is about 1.5 s of emulated atomics on a loaded machine).
+  for (int64_t k : GetParam() == "cuda-emu" ? std::vector<int64_t>{kTopK} : std::vector<int64_t>{kTopK, 5}) {
+    const auto got = run_op(GetParam(), rows, k);
+    ASSERT_EQ(got.size(), rows.size());
+    for (size_t i = 0; i < rows.size(); ++i)
+      expect_same(got[i], host_sort(rows[i], k), "k " + std::to_string(k) + " row " + std::to_string(i));
+  }
+}
+
+// A ragged batch of four sequences over scattered KV blocks (stories260K, 512 tokens): every wanted
+// row's candidates equal the host's of the logits forward(batch) gives for it.
+TEST_P(E2ETopK, RaggedBatchCandidatesEqualTheLogitsRows) {
+  ModelFile m = load_model(kStories + "stories260K.gguf");
+  BuildOptions o;
+  o.n_ctx = 64;
+  o.kv_pool_tokens = 160;
+  o.kv_block_size = 4;
+  Graph g = build_graph(m, o);
+  const int64_t n_vocab = read_hparams(m).n_vocab;
+  auto top = make_backend(GetParam(), g, m, opts());
+  auto lg = make_backend(GetParam(), g, m, opts());
+  auto batch_of = [&](const std::vector<std::array<int, 3>>& chunks) {  // {seq, from, n}
+    StepBatch b;
+    for (int s = 0; s < 4; ++s) b.block_tables.push_back({30 - 4 * s, 29 - 4 * s, 28 - 4 * s, 27 - 4 * s});
+    for (const auto& [s, from, n] : chunks) {
+      for (int i = from; i < from + n; ++i) {
+        b.tokens.push_back((7 * s + 3 * i + 1) % static_cast<int32_t>(n_vocab));
+        b.positions.push_back(i);
+        b.seq.push_back(s);
+      }
+      b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
+    }
+    return b;
+  };
+  const std::vector<std::vector<std::array<int, 3>>> steps = {
+      {{0, 0, 9}, {1, 0, 3}, {2, 0, 1}},
+      {{0, 9, 1}, {1, 3, 5}, {2, 1, 1}, {3, 0, 6}},
+      {{3, 6, 1}, {2, 2, 1}, {0, 10, 1}, {1, 8, 1}},
+  };
+  for (size_t st = 0; st < steps.size(); ++st) {
+    const StepBatch b = batch_of(steps[st]);
+    const std::vector<TopKRow> got = top->forward_topk(b);
+    const std::vector<float> l = lg->forward(b);
+    ASSERT_EQ(got.size(), b.logit_rows.size());
+    ASSERT_EQ(l.size(), b.logit_rows.size() * static_cast<size_t>(n_vocab));
+    for (size_t i = 0; i < got.size(); ++i) {
+      std::vector<float> row(l.begin() + static_cast<long>(i) * n_vocab,
+                             l.begin() + static_cast<long>(i + 1) * n_vocab);
+      expect_same(got[i], host_sort(row, kTopK), "step " + std::to_string(st) + " row " + std::to_string(i));
+      EXPECT_EQ(static_cast<int64_t>(got[i].ids.size()), kTopK);
+    }
+  }
+}
+
+// Sampled decoding (temperature 0.8, top-k 40, top-p 0.95, several seeds): `generate` (which asks
+// the backend for candidates) gives the tokens of the full-logits path (forward + Sampler::sample
+// on the whole row, what generate did before), on stories260K.
+TEST_P(E2ETopK, SampledGenerationEqualsTheFullLogitsPath) {
+  SessionOptions so;
+  so.model_path = kStories + "stories260K.bin";
+  so.backend = GetParam();
+  so.backend_options.threads = 2;
+  so.n_ctx = 128;
+  Session s(so);
+  const int n_new = GetParam() == "cuda-emu" ? 24 : 60;
+  for (uint64_t seed : {1u, 7u, 42u}) {
+    SamplerOptions so8{0.8f, 40, 0.95f, seed};
+    GenerateOptions go;
+    go.prompt = "Once upon a time";
+    go.n_new = n_new;
+    go.ignore_eos = true;
+    go.sampler = so8;
+    s.reset();
+    const GenerateResult r = generate(s, go);
+    // The full-logits path by hand.
+    s.reset();
+    Sampler sampler(so8);
+    std::vector<int32_t> want;
+    std::vector<float> l = s.eval(r.prompt_ids);
+    for (int i = 0; i < n_new; ++i) {
+      const int32_t next = sampler.sample(std::span<const float>(l).last(static_cast<size_t>(s.hparams.n_vocab)));
+      want.push_back(next);
+      if (i + 1 < n_new) l = s.eval(std::span<const int32_t>(&next, 1));
+    }
+    EXPECT_EQ(r.generated_ids, want) << "seed " << seed;
+    EXPECT_EQ(static_cast<int>(r.generated_ids.size()), n_new);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, E2ETopK, ::testing::Values("reference", "cpu", "cuda-emu"), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
+
+// `run --temp 0.8 --top-k 40 --seed S` (the CLI's sampled path, candidates from the backend) prints
+// the tokens of the full-logits path, on cpu.
+TEST(E2ETopKCli, RunSampledTopKEqualsTheFullLogitsPath) {
+  SessionOptions so;
+  so.model_path = kStories + "stories260K.bin";
+  so.backend = "cpu";
+  so.backend_options.threads = 2;
+  Session s(so);
+  for (uint64_t seed : {3u, 11u}) {
+    int status = 0;
+    std::string err;
+    const std::string out =
+        mk::test::run_cli("run --json --backend cpu -t 2 --temp 0.8 --top-k 40 --seed " + std::to_string(seed) +
+                              " -n 40 --ignore-eos -m " + kStories + "stories260K.bin -p 'The cat sat'",
+                          &status, &err);
+    ASSERT_EQ(status, 0) << err;
+    const auto j = nlohmann::json::parse(out);
+    const auto prompt = j["prompt_ids"].get<std::vector<int32_t>>();
+    s.reset();
+    Sampler sampler({0.8f, 40, 0.95f, seed});
+    std::vector<int32_t> want;
+    std::vector<float> l = s.eval(prompt);
+    for (int i = 0; i < 40; ++i) {
+      const int32_t next = sampler.sample(l);
+      want.push_back(next);
+      if (i + 1 < 40) l = s.eval(std::span<const int32_t>(&next, 1));
+    }
+    EXPECT_EQ(j["generated_ids"].get<std::vector<int32_t>>(), want) << "seed " << seed;
+  }
+}
+
+// Sampler::sample_top on a row's candidates draws the token sample() draws from the whole row, for
+// every top_k in [1, kTopK], several temperatures / top_p / seeds, rows with ties and a vocabulary
+// smaller than k; top_k = 0 and top_k > the candidates are not covered.
+TEST(TopKSampler, SampleTopEqualsSampleOnTheFullRow) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int64_t n_vocab : {512, 50, 7}) {
+    std::vector<float> row(static_cast<size_t>(n_vocab));
+    for (int trial = 0; trial < 3; ++trial) {
+      for (auto& v : row) v = trial == 2 ? std::round(normal(rng)) : normal(rng);  // trial 2: many ties
+      const TopKRow c = topk_row(row, kTopK);
+      for (int top_k = 1; top_k <= kTopK; top_k += (top_k < 8 ? 1 : 7)) {
+        for (float temp : {0.0f, 0.5f, 1.3f})
+          for (float top_p : {1.0f, 0.9f}) {
+            const SamplerOptions so{temp, top_k, top_p, static_cast<uint64_t>(100 + top_k + trial)};
+            Sampler full(so), top(so);
+            ASSERT_TRUE(top.covered_by(static_cast<int64_t>(c.ids.size()), n_vocab));
+            for (int draw = 0; draw < 5; ++draw)  // the same stream of draws
+              EXPECT_EQ(top.sample_top(c.ids, c.logits, n_vocab), full.sample(row))
+                  << "vocab " << n_vocab << " trial " << trial << " top_k " << top_k << " temp " << temp << " top_p "
+                  << top_p;
+          }
+      }
+    }
+  }
+  Sampler off({0.8f, 0, 1.0f, 1});
+  EXPECT_FALSE(off.covered_by(kTopK, 512));
+  EXPECT_TRUE(off.covered_by(kTopK, kTopK));  // the whole vocabulary is in the candidates
+  Sampler big({0.8f, static_cast<int>(kTopK) + 1, 1.0f, 1});
+  EXPECT_FALSE(big.covered_by(kTopK, 512));
+  std::vector<int32_t> ids = {1, 2};
+  std::vector<float> lg = {1.0f, 0.5f};
+  EXPECT_THROW(big.sample_top(ids, lg, 512), Error);
+}
+
+}  // namespace
+}  // namespace mk
