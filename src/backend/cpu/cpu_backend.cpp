@@ -52,6 +52,7 @@ class CpuBackend final : public Backend {
     std::vector<float> all;
     for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(max)) {
       auto chunk = tokens.subspan(at, std::min(tokens.size() - at, static_cast<size_t>(max)));
+      interp_->set_want_topk(false);
       interp_->step(chunk, n_past + static_cast<int64_t>(at));
       auto out = interp_->output("logits");
       if (!per_token) all.clear();
@@ -62,6 +63,7 @@ class CpuBackend final : public Backend {
 
   std::vector<float> forward(const StepBatch& batch) override {
     StepInputs in = prepare_step(batch, interp_->limits());
+    interp_->set_want_topk(false);
     interp_->step(in);
     int64_t rows = 0, cols = 0;
     auto out = interp_->output("logits", &rows, &cols);
@@ -73,6 +75,7 @@ class CpuBackend final : public Backend {
     for (const auto& [name, b] : interp_->program().outputs) has |= name == "greedy";
     if (!has) return Backend::forward_greedy(batch);
     StepInputs in = prepare_step(batch, interp_->limits());
+    interp_->set_want_topk(false);
     interp_->step(in);
     int64_t rows = 0;
     auto out = interp_->output("greedy", &rows);  // i32 [rows, 4] (the argmax op)
@@ -84,6 +87,7 @@ class CpuBackend final : public Backend {
     for (const auto& [name, b] : interp_->program().outputs) has |= name == "topk";
     if (!has) return Backend::forward_topk(batch);
     StepInputs in = prepare_step(batch, interp_->limits());
+    interp_->set_want_topk(true);
     interp_->step(in);
     int64_t rows = 0, cols = 0;
     auto out = interp_->output("topk", &rows, &cols);  // i32 [rows, 4 + 2k] (the topk op)

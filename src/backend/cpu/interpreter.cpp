@@ -284,7 +284,7 @@ bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
 
 void Interpreter::run_step(int w, uint32_t epoch) {
   float* scratch = scratch_[static_cast<size_t>(w)];
-  StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_, scratch + scratch_floats_, epoch};
+  StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_, scratch + scratch_floats_, epoch, want_topk_};
   const uint64_t n = p_.instrs.size();
   auto exec = [&](uint64_t idx) -> bool {
     const Instr& in = p_.instrs[idx];

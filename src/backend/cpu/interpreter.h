@@ -54,6 +54,9 @@ class Interpreter {
   // The named graph output after the last step: rows x cols floats, row-major.
   std::span<const float> output(const std::string& name, int64_t* rows = nullptr, int64_t* cols = nullptr) const;
   void reset_kv();
+  // Whether the following steps compute the `topk` output (default true); the cpu backend turns it
+  // off for steps whose caller reads only logits or greedy ids (StepMemory::want_topk).
+  void set_want_topk(bool want) { want_topk_ = want; }
 
   const Program& program() const { return p_; }
   uint64_t steps() const { return epoch_; }
@@ -101,6 +104,7 @@ class Interpreter {
 
   bool tracing_ = false;
   bool kv_f16_ = false;
+  bool want_topk_ = true;
   std::vector<std::vector<TraceEvent>> trace_;
   std::vector<std::pair<int64_t, int64_t>> step_times_;
   int64_t t0_ = 0;

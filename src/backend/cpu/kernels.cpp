@@ -596,6 +596,7 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       return;
     }
     case Opcode::topk: {
+      if (!m.want_topk) return;
       const float* x = c.buf(o.x);
       int32_t* out = const_cast<int32_t*>(c.ibuf(o.out));
       const int64_t xs = c.cols(o.x), k = (o.cols - 4) / 2;

@@ -46,6 +46,9 @@ struct StepMemory {
   // of its tiles quantizes or normalises them once.
   float* act_cache = nullptr;
   uint32_t step = 0;  // the step's number, > 0 and different for every step of an interpreter
+  // false: the step's caller reads no `topk` output (plain logits or greedy ids), so the topk op's
+  // tiles only signal (its output is left as it was); saves a pass over every logits row.
+  bool want_topk = true;
 };
 
 // v rounded to the nearest IEEE half (ties to even), as float.
