@@ -223,8 +223,8 @@ MK_AVX512VNNI_FN void gemm_rows512(const void* w, size_t w_stride, int64_t nw, c
 }
 
 // The gemm_act of quant.h from a tile function: weight rows in groups of RW (the last group padded
-// by repeating its last row), activation rows in groups of up to 4.
-template <int RW, void (*T1)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
+// by repeating its last row), activation rows in groups of up to 4; blocks of QK elements.
+template <int RW, int QK, void (*T1)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T2)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T3)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T4)(const uint8_t* const*, const uint8_t* const*, int64_t, float*)>
@@ -242,10 +242,10 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
       for (int a = 0; a < cols; ++a) yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
       float t[RW * 4];
       switch (cols) {
-        case 1: T1(wr, yr, n / 32, t); break;
-        case 2: T2(wr, yr, n / 32, t); break;
-        case 3: T3(wr, yr, n / 32, t); break;
-        default: T4(wr, yr, n / 32, t); break;
+        case 1: T1(wr, yr, n / QK, t); break;
+        case 2: T2(wr, yr, n / QK, t); break;
+        case 3: T3(wr, yr, n / QK, t); break;
+        default: T4(wr, yr, n / QK, t); break;
       }
       for (int i = 0; i < rows; ++i)
         for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
@@ -255,34 +255,18 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
 
 }  // namespace mk::quant::detail
 
-// Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for weight kind KIND) and
-// NAME_generic (dot_act per pair through DOT_ACT_GENERIC), plus NAME, which picks one once.
-#define MK_QUANT_GEMM_ACT(NAME, KIND, DOT_ACT_GENERIC)                                                         \
-  template <int NA>                                                                                           \
-  MK_AVX2_FN void NAME##_t_avx2(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) {     \
-    ::mk::quant::detail::gemm_tile256_avx2<KIND, 2, NA>(w, y, nb, o);                                       \
-  }                                                                                                           \
-  template <int NA>                                                                                           \
-  MK_AVXVNNI_FN void NAME##_t_avxvnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) { \
-    ::mk::quant::detail::gemm_tile256_avxvnni<KIND, 2, NA>(w, y, nb, o);                                        \
-  }                                                                                                           \
-  void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
-                   float* out, int64_t ldo) {                                                                 \
-    ::mk::quant::detail::gemm_rows<2, NAME##_t_avx2<1>, NAME##_t_avx2<2>, NAME##_t_avx2<3>, NAME##_t_avx2<4>>( \
-        w, ws, nw, x, xs, na, n, out, ldo);                                                                   \
-  }                                                                                                           \
-  void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
-                      float* out, int64_t ldo) {                                                              \
-    ::mk::quant::detail::gemm_rows<2, NAME##_t_avxvnni<1>, NAME##_t_avxvnni<2>, NAME##_t_avxvnni<3>,          \
-                                   NAME##_t_avxvnni<4>>(w, ws, nw, x, xs, na, n, out, ldo);                   \
-  }                                                                                                           \
-  void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
-                         int64_t n, float* out, int64_t ldo) {                                                \
-    /* one q4_1 activation row: the 256-bit tile is faster (no separate pass for the minimum terms) */       \
-    if (::mk::quant::detail::GemmLayout<KIND>::kMin && na == 1)                                               \
-      return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
-    ::mk::quant::detail::gemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
-  }                                                                                                           \
+// FN: the gemm_act of gemm_rows<RW, QK> over TILE<1> .. TILE<4> (TILE<NA>: RW weight rows x NA
+// activation rows).
+#define MK_QUANT_GEMM_ROWS(FN, RW, QK, TILE)                                                                  \
+  void FN(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, float* out,  \
+          int64_t ldo) {                                                                                      \
+    ::mk::quant::detail::gemm_rows<RW, QK, TILE<1>, TILE<2>, TILE<3>, TILE<4>>(w, ws, nw, x, xs, na, n, out,  \
+                                                                               ldo);                          \
+  }
+
+// NAME_generic (dot_act per pair through DOT_ACT_GENERIC) and NAME, which picks one of NAME_generic,
+// NAME_avx2, NAME_avxvnni, NAME_avx512vnni once (gemm_isa).
+#define MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)                                                  \
   void NAME##_generic(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
                       float* out, int64_t ldo) {                                                              \
     for (int64_t i = 0; i < nw; ++i)                                                                          \
@@ -300,3 +284,25 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
       default: return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                                      \
     }                                                                                                         \
   }
+
+// Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for weight kind KIND) and
+// NAME_generic (dot_act per pair through DOT_ACT_GENERIC), plus NAME, which picks one once.
+#define MK_QUANT_GEMM_ACT(NAME, KIND, DOT_ACT_GENERIC)                                                         \
+  template <int NA>                                                                                           \
+  MK_AVX2_FN void NAME##_t_avx2(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) {     \
+    ::mk::quant::detail::gemm_tile256_avx2<KIND, 2, NA>(w, y, nb, o);                                       \
+  }                                                                                                           \
+  template <int NA>                                                                                           \
+  MK_AVXVNNI_FN void NAME##_t_avxvnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) { \
+    ::mk::quant::detail::gemm_tile256_avxvnni<KIND, 2, NA>(w, y, nb, o);                                        \
+  }                                                                                                           \
+  MK_QUANT_GEMM_ROWS(NAME##_avx2, 2, 32, NAME##_t_avx2)                                                       \
+  MK_QUANT_GEMM_ROWS(NAME##_avxvnni, 2, 32, NAME##_t_avxvnni)                                                 \
+  void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
+                         int64_t n, float* out, int64_t ldo) {                                                \
+    /* one q4_1 activation row: the 256-bit tile is faster (no separate pass for the minimum terms) */       \
+    if (::mk::quant::detail::GemmLayout<KIND>::kMin && na == 1)                                               \
+      return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
+    ::mk::quant::detail::gemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
+  }                                                                                                           \
+  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)

@@ -6,6 +6,7 @@
 
 #include "quant/avx2.h"
 #include "quant/k_act.h"
+#include "quant/k_gemm_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -190,9 +191,11 @@ MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t
   for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]);
 }
 MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
+MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q6_K, dot_act_generic)
 }  // namespace
 
 extern const QuantType kQ6_K = {DType::Q6_K, "q6_K", 14, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
-                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}, dot_act4};
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
+                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant
