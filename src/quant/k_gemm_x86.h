@@ -260,10 +260,20 @@ MK_AVX512VNNI_FN inline void kgemm_tile512(const uint8_t* const* w, const uint8_
 
 }  // namespace mk::quant::detail
 
-// Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for K-quant kind KIND, RW weight
-// rows per tile) and NAME_generic (dot_act per pair through DOT_ACT_GENERIC), plus NAME, which picks
-// one once.
-#define MK_QUANT_GEMM_ACT_K(NAME, KIND, DOT_ACT_GENERIC)                                                       \
+namespace mk::quant::detail {
+// One activation row (decode): dot_act's hand-written AVX2 kernel per weight row is faster than a
+// one-column tile (measured with BM_QuantGemm at 1 row), except q6_K's 512-bit tile.
+template <KGemmKind K>
+constexpr bool kgemm_one_row_dot(bool is512) {
+  return !(is512 && K == KGemmKind::q6_K);
+}
+}  // namespace mk::quant::detail
+
+// Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for K-quant kind KIND: 2 weight
+// rows x up to 4 activation rows per tile) and NAME_generic (dot_act per pair through
+// DOT_ACT_GENERIC), plus NAME, which picks one once. One activation row goes to DOT_ACT_AVX2 per
+// weight row where kgemm_one_row_dot says so (the same bits: every variant gives dot_act's).
+#define MK_QUANT_GEMM_ACT_K(NAME, KIND, DOT_ACT_GENERIC, DOT_ACT_AVX2)                                        \
   template <int NA>                                                                                           \
   MK_AVX2_FN void NAME##_t_avx2(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) {     \
     ::mk::quant::detail::kgemm_tile256_avx2<KIND, 2, NA>(w, y, nb, o);                                      \
@@ -275,9 +285,27 @@ MK_AVX512VNNI_FN inline void kgemm_tile512(const uint8_t* const* w, const uint8_
   template <int NA>                                                                                           \
   MK_AVX512VNNI_FN void NAME##_t_avx512vnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb,      \
                                             float* o) {                                                       \
-    ::mk::quant::detail::kgemm_tile512<KIND, 4, NA>(w, y, nb, o);                                           \
+    ::mk::quant::detail::kgemm_tile512<KIND, 2, NA>(w, y, nb, o);                                           \
   }                                                                                                           \
-  MK_QUANT_GEMM_ROWS(NAME##_avx2, 2, 256, NAME##_t_avx2)                                                      \
-  MK_QUANT_GEMM_ROWS(NAME##_avxvnni, 2, 256, NAME##_t_avxvnni)                                                \
-  MK_QUANT_GEMM_ROWS(NAME##_avx512vnni, 4, 256, NAME##_t_avx512vnni)                                          \
+  MK_QUANT_GEMM_ROWS(NAME##_tiles_avx2, 2, 256, NAME##_t_avx2)                                                \
+  MK_QUANT_GEMM_ROWS(NAME##_tiles_avxvnni, 2, 256, NAME##_t_avxvnni)                                          \
+  MK_QUANT_GEMM_ROWS(NAME##_tiles_avx512vnni, 2, 256, NAME##_t_avx512vnni)                                    \
+  void NAME##_one_row(const void* w, size_t ws, int64_t nw, const void* x, int64_t n, float* out) {           \
+    for (int64_t i = 0; i < nw; ++i) out[i] = DOT_ACT_AVX2(static_cast<const uint8_t*>(w) + i * ws, x, n);     \
+  }                                                                                                           \
+  void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
+                   float* out, int64_t ldo) {                                                                 \
+    if (na == 1 && ::mk::quant::detail::kgemm_one_row_dot<KIND>(false)) return NAME##_one_row(w, ws, nw, x, n, out); \
+    NAME##_tiles_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                     \
+  }                                                                                                           \
+  void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
+                      float* out, int64_t ldo) {                                                              \
+    if (na == 1 && ::mk::quant::detail::kgemm_one_row_dot<KIND>(false)) return NAME##_one_row(w, ws, nw, x, n, out); \
+    NAME##_tiles_avxvnni(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
+  }                                                                                                           \
+  void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
+                         int64_t n, float* out, int64_t ldo) {                                                \
+    if (na == 1 && ::mk::quant::detail::kgemm_one_row_dot<KIND>(true)) return NAME##_one_row(w, ws, nw, x, n, out); \
+    NAME##_tiles_avx512vnni(w, ws, nw, x, xs, na, n, out, ldo);                                               \
+  }                                                                                                           \
   MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)

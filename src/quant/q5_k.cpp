@@ -142,7 +142,7 @@ MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t
   for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]) + summs[r];
 }
 MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
-MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q5_K, dot_act_generic)
+MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q5_K, dot_act_generic, dot_act_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ5_K = {DType::Q5_K, "q5_K", 13, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,

@@ -191,7 +191,7 @@ MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t
   for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]);
 }
 MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
-MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q6_K, dot_act_generic)
+MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q6_K, dot_act_generic, dot_act_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ6_K = {DType::Q6_K, "q6_K", 14, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
