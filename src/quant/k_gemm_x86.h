@@ -309,3 +309,14 @@ constexpr bool kgemm_one_row_dot(bool is512) {
     NAME##_tiles_avx512vnni(w, ws, nw, x, xs, na, n, out, ldo);                                               \
   }                                                                                                           \
   MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)
+
+// dot_act4 of quant.h for K-quant kind KIND: the AVX2 tile with one weight row and four activation
+// rows (each weight chunk unpacked once), or four DOT_ACT calls where the CPU has no AVX2.
+#define MK_QUANT_DOT_ACT4_K(NAME, KIND, DOT_ACT)                                                               \
+  MK_AVX2_FN void NAME##_tile_avx2(const void* w, const void* const* x, int64_t n, float* out) {               \
+    const uint8_t* wr[1] = {static_cast<const uint8_t*>(w)};                                                  \
+    const uint8_t* yr[4] = {static_cast<const uint8_t*>(x[0]), static_cast<const uint8_t*>(x[1]),             \
+                            static_cast<const uint8_t*>(x[2]), static_cast<const uint8_t*>(x[3])};            \
+    ::mk::quant::detail::kgemm_tile256_avx2<KIND, 1, 4>(wr, yr, n / 256, out);                               \
+  }                                                                                                           \
+  MK_QUANT_DOT_ACT4_HAND_AVX2(NAME, DOT_ACT, NAME##_tile_avx2)

@@ -112,7 +112,7 @@ MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
   }
   return hsum_float_8(acc);
 }
-MK_QUANT_DOT_ACT_K_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
+MK_QUANT_DOT_ACT_SPEC_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ2_K = {DType::Q2_K, "q2_K", 10, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
