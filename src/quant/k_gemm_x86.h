@@ -213,18 +213,27 @@ MK_AVX512VNNI_FN inline void k_chunk512(const uint8_t* p, const KHead& h, int j,
   }
 }
 
+// With NW = 2 (q4_K, q6_K) the float part runs for both weight rows in one register: acc holds
+// [row 0's 8 lanes | row 1's 8 lanes] and q4_K's acc_m [row 0's 4 mins lanes | row 1's 4], each lane
+// with the same operations as dot_act's (d_x * d_w, then one fma), so the bits do not change.
 template <KGemmKind K, int NW, int NA>
 MK_AVX512VNNI_FN inline void kgemm_tile512(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
   using L = KGemmLayout<K>;
+  constexpr bool kPaired = NW == 2 && K != KGemmKind::q5_K;
   __m256 acc[NW][NA];
   __m128 acc_m[NW][NA];
   float summs[NW][NA];
-  for (int i = 0; i < NW; ++i)
-    for (int a = 0; a < NA; ++a) {
+  __m512 acc2[NA];
+  __m256 acc_m2[NA];
+  for (int a = 0; a < NA; ++a) {
+    acc2[a] = _mm512_setzero_ps();
+    acc_m2[a] = _mm256_setzero_ps();
+    for (int i = 0; i < NW; ++i) {
       acc[i][a] = _mm256_setzero_ps();
       acc_m[i][a] = _mm_setzero_ps();
       summs[i][a] = 0;
     }
+  }
   for (int64_t b = 0; b < nb; ++b) {
     KHead h[NW];
     for (int i = 0; i < NW; ++i) k_head<K>(w[i] + b * L::kBytes, h[i]);
@@ -245,15 +254,45 @@ MK_AVX512VNNI_FN inline void kgemm_tile512(const uint8_t* const* w, const uint8_
         }
       }
     }
-    for (int a = 0; a < NA; ++a) {
-      KAct ya;
-      k_act_head(y[a] + b * kQ8KBytes, ya);
-      for (int i = 0; i < NW; ++i) {
-        const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi[i][a]), _mm512_extracti64x4_epi64(sumi[i][a], 1));
-        k_fold<K>(h[i], ya, s8, acc[i][a], acc_m[i][a], summs[i][a]);
+    if constexpr (kPaired) {
+      const __m512 dw2 = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(h[0].d), _mm512_set1_ps(h[1].d));
+      __m256i mins2 = _mm256_setzero_si256();
+      __m256 dmin2 = _mm256_setzero_ps();
+      if constexpr (L::kMin) {
+        mins2 = _mm256_set_m128i(h[1].mins, h[0].mins);
+        dmin2 = _mm256_blend_ps(_mm256_set1_ps(h[0].dmin), _mm256_set1_ps(h[1].dmin), 0xf0);
+      }
+      for (int a = 0; a < NA; ++a) {
+        KAct ya;
+        k_act_head(y[a] + b * kQ8KBytes, ya);
+        // [row 0 chunks 2j | row 1 chunks 2j] + [row 0 chunks 2j + 1 | row 1 chunks 2j + 1]
+        const __m512i s = _mm512_add_epi32(_mm512_shuffle_i64x2(sumi[0][a], sumi[1][a], 0x44),
+                                           _mm512_shuffle_i64x2(sumi[0][a], sumi[1][a], 0xee));
+        if constexpr (L::kMin) {
+          const __m256i m = _mm256_madd_epi16(mins2, _mm256_broadcastsi128_si256(ya.bsum2));
+          acc_m2[a] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-ya.d), dmin2), _mm256_cvtepi32_ps(m), acc_m2[a]);
+        }
+        acc2[a] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(ya.d), dw2), _mm512_cvtepi32_ps(s), acc2[a]);
+      }
+    } else {
+      for (int a = 0; a < NA; ++a) {
+        KAct ya;
+        k_act_head(y[a] + b * kQ8KBytes, ya);
+        for (int i = 0; i < NW; ++i) {
+          const __m256i s8 =
+              _mm256_add_epi32(_mm512_castsi512_si256(sumi[i][a]), _mm512_extracti64x4_epi64(sumi[i][a], 1));
+          k_fold<K>(h[i], ya, s8, acc[i][a], acc_m[i][a], summs[i][a]);
+        }
       }
     }
   }
+  if constexpr (kPaired)
+    for (int a = 0; a < NA; ++a) {
+      acc[0][a] = _mm512_castps512_ps256(acc2[a]);
+      acc[1][a] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc2[a]), 1));
+      acc_m[0][a] = _mm256_castps256_ps128(acc_m2[a]);
+      acc_m[1][a] = _mm256_extractf128_ps(acc_m2[a], 1);
+    }
   for (int i = 0; i < NW; ++i)
     for (int a = 0; a < NA; ++a) out[i * NA + a] = k_finish<K>(acc[i][a], acc_m[i][a], summs[i][a]);
 }
