@@ -29,16 +29,41 @@
 
 namespace mk::quant::detail {
 
-enum class GemmKind { q4_0, q4_1, q8_0 };
+enum class GemmKind { q4_0, q4_1, q8_0, q5_0, q5_1 };
 
 template <GemmKind K>
 struct GemmLayout {
-  static constexpr int kBytes = K == GemmKind::q4_0 ? 18 : K == GemmKind::q4_1 ? 20 : 34;  // weight block
-  static constexpr int kQs = K == GemmKind::q4_1 ? 4 : 2;                                   // weight quants offset
-  static constexpr bool kMin = K == GemmKind::q4_1;                                         // q8_1 activations
+  static constexpr int kBytes = K == GemmKind::q4_0   ? 18  // weight block
+                                : K == GemmKind::q4_1 ? 20
+                                : K == GemmKind::q5_0 ? 22
+                                : K == GemmKind::q5_1 ? 24
+                                                      : 34;
+  static constexpr int kQs = K == GemmKind::q4_1 ? 4 : K == GemmKind::q5_0 ? 6 : K == GemmKind::q5_1 ? 8 : 2;  // quants
+  static constexpr bool kFive = K == GemmKind::q5_0 || K == GemmKind::q5_1;  // 5th bits in a u32 qh
+  static constexpr int kQh = K == GemmKind::q5_0 ? 2 : 4;                    // its offset
+  static constexpr bool kMin = K == GemmKind::q4_1 || K == GemmKind::q5_1;   // q8_1 activations
   static constexpr int kXBytes = kMin ? 36 : 34, kXQs = kMin ? 4 : 2;
-  static constexpr int kCorr = K == GemmKind::q4_0 ? 8 : K == GemmKind::q8_0 ? 128 : 0;  // weight offset
+  static constexpr int kCorr = K == GemmKind::q4_0 ? 8 : K == GemmKind::q5_0 ? 16 : K == GemmKind::q8_0 ? 128 : 0;  // weight offset
 };
+
+// ggml's bytes_from_bits_32: byte j = 0xff where bit j of the little-endian u32 at p is set, else 0.
+MK_AVX2_FN inline __m256i bytes_from_bits_32(const uint8_t* p) {
+  uint32_t x32;
+  __builtin_memcpy(&x32, p, 4);
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x32)), shuf);
+  const __m256i bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1));
+}
+// The 32 unsigned weight integers of a q4_0 / q4_1 / q5_0 / q5_1 block at p: nibbles (elements 0..15
+// low, 16..31 high), plus 16 where the 5th bit is set.
+template <GemmKind K>
+MK_AVX2_FN inline __m256i nibble_block_u8(const uint8_t* p) {
+  using L = GemmLayout<K>;
+  __m256i u = bytes_from_nibbles_32(p + L::kQs);
+  if constexpr (L::kFive) u = _mm256_or_si256(u, _mm256_and_si256(bytes_from_bits_32(p + L::kQh), _mm256_set1_epi8(0x10)));
+  return u;
+}
 
 // ---- 256-bit tiles (AVX2 or AVX-VNNI): NW weight rows x NA activation rows. One body, built under
 // two target attributes (a function's target cannot depend on a template argument, and the AVX2
@@ -66,7 +91,7 @@ struct GemmLayout {
           const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs));                 \
           u[i] = VNNI ? _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80))) : x; /* x + 128 / x */ \
         } else {                                                                                              \
-          u[i] = bytes_from_nibbles_32(p + L::kQs);                                                           \
+          u[i] = nibble_block_u8<K>(p);                                                                       \
         }                                                                                                     \
       }                                                                                                       \
       for (int a = 0; a < NA; ++a) {                                                                          \
@@ -76,7 +101,7 @@ struct GemmLayout {
         if constexpr (L::kMin) sx = ld_f16c(yb + 2);                                                          \
         const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs));                \
         __m256i base = _mm256_setzero_si256();                                                                \
-        if constexpr (L::kCorr != 0 && (VNNI || K == GemmKind::q4_0))                                         \
+        if constexpr (L::kCorr != 0 && (VNNI || K != GemmKind::q8_0))                                         \
           base = _mm256_sub_epi32(                                                                            \
               base, dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(L::kCorr)), qy));       \
         for (int i = 0; i < NW; ++i) {                                                                        \
@@ -120,7 +145,7 @@ MK_AVX512VNNI_FN inline void gemm_tile512(const uint8_t* const* w, const uint8_t
       return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs)),
                               _mm256_set1_epi8(static_cast<char>(0x80)));
     else
-      return bytes_from_nibbles_32(p + L::kQs);
+      return nibble_block_u8<K>(p);
   };
   for (int64_t b = 0; b < nb; ++b) {
     __m512i u[NP];
