@@ -100,7 +100,7 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
       for (int64_t j = 0; j < N; ++j) {
         const uint8_t* wr = qw.data() + static_cast<size_t>(j) * row_bytes;
         int64_t r = 0;
-        for (; r + 4 <= R; r += 4) {
+        for (; q->dot_act4 && r + 4 <= R; r += 4) {  // q5_0 / q5_1 have no dot_act4: dot_act per row
           const void* xr[4] = {&xq[r * xrow], &xq[(r + 1) * xrow], &xq[(r + 2) * xrow], &xq[(r + 3) * xrow]};
           float o4[4];
           q->dot_act4(wr, xr, K, o4);
@@ -124,6 +124,8 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();
 MK_QUANT_GEMM_BENCH(Q4_0)
 MK_QUANT_GEMM_BENCH(Q4_1)
+MK_QUANT_GEMM_BENCH(Q5_0)
+MK_QUANT_GEMM_BENCH(Q5_1)
 MK_QUANT_GEMM_BENCH(Q8_0)
 MK_QUANT_GEMM_BENCH(Q4_K)
 MK_QUANT_GEMM_BENCH(Q5_K)
