@@ -297,6 +297,35 @@ MK_AVX512VNNI_FN inline void kgemm_tile512(const uint8_t* const* w, const uint8_
     for (int a = 0; a < NA; ++a) out[i * NA + a] = k_finish<K>(acc[i][a], acc_m[i][a], summs[i][a]);
 }
 
+// gemm_act over kgemm_tile512: weight rows in pairs (the last padded by repeating its row),
+// activation rows in groups of up to 8 (each weight super-block unpacked once per 8 rows).
+template <KGemmKind K, int NA>
+MK_AVX512VNNI_FN void kgemm_tile512_na(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
+  kgemm_tile512<K, 2, NA>(w, y, nb, out);
+}
+template <KGemmKind K>
+void kgemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, int64_t n,
+                   float* out, int64_t ldo) {
+  constexpr void (*tiles[8])(const uint8_t* const*, const uint8_t* const*, int64_t, float*) = {
+      kgemm_tile512_na<K, 1>, kgemm_tile512_na<K, 2>, kgemm_tile512_na<K, 3>, kgemm_tile512_na<K, 4>,
+      kgemm_tile512_na<K, 5>, kgemm_tile512_na<K, 6>, kgemm_tile512_na<K, 7>, kgemm_tile512_na<K, 8>};
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  const uint8_t* xb = static_cast<const uint8_t*>(xq);
+  for (int64_t i0 = 0; i0 < nw; i0 += 2) {
+    const int rows = static_cast<int>(std::min<int64_t>(2, nw - i0));
+    const uint8_t* wr[2] = {wb + static_cast<size_t>(i0) * w_stride, wb + static_cast<size_t>(i0 + rows - 1) * w_stride};
+    for (int64_t a0 = 0; a0 < na; a0 += 8) {
+      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
+      const uint8_t* yr[8];
+      for (int a = 0; a < cols; ++a) yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
+      float t[2 * 8];
+      tiles[cols - 1](wr, yr, n / 256, t);
+      for (int i = 0; i < rows; ++i)
+        for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
+    }
+  }
+}
+
 }  // namespace mk::quant::detail
 
 namespace mk::quant::detail {
@@ -309,7 +338,7 @@ constexpr bool kgemm_one_row_dot(bool is512) {
 }  // namespace mk::quant::detail
 
 // Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for K-quant kind KIND: 2 weight
-// rows x up to 4 activation rows per tile) and NAME_generic (dot_act per pair through
+// rows x up to 4 activation rows per tile, up to 8 with AVX-512 VNNI) and NAME_generic (dot_act per pair through
 // DOT_ACT_GENERIC), plus NAME, which picks one once. One activation row goes to DOT_ACT_AVX2 per
 // weight row where kgemm_one_row_dot says so (the same bits: every variant gives dot_act's).
 #define MK_QUANT_GEMM_ACT_K(NAME, KIND, DOT_ACT_GENERIC, DOT_ACT_AVX2)                                        \
@@ -321,14 +350,8 @@ constexpr bool kgemm_one_row_dot(bool is512) {
   MK_AVXVNNI_FN void NAME##_t_avxvnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) { \
     ::mk::quant::detail::kgemm_tile256_avxvnni<KIND, 2, NA>(w, y, nb, o);                                       \
   }                                                                                                           \
-  template <int NA>                                                                                           \
-  MK_AVX512VNNI_FN void NAME##_t_avx512vnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb,      \
-                                            float* o) {                                                       \
-    ::mk::quant::detail::kgemm_tile512<KIND, 2, NA>(w, y, nb, o);                                           \
-  }                                                                                                           \
   MK_QUANT_GEMM_ROWS(NAME##_tiles_avx2, 2, 256, NAME##_t_avx2)                                                \
   MK_QUANT_GEMM_ROWS(NAME##_tiles_avxvnni, 2, 256, NAME##_t_avxvnni)                                          \
-  MK_QUANT_GEMM_ROWS(NAME##_tiles_avx512vnni, 2, 256, NAME##_t_avx512vnni)                                    \
   void NAME##_one_row(const void* w, size_t ws, int64_t nw, const void* x, int64_t n, float* out) {           \
     for (int64_t i = 0; i < nw; ++i) out[i] = DOT_ACT_AVX2(static_cast<const uint8_t*>(w) + i * ws, x, n);     \
   }                                                                                                           \
@@ -345,7 +368,7 @@ constexpr bool kgemm_one_row_dot(bool is512) {
   void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
                          int64_t n, float* out, int64_t ldo) {                                                \
     if (na == 1 && ::mk::quant::detail::kgemm_one_row_dot<KIND>(true)) return NAME##_one_row(w, ws, nw, x, n, out); \
-    NAME##_tiles_avx512vnni(w, ws, nw, x, xs, na, n, out, ldo);                                               \
+    ::mk::quant::detail::kgemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                            \
   }                                                                                                           \
   MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)
 

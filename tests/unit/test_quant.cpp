@@ -614,7 +614,8 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
         for (const int64_t w0 : {int64_t{0}, int64_t{1}})
           for (const int64_t nw : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7}, int64_t{9}}) {
             if (w0 + nw > n_w) continue;
-            for (const int64_t na : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{9}, int64_t{17}}) {
+            for (const int64_t na : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{7},
+                                     int64_t{8}, int64_t{9}, int64_t{17}}) {  // every tile width up to 8, and more
               const int64_t ldo = nw + 3;
               std::vector<float> out(static_cast<size_t>(na * ldo), -7.0f);
               q->gemm_act_variants[v](w.data() + ws * w0, ws, nw, x.data(), xs, na, n, out.data(), ldo);
