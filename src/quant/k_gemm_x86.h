@@ -26,20 +26,28 @@
 
 namespace mk::quant::detail {
 
-enum class KGemmKind { q4_K, q5_K, q6_K };
+enum class KGemmKind { q2_K, q3_K, q4_K, q5_K, q6_K };
 
 template <KGemmKind K>
 struct KGemmLayout {
-  static constexpr int kBytes = K == KGemmKind::q4_K ? 144 : K == KGemmKind::q5_K ? 176 : 210;  // weight block
-  static constexpr bool kMin = K != KGemmKind::q6_K;  // a minimum through q8_K's bsums
-  static constexpr int kD = K == KGemmKind::q6_K ? 208 : 0;  // offset of the f16 scale d
+  static constexpr int kBytes = K == KGemmKind::q2_K   ? 84  // weight block
+                                : K == KGemmKind::q3_K ? 110
+                                : K == KGemmKind::q4_K ? 144
+                                : K == KGemmKind::q5_K ? 176
+                                                       : 210;
+  static constexpr bool kMin = K == KGemmKind::q4_K || K == KGemmKind::q5_K;  // 6-bit mins (scales_mins_k4)
+  static constexpr int kD = K == KGemmKind::q2_K ? 80 : K == KGemmKind::q3_K ? 108 : K == KGemmKind::q6_K ? 208 : 0;
+  static constexpr bool k512 = K == KGemmKind::q4_K || K == KGemmKind::q5_K || K == KGemmKind::q6_K;  // a 512-bit tile
 };
 
 // One weight super-block's scalars: d, dmin (q4_K, q5_K), the eight 6-bit scales and mins.
 struct KHead {
   float d, dmin;
   uint8_t sc[8];
-  __m128i mins;  // 8 x i16
+  __m128i mins;       // 8 x i16 (q4_K, q5_K)
+  __m256i mins16;     // q2_K: the 16 4-bit mins as i16
+  int16_t sc16[16];   // q3_K: the 16 signed scales
+  __m256i hmask;      // q3_K: the 32 high-bit bytes
 };
 template <KGemmKind K>
 MK_AVX2_FN inline void k_head(const uint8_t* p, KHead& h) {
@@ -51,15 +59,34 @@ MK_AVX2_FN inline void k_head(const uint8_t* p, KHead& h) {
     scales_mins_k4(p + 4, u);
     std::memcpy(h.sc, u, 8);
     h.mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 2)));
+  } else if constexpr (K == KGemmKind::q2_K) {
+    h.dmin = ld_f16c(p + 82);
+    const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    h.mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0f)));
+  } else if constexpr (K == KGemmKind::q3_K) {
+    for (int g = 0; g < 16; ++g) h.sc16[g] = static_cast<int16_t>(scale6(p + 96, g));
+    h.hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
 }
 
 // Chunk c (elements 32 c .. 32 c + 31) of a weight super-block: its integers as 32 unsigned bytes and
 // the scales of its two 16-element groups as 16 x i16 (ggml's maddubs/madd operands).
+// q3_K's integers are signed (-4..3): q holds |q| and `neg` their signs (0xff where negative), for
+// maddubs(|q|, y with q's sign) as ggml's mul_sum_i8_pairs does.
 template <KGemmKind K>
 MK_AVX2_FN inline void k_chunk256(const uint8_t* p, const KHead& h, int c, __m256i& q, __m256i& sc) {
   const __m256i m4 = _mm256_set1_epi8(0x0f);
-  if constexpr (K == KGemmKind::q6_K) {
+  if constexpr (K == KGemmKind::q2_K) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * (c / 4)));
+    q = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * (c % 4))), _mm256_set1_epi8(3));
+    sc = _mm256_set_m128i(_mm_set1_epi16(p[2 * c + 1] & 0x0f), _mm_set1_epi16(p[2 * c] & 0x0f));
+  } else if constexpr (K == KGemmKind::q3_K) {  // q = low bits - 4 where the high bit is clear
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * (c / 4)));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * (c % 4))), _mm256_set1_epi8(3));
+    const __m256i clear = _mm256_andnot_si256(_mm256_srl_epi16(h.hmask, _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
+    q = _mm256_sub_epi8(lo, _mm256_slli_epi16(clear, 2));  // signed, -4..3
+    sc = _mm256_set_m128i(_mm_set1_epi16(h.sc16[2 * c + 1]), _mm_set1_epi16(h.sc16[2 * c]));
+  } else if constexpr (K == KGemmKind::q6_K) {
     const int nb = c / 4, g = c % 4;
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * nb + 32 * (g % 2)));
     const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * nb));
@@ -85,17 +112,20 @@ MK_AVX2_FN inline void k_chunk256(const uint8_t* p, const KHead& h, int c, __m25
 struct KAct {
   float d;
   __m128i bsum2;
+  __m256i bs16;  // the 16 bsums
 };
 MK_AVX2_FN inline void k_act_head(const uint8_t* y, KAct& a) {
   a.d = q8k_d(y);
-  const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + kQ8KBsums));
-  a.bsum2 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+  a.bs16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + kQ8KBsums));
+  a.bsum2 = _mm_hadd_epi16(_mm256_castsi256_si128(a.bs16), _mm256_extracti128_si256(a.bs16, 1));
 }
 
 // The float part of one super-block for one (weight row, activation row) pair, as dot_act does it.
 template <KGemmKind K>
 MK_AVX2_FN inline void k_fold(const KHead& h, const KAct& a, __m256i sumi, __m256& acc, __m128& acc_m, float& summs) {
-  if constexpr (K == KGemmKind::q4_K) {
+  if constexpr (K == KGemmKind::q2_K) {  // the mins into the same 8 lanes, before the scales' part
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(-a.d * h.dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(h.mins16, a.bs16)), acc);
+  } else if constexpr (K == KGemmKind::q4_K) {
     acc_m = _mm_fmadd_ps(_mm_set1_ps(-a.d * h.dmin), _mm_cvtepi32_ps(_mm_madd_epi16(h.mins, a.bsum2)), acc_m);
   } else if constexpr (K == KGemmKind::q5_K) {
     __m128i v = _mm_madd_epi16(h.mins, a.bsum2);
@@ -148,7 +178,11 @@ MK_AVX2_FN inline float k_finish(__m256 acc, __m128 acc_m, float summs) {
           __m256i off = _mm256_setzero_si256();                                                               \
           if constexpr (K == KGemmKind::q6_K) off = _mm256_maddubs_epi16(_mm256_set1_epi8(32), qy);           \
           for (int i = 0; i < NW; ++i) {                                                                      \
-            __m256i p16 = _mm256_maddubs_epi16(q[i], qy);                                                     \
+            __m256i p16;                                                                                      \
+            if constexpr (K == KGemmKind::q3_K) /* signed x signed: |q| times y with q's sign */              \
+              p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q[i], q[i]), _mm256_sign_epi8(qy, q[i]));           \
+            else                                                                                              \
+              p16 = _mm256_maddubs_epi16(q[i], qy);                                                           \
             if constexpr (K == KGemmKind::q6_K) p16 = _mm256_sub_epi16(p16, off);                             \
             sumi[i][a] = dpwssd(sumi[i][a], sc[i], p16);                                                      \
           }                                                                                                   \
@@ -172,7 +206,11 @@ MK_AVXVNNI_FN inline __m256i dpwssd256_avxvnni(__m256i acc, __m256i s, __m256i p
   return _mm256_dpwssd_avx_epi32(acc, s, p);
 }
 MK_KGEMM_TILE256(kgemm_tile256_avx2, MK_AVX2_FN, dpwssd256_avx2)
+MK_AVX512VNNI_FN inline __m256i dpwssd256_avx512vnni(__m256i acc, __m256i s, __m256i p) {
+  return _mm256_dpwssd_epi32(acc, s, p);
+}
 MK_KGEMM_TILE256(kgemm_tile256_avxvnni, MK_AVXVNNI_FN, dpwssd256_avxvnni)
+MK_KGEMM_TILE256(kgemm_tile256_avx512vnni, MK_AVX512VNNI_FN, dpwssd256_avx512vnni)  // q2_K, q3_K
 
 // ---- 512-bit tiles (AVX-512 VNNI): chunks 2j and 2j + 1 of a super-block in one register (low half,
 // high half), their int32 lanes added when the super-block is done.
@@ -303,9 +341,13 @@ template <KGemmKind K, int NA>
 MK_AVX512VNNI_FN void kgemm_tile512_na(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
   kgemm_tile512<K, 2, NA>(w, y, nb, out);
 }
+template <KGemmKind K, int NA>
+MK_AVX512VNNI_FN void kgemm_tile256_512_na(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
+  kgemm_tile256_avx512vnni<K, 2, NA>(w, y, nb, out);
+}
 template <KGemmKind K>
-void kgemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, int64_t n,
-                   float* out, int64_t ldo) {
+void kgemm_rows512_tiles(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na,
+                         int64_t n, float* out, int64_t ldo) {
   constexpr void (*tiles[8])(const uint8_t* const*, const uint8_t* const*, int64_t, float*) = {
       kgemm_tile512_na<K, 1>, kgemm_tile512_na<K, 2>, kgemm_tile512_na<K, 3>, kgemm_tile512_na<K, 4>,
       kgemm_tile512_na<K, 5>, kgemm_tile512_na<K, 6>, kgemm_tile512_na<K, 7>, kgemm_tile512_na<K, 8>};
@@ -324,6 +366,17 @@ void kgemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, s
         for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
     }
   }
+}
+// q4_K, q5_K, q6_K: the 512-bit tiles; q2_K, q3_K: the 256-bit tile built for AVX-512 VNNI (EVEX
+// vpdpwssd), 2 x 4.
+template <KGemmKind K>
+void kgemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, int64_t n,
+                   float* out, int64_t ldo) {
+  if constexpr (KGemmLayout<K>::k512)
+    kgemm_rows512_tiles<K>(w, w_stride, nw, xq, x_stride, na, n, out, ldo);
+  else
+    gemm_rows<2, 256, kgemm_tile256_512_na<K, 1>, kgemm_tile256_512_na<K, 2>, kgemm_tile256_512_na<K, 3>,
+              kgemm_tile256_512_na<K, 4>>(w, w_stride, nw, xq, x_stride, na, n, out, ldo);
 }
 
 }  // namespace mk::quant::detail
