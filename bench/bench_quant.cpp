@@ -82,13 +82,13 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
     state.SkipWithError("this CPU lacks the instruction set");
     return;
   }
-  const int64_t K = 576, N = 256;
+  const int64_t K = q->block_size == 256 ? 768 : 576, N = 256;  // a small model's n_embd, whole blocks
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 0.02f);
   std::vector<float> w(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * R));
   for (auto& v : w) v = nd(rng);
   for (auto& v : x) v = nd(rng);
-  const size_t row_bytes = dtype_bytes(t, K), xrow = static_cast<size_t>(K / 32 * q->act->block_bytes);
+  const size_t row_bytes = dtype_bytes(t, K), xrow = static_cast<size_t>(K / q->act->block_size * q->act->block_bytes);
   std::vector<uint8_t> qw(row_bytes * N), xq(xrow * static_cast<size_t>(R));
   for (int64_t r = 0; r < N; ++r) q->quantize_row(w.data() + r * K, qw.data() + static_cast<size_t>(r) * row_bytes, K);
   for (int64_t r = 0; r < R; ++r) q->act->quantize_row(x.data() + r * K, xq.data() + static_cast<size_t>(r) * xrow, K);
@@ -100,7 +100,7 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
       for (int64_t j = 0; j < N; ++j) {
         const uint8_t* wr = qw.data() + static_cast<size_t>(j) * row_bytes;
         int64_t r = 0;
-        for (; r + 4 <= R; r += 4) {
+        for (; q->dot_act4 && r + 4 <= R; r += 4) {  // q5_0 / q5_1 have no dot_act4: dot_act per row
           const void* xr[4] = {&xq[r * xrow], &xq[(r + 1) * xrow], &xq[(r + 2) * xrow], &xq[(r + 3) * xrow]};
           float o4[4];
           q->dot_act4(wr, xr, K, o4);
@@ -124,7 +124,14 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();
 MK_QUANT_GEMM_BENCH(Q4_0)
 MK_QUANT_GEMM_BENCH(Q4_1)
+MK_QUANT_GEMM_BENCH(Q5_0)
+MK_QUANT_GEMM_BENCH(Q5_1)
 MK_QUANT_GEMM_BENCH(Q8_0)
+MK_QUANT_GEMM_BENCH(Q2_K)
+MK_QUANT_GEMM_BENCH(Q3_K)
+MK_QUANT_GEMM_BENCH(Q4_K)
+MK_QUANT_GEMM_BENCH(Q5_K)
+MK_QUANT_GEMM_BENCH(Q6_K)
 
 // One thread, timed in process CPU time: comparable between variants on a shared, loaded machine.
 #define MK_QUANT_DOT_BENCH(T)                                                                               \

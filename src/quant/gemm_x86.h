@@ -29,16 +29,41 @@
 
 namespace mk::quant::detail {
 
-enum class GemmKind { q4_0, q4_1, q8_0 };
+enum class GemmKind { q4_0, q4_1, q8_0, q5_0, q5_1 };
 
 template <GemmKind K>
 struct GemmLayout {
-  static constexpr int kBytes = K == GemmKind::q4_0 ? 18 : K == GemmKind::q4_1 ? 20 : 34;  // weight block
-  static constexpr int kQs = K == GemmKind::q4_1 ? 4 : 2;                                   // weight quants offset
-  static constexpr bool kMin = K == GemmKind::q4_1;                                         // q8_1 activations
+  static constexpr int kBytes = K == GemmKind::q4_0   ? 18  // weight block
+                                : K == GemmKind::q4_1 ? 20
+                                : K == GemmKind::q5_0 ? 22
+                                : K == GemmKind::q5_1 ? 24
+                                                      : 34;
+  static constexpr int kQs = K == GemmKind::q4_1 ? 4 : K == GemmKind::q5_0 ? 6 : K == GemmKind::q5_1 ? 8 : 2;  // quants
+  static constexpr bool kFive = K == GemmKind::q5_0 || K == GemmKind::q5_1;  // 5th bits in a u32 qh
+  static constexpr int kQh = K == GemmKind::q5_0 ? 2 : 4;                    // its offset
+  static constexpr bool kMin = K == GemmKind::q4_1 || K == GemmKind::q5_1;   // q8_1 activations
   static constexpr int kXBytes = kMin ? 36 : 34, kXQs = kMin ? 4 : 2;
-  static constexpr int kCorr = K == GemmKind::q4_0 ? 8 : K == GemmKind::q8_0 ? 128 : 0;  // weight offset
+  static constexpr int kCorr = K == GemmKind::q4_0 ? 8 : K == GemmKind::q5_0 ? 16 : K == GemmKind::q8_0 ? 128 : 0;  // weight offset
 };
+
+// ggml's bytes_from_bits_32: byte j = 0xff where bit j of the little-endian u32 at p is set, else 0.
+MK_AVX2_FN inline __m256i bytes_from_bits_32(const uint8_t* p) {
+  uint32_t x32;
+  __builtin_memcpy(&x32, p, 4);
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x32)), shuf);
+  const __m256i bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1));
+}
+// The 32 unsigned weight integers of a q4_0 / q4_1 / q5_0 / q5_1 block at p: nibbles (elements 0..15
+// low, 16..31 high), plus 16 where the 5th bit is set.
+template <GemmKind K>
+MK_AVX2_FN inline __m256i nibble_block_u8(const uint8_t* p) {
+  using L = GemmLayout<K>;
+  __m256i u = bytes_from_nibbles_32(p + L::kQs);
+  if constexpr (L::kFive) u = _mm256_or_si256(u, _mm256_and_si256(bytes_from_bits_32(p + L::kQh), _mm256_set1_epi8(0x10)));
+  return u;
+}
 
 // ---- 256-bit tiles (AVX2 or AVX-VNNI): NW weight rows x NA activation rows. One body, built under
 // two target attributes (a function's target cannot depend on a template argument, and the AVX2
@@ -66,7 +91,7 @@ struct GemmLayout {
           const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs));                 \
           u[i] = VNNI ? _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80))) : x; /* x + 128 / x */ \
         } else {                                                                                              \
-          u[i] = bytes_from_nibbles_32(p + L::kQs);                                                           \
+          u[i] = nibble_block_u8<K>(p);                                                                       \
         }                                                                                                     \
       }                                                                                                       \
       for (int a = 0; a < NA; ++a) {                                                                          \
@@ -76,7 +101,7 @@ struct GemmLayout {
         if constexpr (L::kMin) sx = ld_f16c(yb + 2);                                                          \
         const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs));                \
         __m256i base = _mm256_setzero_si256();                                                                \
-        if constexpr (L::kCorr != 0 && (VNNI || K == GemmKind::q4_0))                                         \
+        if constexpr (L::kCorr != 0 && (VNNI || K != GemmKind::q8_0))                                         \
           base = _mm256_sub_epi32(                                                                            \
               base, dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(L::kCorr)), qy));       \
         for (int i = 0; i < NW; ++i) {                                                                        \
@@ -120,7 +145,7 @@ MK_AVX512VNNI_FN inline void gemm_tile512(const uint8_t* const* w, const uint8_t
       return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs)),
                               _mm256_set1_epi8(static_cast<char>(0x80)));
     else
-      return bytes_from_nibbles_32(p + L::kQs);
+      return nibble_block_u8<K>(p);
   };
   for (int64_t b = 0; b < nb; ++b) {
     __m512i u[NP];
@@ -223,8 +248,8 @@ MK_AVX512VNNI_FN void gemm_rows512(const void* w, size_t w_stride, int64_t nw, c
 }
 
 // The gemm_act of quant.h from a tile function: weight rows in groups of RW (the last group padded
-// by repeating its last row), activation rows in groups of up to 4.
-template <int RW, void (*T1)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
+// by repeating its last row), activation rows in groups of up to 4; blocks of QK elements.
+template <int RW, int QK, void (*T1)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T2)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T3)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T4)(const uint8_t* const*, const uint8_t* const*, int64_t, float*)>
@@ -242,10 +267,10 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
       for (int a = 0; a < cols; ++a) yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
       float t[RW * 4];
       switch (cols) {
-        case 1: T1(wr, yr, n / 32, t); break;
-        case 2: T2(wr, yr, n / 32, t); break;
-        case 3: T3(wr, yr, n / 32, t); break;
-        default: T4(wr, yr, n / 32, t); break;
+        case 1: T1(wr, yr, n / QK, t); break;
+        case 2: T2(wr, yr, n / QK, t); break;
+        case 3: T3(wr, yr, n / QK, t); break;
+        default: T4(wr, yr, n / QK, t); break;
       }
       for (int i = 0; i < rows; ++i)
         for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
@@ -255,34 +280,18 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
 
 }  // namespace mk::quant::detail
 
-// Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for weight kind KIND) and
-// NAME_generic (dot_act per pair through DOT_ACT_GENERIC), plus NAME, which picks one once.
-#define MK_QUANT_GEMM_ACT(NAME, KIND, DOT_ACT_GENERIC)                                                         \
-  template <int NA>                                                                                           \
-  MK_AVX2_FN void NAME##_t_avx2(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) {     \
-    ::mk::quant::detail::gemm_tile256_avx2<KIND, 2, NA>(w, y, nb, o);                                       \
-  }                                                                                                           \
-  template <int NA>                                                                                           \
-  MK_AVXVNNI_FN void NAME##_t_avxvnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) { \
-    ::mk::quant::detail::gemm_tile256_avxvnni<KIND, 2, NA>(w, y, nb, o);                                        \
-  }                                                                                                           \
-  void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
-                   float* out, int64_t ldo) {                                                                 \
-    ::mk::quant::detail::gemm_rows<2, NAME##_t_avx2<1>, NAME##_t_avx2<2>, NAME##_t_avx2<3>, NAME##_t_avx2<4>>( \
-        w, ws, nw, x, xs, na, n, out, ldo);                                                                   \
-  }                                                                                                           \
-  void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
-                      float* out, int64_t ldo) {                                                              \
-    ::mk::quant::detail::gemm_rows<2, NAME##_t_avxvnni<1>, NAME##_t_avxvnni<2>, NAME##_t_avxvnni<3>,          \
-                                   NAME##_t_avxvnni<4>>(w, ws, nw, x, xs, na, n, out, ldo);                   \
-  }                                                                                                           \
-  void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
-                         int64_t n, float* out, int64_t ldo) {                                                \
-    /* one q4_1 activation row: the 256-bit tile is faster (no separate pass for the minimum terms) */       \
-    if (::mk::quant::detail::GemmLayout<KIND>::kMin && na == 1)                                               \
-      return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
-    ::mk::quant::detail::gemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
-  }                                                                                                           \
+// FN: the gemm_act of gemm_rows<RW, QK> over TILE<1> .. TILE<4> (TILE<NA>: RW weight rows x NA
+// activation rows).
+#define MK_QUANT_GEMM_ROWS(FN, RW, QK, TILE)                                                                  \
+  void FN(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, float* out,  \
+          int64_t ldo) {                                                                                      \
+    ::mk::quant::detail::gemm_rows<RW, QK, TILE<1>, TILE<2>, TILE<3>, TILE<4>>(w, ws, nw, x, xs, na, n, out,  \
+                                                                               ldo);                          \
+  }
+
+// NAME_generic (dot_act per pair through DOT_ACT_GENERIC) and NAME, which picks one of NAME_generic,
+// NAME_avx2, NAME_avxvnni, NAME_avx512vnni once (gemm_isa).
+#define MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)                                                  \
   void NAME##_generic(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
                       float* out, int64_t ldo) {                                                              \
     for (int64_t i = 0; i < nw; ++i)                                                                          \
@@ -300,3 +309,25 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
       default: return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                                      \
     }                                                                                                         \
   }
+
+// Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for weight kind KIND) and
+// NAME_generic (dot_act per pair through DOT_ACT_GENERIC), plus NAME, which picks one once.
+#define MK_QUANT_GEMM_ACT(NAME, KIND, DOT_ACT_GENERIC)                                                         \
+  template <int NA>                                                                                           \
+  MK_AVX2_FN void NAME##_t_avx2(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) {     \
+    ::mk::quant::detail::gemm_tile256_avx2<KIND, 2, NA>(w, y, nb, o);                                       \
+  }                                                                                                           \
+  template <int NA>                                                                                           \
+  MK_AVXVNNI_FN void NAME##_t_avxvnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) { \
+    ::mk::quant::detail::gemm_tile256_avxvnni<KIND, 2, NA>(w, y, nb, o);                                        \
+  }                                                                                                           \
+  MK_QUANT_GEMM_ROWS(NAME##_avx2, 2, 32, NAME##_t_avx2)                                                       \
+  MK_QUANT_GEMM_ROWS(NAME##_avxvnni, 2, 32, NAME##_t_avxvnni)                                                 \
+  void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
+                         int64_t n, float* out, int64_t ldo) {                                                \
+    /* one q4_1 activation row: the 256-bit tile is faster (no separate pass for the minimum terms) */       \
+    if (::mk::quant::detail::GemmLayout<KIND>::kMin && na == 1)                                               \
+      return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
+    ::mk::quant::detail::gemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
+  }                                                                                                           \
+  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)

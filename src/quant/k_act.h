@@ -81,33 +81,7 @@ MK_AVX2_FN inline __m256i k4_sumi(const K4Block& k, const uint8_t* y) {
   return sumi;
 }
 
-// NAME_generic / NAME_avx2 / NAME_avx512: builds of the spec SPEC (an always_inline function of
-// this signature) for the build target and under target attributes; NAME picks one once. With
-// HAND, the AVX2 build is a hand-written kernel, used on AVX2 and AVX-512 machines.
-#define MK_QUANT_DOT_ACT_K(NAME, SPEC)                                                                  \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,bmi2"))) float NAME##_avx512(              \
-      const void* w, const void* x, int64_t n) {                                                       \
-    return SPEC(w, x, n);                                                                              \
-  }                                                                                                    \
-  __attribute__((target("avx2,fma,bmi2"))) float NAME##_avx2(const void* w, const void* x, int64_t n) { \
-    return SPEC(w, x, n);                                                                              \
-  }                                                                                                    \
-  float NAME##_generic(const void* w, const void* x, int64_t n) { return SPEC(w, x, n); }              \
-  float NAME(const void* w, const void* x, int64_t n) {                                                \
-    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                    \
-    if (isa == ::mk::quant::detail::Isa::avx512) return NAME##_avx512(w, x, n);                        \
-    if (isa == ::mk::quant::detail::Isa::avx2) return NAME##_avx2(w, x, n);                            \
-    return NAME##_generic(w, x, n);                                                                    \
-  }
-
-#define MK_QUANT_DOT_ACT_K_HAND_AVX2(NAME, SPEC, AVX2_FN)                                    \
-  float NAME##_avx512(const void* w, const void* x, int64_t n) { return AVX2_FN(w, x, n); } \
-  float NAME##_avx2(const void* w, const void* x, int64_t n) { return AVX2_FN(w, x, n); }   \
-  float NAME##_generic(const void* w, const void* x, int64_t n) { return SPEC(w, x, n); }   \
-  float NAME(const void* w, const void* x, int64_t n) {                                     \
-    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();         \
-    if (isa != ::mk::quant::detail::Isa::generic) return AVX2_FN(w, x, n);                  \
-    return NAME##_generic(w, x, n);                                                         \
-  }
+// The variant/dispatch glue (NAME_generic, NAME_avx2, NAME_avx512, NAME) is quant_impl.h's
+// MK_QUANT_DOT_ACT_SPEC_HAND_AVX2 over the per-type spec and hand-written AVX2 kernel.
 
 }  // namespace mk::quant::detail

@@ -34,6 +34,14 @@ inline void scales_mins_k4(const uint8_t* s, uint32_t out[4]) {
   out[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
 }
 
+// q3_K's 16 signed 6-bit scales (sc - 32) from its 12 scale bytes s (ggml-quants.c dequantize_row_q3_K):
+// low 4 bits in s[k] (k < 8) or s[k - 8] >> 4, top 2 bits in bits 2 (k / 4) of s[8 + k % 4].
+inline int scale6(const uint8_t* s, int k) {
+  const int lo = k < 8 ? (s[k] & 0x0f) : (s[k - 8] >> 4);
+  const int hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
 inline void pack_scale_min_k4(const uint8_t* sc, const uint8_t* m, uint8_t* s) {
   for (int j = 0; j < 12; ++j) s[j] = 0;
   for (int j = 0; j < 8; ++j) {

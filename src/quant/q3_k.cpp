@@ -7,18 +7,13 @@
 #include <algorithm>
 
 #include "quant/k_act.h"
+#include "quant/k_gemm_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
 namespace {
 using namespace detail;
 constexpr int kQK = 256, kBytes = 110;
-
-inline int scale6(const uint8_t* s, int k) {
-  const int lo = k < 8 ? (s[k] & 0x0f) : (s[k - 8] >> 4);
-  const int hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
-  return (lo | (hi << 4)) - 32;
-}
 
 inline void dequant_block(const uint8_t* b, float* y) {
   const float d = ld_f16(b + 108);
@@ -122,10 +117,13 @@ MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
   }
   return hsum_float_8(acc);
 }
-MK_QUANT_DOT_ACT_K_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
+MK_QUANT_DOT_ACT_SPEC_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
+MK_QUANT_DOT_ACT4_K(dot_act4, KGemmKind::q3_K, dot_act)
+MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q3_K, dot_act_generic, dot_act_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ3_K = {DType::Q3_K, "q3_K", 11, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
-                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}};
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
+                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant

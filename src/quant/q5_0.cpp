@@ -2,6 +2,7 @@
 // bit j of the little-endian u32 qh is element j's 5th bit; value d * (q - 16) (block_q5_0).
 #include <algorithm>
 
+#include "quant/gemm_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -59,9 +60,11 @@ inline void unpack_block(const uint8_t* b, int8_t* q, float* d, float*) {
   }
 }
 MK_QUANT_DOT_ACT(dot_act, kBytes, unpack_block, false)
+MK_QUANT_GEMM_ACT(gemm_act, GemmKind::q5_0, dot_act_generic)
 }  // namespace
 
 extern const QuantType kQ5_0 = {DType::Q5_0, "q5_0", 6, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
-                                &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}};
+                                &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
+                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant

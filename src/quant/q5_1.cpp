@@ -2,6 +2,7 @@
 // value d * q + m (block_q5_1).
 #include <algorithm>
 
+#include "quant/gemm_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -60,9 +61,11 @@ inline void unpack_block(const uint8_t* b, int8_t* q, float* d, float* m) {
   }
 }
 MK_QUANT_DOT_ACT(dot_act, kBytes, unpack_block, true)
+MK_QUANT_GEMM_ACT(gemm_act, GemmKind::q5_1, dot_act_generic)
 }  // namespace
 
 extern const QuantType kQ5_1 = {DType::Q5_1, "q5_1", 7, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
-                                &kQ8_1Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}};
+                                &kQ8_1Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
+                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant

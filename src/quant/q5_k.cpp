@@ -5,6 +5,7 @@
 
 #include "quant/k_scales.h"
 #include "quant/k_act.h"
+#include "quant/k_gemm_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -115,35 +116,14 @@ MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
   }
   return hsum_float_8(acc) + summs;
 }
-MK_QUANT_DOT_ACT_K_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
+MK_QUANT_DOT_ACT_SPEC_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
 
-// dot_act_avx2_hand against four activation rows, each weight block unpacked once.
-MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t n, float* out) {
-  const uint8_t* p = static_cast<const uint8_t*>(w);
-  const uint8_t* y[4];
-  __m256 acc[4];
-  float summs[4] = {};
-  for (int r = 0; r < 4; ++r) {
-    y[r] = static_cast<const uint8_t*>(xq[r]);
-    acc[r] = _mm256_setzero_ps();
-  }
-  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes) {
-    const float xd = ld_f16c(p), xdmin = ld_f16c(p + 2);
-    K4Block k;
-    unpack_avx2(p, k);
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* yb = y[r] + b * kQ8KBytes;
-      const float dy = q8k_d(yb);
-      summs[r] = std::fma(-dy * xdmin, static_cast<float>(hsum_i32x4(k4_mins_lanes(k.mins, yb))), summs[r]);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dy * xd), _mm256_cvtepi32_ps(k4_sumi(k, yb)), acc[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]) + summs[r];
-}
-MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
+MK_QUANT_DOT_ACT4_K(dot_act4, KGemmKind::q5_K, dot_act)
+MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q5_K, dot_act_generic, dot_act_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ5_K = {DType::Q5_K, "q5_K", 13, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
-                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}, dot_act4};
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
+                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant

@@ -6,6 +6,7 @@
 
 #include "quant/avx2.h"
 #include "quant/k_act.h"
+#include "quant/k_gemm_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -163,36 +164,14 @@ MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
   }
   return hsum_float_8(acc);
 }
-MK_QUANT_DOT_ACT_K_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
+MK_QUANT_DOT_ACT_SPEC_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
 
-// dot_act_avx2_hand against four activation rows, each weight chunk unpacked once.
-MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t n, float* out) {
-  const uint8_t* p = static_cast<const uint8_t*>(w);
-  const uint8_t* y[4];
-  __m256 acc[4];
-  for (int r = 0; r < 4; ++r) {
-    y[r] = static_cast<const uint8_t*>(xq[r]);
-    acc[r] = _mm256_setzero_ps();
-  }
-  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes) {
-    __m256i sumi[4];
-    for (int r = 0; r < 4; ++r) sumi[r] = _mm256_setzero_si256();
-    for (int c = 0; c < 8; ++c) {
-      __m256i q, sc;
-      chunk_avx2(p, c, q, sc);
-      for (int r = 0; r < 4; ++r)
-        sumi[r] = _mm256_add_epi32(sumi[r], chunk_dot(q, sc, y[r] + b * kQ8KBytes + kQ8KQs + 32 * c));
-    }
-    const float xd = ld_f16c(p + 208);
-    for (int r = 0; r < 4; ++r)
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q8k_d(y[r] + b * kQ8KBytes) * xd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-  }
-  for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]);
-}
-MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
+MK_QUANT_DOT_ACT4_K(dot_act4, KGemmKind::q6_K, dot_act)
+MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q6_K, dot_act_generic, dot_act_avx2_hand)
 }  // namespace
 
 extern const QuantType kQ6_K = {DType::Q6_K, "q6_K", 14, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
-                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}, dot_act4};
+                                &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
+                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant

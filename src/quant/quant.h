@@ -99,15 +99,15 @@ struct QuantType {
   float (*dot_act)(const void* w, const void* xq, int64_t n) = nullptr;
   float (*dot_act_variants[3])(const void* w, const void* xq, int64_t n) = {};
   // dot_act of one weight row against four activation rows xq[0..3] (out[r]; the same bits as four
-  // dot_act calls), unpacking each weight block once: for prefill. nullptr where not written (q4_0,
-  // q4_1, q8_0, q4_K, q5_K, q6_K have it); the AVX2 kernel on AVX2/AVX-512 machines, else four
-  // dot_act calls.
+  // dot_act calls), unpacking each weight block once: for prefill. nullptr where not written (q5_0,
+  // q5_1: their gemm_act serves); the AVX2 kernel on AVX2/AVX-512 machines, else four dot_act calls.
   void (*dot_act4)(const void* w, const void* const* xq, int64_t n, float* out) = nullptr;
   // A tile of dot_act: out[a * ldo + i] = dot_act(w + i * w_stride, xq + a * xq_stride, n) for weight
   // rows i < nw and activation rows a < na (strides in bytes), the same bits as dot_act per pair.
-  // Register-blocked (src/quant/gemm_x86.h: 4 weight rows x 4 activation rows per pass with AVX-512
-  // VNNI, 2 x 4 with AVX2 / AVX-VNNI): for batched decode and prefill. nullptr where not written
-  // (q4_0, q4_1, q8_0 have it); picks the best variant this CPU runs once (gemm_isa).
+  // Register-blocked (src/quant/gemm_x86.h: 4 weight rows x 8 activation rows per pass with AVX-512
+  // VNNI, 2 x 4 with AVX2 / AVX-VNNI; src/quant/k_gemm_x86.h for the K-quants: 2 x 4 per pass over
+  // q8_K super-blocks): for batched decode and prefill. Every type has one (nullptr would mean not
+  // written); picks the best variant this CPU runs once (gemm_isa).
   using GemmActFn = void (*)(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t xq_stride,
                              int64_t na, int64_t n, float* out, int64_t ldo);
   GemmActFn gemm_act = nullptr;

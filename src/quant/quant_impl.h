@@ -151,40 +151,42 @@ template <int BYTES, void (*UNPACK)(const uint8_t*, int8_t*, float*, float*), bo
   return hsum8(acc) + summs;
 }
 
-// NAME_generic / NAME_avx2 / NAME_avx512 builds of dot_act_blocks and NAME, which picks one once.
-#define MK_QUANT_DOT_ACT(NAME, BYTES, UNPACK, MIN)                                                              \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,bmi2"))) float NAME##_avx512(                       \
-      const void* w, const void* x, int64_t n) {                                                                \
-    return ::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>(w, x, n);                                    \
-  }                                                                                                             \
-  __attribute__((target("avx2,fma,bmi2"))) float NAME##_avx2(const void* w, const void* x, int64_t n) {         \
-    return ::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>(w, x, n);                                    \
-  }                                                                                                             \
-  float NAME##_generic(const void* w, const void* x, int64_t n) {                                               \
-    return ::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>(w, x, n);                                    \
-  }                                                                                                             \
-  float NAME(const void* w, const void* x, int64_t n) {                                                         \
-    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                             \
-    if (isa == ::mk::quant::detail::Isa::avx512) return NAME##_avx512(w, x, n);                                 \
-    if (isa == ::mk::quant::detail::Isa::avx2) return NAME##_avx2(w, x, n);                                     \
-    return NAME##_generic(w, x, n);                                                                             \
+// The variant/dispatch glue of every dot_act (the 32-element types and the K-quants alike):
+// NAME_generic / NAME_avx2 / NAME_avx512, builds of SPEC (an always_inline function (w, xq, n) ->
+// float; a template-id goes in parentheses) for the build target and under target attributes, and
+// NAME, which picks one once (runtime_isa). With HAND, NAME_avx2 and NAME_avx512 are the hand-written
+// AVX2 kernel AVX2_FN (avx2.h, k_act.h), used on AVX2 and AVX-512 machines alike; NAME_generic stays
+// the spec. All give the same bits (QuantAct.* / QuantActK.* tests).
+#define MK_QUANT_DOT_ACT_SPEC(NAME, SPEC)                                                                    \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,bmi2"))) float NAME##_avx512(                     \
+      const void* w, const void* x, int64_t n) {                                                              \
+    return SPEC(w, x, n);                                                                                     \
+  }                                                                                                           \
+  __attribute__((target("avx2,fma,bmi2"))) float NAME##_avx2(const void* w, const void* x, int64_t n) {       \
+    return SPEC(w, x, n);                                                                                     \
+  }                                                                                                           \
+  float NAME##_generic(const void* w, const void* x, int64_t n) { return SPEC(w, x, n); }                     \
+  float NAME(const void* w, const void* x, int64_t n) {                                                       \
+    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                           \
+    if (isa == ::mk::quant::detail::Isa::avx512) return NAME##_avx512(w, x, n);                               \
+    if (isa == ::mk::quant::detail::Isa::avx2) return NAME##_avx2(w, x, n);                                   \
+    return NAME##_generic(w, x, n);                                                                           \
+  }
+#define MK_QUANT_DOT_ACT_SPEC_HAND_AVX2(NAME, SPEC, AVX2_FN)                                                 \
+  float NAME##_avx512(const void* w, const void* x, int64_t n) { return AVX2_FN(w, x, n); }                  \
+  float NAME##_avx2(const void* w, const void* x, int64_t n) { return AVX2_FN(w, x, n); }                    \
+  float NAME##_generic(const void* w, const void* x, int64_t n) { return SPEC(w, x, n); }                    \
+  float NAME(const void* w, const void* x, int64_t n) {                                                       \
+    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                           \
+    if (isa != ::mk::quant::detail::Isa::generic) return AVX2_FN(w, x, n);                                    \
+    return NAME##_generic(w, x, n);                                                                           \
   }
 
-// As MK_QUANT_DOT_ACT with a hand-written AVX2 function (avx2.h) on AVX2 and AVX-512 machines.
-#define MK_QUANT_DOT_ACT_HAND_AVX2(NAME, BYTES, UNPACK, MIN, AVX2_FN)                                           \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,bmi2"))) float NAME##_avx512(                       \
-      const void* w, const void* x, int64_t n) {                                                                \
-    return AVX2_FN(w, x, n);                                                                                    \
-  }                                                                                                             \
-  float NAME##_avx2(const void* w, const void* x, int64_t n) { return AVX2_FN(w, x, n); }                       \
-  float NAME##_generic(const void* w, const void* x, int64_t n) {                                               \
-    return ::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>(w, x, n);                                    \
-  }                                                                                                             \
-  float NAME(const void* w, const void* x, int64_t n) {                                                         \
-    static const ::mk::quant::detail::Isa isa = ::mk::quant::detail::runtime_isa();                             \
-    if (isa != ::mk::quant::detail::Isa::generic) return AVX2_FN(w, x, n);                                      \
-    return NAME##_generic(w, x, n);                                                                             \
-  }
+// The 32-element types: the spec is dot_act_blocks over UNPACK.
+#define MK_QUANT_DOT_ACT(NAME, BYTES, UNPACK, MIN) \
+  MK_QUANT_DOT_ACT_SPEC(NAME, (::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>))
+#define MK_QUANT_DOT_ACT_HAND_AVX2(NAME, BYTES, UNPACK, MIN, AVX2_FN) \
+  MK_QUANT_DOT_ACT_SPEC_HAND_AVX2(NAME, (::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>), AVX2_FN)
 
 // dot_act4 from a hand-written AVX2 four-row kernel, or four calls of NAME where the CPU has no AVX2.
 #define MK_QUANT_DOT_ACT4_HAND_AVX2(NAME, DOT_ACT, AVX2_FN)                                                   \

@@ -587,9 +587,11 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
     if (!q->gemm_act) continue;
     SCOPED_TRACE(type_name(q));
     ++with_gemm;
-    for (const int64_t n : {int64_t{32}, int64_t{7 * 32}, int64_t{18 * 32}}) {
-      const int64_t n_w = 10, n_x = 17;
-      const size_t wrow = static_cast<size_t>(n / 32 * q->block_bytes), xrow = static_cast<size_t>(n / 32 * q->act->block_bytes);
+    const bool k_quant = q->block_size == 256;  // 256-element super-blocks: fewer of them
+    for (const int64_t blocks : {int64_t{1}, int64_t{k_quant ? 3 : 7}, int64_t{k_quant ? 5 : 18}}) {
+      const int64_t n = blocks * q->block_size, n_w = 10, n_x = 17;
+      const size_t wrow = static_cast<size_t>(blocks * q->block_bytes);
+      const size_t xrow = static_cast<size_t>(n / q->act->block_size * q->act->block_bytes);
       const size_t ws = wrow + 6, xs = xrow + 10;  // padded strides
       std::vector<uint8_t> w(ws * n_w), x(xs * n_x);
       for (int64_t i = 0; i < n_w; ++i) {
@@ -612,7 +614,8 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
         for (const int64_t w0 : {int64_t{0}, int64_t{1}})
           for (const int64_t nw : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7}, int64_t{9}}) {
             if (w0 + nw > n_w) continue;
-            for (const int64_t na : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{9}, int64_t{17}}) {
+            for (const int64_t na : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{7},
+                                     int64_t{8}, int64_t{9}, int64_t{17}}) {  // every tile width up to 8, and more
               const int64_t ldo = nw + 3;
               std::vector<float> out(static_cast<size_t>(na * ldo), -7.0f);
               q->gemm_act_variants[v](w.data() + ws * w0, ws, nw, x.data(), xs, na, n, out.data(), ldo);
@@ -623,7 +626,9 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
                     EXPECT_EQ(got, -7.0f) << "wrote past the tile";
                     continue;
                   }
-                  const float want = dot_act_model(q, w.data() + ws * (w0 + i), x.data() + xs * a, n);
+                  // the K-quants: their dot_act spec (checked against llama.cpp in QuantActK.*)
+                  const uint8_t *wr = w.data() + ws * (w0 + i), *xr = x.data() + xs * a;
+                  const float want = k_quant ? q->dot_act_variants[0](wr, xr, n) : dot_act_model(q, wr, xr, n);
                   if (std::isnan(want)) {
                     EXPECT_TRUE(std::isnan(got));
                     continue;
@@ -639,7 +644,7 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
       }
     }
   }
-  EXPECT_EQ(with_gemm, 3);  // q4_0, q4_1, q8_0
+  EXPECT_EQ(with_gemm, 10);  // every type
   EXPECT_TRUE(quant::gemm_isa_available(quant::gemm_isa()));
 }
 
