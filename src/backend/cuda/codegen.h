@@ -48,6 +48,7 @@ struct MkError {
 };
 struct MkSym {
   int32_t n_tokens, n_out;
+  int32_t want_topk, pad;  // 0: the caller reads no topk output this step (the op's tiles only signal)
 };
 struct MkParams {
   uint64_t instrs, waits, list_offsets, list_items, op_instrs, ops, counters, queue, error, abort_flag, sym_dev;
@@ -57,7 +58,7 @@ struct MkParams {
   uint32_t epoch, pad;
 };
 static_assert(sizeof(MkInstr) == 32 && sizeof(MkWait) == 16 && sizeof(MkOpArgs) == 112 && sizeof(MkError) == 32 &&
-              sizeof(MkParams) == 120);
+              sizeof(MkParams) == 128);
 struct MkTraceRec {  // one executed instruction (globaltimer ns)
   int32_t instr;
   uint32_t smid;

@@ -373,7 +373,8 @@ class CudaBackend final : public Backend {
     put(p.block_table_buffer, si.block_table);
     put(p.logit_rows_buffer, si.logit_rows);
     const int64_t n_past = si.positions.empty() ? 0 : si.positions[0];  // for error messages
-    cuda::MkSym sym{static_cast<int32_t>(m), static_cast<int32_t>(si.n_out())};
+    // want_topk: only a top-k step reads the topk op's rows; the others skip its selection.
+    cuda::MkSym sym{static_cast<int32_t>(m), static_cast<int32_t>(si.n_out()), out_buffer == topk_buffer_ ? 1 : 0, 0};
     std::memcpy(in + (in_hi_ - in_lo_), &sym, sizeof sym);
     const Buffer& ob = p.buffers[static_cast<size_t>(out_buffer)];
     const int64_t out_rows = ob.rows.eval({m, si.n_out()});

@@ -52,8 +52,10 @@ struct MkError {   // first failure wins; read by the host after each step
   mk_u32 epoch;
 };
 struct MkSym {
-  int n_tokens;  // rows of this step
-  int n_out;     // rows whose logits it returns
+  int n_tokens;   // rows of this step
+  int n_out;      // rows whose logits it returns
+  int want_topk;  // 0: the caller reads no topk output this step (mk_topk returns at once)
+  int pad;
 };
 struct MkParams {
   const MkInstr* instrs;
@@ -77,7 +79,7 @@ static_assert(sizeof(MkInstr) == 32, "MkInstr ABI");
 static_assert(sizeof(MkWait) == 16, "MkWait ABI");
 static_assert(sizeof(MkOpArgs) == 112, "MkOpArgs ABI");
 static_assert(sizeof(MkError) == 32, "MkError ABI");
-static_assert(sizeof(MkParams) == 120, "MkParams ABI");
+static_assert(sizeof(MkParams) == 128, "MkParams ABI");
 
 #define MK_WARPS (MK_THREADS / 32)
 #define MK_NEG_INF (__int_as_float(0xff800000))

@@ -1218,6 +1218,7 @@ __device__ void mk_topk(const MkInstr& in, const MkOpArgs& a, const MkSym& s, ch
   int* ci = (int*)(cv + CAP);             // [CAP] their indices
   int* sc = ci + CAP;                     // [16] non-finite count, first non-finite, NaN count, appended,
                                           // cut value bits, cut index, radix state
+  if (!s.want_topk) return;  // greedy or logits step: nobody reads the candidates (uniform per block)
   const int R = C::rows(s), t = (int)threadIdx.x;
   for (int r = 0; r < R; ++r) {
     const float* x = a.x + (mk_i64)r * C::XS;
