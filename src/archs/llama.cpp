@@ -13,6 +13,7 @@
 #include "archs/gguf_common.h"
 #include "archs/registry.h"
 #include "model/hparams.h"
+#include "support/printable.h"
 
 namespace mk {
 
@@ -85,10 +86,10 @@ void check_llama_keys(const ModelFile& m, const std::string& a) {
       if (suffix == n.suffix) neutral = &n;
     if (!neutral)
       fail("{}: metadata key {} is not supported for the {} architecture (it may change the model's math)", m.path,
-           key, a);
+           printable(key), a);
     const double v = numeric_value(m, key);
     if (v != neutral->neutral)
-      fail("{}: {} = {}: {} is not supported (only {} is)", m.path, key, v, neutral->meaning, neutral->neutral);
+      fail("{}: {} = {}: {} is not supported (only {} is)", m.path, printable(key), v, neutral->meaning, neutral->neutral);
   }
 }
 
@@ -100,7 +101,7 @@ Attrs read_rope_scaling(const ModelFile& m, const std::string& a) {
                     old_key = a + ".rope.scale_linear";
   std::string type = m.has(type_key) ? m.get_str(type_key) : "";
   if (!type.empty() && type != "none" && type != "linear")
-    fail("{}: {} = {} is not supported (supported: none, linear)", m.path, type_key, type);
+    fail("{}: {} = {} is not supported (supported: none, linear)", m.path, type_key, printable(type));
   // The factor: rope.scaling.factor, else rope.scale_linear; both present must agree. 0 means
   // "none" in llama.cpp's converter output.
   std::optional<double> factor;

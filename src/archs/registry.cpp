@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include "archs/hf_common.h"
+#include "support/printable.h"
 
 namespace mk {
 
@@ -36,7 +37,7 @@ const ArchEntry& find_arch(const ModelFile& m) {
   std::string arch = m.get_str("general.architecture");
   for (const auto& e : kArchs)
     if (fmt_name == e.format && arch == e.arch) return e;
-  fail("{}: unsupported architecture '{}' ({} file); supported: {}", m.path, arch, m.format,
+  fail("{}: unsupported architecture '{}' ({} file); supported: {}", m.path, printable(arch), m.format,
        fmt::join(supported_architectures(), ", "));
 }
 }  // namespace

@@ -1,4 +1,5 @@
 // `chat`: an interactive, multi-turn conversation with the model's chat template; replies stream.
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -24,10 +25,11 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--system", o->system, "system message at the start of the conversation");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
   cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->check(integer_at_least(0));
-  cmd->add_option("--temp", o->gen.sampler.temperature, "sampling temperature (0 = greedy)");
-  cmd->add_option("--top-k", o->gen.sampler.top_k, "top-k sampling (0 = off)");
-  cmd->add_option("--top-p", o->gen.sampler.top_p, "top-p (nucleus) sampling (1 = off)");
-  cmd->add_option("--seed", o->gen.sampler.seed, "random seed");
+  cmd->add_option("--temp", o->gen.sampler.temperature, "sampling temperature (0 = greedy)")
+      ->check(number_range(0, HUGE_VAL));
+  cmd->add_option("--top-k", o->gen.sampler.top_k, "top-k sampling (0 = off)")->check(integer_at_least(0));
+  cmd->add_option("--top-p", o->gen.sampler.top_p, "top-p (nucleus) sampling (1 = off)")->check(number_range(0, 1, /*above_lo=*/true));
+  cmd->add_option("--seed", o->gen.sampler.seed, "random seed")->check(unsigned_integer());
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
   cmd->add_option("--backend", o->session.backend, "backend: reference, cpu, ... (default: the fastest available)");

@@ -35,7 +35,8 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--schedule", o->schedule, "dynamic, static-rr or static-cp");
   cmd->add_option("-c,--ctx-size", o->n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
-  cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)");
+  cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)")
+      ->check(integer_at_least(1));
   cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
   cmd->add_option("--attn-splits", o->attn_splits,
                   "flash-decoding splits of attention (0 = auto; default: auto for --emit cuda, else 1)")

@@ -45,6 +45,11 @@ struct ServeOptions {
   std::string model_id;
 };
 
+// --timeout above a year would overflow the deadline arithmetic for no use (0 means no limit);
+// --max-body is at least 1 byte (0 would refuse every body) and at most 1 TiB.
+constexpr double kMaxTimeoutS = 365.0 * 24 * 3600;
+constexpr int64_t kMaxBodyLimit = int64_t{1} << 40;
+
 // A request the client got wrong (or cannot be served now): status, OpenAI error type and field.
 struct HttpError {
   int status;
@@ -691,10 +696,12 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-queue", o->max_queue, "requests waiting beyond --parallel; more get HTTP 429")
       ->check(integer_at_least(0));
   cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)")
-      ->check(integer_at_least(0));
+      ->check(integer_range(0, int64_t{1} << 30));
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)");
-  cmd->add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its end (0 = none)");
-  cmd->add_option("--max-body", o->max_body, "largest request body in bytes (larger: HTTP 413)");
+  cmd->add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its end (0 = none)")
+      ->check(number_range(0, kMaxTimeoutS));
+  cmd->add_option("--max-body", o->max_body, "largest request body in bytes (larger: HTTP 413)")
+      ->check(integer_range(1, kMaxBodyLimit));
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 chat template to use instead of the model's");
   cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)");
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length per request (0 = the model's, at most 4096)")

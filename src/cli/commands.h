@@ -19,8 +19,15 @@ void add_serve_command(CLI::App& app);
 // Validators for integer options, replacing CLI11's Range/NonNegativeNumber (which call "abc" out of
 // range and print the double limits): "'abc' is not a whole number", "-1 is out of range: it must be 0
 // or more" (CLI11 puts the option's name first).
+// integer_at_least's upper bound is the target's own limit (default: an int's), so a value the
+// option cannot hold is "out of range: it must be at most 2147483647", not CLI11's "Could not convert".
 CLI::Validator integer_range(int64_t lo, int64_t hi);
-CLI::Validator integer_at_least(int64_t lo);
+CLI::Validator integer_at_least(int64_t lo, int64_t hi = INT32_MAX);
+// A uint64 option (--seed): 0 to 2^64-1; "-1" and "2^64" are out of range, not wrapped.
+CLI::Validator unsigned_integer();
+// A finite decimal number in [lo, hi] ((lo, hi] with above_lo; hi may be infinity: no upper bound);
+// "nan", "inf", "abc" are refused.
+CLI::Validator number_range(double lo, double hi, bool above_lo = false);
 
 // "1,2,3" -> {1, 2, 3}; throws mk::Error naming `flag` for an empty list or a non-integer entry.
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag = "--ids");

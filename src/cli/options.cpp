@@ -1,26 +1,77 @@
 #include <charconv>
+#include <cmath>
 #include <fmt/format.h>
+#include <limits>
 
 #include "cli/commands.h"
 
 namespace mk::cli {
 
-CLI::Validator integer_range(int64_t lo, int64_t hi) {
-  const std::string desc = hi == INT64_MAX ? fmt::format("INT>={}", lo) : fmt::format("INT in [{} - {}]", lo, hi);
+namespace {
+
+// "-5" with lo >= 0, "99999999999999999999", "3000000000" into an int: all are range errors, not
+// "not a number". An explicit upper bound says "lo to hi"; the implicit one (the target's limit)
+// says "lo or more" below and "at most hi" above.
+std::string range_error(const std::string& s, int64_t lo, int64_t hi, bool implicit_hi, bool below) {
+  if (!implicit_hi) return fmt::format("{} is out of range: it must be {} to {}", s, lo, hi);
+  return below ? fmt::format("{} is out of range: it must be {} or more", s, lo)
+               : fmt::format("{} is out of range: it must be at most {}", s, hi);
+}
+
+CLI::Validator integer_validator(int64_t lo, int64_t hi, bool implicit_hi) {
+  const std::string desc = implicit_hi ? fmt::format("INT>={}", lo) : fmt::format("INT in [{} - {}]", lo, hi);
   return CLI::Validator(
-      [lo, hi](std::string& s) -> std::string {
+      [lo, hi, implicit_hi](std::string& s) -> std::string {
         int64_t v = 0;
         auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
         if (s.empty() || ec == std::errc::invalid_argument || p != s.data() + s.size())
           return fmt::format("'{}' is not a whole number", s);
-        if (ec == std::errc::result_out_of_range || v < lo || v > hi)
-          return hi == INT64_MAX ? fmt::format("{} is out of range: it must be {} or more", s, lo)
-                                 : fmt::format("{} is out of range: it must be {} to {}", s, lo, hi);
+        if (ec == std::errc::result_out_of_range) return range_error(s, lo, hi, implicit_hi, s[0] == '-');
+        if (v < lo || v > hi) return range_error(s, lo, hi, implicit_hi, v < lo);
         return {};
       },
       desc);
 }
 
-CLI::Validator integer_at_least(int64_t lo) { return integer_range(lo, INT64_MAX); }
+}  // namespace
+
+CLI::Validator integer_range(int64_t lo, int64_t hi) { return integer_validator(lo, hi, false); }
+
+CLI::Validator integer_at_least(int64_t lo, int64_t hi) { return integer_validator(lo, hi, true); }
+
+CLI::Validator unsigned_integer() {
+  const uint64_t hi = std::numeric_limits<uint64_t>::max();
+  return CLI::Validator(
+      [hi](std::string& s) -> std::string {
+        const bool negative = !s.empty() && s[0] == '-';
+        uint64_t v = 0;
+        const char* first = s.data() + (negative ? 1 : 0);
+        auto [p, ec] = std::from_chars(first, s.data() + s.size(), v);
+        if (s.size() == (negative ? 1u : 0u) || ec == std::errc::invalid_argument || p != s.data() + s.size())
+          return fmt::format("'{}' is not a whole number", s);
+        if (negative || ec == std::errc::result_out_of_range)
+          return fmt::format("{} is out of range: it must be 0 to {}", s, hi);
+        return {};
+      },
+      fmt::format("UINT in [0 - {}]", hi));
+}
+
+CLI::Validator number_range(double lo, double hi, bool above_lo) {
+  const bool open = std::isinf(hi);
+  const std::string desc = open ? fmt::format("NUMBER>={}", lo) : fmt::format("NUMBER in {}{} - {}]", above_lo ? "(" : "[", lo, hi);
+  return CLI::Validator(
+      [lo, hi, open, above_lo](std::string& s) -> std::string {
+        double v = 0;
+        auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || ec == std::errc::invalid_argument || p != s.data() + s.size() || std::isnan(v))
+          return fmt::format("'{}' is not a number", s);
+        if (ec == std::errc::result_out_of_range || std::isinf(v) || v < lo || v > hi || (above_lo && v == lo))
+          return above_lo ? fmt::format("{} is out of range: it must be more than {} and at most {}", s, lo, hi)
+               : open     ? fmt::format("{} is out of range: it must be {} or more (a finite number)", s, lo)
+                      : fmt::format("{} is out of range: it must be {} to {}", s, lo, hi);
+        return {};
+      },
+      desc);
+}
 
 }  // namespace mk::cli

@@ -112,16 +112,16 @@ SafetensorsInfo add_safetensors(ModelFile& model, std::shared_ptr<MappedFile> fi
   uint64_t covered = 0;
   for (size_t i = 0; i < extents.size(); ++i) {
     if (extents[i].begin < covered)
-      fail("{}: tensors {} [{}, {}) and {} [{}, {}) overlap", src, extents[i - 1].name, extents[i - 1].begin,
-           extents[i - 1].end, extents[i].name, extents[i].begin, extents[i].end);
+      fail("{}: tensors {} [{}, {}) and {} [{}, {}) overlap", src, clip(extents[i - 1].name, 200), extents[i - 1].begin,
+           extents[i - 1].end, clip(extents[i].name, 200), extents[i].begin, extents[i].end);
     if (extents[i].begin > covered)
       fail("{}: data bytes [{}, {}) before tensor {} belong to no tensor", src, covered, extents[i].begin,
-           extents[i].name);
+           clip(extents[i].name, 200));
     covered = extents[i].end;
   }
   if (covered != data_size)
     fail("{}: data bytes [{}, {}) at the end of the data section belong to no tensor{}", src, covered, data_size,
-         extents.empty() ? "" : " (after " + extents.back().name + ")");
+         extents.empty() ? "" : " (after " + clip(extents.back().name, 200) + ")");
 
   // Deterministic order for `info` and tests: by position in the file.
   std::stable_sort(tensors.begin(), tensors.end(),

@@ -13,6 +13,7 @@
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 #include "support/error.h"
+#include "support/printable.h"
 
 namespace mk {
 
@@ -107,7 +108,7 @@ std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model) {
   if (!pre) {
     std::string known;
     for (const auto& name : gguf_bpe_pre_names()) known += (known.empty() ? "" : ", ") + name;
-    fail("{}: unknown pre-tokenizer tokenizer.ggml.pre = \"{}\" (known: {})", path, pre_name, known);
+    fail("{}: unknown pre-tokenizer tokenizer.ggml.pre = \"{}\" (known: {})", path, printable(pre_name), known);
   }
 
   nlohmann::json doc;

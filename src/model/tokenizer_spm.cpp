@@ -19,6 +19,7 @@
 #include "support/byte_reader.h"
 #include "support/error.h"
 #include "support/mmap.h"
+#include "support/printable.h"
 
 namespace mk {
 namespace {
@@ -402,7 +403,7 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFile& model) {
     if (type == "gpt2") return load_gguf_bpe_tokenizer(model);
     if (type != "llama")
       fail("{}: tokenizer model \"{}\" is not supported (supported: \"llama\", SentencePiece BPE; \"gpt2\", "
-           "byte-level BPE)", model.path, type);
+           "byte-level BPE)", model.path, printable(type));
     std::unique_ptr<Tokenizer> t = load_gguf_spm_tokenizer(model);
     apply_gguf_special_flags(model, *t);
     return t;

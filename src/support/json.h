@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/error.h"
+#include "support/printable.h"
 
 namespace mk {
 
@@ -21,12 +22,8 @@ namespace mk {
 inline constexpr int kMaxJsonDepth = 64;
 
 // At most `max` bytes of `s` for an error message, with the total length when cut.
-inline std::string clip(std::string_view s, size_t max = 64) {
-  if (s.size() <= max) return std::string(s);
-  size_t n = max;
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // do not cut a UTF-8 sequence
-  return fmt::format("{}... ({} bytes)", s.substr(0, n), s.size());
-}
+// Control bytes and invalid UTF-8 are escaped (\xNN), as printable() does.
+inline std::string clip(std::string_view s, size_t max = 64) { return printable(s, max); }
 // A JSON value for an error message, clipped.
 template <class J>
 std::string clip_json(const J& v, size_t max = 64) {

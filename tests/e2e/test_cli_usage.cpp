@@ -51,6 +51,61 @@ TEST(E2ECliUsage, IntegerOptionsSayWhatIsWrong) {
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
+// Every numeric option names itself and its accepted range, exit 2, before anything loads: values
+// the target cannot hold are range errors (not CLI11's "Could not convert"), a negative --seed or
+// --max-body is not wrapped around, and nan/inf are not numbers.
+TEST(E2ECliUsage, NumericOptionsRefuseWhatTheyCannotHold) {
+  const std::string run = "run -m synth:tiny --ids 1 -n 1 ";
+  const std::pair<std::string, std::string> cases[] = {
+      {run + "--seed -1", "error: --seed: -1 is out of range: it must be 0 to 18446744073709551615"},
+      {run + "--seed 18446744073709551616", "--seed: 18446744073709551616 is out of range: it must be 0 to 18446744073709551615"},
+      {run + "--seed abc", "error: --seed: 'abc' is not a whole number"},
+      {run + "--seed 1.5", "error: --seed: '1.5' is not a whole number"},
+      {run + "--top-k abc", "error: --top-k: 'abc' is not a whole number"},
+      {run + "--top-k 1.5", "error: --top-k: '1.5' is not a whole number"},
+      {run + "--top-k -1", "error: --top-k: -1 is out of range: it must be 0 or more"},
+      {run + "--temp nan", "error: --temp: 'nan' is not a number"},
+      {run + "--temp -0.5", "error: --temp: -0.5 is out of range: it must be 0 or more"},
+      {run + "--temp inf", "error: --temp: inf is out of range"},
+      {run + "--top-p 1.5", "error: --top-p: 1.5 is out of range: it must be more than 0 and at most 1"},
+      {run + "--top-p 0", "error: --top-p: 0 is out of range: it must be more than 0 and at most 1"},
+      {"run -m synth:tiny --ids 1 -n 3000000000", "error: --n-predict: 3000000000 is out of range: it must be at most 2147483647"},
+      {"run -m synth:tiny --ids 1 -n 99999999999999999999", "--n-predict: 99999999999999999999 is out of range: it must be at most 2147483647"},
+      {run + "-t 3000000000", "error: --threads: 3000000000 is out of range: it must be at most 2147483647"},
+      {"chat -m synth:tiny --seed -1", "error: --seed: -1 is out of range"},
+      {"chat -m synth:tiny --top-k 1.5", "error: --top-k: '1.5' is not a whole number"},
+      {"compile -m synth:tiny --emit ir --max-tokens 0", "error: --max-tokens: 0 is out of range: it must be 1 or more"},
+      {"serve -m synth:tiny --max-body -3", "error: --max-body: -3 is out of range: it must be 1 to 1099511627776"},
+      {"serve -m synth:tiny --max-body abc", "error: --max-body: 'abc' is not a whole number"},
+      {"serve -m synth:tiny --max-body 0", "error: --max-body: 0 is out of range"},
+      {"serve -m synth:tiny --timeout nan", "error: --timeout: 'nan' is not a number"},
+      {"serve -m synth:tiny --timeout -1", "error: --timeout: -1 is out of range: it must be 0 to 31536000"},
+      {"serve -m synth:tiny --timeout 1e300", "error: --timeout: 1e300 is out of range"},
+      {"serve -m synth:tiny --kv-tokens 99999999999", "error: --kv-tokens: 99999999999 is out of range: it must be 0 to 1073741824"},
+      {"serve -m synth:tiny --max-queue 3000000000", "error: --max-queue: 3000000000 is out of range: it must be at most 2147483647"},
+  };
+  for (const auto& [args, want] : cases) {
+    Result r = cli(args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.err;
+    EXPECT_TRUE(has(r.err, want)) << args << ": " << r.err;
+    EXPECT_FALSE(has(r.err, "Could not convert")) << args << ": " << r.err;
+  }
+  // The limits themselves are accepted: a seed of 2^64-1, top-p 1, temp 0.
+  Result a = cli(run + "--seed 18446744073709551615 --top-p 1 --temp 0");
+  EXPECT_EQ(a.status, 0) << a.err;
+  Result b = cli(run + "--seed 0 --top-p 0.5 --temp 1.5 --top-k 0");
+  EXPECT_EQ(b.status, 0) << b.err;
+}
+
+// synth: models are random weights with no vocabulary: `tokenize` says so (as `run -p` does).
+TEST(E2ECliUsage, TokenizeRefusesSyntheticModels) {
+  Result r = cli("tokenize -m synth:stories260k -p hi");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "error: synth:stories260k: synthetic models carry no tokenizer")) << r.err;
+  EXPECT_FALSE(has(r.err, "cannot open")) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
 // The oracle computes attention in one pass: a split count other than 1 is refused, not ignored.
 TEST(E2ECliUsage, ReferenceBackendRefusesAttnSplits) {
   Result r = cli("logits -m synth:tiny --ids 1,2,3 --backend reference --attn-splits 4");
@@ -148,6 +203,49 @@ TEST(E2ECliUsage, DamagedTokenizerIsAnErrorForTextAndAWarningForIds) {
   ASSERT_EQ(gen.size(), 2u);
   EXPECT_EQ(r.out, std::to_string(gen[0]) + " " + std::to_string(gen[1]) + "\n");
   std::filesystem::remove(path);
+}
+
+// Strings read from the file reach the terminal escaped: an OSC sequence as tokenizer.ggml.model
+// (in `tokenize`'s error and `run --ids`'s warning) and a clear-screen as general.architecture.
+TEST(E2ECliUsage, FileStringsInMessagesAreEscaped) {
+  std::ifstream in(MK_SHARED_DIR "/models/stories260K/stories260K.gguf", std::ios::binary);
+  ASSERT_TRUE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string original = ss.str();
+  auto damaged = [&](const std::string& key, const std::string& value, const std::string& name) {
+    std::string bytes = original;
+    const size_t k = bytes.find(key);
+    EXPECT_NE(k, std::string::npos);
+    const size_t v = bytes.find("llama", k + key.size());
+    EXPECT_LT(v - k, key.size() + 20);
+    bytes.replace(v, 5, value);
+    const std::string path = (std::filesystem::path(::testing::TempDir()) / name).string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  };
+  auto clean = [](const std::string& s) {
+    for (char c : s)
+      if (c != '\n' && (c < 0x20 || c >= 0x7f)) return false;
+    return true;
+  };
+  const std::string tok = damaged("tokenizer.ggml.model", "\x1b]0;X", "mk_osc_tokenizer.gguf");
+  Result r = cli("tokenize -m " + tok + " -p hi");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "tokenizer model \"\\x1b]0;X\" is not supported")) << r.err;
+  EXPECT_TRUE(clean(r.err)) << r.err;
+  r = cli("run -m " + tok + " --ids 1,403 -n 1 --temp 0");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "warning: the model's tokenizer cannot be used")) << r.err;
+  EXPECT_TRUE(has(r.err, "\\x1b]0;X")) << r.err;
+  EXPECT_TRUE(clean(r.err)) << r.err;
+  const std::string arch = damaged("general.architecture", "\x1b[2J\xff", "mk_esc_arch.gguf");
+  r = cli("info -m " + arch);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "unsupported architecture '\\x1b[2J\\xff'")) << r.err;
+  EXPECT_TRUE(clean(r.err)) << r.err;
+  std::filesystem::remove(tok);
+  std::filesystem::remove(arch);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "archs/arch.h"
 #include "backend/backend.h"
 #include "model/model_file.h"
+#include "model/tokenizer.h"
 #include "support/errors.h"
 
 namespace mk {
@@ -100,6 +101,35 @@ TEST(GgufGemma3, BadKeysAreRefusedByName) {
   EXPECT_TRUE(has(build_error(
                       kStories, [](ModelFile& m) { m.metadata["llama.attention.sliding_window"] = 8u; }, 16),
                   "sliding-window attention"));
+}
+
+// Keys and string values read from a GGUF reach error messages (and the `run --ids` warning, which
+// prints the tokenizer's error) with control and non-UTF-8 bytes escaped: a NUL no longer cuts the
+// message and an ESC no longer reaches the terminal.
+void expect_printable(const std::string& msg, const std::string& part) {
+  EXPECT_TRUE(has(msg, part)) << msg;
+  for (char c : msg) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "raw byte " << int(static_cast<unsigned char>(c)) << " in: " << msg;
+}
+
+TEST(GgufArchStrings, KeysAndValuesAreEscapedInErrors) {
+  expect_printable(build_error(kStories,
+                               [](ModelFile& m) { m.metadata[std::string("llama.\xff\x00\x09\x07", 10)] = 1u; }),
+                   "metadata key llama.\\xff\\x00\\x09\\x07 is not supported for the llama architecture");
+  expect_printable(build_error(kStories, [](ModelFile& m) { m.metadata["llama.\x1b[2J"] = 1u; }),
+                   "metadata key llama.\\x1b[2J is not supported");
+  expect_printable(build_error(kStories, [](ModelFile& m) { m.metadata["llama.\x1b]0;logit_scale"] = 2.0; }),
+                   "metadata key llama.\\x1b]0;logit_scale is not supported");
+  expect_printable(build_error(kStories, [](ModelFile& m) { m.metadata["general.architecture"] = "\x1b[2J\xff"; }),
+                   "unsupported architecture '\\x1b[2J\\xff' (gguf file)");
+  expect_printable(build_error(kStories, [](ModelFile& m) { m.metadata["llama.rope.scaling.type"] = "yarn\x1b[2J"; }),
+                   "llama.rope.scaling.type = yarn\\x1b[2J is not supported");
+  ModelFile m = load_model(kStories);
+  m.metadata["tokenizer.ggml.model"] = "\x1b]0;X";
+  expect_printable(test::error_of([&] { load_model_tokenizer(m); }), "tokenizer model \"\\x1b]0;X\" is not supported");
+  m.metadata["tokenizer.ggml.model"] = "gpt2";
+  m.metadata["tokenizer.ggml.merges"] = nlohmann::ordered_json::array();
+  m.metadata["tokenizer.ggml.pre"] = "q\x07\xc3";
+  expect_printable(test::error_of([&] { load_model_tokenizer(m); }), "tokenizer.ggml.pre = \"q\\x07\\xc3\"");
 }
 
 TEST(GgufRopeFactors, Llama3RopeFreqsReachEveryRope) {

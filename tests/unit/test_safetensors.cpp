@@ -191,6 +191,17 @@ TEST(SafetensorsHeader, EveryDataByteBelongsToExactlyOneTensor) {
   EXPECT_EQ(load_bytes(make_safetensors(ok, floats({1, 2}))).tensors().size(), 3u);
 }
 
+// Tensor names and dtype strings from the header reach the message with control bytes escaped.
+TEST(SafetensorsHeader, NamesInErrorsAreEscaped) {
+  nlohmann::json twice = {{"a\x1b[2J", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}},
+                          {"b\x07", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}}};
+  expect_error(make_safetensors(twice, floats({1})), {"tensors a\\x1b[2J [0, 4) and b\\x07 [0, 4) overlap"});
+  nlohmann::json hole = {{"b\x1b]0;X", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}}};
+  expect_error(make_safetensors(hole, floats({1, 2})), {"before tensor b\\x1b]0;X belong to no tensor"});
+  nlohmann::json dtype = {{"w", {{"dtype", "F\x1b[2J"}, {"shape", {1}}, {"data_offsets", {0, 4}}}}};
+  expect_error(make_safetensors(dtype, floats({1})), {"tensor w: unsupported dtype F\\x1b[2J"});
+}
+
 TEST(SafetensorsHeader, OnlySpacesPadTheHeader) {
   const std::string h = R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
   EXPECT_EQ(load_bytes(make_raw(h + "    ", floats({1}))).tensors().size(), 1u);
