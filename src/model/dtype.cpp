@@ -95,7 +95,8 @@ __attribute__((target("avx,f16c"))) void f16_row_f16c(const uint8_t* p, float* d
 __attribute__((target("avx512f,avx,f16c"))) void f16_row_avx512(const uint8_t* p, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i))));
+    _mm512_storeu_ps(dst + i,  // maskz: GCC 12 warns about _mm512_cvtph_ps's undefined source
+                     _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i))));
   f16_row_f16c(p + 2 * i, dst + i, n - i);
 }
 #else
