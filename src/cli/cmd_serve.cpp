@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -69,7 +70,33 @@ json error_json(const std::string& message, const std::string& type, const std::
 void send_error(httplib::Response& res, const HttpError& e) {
   res.status = e.status;
   if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
-  res.set_content(error_json(e.message, e.type, e.param, e.code).dump(), "application/json");
+  // replace: a message echoing request bytes that are not UTF-8 must not make dump() throw.
+  res.set_content(error_json(e.message, e.type, e.param, e.code).dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
+}
+
+// Offset of the first byte of `s` that does not start or continue a valid UTF-8 sequence (overlong
+// forms, surrogates and code points above U+10FFFF are invalid, as in RFC 3629), or npos.
+size_t first_invalid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c < 0x80) len = 1;
+    else if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4) len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else return i;
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned b = p[i + k];
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return i;
+    }
+    i += len;
+  }
+  return std::string_view::npos;
 }
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) {
@@ -140,9 +167,23 @@ class Server {
 
   ParsedRequest parse(const std::string& body_text, bool chat) {
     json body;
+    // The top-level field being read, for naming it when its text is not UTF-8: set by its key,
+    // cleared once its value (a scalar, or a container closing at depth 1) is complete.
+    std::string open_field;
+    auto track = [&](int depth, json::parse_event_t event, json& parsed) {
+      using E = json::parse_event_t;
+      if (depth == 1 && event == E::key) open_field = parsed.get<std::string>();
+      else if (depth == 1 && (event == E::value || event == E::object_end || event == E::array_end)) open_field.clear();
+      return true;
+    };
     try {
-      body = json::parse(body_text);
+      body = json::parse(body_text, track);
     } catch (const json::exception& ex) {
+      const auto* pe = dynamic_cast<const json::parse_error*>(&ex);
+      if (size_t off = first_invalid_utf8(body_text); off != std::string_view::npos && pe && off < pe->byte)
+        bad(open_field, fmt::format("the request body is not valid UTF-8: byte 0x{:02x} at offset {}{}",
+                                    static_cast<unsigned char>(body_text[off]), off,
+                                    open_field.empty() ? "" : fmt::format(" (in '{}')", open_field)));
       bad("", fmt::format("the request body is not valid JSON: {}", ex.what()));
     }
     if (!body.is_object()) bad("", "the request body must be a JSON object");

@@ -39,7 +39,14 @@ inline uint16_t f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
+// IEEE half -> float, exact for every input; NaNs keep sign and payload, signalling ones are
+// quieted (quiet bit set), as x86's vcvtph2ps does. Scalar, portable: for rows use f16_to_f32_row.
 float f16_to_f32(uint16_t h);
+// n halves at src (any alignment, little-endian) -> dst: F16C / AVX-512 conversions picked once at
+// run time, else (or with portable = true) the f16_to_f32 loop; the bits are the same either way.
+void f16_to_f32_row(const void* src, float* dst, int64_t n, bool portable = false);
+// The conversion f16_to_f32_row uses on this CPU: "avx512", "f16c" or "portable".
+const char* f16_row_isa();
 uint16_t f32_to_f16(float f);
 
 // Converts n elements starting at element 0 of `src` (a whole number of blocks for quantized types)

@@ -166,6 +166,18 @@ def stories_checks():
     expect_error(srv, {"prompt": "word " * 2000}, 400, "prompt", what="prompt longer than the context")
     expect_error(srv, {"prompt": prompt}, 400, "messages", path="/v1/chat/completions", what="chat without messages")
     expect_error(srv, {"messages": [{"role": 3}]}, 400, "messages", path="/v1/chat/completions", what="chat with a bad message")
+    # Bodies that are not UTF-8: 400 naming the field and the problem (was a 500: the parse error
+    # echoed the bytes, and dumping that message threw).
+    for path, body, param in [
+            ("/v1/completions", b'{"prompt": "\xff\xfe bad \xc3", "max_tokens": 2}', "prompt"),
+            ("/v1/completions", b'{"max_tokens": 2, "prompt": ["ok \xed\xa0\x80"]}', "prompt"),  # a UTF-8 surrogate
+            ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi \xc0\xaf"}]}', "messages"),
+            ("/v1/completions", b'{"prompt": "ok", "\xff": 1}', None)]:  # in a key: no field to name
+        st, _, text = srv.raw("POST", path, body)
+        err = json.loads(text).get("error", {}) if st == 400 else {}
+        check(st == 400 and "not valid UTF-8" in err.get("message", "") and err.get("param") == param
+              and err.get("type") == "invalid_request_error",
+              f"{body[:40]!r} to {path}: 400 'not valid UTF-8' naming {param}, got {st}: {text[:200]}")
     expect_error(srv, b"{\"prompt\": \"" + b"a" * (10 * 1024 * 1024) + b"\"}", 413, what="10 MB body")
     hc = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
     hc.request("POST", "/v1/completions", body=iter([b'{"prompt": "Once", ', b'"max_tokens": 4}']),

@@ -7,12 +7,15 @@
 // an f64 product.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "archs/arch.h"
 #include "backend/backend.h"
@@ -113,6 +116,57 @@ TEST(QuantDequant, FastHalfConversionIsExact) {
       std::memcpy(&ub, &b, 4);
       ASSERT_EQ(ua, ub) << "half " << h << ": " << a << " vs " << b;
     }
+  }
+}
+
+namespace {
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+}  // namespace
+
+TEST(QuantDequant, HalfConversionKnownValues) {
+  const std::pair<uint16_t, uint32_t> cases[] = {
+      {0x0000, 0x00000000}, {0x8000, 0x80000000}, {0x3c00, 0x3f800000},  // +0, -0, 1
+      {0xc000, 0xc0000000}, {0x7bff, 0x477fe000},                         // -2, 65504 (max)
+      {0x0001, 0x33800000}, {0x03ff, 0x387fc000}, {0x0400, 0x38800000},  // 2^-24, largest subnormal, 2^-14
+      {0x7c00, 0x7f800000}, {0xfc00, 0xff800000},                         // +-inf
+      {0x7e00, 0x7fc00000}, {0xfe01, 0xffc02000},                         // quiet NaNs keep sign and payload
+      {0x7c01, 0x7fc02000}, {0x7d55, 0x7feaa000},                         // signalling NaNs are quieted
+  };
+  for (auto [h, want] : cases) {
+    EXPECT_EQ(float_bits(f16_to_f32(h)), want) << std::hex << h;
+    float row = 0;
+    f16_to_f32_row(&h, &row, 1);
+    EXPECT_EQ(float_bits(row), want) << std::hex << h << " " << f16_row_isa();
+  }
+}
+
+// The run-time picked (F16C / AVX-512) row conversion gives the portable one's bits for every half,
+// NaN payloads included, at every alignment and tail length.
+TEST(QuantDequant, HalfRowConversionMatchesPortable) {
+  std::vector<uint8_t> src(2 * 65536 + 2);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const uint16_t v = static_cast<uint16_t>(h);
+    std::memcpy(src.data() + 2 * h, &v, 2);
+  }
+  std::vector<float> fast(65537), portable(65537);
+  for (int64_t shift : {0, 1}) {  // 1: every load misaligned by a byte
+    if (shift) std::memmove(src.data() + 1, src.data(), 2 * 65536);
+    f16_to_f32_row(src.data() + shift, fast.data(), 65536);
+    f16_to_f32_row(src.data() + shift, portable.data(), 65536, /*portable=*/true);
+    for (uint32_t h = 0; h < 65536; ++h) {
+      ASSERT_EQ(float_bits(portable[h]), float_bits(f16_to_f32(static_cast<uint16_t>(h)))) << h;
+      ASSERT_EQ(float_bits(fast[h]), float_bits(portable[h])) << "half " << h << " shift " << shift << " " << f16_row_isa();
+    }
+  }
+  for (int64_t n = 0; n <= 40; ++n) {  // vector body plus every tail length; dst[n] is left alone
+    std::fill(fast.begin(), fast.end(), -7.0f);
+    f16_to_f32_row(src.data() + 1 + 2 * 1000, fast.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(float_bits(fast[i]), float_bits(f16_to_f32(static_cast<uint16_t>(1000 + i))));
+    ASSERT_EQ(fast[n], -7.0f) << n;
   }
 }
 
