@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "ir/graph.h"
 #include "model/model_file.h"
+#include "support/ragged.h"
 
 namespace mk {
 namespace {
@@ -88,27 +89,9 @@ TEST_P(E2EGreedy, RaggedBatchDeviceArgmaxEqualsHostArgmax) {
   const int64_t n_vocab = read_hparams(m).n_vocab;
   auto ids = make_backend(GetParam(), g, m, opts(GetParam()));
   auto lg = make_backend(GetParam(), g, m, opts(GetParam()));
-  // Sequence s has blocks 30 - 4s .. (descending, so none is contiguous) and tokens 7s + 3i.
-  auto batch_of = [&](const std::vector<std::array<int, 3>>& chunks) {  // {seq, from, n}
-    StepBatch b;
-    for (int s = 0; s < 4; ++s) b.block_tables.push_back({30 - 4 * s, 29 - 4 * s, 28 - 4 * s, 27 - 4 * s});
-    for (const auto& [s, from, n] : chunks) {
-      for (int i = from; i < from + n; ++i) {
-        b.tokens.push_back((7 * s + 3 * i + 1) % static_cast<int32_t>(n_vocab));
-        b.positions.push_back(i);
-        b.seq.push_back(s);
-      }
-      b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
-    }
-    return b;
-  };
-  const std::vector<std::vector<std::array<int, 3>>> steps = {
-      {{0, 0, 9}, {1, 0, 3}, {2, 0, 1}},
-      {{0, 9, 1}, {1, 3, 5}, {2, 1, 1}, {3, 0, 6}},
-      {{3, 6, 1}, {2, 2, 1}, {0, 10, 1}, {1, 8, 1}},
-  };
+  const auto& steps = test::ragged_steps();  // tests/support/ragged.h
   for (size_t st = 0; st < steps.size(); ++st) {
-    const StepBatch b = batch_of(steps[st]);
+    const StepBatch b = test::ragged_step(steps[st], n_vocab);
     const std::vector<GreedyRow> got = ids->forward_greedy(b);
     const std::vector<float> l = lg->forward(b);
     ASSERT_EQ(got.size(), b.logit_rows.size());

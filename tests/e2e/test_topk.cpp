@@ -24,6 +24,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "support/cli.h"
+#include "support/ragged.h"
 #include "support/error.h"
 
 namespace mk {
@@ -209,77 +210,21 @@ TEST_P(E2ETopK, RaggedBatchCandidatesEqualTheLogitsRows) {
   const int64_t n_vocab = read_hparams(m).n_vocab;
   auto top = make_backend(GetParam(), g, m, opts());
   auto lg = make_backend(GetParam(), g, m, opts());
-  auto batch_of = [&](const std::vector<std::array<int, 3>>& chunks) {  // {seq, from, n}
-    StepBatch b;
-    for (int s = 0; s < 4; ++s) b.block_tables.push_back({30 - 4 * s, 29 - 4 * s, 28 - 4 * s, 27 - 4 * s});
-    for (const auto& [s, from, n] : chunks) {
-      for (int i = from; i < from + n; ++i) {
-        b.tokens.push_back((7 * s + 3 * i + 1) % static_cast<int32_t>(n_vocab));
-        b.positions.push_back(i);
-        b.seq.push_back(s);
-      }
-      b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
-    }
-    return b;
-  };
-  const std::vector<std::vector<std::array<int, 3>>> steps = {
-      {{0, 0, 9}, {1, 0, 3}, {2, 0, 1}},
-      {{0, 9, 1}, {1, 3, 5}, {2, 1, 1}, {3, 0, 6}},
-      {{3, 6, 1}, {2, 2, 1}, {0, 10, 1}, {1, 8, 1}},
-  };
+  // `mixed` alternates candidates, logits only (the cpu and CUDA backends skip the topk op's
+  // selection then), candidates: the last step's candidates must not be the skipped step's leftovers.
+  auto mixed = make_backend(GetParam(), g, m, opts());
+  const auto& steps = test::ragged_steps();  // tests/support/ragged.h
   for (size_t st = 0; st < steps.size(); ++st) {
-    const StepBatch b = batch_of(steps[st]);
+    const StepBatch b = test::ragged_step(steps[st], n_vocab);
     const std::vector<TopKRow> got = top->forward_topk(b);
-    const std::vector<float> l = lg->forward(b);
-    ASSERT_EQ(got.size(), b.logit_rows.size());
-    ASSERT_EQ(l.size(), b.logit_rows.size() * static_cast<size_t>(n_vocab));
-    for (size_t i = 0; i < got.size(); ++i) {
-      std::vector<float> row(l.begin() + static_cast<long>(i) * n_vocab,
-                             l.begin() + static_cast<long>(i + 1) * n_vocab);
-      expect_same(got[i], host_sort(row, kTopK), "step " + std::to_string(st) + " row " + std::to_string(i));
-      EXPECT_EQ(static_cast<int64_t>(got[i].ids.size()), kTopK);
-    }
-  }
-}
-
-TEST_P(E2ETopK, StepsWithoutCandidatesBetweenStepsWithThemStayRight) {
-  ModelFile m = load_model(kStories + "stories260K.gguf");
-  BuildOptions o;
-  o.n_ctx = 64;
-  o.kv_pool_tokens = 160;
-  o.kv_block_size = 4;
-  Graph g = build_graph(m, o);
-  const int64_t n_vocab = read_hparams(m).n_vocab;
-  auto top = make_backend(GetParam(), g, m, opts());
-  auto lg = make_backend(GetParam(), g, m, opts());
-  auto batch_of = [&](const std::vector<std::array<int, 3>>& chunks) {  // {seq, from, n}
-    StepBatch b;
-    for (int s = 0; s < 4; ++s) b.block_tables.push_back({30 - 4 * s, 29 - 4 * s, 28 - 4 * s, 27 - 4 * s});
-    for (const auto& [s, from, n] : chunks) {
-      for (int i = from; i < from + n; ++i) {
-        b.tokens.push_back((7 * s + 3 * i + 1) % static_cast<int32_t>(n_vocab));
-        b.positions.push_back(i);
-        b.seq.push_back(s);
-      }
-      b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
-    }
-    return b;
-  };
-  const std::vector<std::vector<std::array<int, 3>>> steps = {
-      {{0, 0, 9}, {1, 0, 3}, {2, 0, 1}},
-      {{0, 9, 1}, {1, 3, 5}, {2, 1, 1}, {3, 0, 6}},
-      {{3, 6, 1}, {2, 2, 1}, {0, 10, 1}, {1, 8, 1}},
-  };
-  for (size_t st = 0; st < steps.size(); ++st) {
-    const StepBatch b = batch_of(steps[st]);
-    // The backend under test alternates: logits only (the cpu backend skips the topk op then),
-    // candidates, greedy ids, candidates — later candidates must not be the skipped steps' leftovers.
     const std::vector<float> l = lg->forward(b);
     if (st == 1) {
-      EXPECT_EQ(top->forward(b), l) << "step " << st;
-      continue;
+      EXPECT_EQ(mixed->forward(b), l) << "step " << st;
+    } else {
+      const std::vector<TopKRow> alt = mixed->forward_topk(b);
+      ASSERT_EQ(alt.size(), got.size());
+      for (size_t i = 0; i < got.size(); ++i) expect_same(alt[i], got[i], "mixed step " + std::to_string(st));
     }
-    const std::vector<TopKRow> got = top->forward_topk(b);
     ASSERT_EQ(got.size(), b.logit_rows.size());
     ASSERT_EQ(l.size(), b.logit_rows.size() * static_cast<size_t>(n_vocab));
     for (size_t i = 0; i < got.size(); ++i) {
