@@ -20,7 +20,7 @@ void add_chat_command(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   o->gen.n_new = 1024;
-  auto* cmd = app.add_subcommand("chat", "talk with the model: one line per user turn, /exit (or end of input) ends");
+  auto* cmd = app.add_subcommand("chat", "talk with the model: one line per user turn, /reset starts a new conversation, /exit (or end of input) ends");
   cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file or HF directory with a chat template")->required();
   cmd->add_option("--system", o->system, "system message at the start of the conversation");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
@@ -55,20 +55,37 @@ void add_chat_command(CLI::App& app) {
     }
     ChatConversation conv(s, source, o->system);
     std::string line;
+    int failed = 0, turns = 0;
     for (;;) {
       std::fputs("> ", stderr);
       std::fflush(stderr);
       if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
-      if (line.empty()) continue;
-      GenerateResult r = conv.reply(line, o->gen, [](const std::string& t) {
-        std::fputs(t.c_str(), stdout);
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // nothing to say
+      if (line == "/reset") {
+        conv.reset();
+        std::fputs("note: new conversation\n", stderr);
+        continue;
+      }
+      ++turns;
+      // A turn that fails (longer than the context, or the conversation no longer fits) is dropped
+      // with its error; the conversation goes on, and /reset starts a new one.
+      try {
+        GenerateResult r = conv.reply(line, o->gen, [](const std::string& t) {
+          std::fputs(t.c_str(), stdout);
+          std::fflush(stdout);
+        });
+        std::printf("\n");
         std::fflush(stdout);
-      });
-      std::printf("\n");
-      std::fflush(stdout);
-      if (r.stop_reason == "context") std::fprintf(stderr, "note: the context (%lld tokens) is full\n", static_cast<long long>(s.n_ctx));
+        if (r.stop_reason == "context")
+          std::fprintf(stderr, "note: the context (%lld tokens) is full; /reset starts a new conversation\n",
+                       static_cast<long long>(s.n_ctx));
+      } catch (const Error& e) {
+        ++failed;
+        std::fprintf(stderr, "error: %s (the turn is dropped; /reset starts a new conversation)\n", e.what());
+      }
     }
     s.backend->finish();
+    if (failed) fail("chat: {} of {} turns failed (see above)", failed, turns);
   });
 }
 

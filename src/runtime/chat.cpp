@@ -128,6 +128,14 @@ ChatConversation::ChatConversation(Session& session, std::string template_source
   if (!system_prompt.empty()) messages_.push_back({{"role", "system"}, {"content", std::move(system_prompt)}});
 }
 
+void ChatConversation::reset() {
+  nlohmann::ordered_json kept = nlohmann::ordered_json::array();
+  if (!messages_.empty() && messages_[0]["role"] == "system") kept.push_back(messages_[0]);
+  messages_ = std::move(kept);
+  session_.reset();
+  cached_.clear();
+}
+
 GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOptions o,
                                        const std::function<void(const std::string&)>& on_text) {
   messages_.push_back({{"role", "user"}, {"content", user_text}});

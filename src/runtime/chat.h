@@ -57,6 +57,8 @@ class ChatConversation {
   GenerateResult reply(const std::string& user_text, GenerateOptions options,
                        const std::function<void(const std::string&)>& on_text = {});
   const nlohmann::ordered_json& messages() const { return messages_; }
+  // Starts a new conversation: every turn but the system prompt is dropped, and the KV cache with them.
+  void reset();
 
  private:
   Session& session_;

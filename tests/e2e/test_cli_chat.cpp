@@ -70,6 +70,27 @@ TEST(E2EChatCli, InteractiveChatKeepsTheConversation) {
   EXPECT_EQ(prompts, 3u) << out;
 }
 
+// A turn longer than the context is dropped with its error and the conversation goes on (the next
+// turn is answered; /reset, blank lines and whitespace-only lines are not turns); the exit status
+// says a turn failed.
+TEST(E2EChatCli, FailedTurnIsDroppedAndTheChatGoesOn) {
+  std::string long_turn;
+  for (int i = 0; i < 120; ++i) long_turn += "word ";
+  int status = 0;
+  const std::string cmd = "printf 'Hello\\n" + long_turn + "\\n   \\n/reset\\nAgain\\n/exit\\n' | " +
+                          std::string(MK_CLI_PATH) + " chat --temp 0 -n 2 -c 128 -m " + kDir +
+                          " --chat-template-file " + kTemplate + " 2>&1";
+  const std::string out = mk::test::run_shell(cmd, &status);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("the turn is dropped"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: new conversation"), std::string::npos) << out;
+  EXPECT_NE(out.find("error: chat: 1 of 3 turns failed"), std::string::npos) << out;
+  // "> " before each of the 5 input lines and once more before /exit: the chat read every line.
+  size_t prompts = 0;
+  for (size_t p = out.find("> "); p != std::string::npos; p = out.find("> ", p + 2)) ++prompts;
+  EXPECT_EQ(prompts, 6u) << out;
+}
+
 // A second turn on the kept KV cache gives what a fresh session gives for the whole rendered
 // conversation (greedy), so reusing the cached prefix changes nothing.
 TEST(E2EChatConversation, SecondTurnMatchesAFreshSession) {
