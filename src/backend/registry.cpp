@@ -82,6 +82,8 @@ TopKRow Backend::forward_topk(std::span<const int32_t> tokens, int64_t n_past) {
 std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,
                                       const BackendOptions& options) {
   if (options.threads < 0) fail("threads: {} is negative (0 = all cores)", options.threads);
+  // Each worker holds its own scratch (~280 KB and up): thousands of threads only exhaust memory.
+  if (options.threads > 1024) fail("threads: {} is more than 1024", options.threads);
   for (const auto& b : kBackends)
     if (name == b.name) return b.make(graph, model, options);
   fail("unknown backend '{}'; available: {}", name, fmt::join(backend_names(), ", "));

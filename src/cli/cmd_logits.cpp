@@ -31,7 +31,8 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("-m,--model", o->model_path, "model")->required();
   cmd->add_option("--ids", *ids, "comma-separated token ids")->required();
   cmd->add_option("--backend", o->backend, "backend");
-  cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads")->check(integer_at_least(0));
+  cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
+      ->check(integer_range(0, 1024));
   cmd->add_option("--act-quant", o->backend_options.act_quant,
                   "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));

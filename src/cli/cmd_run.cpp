@@ -34,8 +34,8 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
   cmd->add_option("--backend", o->session.backend, "backend: reference, cpu, ... (default: the fastest available)");
-  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores)")
-      ->check(integer_at_least(0));
+  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
+      ->check(integer_range(0, 1024));
   cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");
   cmd->add_option("--act-quant", o->session.backend_options.act_quant,
                   "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
