@@ -160,8 +160,10 @@ TEST(CudaEmuRaceCheck, FindsTheRaceInEveryUnsafeMutant) {
     ++checked;
     auto b = make_cuda_emu_program_backend(std::move(prog), m, bo, eo);
     try {
+      // The second step asks for top-k candidates: only such a step runs the topk op's selection
+      // (MkSym::want_topk), so a mutant dropping one of its waits races there.
       b->forward(prompt, 0);
-      b->forward(std::vector<int32_t>{300}, static_cast<int64_t>(prompt.size()));
+      b->forward_topk(std::vector<int32_t>{300}, static_cast<int64_t>(prompt.size()));
       missed.push_back(what);
     } catch (const Error& e) {
       const std::string msg = e.what();
