@@ -44,23 +44,22 @@ class Backend {
   // sequence not consecutive, a position past the sequence's blocks, a block outside the pool, more
   // rows than max_batch_rows()) and where the backend has no paged KV (the default).
   virtual std::vector<float> forward(const StepBatch& batch);
-  // Greedy decoding without copying logits: each logit row's GreedyRow (backend/step_batch.h: the
-  // token id, ties to the lowest id, and the row's non-finite count), in batch.logit_rows order.
-  // Backends read the program's `argmax` output (graph output "greedy"), so a GPU copies 16 bytes
-  // per row instead of n_vocab floats; the default argmaxes forward(batch)'s logits on the host.
-  // Same errors as forward(batch).
-  virtual std::vector<GreedyRow> forward_greedy(const StepBatch& batch);
-  // The one-sequence case: the last token's row, as forward(tokens, n_past) would give it (prompts
-  // longer than max_batch_rows() run in chunks through forward_greedy(StepBatch)).
+  // Each logit row's `kind` row instead of its logits (OutputKind, backend/step_batch.h): i32
+  // [batch.logit_rows.size(), output_row_words(kind, k)], in batch.logit_rows order. Backends read the
+  // program's output of that name (the argmax or topk op), so a GPU copies 16 or 16 + 8 * kTopK bytes
+  // per row instead of 4 * n_vocab; the default computes the rows (k = kTopK) from forward(batch)'s
+  // logits on the host. Same errors as forward(batch). The runtime calls the typed forms below.
+  virtual std::vector<int32_t> forward_rows(const StepBatch& batch, OutputKind kind);
+  // Greedy decoding without copying logits: each logit row's GreedyRow (the token id, ties to the
+  // lowest id, and the row's non-finite count).
+  std::vector<GreedyRow> forward_greedy(const StepBatch& batch);
+  // Sampling without copying logits: each logit row's kTopK (ir/topk.h) best candidates (TopKRow: ids
+  // and logits in the sampler's order, and the non-finite count): enough for Sampler::sample_top with
+  // top_k in [1, kTopK].
+  std::vector<TopKRow> forward_topk(const StepBatch& batch);
+  // The one-sequence cases: the last token's row, as forward(tokens, n_past) would give it (prompts
+  // longer than max_batch_rows() run in chunks through forward_rows).
   GreedyRow forward_greedy(std::span<const int32_t> tokens, int64_t n_past);
-  // Sampling without copying logits: each logit row's kTopK (ir/graph.h) best candidates (TopKRow,
-  // backend/step_batch.h: ids and logits in the sampler's order, and the non-finite count), in
-  // batch.logit_rows order: enough for Sampler::sample_top with top_k in [1, kTopK]. Backends read
-  // the program's `topk` output (graph output "topk"), so a GPU copies 16 + 8 * kTopK bytes per row
-  // instead of 4 * n_vocab; the default takes them from forward(batch)'s logits on the host. Same
-  // errors as forward(batch).
-  virtual std::vector<TopKRow> forward_topk(const StepBatch& batch);
-  // The one-sequence case, as forward_greedy(tokens, n_past).
   TopKRow forward_topk(std::span<const int32_t> tokens, int64_t n_past);
   // Paged KV geometry: rows per block and blocks in the pool (0 = the backend has no paged KV).
   virtual int64_t kv_block_size() const { return 0; }
@@ -71,6 +70,10 @@ class Backend {
   virtual void reset() {}
   // Called once after the last step (writes traces, prints summaries).
   virtual void finish() {}
+
+ private:
+  // forward_rows over one sequence in chunks of max_batch_rows(): the last chunk's last row.
+  std::vector<int32_t> last_row(std::span<const int32_t> tokens, int64_t n_past, OutputKind kind);
 };
 
 // Names: "reference", "cpu", "cuda", "cuda-perop", "cuda-graph", "cuda-emu". Throws mk::Error listing the

@@ -36,47 +36,56 @@ std::vector<float> Backend::forward(const StepBatch&) {
   fail("backend '{}' does not run ragged batches (no paged KV cache)", name());
 }
 
-std::vector<GreedyRow> Backend::forward_greedy(const StepBatch& batch) {
-  std::vector<float> logits = forward(batch);
-  std::vector<GreedyRow> r;
-  if (batch.logit_rows.empty()) return r;
-  const size_t n_vocab = logits.size() / batch.logit_rows.size();
-  for (size_t i = 0; i < batch.logit_rows.size(); ++i) r.push_back(greedy_row(std::span<const float>(logits).subspan(i * n_vocab, n_vocab)));
-  return r;
+std::vector<int32_t> Backend::forward_rows(const StepBatch& batch, OutputKind kind) {
+  const std::vector<float> logits = forward(batch);
+  std::vector<int32_t> words;
+  if (batch.logit_rows.empty()) return words;
+  const size_t n_rows = batch.logit_rows.size(), n_vocab = logits.size() / n_rows;
+  const auto w = static_cast<size_t>(output_row_words(kind, kTopK));
+  words.resize(n_rows * w);
+  for (size_t i = 0; i < n_rows; ++i)
+    encode_output_row(kind, std::span<const float>(logits).subspan(i * n_vocab, n_vocab), kTopK, words.data() + i * w);
+  return words;
 }
 
-GreedyRow Backend::forward_greedy(std::span<const int32_t> tokens, int64_t n_past) {
+std::vector<int32_t> Backend::last_row(std::span<const int32_t> tokens, int64_t n_past, OutputKind kind) {
   if (tokens.empty()) fail("forward: no tokens");
   const size_t max = max_batch_rows() > 0 ? static_cast<size_t>(max_batch_rows()) : tokens.size();
-  std::vector<GreedyRow> last;
+  std::vector<int32_t> last;
   for (size_t at = 0; at < tokens.size(); at += max) {
     const auto chunk = tokens.subspan(at, std::min(max, tokens.size() - at));
-    last = forward_greedy(one_sequence_batch(chunk, n_past + static_cast<int64_t>(at), kv_block_size(), false));
+    last = forward_rows(one_sequence_batch(chunk, n_past + static_cast<int64_t>(at), kv_block_size(), false), kind);
   }
-  MK_CHECK(last.size() == 1, "{}: {} greedy rows for one sequence", name(), last.size());
-  return last[0];
+  return last;
+}
+
+namespace {
+// forward_rows' words cut into `n_rows` rows, each decoded.
+template <class Row>
+std::vector<Row> decode_rows(std::span<const int32_t> words, size_t n_rows, Row (*decode)(std::span<const int32_t>)) {
+  std::vector<Row> r;
+  if (n_rows == 0) return r;
+  MK_CHECK(!words.empty() && words.size() % n_rows == 0, "{} words for {} rows", words.size(), n_rows);
+  const size_t w = words.size() / n_rows;
+  for (size_t i = 0; i < n_rows; ++i) r.push_back(decode(words.subspan(i * w, w)));
+  return r;
+}
+}  // namespace
+
+std::vector<GreedyRow> Backend::forward_greedy(const StepBatch& batch) {
+  return decode_rows(forward_rows(batch, OutputKind::greedy), batch.logit_rows.size(), decode_greedy_row);
 }
 
 std::vector<TopKRow> Backend::forward_topk(const StepBatch& batch) {
-  std::vector<float> logits = forward(batch);
-  std::vector<TopKRow> r;
-  if (batch.logit_rows.empty()) return r;
-  const size_t n_vocab = logits.size() / batch.logit_rows.size();
-  for (size_t i = 0; i < batch.logit_rows.size(); ++i)
-    r.push_back(topk_row(std::span<const float>(logits).subspan(i * n_vocab, n_vocab), kTopK));
-  return r;
+  return decode_rows(forward_rows(batch, OutputKind::topk), batch.logit_rows.size(), decode_topk_row);
+}
+
+GreedyRow Backend::forward_greedy(std::span<const int32_t> tokens, int64_t n_past) {
+  return decode_rows(last_row(tokens, n_past, OutputKind::greedy), 1, decode_greedy_row)[0];
 }
 
 TopKRow Backend::forward_topk(std::span<const int32_t> tokens, int64_t n_past) {
-  if (tokens.empty()) fail("forward: no tokens");
-  const size_t max = max_batch_rows() > 0 ? static_cast<size_t>(max_batch_rows()) : tokens.size();
-  std::vector<TopKRow> last;
-  for (size_t at = 0; at < tokens.size(); at += max) {
-    const auto chunk = tokens.subspan(at, std::min(max, tokens.size() - at));
-    last = forward_topk(one_sequence_batch(chunk, n_past + static_cast<int64_t>(at), kv_block_size(), false));
-  }
-  MK_CHECK(last.size() == 1, "{}: {} topk rows for one sequence", name(), last.size());
-  return last[0];
+  return decode_rows(last_row(tokens, n_past, OutputKind::topk), 1, decode_topk_row)[0];
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,

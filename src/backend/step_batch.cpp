@@ -104,16 +104,39 @@ StepInputs prepare_step(const StepBatch& b, const StepLimits& l) {
   return s;
 }
 
-std::vector<float> select_logit_rows(std::span<const float> out, int64_t rows, int64_t cols, const StepBatch& batch,
-                                     const StepInputs& in) {
-  std::vector<float> r;
+namespace {
+template <class T>
+std::vector<T> select_rows(std::span<const T> out, int64_t rows, int64_t cols, const StepBatch& batch, const StepInputs& in) {
+  std::vector<T> r;
   if (batch.logit_rows.empty()) return r;
-  MK_CHECK(rows == in.n_out() || rows == in.n_rows(), "logits output has {} rows for {} rows, {} wanted", rows, in.n_rows(),
+  MK_CHECK(rows == in.n_out() || rows == in.n_rows(), "step output has {} rows for {} rows, {} wanted", rows, in.n_rows(),
            in.n_out());
   MK_CHECK(static_cast<int64_t>(out.size()) >= rows * cols);
   if (rows == in.n_out()) return {out.begin(), out.begin() + rows * cols};
   for (int32_t row : batch.logit_rows) r.insert(r.end(), out.begin() + row * cols, out.begin() + (row + 1) * cols);
   return r;
+}
+}  // namespace
+
+std::vector<float> select_logit_rows(std::span<const float> out, int64_t rows, int64_t cols, const StepBatch& batch,
+                                     const StepInputs& in) {
+  return select_rows(out, rows, cols, batch, in);
+}
+
+std::vector<int32_t> select_logit_rows(std::span<const int32_t> out, int64_t rows, int64_t cols, const StepBatch& batch,
+                                       const StepInputs& in) {
+  return select_rows(out, rows, cols, batch, in);
+}
+
+const char* output_name(OutputKind kind) { return kind == OutputKind::greedy ? "greedy" : "topk"; }
+
+int64_t output_row_words(OutputKind kind, int64_t k) { return kind == OutputKind::greedy ? 4 : 4 + 2 * k; }
+
+void encode_output_row(OutputKind kind, std::span<const float> logits, int64_t k, int32_t* out) {
+  if (kind == OutputKind::greedy)
+    encode_greedy_row(greedy_row(logits), out);
+  else
+    encode_topk_row(topk_row(logits, k), k, out);
 }
 
 StepInputs one_sequence_step(std::span<const int32_t> tokens, int64_t n_past, const StepLimits& l, bool all_rows) {
@@ -153,22 +176,16 @@ GreedyRow greedy_row(std::span<const float> logits) {
   return g;
 }
 
-std::vector<GreedyRow> select_greedy_rows(std::span<const int32_t> out, int64_t rows, const StepBatch& batch,
-                                          const StepInputs& in) {
-  std::vector<GreedyRow> r;
-  if (batch.logit_rows.empty()) return r;
-  MK_CHECK(rows == in.n_out() || rows == in.n_rows(), "greedy output has {} rows for {} rows, {} wanted", rows, in.n_rows(),
-           in.n_out());
-  MK_CHECK(static_cast<int64_t>(out.size()) >= rows * 4);
-  auto at = [&](int64_t row) {
-    const int32_t* o = out.data() + row * 4;
-    return GreedyRow{o[0], o[1], o[2], std::bit_cast<float>(o[3])};
-  };
-  if (rows == in.n_out())
-    for (int64_t i = 0; i < rows; ++i) r.push_back(at(i));
-  else
-    for (int32_t row : batch.logit_rows) r.push_back(at(row));
-  return r;
+void encode_greedy_row(const GreedyRow& g, int32_t* out) {
+  out[0] = g.id;
+  out[1] = g.n_nonfinite;
+  out[2] = g.first_nonfinite;
+  out[3] = std::bit_cast<int32_t>(g.first_value);
+}
+
+GreedyRow decode_greedy_row(std::span<const int32_t> w) {
+  MK_CHECK(w.size() == 4, "greedy row of {} words", w.size());
+  return GreedyRow{w[0], w[1], w[2], std::bit_cast<float>(w[3])};
 }
 
 TopKRow topk_row(std::span<const float> logits, int64_t k) {
@@ -232,21 +249,6 @@ TopKRow decode_topk_row(std::span<const int32_t> w) {
     t.logits.push_back(std::bit_cast<float>(w[static_cast<size_t>(5 + 2 * j)]));
   }
   return t;
-}
-
-std::vector<TopKRow> select_topk_rows(std::span<const int32_t> out, int64_t rows, int64_t cols, const StepBatch& batch,
-                                      const StepInputs& in) {
-  std::vector<TopKRow> r;
-  if (batch.logit_rows.empty()) return r;
-  MK_CHECK(rows == in.n_out() || rows == in.n_rows(), "topk output has {} rows for {} rows, {} wanted", rows, in.n_rows(),
-           in.n_out());
-  MK_CHECK(static_cast<int64_t>(out.size()) >= rows * cols);
-  auto at = [&](int64_t row) { return decode_topk_row(out.subspan(static_cast<size_t>(row * cols), static_cast<size_t>(cols))); };
-  if (rows == in.n_out())
-    for (int64_t i = 0; i < rows; ++i) r.push_back(at(i));
-  else
-    for (int32_t row : batch.logit_rows) r.push_back(at(row));
-  return r;
 }
 
 }  // namespace mk

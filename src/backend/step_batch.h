@@ -80,11 +80,22 @@ struct StepInputs {
 // read rows nobody wrote); a batch that passes every check is recorded there.
 StepInputs prepare_step(const StepBatch& batch, const StepLimits& limits);
 
-// The logits forward(StepBatch) returns, from a step's output [rows, cols]: rows == n_out (the
-// program gathered logit_rows) or rows == n_rows (an all-rows program: picked here). Returns
-// [batch.logit_rows.size(), cols].
+// The rows forward(StepBatch) and Backend::forward_rows return, from a step's output [rows, cols]
+// (float logits, or the i32 words of an OutputKind): rows == n_out (the program gathered logit_rows)
+// or rows == n_rows (an all-rows program: picked here). Returns [batch.logit_rows.size(), cols].
 std::vector<float> select_logit_rows(std::span<const float> out, int64_t rows, int64_t cols, const StepBatch& batch,
                                      const StepInputs& in);
+std::vector<int32_t> select_logit_rows(std::span<const int32_t> out, int64_t rows, int64_t cols, const StepBatch& batch,
+                                       const StepInputs& in);
+
+// The i32 rows a step can return in place of logits (Backend::forward_rows): the graph output
+// "greedy" (the `argmax` op, GreedyRow, 4 words a row) or "topk" (the `topk` op, TopKRow, 4 + 2k).
+enum class OutputKind { greedy, topk };
+const char* output_name(OutputKind kind);  // "greedy" | "topk"
+// Words in one row of `kind` (k: the topk op's candidates; greedy ignores it).
+int64_t output_row_words(OutputKind kind, int64_t k);
+// The row the op writes for one logits row: greedy_row or topk_row(logits, k), encoded.
+void encode_output_row(OutputKind kind, std::span<const float> logits, int64_t k, int32_t* out);
 
 // The greedy choice of one logits row (the `argmax` op's output row: i32 [id, n_nonfinite,
 // first_nonfinite, first_value's bits]). id: index of the largest value, ties to the lowest index,
@@ -98,9 +109,9 @@ struct GreedyRow {
   float first_value = 0;
 };
 GreedyRow greedy_row(std::span<const float> logits);
-// forward_greedy's rows from a step's `argmax` output (i32 [rows, 4]), picked as select_logit_rows does.
-std::vector<GreedyRow> select_greedy_rows(std::span<const int32_t> out, int64_t rows, const StepBatch& batch,
-                                          const StepInputs& in);
+// The op's encoding of a row (4 words) and back.
+void encode_greedy_row(const GreedyRow& g, int32_t* out);
+GreedyRow decode_greedy_row(std::span<const int32_t> words);
 
 // The sampler's candidates of one logits row (the `topk` op's output row, i32 [4 + 2k]: n_cand,
 // n_nonfinite, first_nonfinite, first_value's bits, then k (id, logit bits) pairs). ids/logits: the
@@ -118,9 +129,6 @@ TopKRow topk_row(std::span<const float> logits, int64_t k);
 // The op's encoding of a row (4 + 2k words; unused pairs are (-1, 0)) and back.
 void encode_topk_row(const TopKRow& t, int64_t k, int32_t* out);
 TopKRow decode_topk_row(std::span<const int32_t> words);
-// forward_topk's rows from a step's `topk` output (i32 [rows, cols]), picked as select_logit_rows does.
-std::vector<TopKRow> select_topk_rows(std::span<const int32_t> out, int64_t rows, int64_t cols, const StepBatch& batch,
-                                      const StepInputs& in);
 
 // The one-sequence case: tokens at positions n_past.., block table 0, 1, 2, ... (pool row ==
 // position), logits of the last row, or of every row when all_rows.

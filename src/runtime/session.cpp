@@ -80,34 +80,31 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
   backend = make_backend(o.backend.empty() ? default_backend_name() : o.backend, graph, model, o.backend_options);
 }
 
-std::vector<float> Session::eval(std::span<const int32_t> tokens) {
-  if (n_past + static_cast<int64_t>(tokens.size()) > n_ctx)
-    fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, tokens.size(), n_ctx);
+namespace {
+// One step of `tokens` at n_past through `forward(n_past)` (one of the backend's forms): checks the
+// context and the vocabulary first, advances n_past after.
+template <class Forward>
+auto eval_step(Session& s, std::span<const int32_t> tokens, Forward forward) {
+  if (s.n_past + static_cast<int64_t>(tokens.size()) > s.n_ctx)
+    fail("context overflow: {} tokens in the cache + {} new > context length {}", s.n_past, tokens.size(), s.n_ctx);
   for (int32_t t : tokens)
-    if (t < 0 || t >= hparams.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, hparams.n_vocab);
-  auto logits = backend->forward(tokens, n_past);
-  n_past += static_cast<int64_t>(tokens.size());
-  return logits;
+    if (t < 0 || t >= s.hparams.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, s.hparams.n_vocab);
+  auto r = forward(s.n_past);
+  s.n_past += static_cast<int64_t>(tokens.size());
+  return r;
+}
+}  // namespace
+
+std::vector<float> Session::eval(std::span<const int32_t> tokens) {
+  return eval_step(*this, tokens, [&](int64_t at) { return backend->forward(tokens, at); });
 }
 
 GreedyRow Session::eval_greedy(std::span<const int32_t> tokens) {
-  if (n_past + static_cast<int64_t>(tokens.size()) > n_ctx)
-    fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, tokens.size(), n_ctx);
-  for (int32_t t : tokens)
-    if (t < 0 || t >= hparams.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, hparams.n_vocab);
-  GreedyRow g = backend->forward_greedy(tokens, n_past);
-  n_past += static_cast<int64_t>(tokens.size());
-  return g;
+  return eval_step(*this, tokens, [&](int64_t at) { return backend->forward_greedy(tokens, at); });
 }
 
 TopKRow Session::eval_topk(std::span<const int32_t> tokens) {
-  if (n_past + static_cast<int64_t>(tokens.size()) > n_ctx)
-    fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, tokens.size(), n_ctx);
-  for (int32_t t : tokens)
-    if (t < 0 || t >= hparams.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, hparams.n_vocab);
-  TopKRow c = backend->forward_topk(tokens, n_past);
-  n_past += static_cast<int64_t>(tokens.size());
-  return c;
+  return eval_step(*this, tokens, [&](int64_t at) { return backend->forward_topk(tokens, at); });
 }
 
 void Session::reset() {

@@ -466,15 +466,9 @@ class CountingBackend final : public Backend {
     ++logit_steps;
     return b_.forward(batch);
   }
-  using Backend::forward_greedy;
-  std::vector<GreedyRow> forward_greedy(const StepBatch& batch) override {
-    ++greedy_steps;
-    return b_.forward_greedy(batch);
-  }
-  using Backend::forward_topk;
-  std::vector<TopKRow> forward_topk(const StepBatch& batch) override {
-    ++topk_steps;
-    return b_.forward_topk(batch);
+  std::vector<int32_t> forward_rows(const StepBatch& batch, OutputKind kind) override {
+    ++(kind == OutputKind::greedy ? greedy_steps : topk_steps);
+    return b_.forward_rows(batch, kind);
   }
   int64_t kv_block_size() const override { return b_.kv_block_size(); }
   int64_t kv_pool_blocks() const override { return b_.kv_pool_blocks(); }

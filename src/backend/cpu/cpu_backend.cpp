@@ -69,30 +69,17 @@ class CpuBackend final : public Backend {
     auto out = interp_->output("logits", &rows, &cols);
     return select_logit_rows(out, rows, cols, batch, in);
   }
-  using Backend::forward_greedy;
-  std::vector<GreedyRow> forward_greedy(const StepBatch& batch) override {
-    bool has = false;  // a graph without the argmax op: argmax the logits here
-    for (const auto& [name, b] : interp_->program().outputs) has |= name == "greedy";
-    if (!has) return Backend::forward_greedy(batch);
+  std::vector<int32_t> forward_rows(const StepBatch& batch, OutputKind kind) override {
+    bool has = false;  // a graph without the argmax / topk op: compute the rows from the logits here
+    for (const auto& [name, b] : interp_->program().outputs) has |= name == output_name(kind);
+    if (!has) return Backend::forward_rows(batch, kind);
     StepInputs in = prepare_step(batch, interp_->limits());
-    interp_->set_want_topk(false);
-    interp_->step(in);
-    int64_t rows = 0;
-    auto out = interp_->output("greedy", &rows);  // i32 [rows, 4] (the argmax op)
-    return select_greedy_rows(std::span<const int32_t>(reinterpret_cast<const int32_t*>(out.data()), out.size()), rows, batch, in);
-  }
-  using Backend::forward_topk;
-  std::vector<TopKRow> forward_topk(const StepBatch& batch) override {
-    bool has = false;  // a graph without the topk op: take the candidates from the logits here
-    for (const auto& [name, b] : interp_->program().outputs) has |= name == "topk";
-    if (!has) return Backend::forward_topk(batch);
-    StepInputs in = prepare_step(batch, interp_->limits());
-    interp_->set_want_topk(true);
+    interp_->set_want_topk(kind == OutputKind::topk);
     interp_->step(in);
     int64_t rows = 0, cols = 0;
-    auto out = interp_->output("topk", &rows, &cols);  // i32 [rows, 4 + 2k] (the topk op)
-    return select_topk_rows(std::span<const int32_t>(reinterpret_cast<const int32_t*>(out.data()), out.size()), rows, cols,
-                            batch, in);
+    auto out = interp_->output(output_name(kind), &rows, &cols);  // i32 [rows, 4] (argmax) or [rows, 4 + 2k] (topk)
+    return select_logit_rows(std::span<const int32_t>(reinterpret_cast<const int32_t*>(out.data()), out.size()), rows, cols,
+                             batch, in);
   }
   int64_t kv_block_size() const override { return interp_->program().kv_block_size; }
   int64_t kv_pool_blocks() const override { return interp_->limits().pool_blocks; }

@@ -217,17 +217,13 @@ class CudaBackend final : public Backend {
     if (out_buffer_ < 0) fail("{}: the program has no output named logits", name_);
     const Buffer& ob = p.buffers[static_cast<size_t>(out_buffer_)];
     out_host_ = rt_->host_alloc(static_cast<size_t>(ob.max_rows * ob.cols) * 4, nullptr);
-    for (const auto& [oname, b] : p.outputs)  // the argmax op's rows: what greedy decoding copies back
-      if (oname == "greedy") greedy_buffer_ = b;
-    if (greedy_buffer_ >= 0) {
-      const Buffer& gb = p.buffers[static_cast<size_t>(greedy_buffer_)];
-      greedy_host_ = rt_->host_alloc(static_cast<size_t>(gb.max_rows * gb.cols) * 4, nullptr);
-    }
-    for (const auto& [oname, b] : p.outputs)  // the topk op's rows: what top-k sampling copies back
-      if (oname == "topk") topk_buffer_ = b;
-    if (topk_buffer_ >= 0) {
-      const Buffer& tb = p.buffers[static_cast<size_t>(topk_buffer_)];
-      topk_host_ = rt_->host_alloc(static_cast<size_t>(tb.max_rows * tb.cols) * 4, nullptr);
+    for (OutputKind kind : {OutputKind::greedy, OutputKind::topk}) {  // what greedy decoding / top-k sampling copies back
+      int& buffer = rows_buffer_[static_cast<size_t>(kind)];
+      for (const auto& [oname, b] : p.outputs)
+        if (oname == output_name(kind)) buffer = b;
+      if (buffer < 0) continue;
+      const Buffer& B = p.buffers[static_cast<size_t>(buffer)];
+      rows_host_[static_cast<size_t>(kind)] = rt_->host_alloc(static_cast<size_t>(B.max_rows * B.cols) * 4, nullptr);
     }
     timeout_ns_ = static_cast<uint64_t>(env_int("MK_CUDA_WAIT_TIMEOUT_MS", 10000)) * 1000000ull;
     n_ctx_ = p.n_ctx;
@@ -282,26 +278,17 @@ class CudaBackend final : public Backend {
     const int64_t cols = program_.buffers[static_cast<size_t>(out_buffer_)].cols;
     return select_logit_rows(out, static_cast<int64_t>(out.size()) / cols, cols, batch, in);
   }
-  using Backend::forward_greedy;
-  // Copies the argmax op's 16 bytes per row instead of the logits.
-  std::vector<GreedyRow> forward_greedy(const StepBatch& batch) override {
-    if (greedy_buffer_ < 0) return Backend::forward_greedy(batch);
+  // Copies the argmax op's 16 bytes or the topk op's 16 + 8k bytes per row instead of the logits.
+  std::vector<int32_t> forward_rows(const StepBatch& batch, OutputKind kind) override {
+    const int buffer = rows_buffer_[static_cast<size_t>(kind)];
+    if (buffer < 0) return Backend::forward_rows(batch, kind);
     if (!broken_.empty()) fail("{}: the backend stopped after a device error ({}); reset() first", name_, broken_);
     StepInputs in = prepare_step(batch, limits_);
-    const size_t words = run_step(in, greedy_buffer_, greedy_host_);
-    return select_greedy_rows(std::span<const int32_t>(static_cast<const int32_t*>(greedy_host_), words),
-                              static_cast<int64_t>(words) / 4, batch, in);
-  }
-  using Backend::forward_topk;
-  // Copies the topk op's 16 + 8k bytes per row instead of the logits.
-  std::vector<TopKRow> forward_topk(const StepBatch& batch) override {
-    if (topk_buffer_ < 0) return Backend::forward_topk(batch);
-    if (!broken_.empty()) fail("{}: the backend stopped after a device error ({}); reset() first", name_, broken_);
-    StepInputs in = prepare_step(batch, limits_);
-    const size_t words = run_step(in, topk_buffer_, topk_host_);
-    const int64_t cols = program_.buffers[static_cast<size_t>(topk_buffer_)].cols;
-    return select_topk_rows(std::span<const int32_t>(static_cast<const int32_t*>(topk_host_), words),
-                            static_cast<int64_t>(words) / cols, cols, batch, in);
+    void* host = rows_host_[static_cast<size_t>(kind)];
+    const size_t words = run_step(in, buffer, host);
+    const int64_t cols = program_.buffers[static_cast<size_t>(buffer)].cols;
+    return select_logit_rows(std::span<const int32_t>(static_cast<const int32_t*>(host), words),
+                             static_cast<int64_t>(words) / cols, cols, batch, in);
   }
   int64_t kv_block_size() const override { return limits_.block_size; }
   int64_t kv_pool_blocks() const override { return limits_.pool_blocks; }
@@ -374,7 +361,7 @@ class CudaBackend final : public Backend {
     put(p.logit_rows_buffer, si.logit_rows);
     const int64_t n_past = si.positions.empty() ? 0 : si.positions[0];  // for error messages
     // want_topk: only a top-k step reads the topk op's rows; the others skip its selection.
-    cuda::MkSym sym{static_cast<int32_t>(m), static_cast<int32_t>(si.n_out()), out_buffer == topk_buffer_ ? 1 : 0, 0};
+    cuda::MkSym sym{static_cast<int32_t>(m), static_cast<int32_t>(si.n_out()), out_buffer == rows_buffer_[static_cast<size_t>(OutputKind::topk)] ? 1 : 0, 0};
     std::memcpy(in + (in_hi_ - in_lo_), &sym, sizeof sym);
     const Buffer& ob = p.buffers[static_cast<size_t>(out_buffer)];
     const int64_t out_rows = ob.rows.eval({m, si.n_out()});
@@ -534,10 +521,10 @@ class CudaBackend final : public Backend {
   void* out_host_ = nullptr;
   size_t in_lo_ = 0, in_hi_ = 0;
   int out_buffer_ = -1;
-  int greedy_buffer_ = -1;        // the argmax op's output (i32 [rows, 4]); -1 when the graph has none
-  void* greedy_host_ = nullptr;   // pinned
-  int topk_buffer_ = -1;          // the topk op's output (i32 [rows, 4 + 2k]); -1 when the graph has none
-  void* topk_host_ = nullptr;     // pinned
+  // By OutputKind: the argmax op's output (i32 [rows, 4]) and the topk op's (i32 [rows, 4 + 2k]);
+  // -1 when the graph has none. Their pinned host copies.
+  int rows_buffer_[2] = {-1, -1};
+  void* rows_host_[2] = {nullptr, nullptr};
   int64_t n_ctx_ = 0;
   StepLimits limits_;
   KvWritten written_;  // pool rows written so far (prepare_step checks batches against it)

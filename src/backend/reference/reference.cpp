@@ -1,7 +1,7 @@
 // The reference backend: executes the Graph op by op in float32 with float64 accumulation in
 // reductions. Simple and obviously right: the oracle every other backend is compared with.
-#include <bit>
 #include <cmath>
+#include <map>
 #include <unordered_map>
 
 #include "backend/backend.h"
@@ -60,24 +60,15 @@ class ReferenceBackend final : public Backend {
     const int64_t cols = g_[g_.outputs.at(0).value].shape[1].c;
     return select_logit_rows(out, static_cast<int64_t>(out.size()) / cols, cols, batch, in);
   }
-  using Backend::forward_greedy;
-  std::vector<GreedyRow> forward_greedy(const StepBatch& batch) override {
-    bool has = false;  // a graph without the argmax op: argmax the logits here
-    for (const auto& o : g_.outputs) has |= o.name == "greedy";
-    if (!has) return Backend::forward_greedy(batch);
-    StepInputs in = prepare_step(batch, limits_);
-    run(in);
-    return select_greedy_rows(greedy_, static_cast<int64_t>(greedy_.size()) / 4, batch, in);
-  }
-  using Backend::forward_topk;
-  std::vector<TopKRow> forward_topk(const StepBatch& batch) override {
-    int64_t cols = 0;  // a graph without the topk op: take the candidates from the logits here
+  std::vector<int32_t> forward_rows(const StepBatch& batch, OutputKind kind) override {
+    int64_t cols = 0;  // a graph without the argmax / topk op: compute the rows from the logits here
     for (const auto& o : g_.outputs)
-      if (o.name == "topk") cols = g_[o.value].shape[1].c;
-    if (cols == 0) return Backend::forward_topk(batch);
+      if (o.name == output_name(kind)) cols = g_[o.value].shape[1].c;
+    if (cols == 0) return Backend::forward_rows(batch, kind);
     StepInputs in = prepare_step(batch, limits_);
     run(in);
-    return select_topk_rows(topk_, static_cast<int64_t>(topk_.size()) / cols, cols, batch, in);
+    const std::vector<int32_t>& words = int_outputs_.at(output_name(kind));
+    return select_logit_rows(std::span<const int32_t>(words), static_cast<int64_t>(words.size()) / cols, cols, batch, in);
   }
   int64_t kv_block_size() const override { return limits_.block_size; }
   int64_t kv_pool_blocks() const override { return limits_.pool_blocks; }
@@ -282,23 +273,15 @@ class ReferenceBackend final : public Backend {
           for (int32_t r : step.logit_rows) out.insert(out.end(), x + r * cols, x + (r + 1) * cols);
           break;
         }
-        case Op::argmax: {
-          const float* x = in(0);
-          const int64_t k = in_node(0).shape[1].c;
-          auto& iv = ival[static_cast<size_t>(n.id)];
-          for (int64_t r = 0; r < rows; ++r) {
-            const GreedyRow g = greedy_row(std::span<const float>(x + r * k, static_cast<size_t>(k)));
-            iv.insert(iv.end(), {g.id, g.n_nonfinite, g.first_nonfinite, std::bit_cast<int32_t>(g.first_value)});
-          }
-          break;
-        }
+        case Op::argmax:  // one row per logits row, as the backends' ops encode it
         case Op::topk: {
           const float* x = in(0);
-          const int64_t k = in_node(0).shape[1].c, kk = n.attr_int("k");
+          const OutputKind kind = n.op == Op::argmax ? OutputKind::greedy : OutputKind::topk;
+          const int64_t k = in_node(0).shape[1].c, kk = n.op == Op::topk ? n.attr_int("k") : 0;
           auto& iv = ival[static_cast<size_t>(n.id)];
-          std::vector<int32_t> row(static_cast<size_t>(4 + 2 * kk));
+          std::vector<int32_t> row(static_cast<size_t>(output_row_words(kind, kk)));
           for (int64_t r = 0; r < rows; ++r) {
-            encode_topk_row(topk_row(std::span<const float>(x + r * k, static_cast<size_t>(k)), kk), kk, row.data());
+            encode_output_row(kind, std::span<const float>(x + r * k, static_cast<size_t>(k)), kk, row.data());
             iv.insert(iv.end(), row.begin(), row.end());
           }
           break;
@@ -313,12 +296,9 @@ class ReferenceBackend final : public Backend {
         if (last_use_[static_cast<size_t>(i)] == n.id && !is_output(i)) std::vector<float>().swap(val[static_cast<size_t>(i)]);
     }
     MK_CHECK(!g_.outputs.empty());
-    greedy_.clear();
+    int_outputs_.clear();
     for (const auto& o : g_.outputs)
-      if (o.name == "greedy") greedy_ = ival[static_cast<size_t>(o.value)];
-    topk_.clear();
-    for (const auto& o : g_.outputs)
-      if (o.name == "topk") topk_ = ival[static_cast<size_t>(o.value)];
+      int_outputs_[o.name] = std::move(ival[static_cast<size_t>(o.value)]);
     return val[static_cast<size_t>(g_.outputs[0].value)];
   }
 
@@ -340,8 +320,8 @@ class ReferenceBackend final : public Backend {
 
   const Graph& g_;
   const ModelFile& m_;
-  std::vector<int32_t> greedy_;  // the last run's "greedy" output, i32 [rows, 4]
-  std::vector<int32_t> topk_;    // the last run's "topk" output, i32 [rows, 4 + 2k]
+  // The last run's i32 outputs by name: "greedy" (i32 [rows, 4]), "topk" (i32 [rows, 4 + 2k]).
+  std::map<std::string, std::vector<int32_t>> int_outputs_;
   int64_t n_ctx_ = 0;
   StepLimits limits_{256};  // rows per step: the compiled backends' default max_tokens
   KvWritten written_;       // the pool rows written so far (prepare_step checks batches against it)
