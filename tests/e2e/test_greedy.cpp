@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "ir/graph.h"
 #include "model/model_file.h"
+#include "support/op_rows.h"
 #include "support/ragged.h"
 
 namespace mk {
@@ -125,28 +126,7 @@ TEST_P(E2EGreedy, OpFollowsTheHostRulesForTiesNanAndInf) {
   row({{0, -0.0f}, {1, 0.0f}}, -3.0f);                        // -0 == +0: 0
   row({{38, 9.5f}, {7, nan}, {8, nan}}, -inf);                // many non-finite
   const int64_t n_rows = static_cast<int64_t>(rows.size());
-  auto data = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(n_rows * kCols) * 4);
-  for (int64_t r = 0; r < n_rows; ++r) std::memcpy(data->data() + r * kCols * 4, rows[static_cast<size_t>(r)].data(), kCols * 4);
-  ModelFile m;
-  m.path = "greedy-op-test";
-  m.format = "synthetic";
-  m.owned.push_back(data);
-  WeightTensor w;
-  w.name = "table";
-  w.shape = {n_rows, kCols};
-  w.data = data->data();
-  w.nbytes = data->size();
-  m.add_tensor(w);
-  Graph g;
-  int tok = g.add_input("tokens");
-  int e = g.add(Op::embed, {g.add_weight("table", DType::F32, {n_rows, kCols}), tok}, {}, "rows");
-  g.add_output(e, "logits");
-  g.add_output(g.add(Op::argmax, {e}, {}, "greedy"), "greedy");
-  auto b = make_backend(GetParam(), g, m, opts(GetParam()));
-  std::vector<int32_t> order(static_cast<size_t>(n_rows));
-  for (int32_t i = 0; i < n_rows; ++i) order[static_cast<size_t>(i)] = i;
-  StepBatch batch = one_sequence_batch(order, 0, b->kv_block_size(), true);
-  const std::vector<GreedyRow> got = b->forward_greedy(batch);
+  const std::vector<GreedyRow> got = test::greedy_of_rows(GetParam(), opts(GetParam()), rows);
   ASSERT_EQ(static_cast<int64_t>(got.size()), n_rows);
   const std::vector<int32_t> want_id = {5, 3, 12, -1, 20, 0, 38};
   const std::vector<int32_t> want_bad = {0, 1, 1, kCols, 3, 0, kCols - 1};

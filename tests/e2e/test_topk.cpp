@@ -11,7 +11,6 @@
 #include <array>
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -24,6 +23,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "support/cli.h"
+#include "support/op_rows.h"
 #include "support/ragged.h"
 #include "support/error.h"
 
@@ -69,35 +69,6 @@ void expect_same(const TopKRow& got, const TopKRow& want, const std::string& whe
   EXPECT_EQ(std::bit_cast<uint32_t>(got.first_value), std::bit_cast<uint32_t>(want.first_value)) << where;
 }
 
-// A graph embed(table, tokens) -> topk {k}: each token id picks one hand-made row, so the rows reach
-// the op exactly as written. Returns forward_topk's rows for all of them.
-std::vector<TopKRow> run_op(const std::string& backend, const std::vector<std::vector<float>>& rows, int64_t k) {
-  const auto n_rows = static_cast<int64_t>(rows.size());
-  const auto cols = static_cast<int64_t>(rows[0].size());
-  auto data = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(n_rows * cols) * 4);
-  for (int64_t r = 0; r < n_rows; ++r)
-    std::memcpy(data->data() + r * cols * 4, rows[static_cast<size_t>(r)].data(), static_cast<size_t>(cols) * 4);
-  ModelFile m;
-  m.path = "topk-op-test";
-  m.format = "synthetic";
-  m.owned.push_back(data);
-  WeightTensor w;
-  w.name = "table";
-  w.shape = {n_rows, cols};
-  w.data = data->data();
-  w.nbytes = data->size();
-  m.add_tensor(w);
-  Graph g;
-  int tok = g.add_input("tokens");
-  int e = g.add(Op::embed, {g.add_weight("table", DType::F32, {n_rows, cols}), tok}, {}, "rows");
-  g.add_output(e, "logits");
-  g.add_output(g.add(Op::topk, {e}, {{"k", k}}, "topk"), "topk");
-  auto b = make_backend(backend, g, m, opts());
-  std::vector<int32_t> order(static_cast<size_t>(n_rows));
-  for (int32_t i = 0; i < n_rows; ++i) order[static_cast<size_t>(i)] = i;
-  return b->forward_topk(one_sequence_batch(order, 0, b->kv_block_size(), true));
-}
-
 class E2ETopK : public ::testing::TestWithParam<std::string> {};
 
 // Short rows (40 values, fewer than k = 64): every non-NaN value comes back, sorted; the header
@@ -119,7 +90,7 @@ TEST_P(E2ETopK, OpOnShortRowsReturnsEveryValueSorted) {
   std::vector<float> ramp(kCols);
   for (int i = 0; i < kCols; ++i) ramp[static_cast<size_t>(i)] = static_cast<float>((i * 17) % 23) - 11.0f;
   rows.push_back(ramp);
-  const auto got = run_op(GetParam(), rows, kTopK);
+  const auto got = test::topk_of_rows(GetParam(), opts(), rows, kTopK);
   ASSERT_EQ(got.size(), rows.size());
   for (size_t r = 0; r < rows.size(); ++r) expect_same(got[r], host_sort(rows[r], kTopK), "row " + std::to_string(r));
   EXPECT_EQ(got[0].ids.size(), 40u);
@@ -167,7 +138,7 @@ TEST_P(E2ETopK, OpOnLongRowsEqualsAHostSort) {
   r[17] = -2.0f;
   rows.push_back(r);
   for (int64_t k : {kTopK, int64_t{5}}) {
-    const auto got = run_op(GetParam(), rows, k);
+    const auto got = test::topk_of_rows(GetParam(), opts(), rows, k);
     ASSERT_EQ(got.size(), rows.size());
     for (size_t i = 0; i < rows.size(); ++i)
       expect_same(got[i], host_sort(rows[i], k), "k " + std::to_string(k) + " row " + std::to_string(i));
@@ -191,7 +162,7 @@ TEST_P(E2ETopK, OpWhenTheBestValuesShareFewThreadsEqualsAHostSort) {
   }
   // cuda-emu: k = 64 only (each radix pass is about 1.5 s of emulated atomics on a loaded machine).
   for (int64_t k : GetParam() == "cuda-emu" ? std::vector<int64_t>{kTopK} : std::vector<int64_t>{kTopK, 5}) {
-    const auto got = run_op(GetParam(), rows, k);
+    const auto got = test::topk_of_rows(GetParam(), opts(), rows, k);
     ASSERT_EQ(got.size(), rows.size());
     for (size_t i = 0; i < rows.size(); ++i)
       expect_same(got[i], host_sort(rows[i], k), "k " + std::to_string(k) + " row " + std::to_string(i));
