@@ -414,6 +414,30 @@ std::vector<GenerateResult> generate_alone(const SessionOptions& so, const std::
   return alone;
 }
 
+// Request i = prompt_ids[i] with the n_new (as max_tokens) and the sampler `set` gives prompt i (the
+// options generate_alone ran it with), all submitted to `e`, which then runs until idle.
+std::vector<std::shared_ptr<Request>> submit_and_run(Engine& e, const std::vector<std::vector<int32_t>>& prompt_ids,
+                                                     const std::function<void(size_t, GenerateOptions&)>& set) {
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (size_t i = 0; i < prompt_ids.size(); ++i) {
+    GenerateOptions g;
+    set(i, g);
+    RequestParams p;
+    p.prompt_ids = prompt_ids[i];
+    p.max_tokens = g.n_new;
+    p.sampler = g.sampler;
+    reqs.push_back(e.submit(p));
+  }
+  run_until_idle(e);
+  return reqs;
+}
+
+std::vector<std::vector<int32_t>> prompt_ids_of(const std::vector<GenerateResult>& alone) {
+  std::vector<std::vector<int32_t>> ids;
+  for (const GenerateResult& r : alone) ids.push_back(r.prompt_ids);
+  return ids;
+}
+
 // The real cpu backend over its paged KV pool: requests batched by the engine (chunked prefill of
 // 7 rows, up to 4 sequences per step, greedy and seeded sampling) give the tokens of `generate`
 // running each prompt alone on the one-sequence path (what `run` does).
@@ -423,10 +447,11 @@ TEST(E2EServeEngine, CpuBatchedEqualsGenerateAlone) {
   const std::vector<std::string> prompts = {
       "Once upon a time", "The cat sat", "Lily and Tom went to the park to play with a big red ball",
       "One day",          "A dog",       "The sun was hot and the children"};
-  const std::vector<GenerateResult> alone = generate_alone(so, prompts, [](size_t i, GenerateOptions& g) {
+  auto set = [](size_t i, GenerateOptions& g) {
     g.n_new = 12 + static_cast<int>(i) * 3;
     g.sampler = {i % 2 ? 0.8f : 0.0f, 0, 1.0f, 77 + i};
-  });
+  };
+  const std::vector<GenerateResult> alone = generate_alone(so, prompts, set);
   // The default pool, 128 rows = 8 blocks: about three requests fit at once, the others wait for blocks.
   Session s(so);
   ASSERT_GT(s.backend->kv_pool_blocks(), 0);
@@ -434,15 +459,7 @@ TEST(E2EServeEngine, CpuBatchedEqualsGenerateAlone) {
   eo.prefill_chunk = 7;
   eo.stop_at_bos = s.stop_at_bos;
   Engine e(*s.backend, s.tokenizer.get(), eo);
-  std::vector<std::shared_ptr<Request>> reqs;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestParams p;
-    p.prompt_ids = alone[i].prompt_ids;
-    p.max_tokens = 12 + static_cast<int64_t>(i) * 3;
-    p.sampler = {i % 2 ? 0.8f : 0.0f, 0, 1.0f, 77 + i};
-    reqs.push_back(e.submit(p));
-  }
-  run_until_idle(e);
+  const auto reqs = submit_and_run(e, prompt_ids_of(alone), set);
   for (size_t i = 0; i < prompts.size(); ++i) {
     RequestOutput out = collect(*reqs[i]);
     EXPECT_EQ(out.token_ids, alone[i].generated_ids) << prompts[i];
@@ -486,25 +503,18 @@ TEST(E2EServeEngine, AllGreedyBatchesAskForIdsNotLogits) {
   const SessionOptions so = stories_cpu_session();
   if (!std::filesystem::exists(so.model_path)) GTEST_SKIP() << so.model_path << " not found";
   const std::vector<std::string> prompts = {"Once upon a time", "The cat sat", "One day", "A dog"};
-  const std::vector<GenerateResult> alone = generate_alone(so, prompts, [](size_t i, GenerateOptions& g) {
+  auto set = [](size_t i, GenerateOptions& g) {
     g.n_new = 10 + static_cast<int>(i) * 2;
     g.sampler.temperature = 0;
-  });
+  };
+  const std::vector<GenerateResult> alone = generate_alone(so, prompts, set);
   Session s(so);
   CountingBackend counting(*s.backend);
   EngineOptions eo = engine_options(4, 128, s.hparams.n_vocab);
   eo.prefill_chunk = 5;
   eo.stop_at_bos = s.stop_at_bos;
   Engine e(counting, s.tokenizer.get(), eo);
-  std::vector<std::shared_ptr<Request>> reqs;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestParams p;
-    p.prompt_ids = alone[i].prompt_ids;
-    p.max_tokens = 10 + static_cast<int64_t>(i) * 2;
-    p.sampler.temperature = 0;
-    reqs.push_back(e.submit(p));
-  }
-  run_until_idle(e);
+  const auto reqs = submit_and_run(e, prompt_ids_of(alone), set);
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(*reqs[i]).token_ids, alone[i].generated_ids) << prompts[i];
   EXPECT_GT(counting.greedy_steps, 0);
   EXPECT_EQ(counting.logit_steps, 0);
@@ -549,15 +559,10 @@ TEST(E2EServeEngine, TopKSampledBatchesAskForCandidatesNotLogits) {
   eo.stop_at_bos = s.stop_at_bos;
   {
     Engine e(counting, s.tokenizer.get(), eo);
-    std::vector<std::shared_ptr<Request>> reqs;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      RequestParams p;
-      p.prompt_ids = prompt_ids[i];
-      p.max_tokens = 10 + static_cast<int64_t>(i) * 2;
-      p.sampler = sampler_of(i);
-      reqs.push_back(e.submit(p));
-    }
-    run_until_idle(e);
+    const auto reqs = submit_and_run(e, prompt_ids, [&](size_t i, GenerateOptions& g) {
+      g.n_new = 10 + static_cast<int>(i) * 2;
+      g.sampler = sampler_of(i);
+    });
     for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(*reqs[i]).token_ids, want[i]) << prompts[i];
     EXPECT_GT(counting.topk_steps, 0);
     EXPECT_EQ(counting.logit_steps, 0);
