@@ -1,5 +1,4 @@
 // `chat`: an interactive, multi-turn conversation with the model's chat template; replies stream.
-#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -25,22 +24,7 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--system", o->system, "system message at the start of the conversation");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
   cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->check(integer_at_least(0));
-  cmd->add_option("--temp", o->gen.sampler.temperature, "sampling temperature (0 = greedy)")
-      ->check(number_range(0, HUGE_VAL));
-  cmd->add_option("--top-k", o->gen.sampler.top_k, "top-k sampling (0 = off)")->check(integer_at_least(0));
-  cmd->add_option("--top-p", o->gen.sampler.top_p, "top-p (nucleus) sampling (1 = off)")->check(number_range(0, 1, /*above_lo=*/true));
-  cmd->add_option("--seed", o->gen.sampler.seed, "random seed")->check(unsigned_integer());
-  cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length (0 = the model's, at most 4096)")
-      ->check(integer_at_least(0));
-  cmd->add_option("--backend", o->session.backend, "backend: reference, cpu, ... (default: the fastest available)");
-  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
-      ->check(integer_range(0, 1024));
-  cmd->add_option("--act-quant", o->session.backend_options.act_quant,
-                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
-  cmd->add_option("--kv-type", o->session.backend_options.kv_type,
-                  "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files with quantized weights, else f32)")
-      ->check(CLI::IsMember({"auto", "f16", "f32"}));
+  add_generation_options(cmd, o->session, o->gen.sampler);
   cmd->callback([o] {
     Session s(o->session);
     std::string source;

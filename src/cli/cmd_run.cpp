@@ -1,4 +1,3 @@
-#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -26,26 +25,11 @@ void add_run_command(CLI::App& app) {
   auto* ids = cmd->add_option("--ids", o->ids, "prompt as comma-separated token ids (no BOS added); works without a tokenizer")
       ->excludes(prompt);
   cmd->add_option("-n,--n-predict", o->gen.n_new, "number of tokens to generate")->check(integer_at_least(0));
-  cmd->add_option("--temp", o->gen.sampler.temperature, "sampling temperature (0 = greedy)")
-      ->check(number_range(0, HUGE_VAL));
-  cmd->add_option("--top-k", o->gen.sampler.top_k, "top-k sampling (0 = off)")->check(integer_at_least(0));
-  cmd->add_option("--top-p", o->gen.sampler.top_p, "top-p (nucleus) sampling (1 = off)")->check(number_range(0, 1, /*above_lo=*/true));
-  cmd->add_option("--seed", o->gen.sampler.seed, "random seed")->check(unsigned_integer());
-  cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length (0 = the model's, at most 4096)")
-      ->check(integer_at_least(0));
-  cmd->add_option("--backend", o->session.backend, "backend: reference, cpu, ... (default: the fastest available)");
-  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
-      ->check(integer_range(0, 1024));
+  add_generation_options(cmd, o->session, o->gen.sampler);
   cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");
-  cmd->add_option("--act-quant", o->session.backend_options.act_quant,
-                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--attn-splits", o->session.backend_options.attn_splits,
                   "flash-decoding: split each row's cached positions N ways (0 = auto; default 1 on cpu, auto on cuda)")
       ->check(integer_range(0, 64));
-  cmd->add_option("--kv-type", o->session.backend_options.kv_type,
-                  "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files with quantized weights, else f32)")
-      ->check(CLI::IsMember({"auto", "f16", "f32"}));
   cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file");
   cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
   cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");

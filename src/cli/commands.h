@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+
 namespace mk::cli {
 
 void add_run_command(CLI::App& app);
@@ -28,6 +31,10 @@ CLI::Validator unsigned_integer();
 // A finite decimal number in [lo, hi] ((lo, hi] with above_lo; hi may be infinity: no upper bound);
 // "nan", "inf", "abc" are refused.
 CLI::Validator number_range(double lo, double hi, bool above_lo = false);
+
+// The flags `run` and `chat` share: sampling (--temp, --top-k, --top-p, --seed) into `sampler`, the
+// context and the backend (-c, --backend, -t, --act-quant, --kv-type) into `session`.
+void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptions& sampler);
 
 // "1,2,3" -> {1, 2, 3}; throws mk::Error naming `flag` for an empty list or a non-integer entry.
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag = "--ids");

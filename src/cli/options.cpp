@@ -74,4 +74,22 @@ CLI::Validator number_range(double lo, double hi, bool above_lo) {
       desc);
 }
 
+void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptions& sampler) {
+  cmd->add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)")->check(number_range(0, HUGE_VAL));
+  cmd->add_option("--top-k", sampler.top_k, "top-k sampling (0 = off)")->check(integer_at_least(0));
+  cmd->add_option("--top-p", sampler.top_p, "top-p (nucleus) sampling (1 = off)")->check(number_range(0, 1, /*above_lo=*/true));
+  cmd->add_option("--seed", sampler.seed, "random seed")->check(unsigned_integer());
+  cmd->add_option("-c,--ctx-size", session.n_ctx, "context length (0 = the model's, at most 4096)")
+      ->check(integer_at_least(0));
+  cmd->add_option("--backend", session.backend, "backend: reference, cpu, ... (default: the fastest available)");
+  cmd->add_option("-t,--threads", session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
+      ->check(integer_range(0, 1024));
+  cmd->add_option("--act-quant", session.backend_options.act_quant,
+                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_option("--kv-type", session.backend_options.kv_type,
+                  "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files with quantized weights, else f32)")
+      ->check(CLI::IsMember({"auto", "f16", "f32"}));
+}
+
 }  // namespace mk::cli
