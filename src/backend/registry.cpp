@@ -1,5 +1,10 @@
 #include <fmt/ranges.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
 #include "backend/backend.h"
 #include "backend/cuda/driver.h"
 #include "ir/topk.h"
@@ -21,6 +26,18 @@ const BackendEntry kBackends[] = {
     {"cuda-graph", make_cuda_graph_backend},
     {"cuda-emu", make_cuda_emu_backend},
 };
+
+// The trace is written after the last step (Backend::finish): a path that cannot be written fails
+// here, before any step runs. Opened for appending, so an existing file is left as it is, and a file
+// made by the check is removed again.
+void check_trace_path(const std::string& path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  std::FILE* f = std::fopen(path.c_str(), "ab");
+  if (!f) fail("--trace: {}: cannot open for writing ({})", path, std::strerror(errno));
+  std::fclose(f);
+  if (!existed) std::filesystem::remove(path, ec);
+}
 }  // namespace
 
 std::vector<std::string> backend_names() {
@@ -93,6 +110,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& grap
   if (options.threads < 0) fail("threads: {} is negative (0 = all cores)", options.threads);
   // Each worker holds its own scratch (~280 KB and up): thousands of threads only exhaust memory.
   if (options.threads > 1024) fail("threads: {} is more than 1024", options.threads);
+  if (!options.trace_path.empty()) check_trace_path(options.trace_path);
   for (const auto& b : kBackends)
     if (name == b.name) return b.make(graph, model, options);
   fail("unknown backend '{}'; available: {}", name, fmt::join(backend_names(), ", "));

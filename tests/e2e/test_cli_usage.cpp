@@ -254,4 +254,28 @@ TEST(E2ECliUsage, FileStringsInMessagesAreEscaped) {
   std::filesystem::remove(arch);
 }
 
+// --trace is written after the last step: a path that cannot be written is refused before the
+// first step (nothing is generated), naming the path; a path that can gets the trace. The reference
+// backend has no trace and says so instead of ignoring the flag.
+TEST(E2ECliUsage, TracePathIsCheckedBeforeGenerating) {
+  Result r = cli("run -m synth:tiny --ids 1,2 -n 4 --temp 0 -t 2 --trace /nonexistent/dir/t.json");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "error: --trace: /nonexistent/dir/t.json: cannot open for writing (No such file or directory)"))
+      << r.err;
+  EXPECT_TRUE(r.out.empty()) << "tokens were generated before the error: " << r.out;
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "mk_trace_check.json").string();
+  std::filesystem::remove(path);
+  r = cli("run -m synth:tiny --ids 1,2 -n 4 --temp 0 -t 2 --trace " + path);
+  EXPECT_EQ(r.status, 0) << r.err;
+  std::ifstream in(path);
+  std::string head(16, '\0');
+  in.read(head.data(), 16);
+  EXPECT_EQ(head, "{\"displayTimeUni") << path;
+  std::filesystem::remove(path);
+  r = cli("run -m synth:tiny --ids 1,2 -n 4 --backend reference --trace " + path);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "error: --trace: the reference backend has no trace")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path)) << "the check leaves no file behind";
+}
+
 }  // namespace
