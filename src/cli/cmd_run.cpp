@@ -52,6 +52,9 @@ void add_run_command(CLI::App& app) {
       o->session.tokenizer_if_available = true;
     }
     Session s(o->session);
+    if (!s.tokenizer_error.empty())
+      std::fprintf(stderr, "warning: the model's tokenizer cannot be used (%s); printing token ids only\n",
+                   s.tokenizer_error.c_str());
     const bool chat_mode = o->chat || !o->messages_file.empty();
     if (chat_mode) {
       nlohmann::ordered_json msgs = nlohmann::ordered_json::array();

@@ -158,6 +158,13 @@ struct ParsedRequest {
   bool stream = false, include_usage = false, return_token_ids = false;
 };
 
+// Why text cannot be tokenized: the model has no tokenizer, or the one it carries is damaged (named
+// as `run -p` names it).
+std::string no_tokenizer(const Session& s) {
+  if (s.tokenizer_error.empty()) return "this model has no tokenizer";
+  return "the model's tokenizer cannot be used (" + s.tokenizer_error + ")";
+}
+
 class Server {
  public:
   Server(ServeOptions o, Session& s, Engine& e) : o_(std::move(o)), s_(s), e_(e) {}
@@ -244,7 +251,7 @@ class Server {
       const json* msgs = field(body, "messages");
       if (!msgs) bad("messages", "'messages' is required");
       if (!tok)
-        throw HttpError{400, "this model has no tokenizer, so it cannot chat", "invalid_request_error", "messages", ""};
+        throw HttpError{400, no_tokenizer(s_) + ", so it cannot chat", "invalid_request_error", "messages", ""};
       std::string prompt;
       try {
         check_chat_messages(*msgs, "messages");
@@ -259,7 +266,7 @@ class Server {
       if (!pr) bad("prompt", "'prompt' is required");
       if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) pr = &(*pr)[0];
       if (pr->is_string()) {
-        if (!tok) bad("prompt", "this model has no tokenizer: send the prompt as an array of token ids");
+        if (!tok) bad("prompt", no_tokenizer(s_) + ": send the prompt as an array of token ids");
         p.prompt_ids = tok->encode(pr->get<std::string>(), /*add_bos=*/true, /*parse_special=*/true);
       } else if (pr->is_array()) {
         for (const auto& x : *pr) {
@@ -627,8 +634,11 @@ void serve(ServeOptions o) {
   o.session.kv_pool_tokens = o.kv_tokens;
   o.session.kv_pool_seqs = o.parallel;  // default pool: every running request can reach the full context
   Session s(o.session);
+  if (!s.tokenizer_error.empty())
+    std::fprintf(stderr, "warning: the model's tokenizer cannot be used (%s); only prompts of token ids can be served\n",
+                 s.tokenizer_error.c_str());
   if (!o.template_file.empty()) {  // a template that cannot be read or parsed is the server's error, found at start
-    if (!s.tokenizer) fail("--chat-template-file: this model has no tokenizer, so it cannot chat");
+    if (!s.tokenizer) fail("--chat-template-file: {}, so it cannot chat", no_tokenizer(s));
     render_model_chat(s.model, *s.tokenizer, json::array({{{"role", "user"}, {"content", "Hello"}}}), o.template_file);
   }
   if (o.model_id.empty()) {

@@ -60,10 +60,10 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
     try {
       tokenizer = open_tokenizer(model, "", hparams.n_vocab);
     } catch (const Error& e) {
-      // Ids in, ids out works without one; a tokenizer that is there but broken is worth a warning
-      // (a text prompt, `tokenize` and `chat` refuse the same model with this error).
+      // Ids in, ids out works without one; a tokenizer that is there but broken is kept for the
+      // caller to name (a text prompt, `tokenize` and `chat` refuse the same model with this error).
       if (carries_tokenizer(model, hparams.n_vocab))
-        std::fprintf(stderr, "warning: the model's tokenizer cannot be used (%s); printing token ids only\n", e.what());
+        tokenizer_error = e.what();
       else
         std::fprintf(stderr, "note: no tokenizer (%s): token ids only\n", e.what());
     }

@@ -52,6 +52,10 @@ class Session {
 
   ModelFile model;
   std::unique_ptr<Tokenizer> tokenizer;  // null when need_tokenizer is false and none was found
+  // With tokenizer_if_available: why the model's own tokenizer, which it carries, cannot be used (a
+  // damaged file: the error a text prompt gets, "PATH: tokenizer model ... is not supported");
+  // empty when it loaded or the model has none.
+  std::string tokenizer_error;
   Graph graph;
   std::unique_ptr<Backend> backend;
   Hparams hparams;

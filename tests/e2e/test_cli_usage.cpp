@@ -197,6 +197,13 @@ TEST(E2ECliUsage, DamagedTokenizerIsAnErrorForTextAndAWarningForIds) {
     EXPECT_EQ(r.status, 1) << args;
     EXPECT_TRUE(has(r.err, "error: " + path + ": " + why)) << args << ": " << r.err;
   }
+  // serve goes on for prompts of ids, but names the damage where text would need the tokenizer
+  // (here: a chat template at start; HTTP requests in tests/scripts/serve_openai.py).
+  Result served = cli("serve -m " + path + " --port 0 --chat-template-file /dev/null");
+  EXPECT_EQ(served.status, 1);
+  EXPECT_TRUE(has(served.err, "error: --chat-template-file: the model's tokenizer cannot be used (" + path + ": " + why))
+      << served.err;
+  EXPECT_TRUE(has(served.err, "), so it cannot chat")) << served.err;
   Result r = cli("run -m " + path + " --ids 1,403 -n 2 --temp 0");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(has(r.err, "warning: the model's tokenizer cannot be used (" + path + ": " + why)) << r.err;

@@ -3,7 +3,8 @@
 Starts servers on free loopback ports (--port 0; the port is read from the server's log) and stops
 them by PID. Checks completions and chat completions (streaming and not), usage, stop strings,
 seeds, malformed and hostile requests, the API key, the bounded queue (429 + Retry-After), clients
-that disconnect mid-stream and before a non-streaming reply, a load test whose greedy outputs equal `megakernel run --temp 0`, KV
+that disconnect mid-stream and before a non-streaming reply, a damaged tokenizer named in errors, a
+load test whose greedy outputs equal `megakernel run --temp 0`, KV
 blocks all free in /metrics after every part, and SIGTERM (in-flight request finishes, exit 0).
 Env: MK_BIN (the binary), MK_SHARED_DIR.
 """
@@ -410,11 +411,42 @@ def chat_checks():
     check(srv.stop() == 0, "chat server: exit code 0")
 
 
+def damaged_tokenizer_checks():
+    """stories260K.gguf with tokenizer.ggml.model "llamx": the tokenizer is there but unusable. The
+    server starts for prompts of token ids and says so; a text prompt and a chat get 400 naming the
+    damage in the words `run -p` uses (not "no tokenizer")."""
+    data = open(f"{SHARED}/models/stories260K/stories260K.gguf", "rb").read()
+    key = data.find(b"tokenizer.ggml.model")
+    at = data.find(b"llama", key + 20)
+    with tempfile.NamedTemporaryFile("wb", prefix="mk_damaged_tok_", suffix=".gguf", delete=False) as f:
+        f.write(data[:at] + b"llamx" + data[at + 5:])
+        path = f.name
+    why = f'{path}: tokenizer model "llamx" is not supported'
+    run = subprocess.run([BIN, "run", "-m", path, "-p", "Once", "-n", "2"], capture_output=True, text=True, timeout=60)
+    check(run.returncode == 1 and why in run.stderr, f"`run -p` names the damage: {run.stderr.strip()[:120]}")
+    srv = Server([path])
+    check("warning: the model's tokenizer cannot be used (" + why in open(srv.log.name).read(),
+          "serve warns at start, naming the damage")
+    for route, body, param in [("/v1/completions", {"prompt": "Once", "max_tokens": 2}, "prompt"),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}, "messages")]:
+        st, _, text = srv.raw("POST", route, body)
+        err = json.loads(text).get("error", {}) if st == 400 else {}
+        msg = err.get("message", "")
+        check(st == 400 and err.get("param") == param and why in msg and "no tokenizer" not in msg,
+              f"{route} with text: 400 naming the damaged tokenizer ({st}: {msg[:160]})")
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": [1, 403], "max_tokens": 2, "temperature": 0,
+                                                      "return_token_ids": True})
+    check(st == 200 and len(json.loads(text)["choices"][0]["token_ids"]) == 2, f"a prompt of ids is served ({st})")
+    check(srv.stop() == 0, "damaged-tokenizer server: exit code 0")
+    os.unlink(path)
+
+
 if __name__ == "__main__":
     t0 = time.time()
     stories_checks()
     auth_and_queue_checks()
     nonstream_disconnect_checks()
+    damaged_tokenizer_checks()
     chat_checks()
     lifecycle_checks()
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
