@@ -4,14 +4,18 @@
 // Errors are OpenAI error objects: {"error": {"message", "type", "param", "code"}}.
 #include <httplib.h>
 #include <pthread.h>
+#include <netdb.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -617,6 +621,41 @@ class Server {
   std::map<int, uint64_t> codes_;
 };
 
+// host:port resolved as cpp-httplib resolves the listening address (getaddrinfo, passive, TCP);
+// null when it does not resolve (bind_error says why). Free with freeaddrinfo.
+addrinfo* listen_addresses(const std::string& host, int port, int* gai_status = nullptr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (gai_status) *gai_status = rc;
+  return rc == 0 ? res : nullptr;
+}
+
+// Why host:port cannot be bound, for the error message (cpp-httplib 0.11 reports only failure): not
+// a valid address, or the errno of binding each address it resolves to.
+std::string bind_error(const std::string& host, int port) {
+  int rc = 0;
+  addrinfo* res = listen_addresses(host, port, &rc);
+  if (!res) return fmt::format("'{}' is not a valid address or host name ({})", host, gai_strerror(rc));
+  std::string why = "the address cannot be bound";
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    const int err = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    ::close(fd);
+    if (err == EADDRNOTAVAIL) why = fmt::format("{} is not an address of this machine", host);
+    else if (err == EADDRINUSE) why = fmt::format("port {} is in use", port);
+    else if (err != 0) why = std::strerror(err);
+  }
+  freeaddrinfo(res);
+  return why;
+}
+
 void serve(ServeOptions o) {
   // Signals are taken by a dedicated thread (sigwait), so block them before any thread starts.
   sigset_t sigs;
@@ -627,6 +666,11 @@ void serve(ServeOptions o) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that disconnects must not kill the server
 
   if (o.port < 0 || o.port > 65535) fail("--port must be in [0, 65535], got {}", o.port);
+  // An address that does not resolve is refused before the model loads.
+  if (addrinfo* a = listen_addresses(o.host, o.port))
+    freeaddrinfo(a);
+  else
+    fail("cannot listen on {}:{}: {}", o.host, o.port, bind_error(o.host, o.port));
   if (o.timeout_s < 0) fail("--timeout must be >= 0, got {}", o.timeout_s);
   o.session.need_tokenizer = false;
   o.session.tokenizer_if_available = true;
@@ -679,9 +723,9 @@ void serve(ServeOptions o) {
   int port = o.port;
   if (port == 0) {
     port = svr.bind_to_any_port(o.host);
-    if (port < 0) fail("cannot listen on {}: no free port", o.host);
+    if (port < 0) fail("cannot listen on {}:0 (any free port): {}", o.host, bind_error(o.host, 0));
   } else if (!svr.bind_to_port(o.host, port)) {
-    fail("cannot listen on {}:{} (in use, or not an address of this machine)", o.host, port);
+    fail("cannot listen on {}:{}: {}", o.host, port, bind_error(o.host, port));
   }
   if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);  // on Linux, listen() again sets the new backlog
 

@@ -285,4 +285,16 @@ TEST(E2ECliUsage, TracePathIsCheckedBeforeGenerating) {
   EXPECT_FALSE(std::filesystem::exists(path)) << "the check leaves no file behind";
 }
 
+// --host that is no address: the error names the host and port and why, before the model loads
+// (cpp-httplib alone says only that binding failed; this once read "no free port").
+TEST(E2ECliUsage, ServeNamesAnAddressItCannotListenOn) {
+  Result r = cli("serve -m synth:tiny --host 999.1.1.1 --port 0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "error: cannot listen on 999.1.1.1:0: '999.1.1.1' is not a valid address or host name")) << r.err;
+  EXPECT_FALSE(has(r.err, "no free port")) << r.err;
+  r = cli("serve -m synth:tiny --host 192.0.2.1 --port 8093");  // TEST-NET-1: valid, on no interface here
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "error: cannot listen on 192.0.2.1:8093: 192.0.2.1 is not an address of this machine")) << r.err;
+}
+
 }  // namespace
