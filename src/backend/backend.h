@@ -23,10 +23,12 @@ struct BackendOptions {
   std::string trace_path;             // write a Chrome/Perfetto trace here when set
   // cpu: matmuls over q4_0/q4_1/q5_0/q5_1/q8_0 weights quantize the activations to 8-bit blocks
   // (q8_0/q8_1) and dot them as integers, as llama.cpp's CPU backend does: "on", "off", or "auto"
-  // (on for GGUF files with such weights, so that greedy decoding follows llama.cpp's token for token).
+  // (on for models in GGUF form with weights of a block type (q4_0 ... q8_0, q2_K ... q6_K): GGUF files
+  // and synthetic models, synth:<name>:q4_1 and the like; so that greedy decoding follows llama.cpp's
+  // token for token).
   std::string act_quant = "auto";
   // cpu: KV cache precision: "f16" (llama.cpp's default: K, V, the query and the attention
-  // probabilities rounded to f16), "f32", or "auto" (f16 for GGUF files with such quantized weights).
+  // probabilities rounded to f16), "f32", or "auto" (f16 where act_quant's auto is on).
   std::string kv_type = "auto";
   // Flash-decoding splits of attention (CompileOptions::attn_splits): -1 = the backend's default
   // (cpu: 1, one attention op, llama.cpp-like numerics; cuda, cuda-perop, cuda-graph, cuda-emu: 0 =

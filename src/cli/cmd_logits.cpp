@@ -34,13 +34,15 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
       ->check(integer_range(0, 1024));
   cmd->add_option("--act-quant", o->backend_options.act_quant,
-                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
+                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (on for GGUF files and synth: models with "
+                  "block-quantized weights), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--attn-splits", o->backend_options.attn_splits,
                   "flash-decoding: split each row's cached positions N ways (0 = auto; default 1 on cpu, auto on cuda)")
       ->check(integer_range(0, 64));
   cmd->add_option("--kv-type", o->backend_options.kv_type,
-                  "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files with quantized weights, else f32)")
+                  "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files and synth: models with block-quantized "
+                  "weights, else f32)")
       ->check(CLI::IsMember({"auto", "f16", "f32"}));
   cmd->add_option("--schedule", o->backend_options.schedule, "CPU schedule");
   auto n_ctx = std::make_shared<int64_t>(0);

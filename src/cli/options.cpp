@@ -85,10 +85,12 @@ void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptio
   cmd->add_option("-t,--threads", session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
       ->check(integer_range(0, 1024));
   cmd->add_option("--act-quant", session.backend_options.act_quant,
-                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (GGUF), on, off")
+                  "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (on for GGUF files and synth: models with "
+                  "block-quantized weights), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--kv-type", session.backend_options.kv_type,
-                  "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files with quantized weights, else f32)")
+                  "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files and synth: models with block-quantized "
+                  "weights, else f32)")
       ->check(CLI::IsMember({"auto", "f16", "f32"}));
 }
 

@@ -165,12 +165,29 @@ TEST(E2ECliUsage, InfoLabelsSyntheticModels) {
   EXPECT_TRUE(has(r.out, "stories260K.gguf (gguf)")) << r.out;
 }
 
+// --act-quant / --kv-type auto: on for block-quantized weights in GGUF form, which synthetic
+// models share (synth:<name>:q4_1 runs as --act-quant on --kv-type f16, bit for bit), off for
+// float weights; the help says so.
 TEST(E2ECliUsage, KvTypeHelpSaysWhatAutoPicks) {
   for (const char* cmd : {"run", "chat", "logits"}) {
     Result r = cli(std::string(cmd) + " --help");
     EXPECT_EQ(r.status, 0);
-    EXPECT_TRUE(has(r.out, "auto (f16 for GGUF files with quantized weights, else f32)")) << cmd << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "auto (f16 for GGUF files and synth: models with block-quantized weights, else f32)"))
+        << cmd << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "auto (on for GGUF files and synth: models with block-quantized weights), on, off"))
+        << cmd << ": " << r.out;
   }
+  auto logits = [](const std::string& model, const std::string& flags) {
+    Result r = cli("logits -m " + model + " --ids 1,2,3 -t 2 " + flags);
+    EXPECT_EQ(r.status, 0) << model << " " << flags << ": " << r.err;
+    return r.out;
+  };
+  const std::string q = "synth:stories260k:q4_1";
+  EXPECT_EQ(logits(q, ""), logits(q, "--act-quant on --kv-type f16"));
+  EXPECT_NE(logits(q, ""), logits(q, "--act-quant off --kv-type f32"));
+  EXPECT_NE(logits(q, ""), logits(q, "--act-quant on --kv-type f32"));  // the KV type alone shows
+  EXPECT_EQ(logits("synth:stories260k", ""), logits("synth:stories260k", "--act-quant off --kv-type f32"));
+  EXPECT_EQ(logits("synth:stories260k:bf16", ""), logits("synth:stories260k:bf16", "--kv-type f32"));
 }
 
 // stories260K.gguf with tokenizer.ggml.model "llama" changed to "llamx": the tokenizer is there but
