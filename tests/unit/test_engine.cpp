@@ -432,6 +432,15 @@ std::vector<std::shared_ptr<Request>> submit_and_run(Engine& e, const std::vecto
   return reqs;
 }
 
+// The real-backend tests' engine: 4 sequences, a context of 128, prompts read `prefill_chunk` rows
+// at a time, stopping at BOS as the session's model does.
+EngineOptions session_engine_options(const Session& s, int64_t prefill_chunk) {
+  EngineOptions eo = engine_options(4, 128, s.hparams.n_vocab);
+  eo.prefill_chunk = prefill_chunk;
+  eo.stop_at_bos = s.stop_at_bos;
+  return eo;
+}
+
 std::vector<std::vector<int32_t>> prompt_ids_of(const std::vector<GenerateResult>& alone) {
   std::vector<std::vector<int32_t>> ids;
   for (const GenerateResult& r : alone) ids.push_back(r.prompt_ids);
@@ -455,10 +464,7 @@ TEST(E2EServeEngine, CpuBatchedEqualsGenerateAlone) {
   // The default pool, 128 rows = 8 blocks: about three requests fit at once, the others wait for blocks.
   Session s(so);
   ASSERT_GT(s.backend->kv_pool_blocks(), 0);
-  EngineOptions eo = engine_options(4, 128, s.hparams.n_vocab);
-  eo.prefill_chunk = 7;
-  eo.stop_at_bos = s.stop_at_bos;
-  Engine e(*s.backend, s.tokenizer.get(), eo);
+  Engine e(*s.backend, s.tokenizer.get(), session_engine_options(s, 7));
   const auto reqs = submit_and_run(e, prompt_ids_of(alone), set);
   for (size_t i = 0; i < prompts.size(); ++i) {
     RequestOutput out = collect(*reqs[i]);
@@ -510,10 +516,7 @@ TEST(E2EServeEngine, AllGreedyBatchesAskForIdsNotLogits) {
   const std::vector<GenerateResult> alone = generate_alone(so, prompts, set);
   Session s(so);
   CountingBackend counting(*s.backend);
-  EngineOptions eo = engine_options(4, 128, s.hparams.n_vocab);
-  eo.prefill_chunk = 5;
-  eo.stop_at_bos = s.stop_at_bos;
-  Engine e(counting, s.tokenizer.get(), eo);
+  Engine e(counting, s.tokenizer.get(), session_engine_options(s, 5));
   const auto reqs = submit_and_run(e, prompt_ids_of(alone), set);
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(*reqs[i]).token_ids, alone[i].generated_ids) << prompts[i];
   EXPECT_GT(counting.greedy_steps, 0);
@@ -554,9 +557,7 @@ TEST(E2EServeEngine, TopKSampledBatchesAskForCandidatesNotLogits) {
   }
   Session s(so);
   CountingBackend counting(*s.backend);
-  EngineOptions eo = engine_options(4, 128, s.hparams.n_vocab);
-  eo.prefill_chunk = 5;
-  eo.stop_at_bos = s.stop_at_bos;
+  const EngineOptions eo = session_engine_options(s, 5);
   {
     Engine e(counting, s.tokenizer.get(), eo);
     const auto reqs = submit_and_run(e, prompt_ids, [&](size_t i, GenerateOptions& g) {
