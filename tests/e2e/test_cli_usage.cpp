@@ -131,6 +131,9 @@ TEST(E2ECliUsage, SyntheticPathWithEmptyTypeIsAnError) {
   for (const char* type : {"f32", "f16", "bf16", "q4_0", "q8_0", "q4_K", "q6_K"})
     EXPECT_TRUE(has(r.err, type)) << "the types are listed: " << r.err;
   EXPECT_TRUE(r.out.empty()) << r.out;
+  // The default named is that model's: f32 for the small ones, bf16 for the real llama3 shapes.
+  EXPECT_TRUE(has(r.err, "without ':<type>' the weights are f32)")) << r.err;
+  EXPECT_TRUE(has(cli("info -m synth:llama3.2-1b:").err, "without ':<type>' the weights are bf16)"));
   r = cli("info -m synth:stories260k:q9");
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(has(r.err, "unknown dtype 'q9'")) << r.err;
