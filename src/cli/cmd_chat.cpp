@@ -26,9 +26,9 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
   cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->check(integer_at_least(0));
   cmd->add_option("--temp", o->gen.sampler.temperature, "sampling temperature (0 = greedy)")
-      ->check(number_range(0, HUGE_VAL));
+      ->check(number_range(0, HUGE_VAL, false, /*as_float=*/true));
   cmd->add_option("--top-k", o->gen.sampler.top_k, "top-k sampling (0 = off)")->check(integer_at_least(0));
-  cmd->add_option("--top-p", o->gen.sampler.top_p, "top-p (nucleus) sampling (1 = off)")->check(number_range(0, 1, /*above_lo=*/true));
+  cmd->add_option("--top-p", o->gen.sampler.top_p, "top-p (nucleus) sampling (1 = off)")->check(number_range(0, 1, /*above_lo=*/true, /*as_float=*/true));
   cmd->add_option("--seed", o->gen.sampler.seed, "random seed")->check(unsigned_integer());
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));

@@ -73,6 +73,10 @@ TEST(E2ECliUsage, NumericOptionsRefuseWhatTheyCannotHold) {
       {run + "--temp inf", "error: --temp: inf is out of range"},
       {run + "--top-p 1.5", "error: --top-p: 1.5 is out of range: it must be more than 0 and at most 1"},
       {run + "--top-p 0", "error: --top-p: 0 is out of range: it must be more than 0 and at most 1"},
+      // In range as a double, out of range as the float the sampler uses: the user's value is named.
+      {run + "--top-p 1e-300", "error: --top-p: 1e-300 rounds to 0 as a 32-bit float, which is out of range: it must be more than 0 and at most 1"},
+      {"chat -m synth:tiny --top-p 1e-46", "error: --top-p: 1e-46 rounds to 0 as a 32-bit float"},
+      {run + "--temp 1e39", "error: --temp: 1e39 rounds to inf as a 32-bit float, which is out of range: it must be 0 or more"},
       {"run -m synth:tiny --ids 1 -n 3000000000", "error: --n-predict: 3000000000 is out of range: it must be at most 2147483647"},
       {"run -m synth:tiny --ids 1 -n 99999999999999999999", "--n-predict: 99999999999999999999 is out of range: it must be at most 2147483647"},
       {run + "-t 3000000000", "error: --threads: 3000000000 is out of range: it must be 0 to 1024"},
