@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -626,7 +627,26 @@ void serve(ServeOptions o) {
   if (o.kv_tokens < 0) fail("--kv-tokens must be >= 0, got {}", o.kv_tokens);
   o.session.kv_pool_tokens = o.kv_tokens;
   o.session.kv_pool_seqs = o.parallel;  // default pool: every running request can reach the full context
-  Session s(o.session);
+  // The KV pool and the per-row buffers grow with --parallel, the context and --kv-tokens: an
+  // allocation that fails names them, so the user knows what to lower.
+  std::unique_ptr<Session> session;
+  auto memory_hint = [&](const std::string& what) {
+    fail("{}: the KV cache and buffers sized by --parallel {}, -c {} and --kv-tokens {} do not fit: lower --parallel, "
+         "-c or --kv-tokens (-c 0 is the model's context; --kv-tokens 0 is --parallel x the context)",
+         what, o.parallel, o.session.n_ctx, o.kv_tokens);
+  };
+  try {
+    session = std::make_unique<Session>(o.session);
+  } catch (const std::bad_alloc&) {
+    memory_hint("out of memory");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    if (m.find("cannot allocate") == std::string::npos && m.find("out of memory") == std::string::npos &&
+        m.find("OUT_OF_MEMORY") == std::string::npos)
+      throw;
+    memory_hint(m);
+  }
+  Session& s = *session;
   if (!o.template_file.empty()) {  // a template that cannot be read or parsed is the server's error, found at start
     if (!s.tokenizer) fail("--chat-template-file: this model has no tokenizer, so it cannot chat");
     render_model_chat(s.model, *s.tokenizer, json::array({{{"role", "user"}, {"content", "Hello"}}}), o.template_file);

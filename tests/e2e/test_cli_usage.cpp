@@ -105,6 +105,44 @@ TEST(E2ECliUsage, NumericOptionsRefuseWhatTheyCannotHold) {
   EXPECT_EQ(a.status, 0) << a.err;
   Result b = cli(run + "--seed 0 --top-p 0.5 --temp 1.5 --top-k 0");
   EXPECT_EQ(b.status, 0) << b.err;
+  Result c = cli(run + "--top-p 1e-40 --temp 1e38");  // tiny and huge but still in range as floats
+  EXPECT_EQ(c.status, 0) << c.err;
+}
+
+// An unknown or missing command is named with the list of commands (not CLI11's "A subcommand is
+// required"); an option given twice says so (not "At Most 1 required but received 2"), exit 2.
+TEST(E2ECliUsage, UnknownCommandAndRepeatedOptionAreNamed) {
+  const std::string commands = "run, info, logits, compile, bench-copy, tokenize, chat, serve";
+  Result r = cli("bogus");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: unknown command 'bogus'; the commands are: " + commands)) << r.err;
+  r = cli("--bad-flag bogus -m x");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: unknown command 'bogus'")) << r.err;
+  r = cli("");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: a command is required: " + commands)) << r.err;
+  for (const std::string args : {"run -m synth:tiny --ids 1 -n 1 --temp 0 --temp 0", "chat -m synth:tiny --temp 0 --temp 1",
+                                  "logits -m synth:tiny --ids 1 --ids 2"}) {
+    r = cli(args);
+    EXPECT_EQ(r.status, 2) << args;
+    const std::string opt = has(args, "--ids 2") ? "--ids" : "--temp";
+    EXPECT_TRUE(has(r.err, "error: " + opt + " was given 2 times; give it once")) << args << ": " << r.err;
+    EXPECT_FALSE(has(r.err, "At Most")) << r.err;
+  }
+  // An error inside a command keeps CLI11's words where they name the cause.
+  r = cli("run -m synth:tiny --ids 1 extra");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "extra")) << r.err;
+}
+
+// serve: a KV pool or buffers too large to allocate name the options that size them.
+TEST(E2ECliUsage, ServeThatCannotAllocateNamesTheOptionsToLower) {
+  // 2^30 KV rows of stories260k (5 layers x 2 x 32 floats) are 1.4 TB: no allocation succeeds.
+  Result r = cli("serve -m synth:stories260k --port 0 --parallel 65536 --kv-tokens 1073741824");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "lower --parallel, -c or --kv-tokens")) << r.err;
+  EXPECT_TRUE(has(r.err, "--parallel 65536")) << r.err;
 }
 
 // synth: models are random weights with no vocabulary: `tokenize` says so (as `run -p` does).
