@@ -6,10 +6,32 @@
 #include "model/hparams.h"
 #include "ir/topk.h"
 #include "support/error.h"
+#include "support/printable.h"
 
 namespace mk {
 
 namespace {
+
+// The layer index of a file's tensor name under the family's layer prefix (GGUF "blk.", HF
+// "model.layers.", GPT-2 "transformer.h."): the number in "<prefix>N."; -1 for other names.
+int64_t tensor_layer_index(const std::string& name, const std::string& prefix) {
+  if (prefix.empty() || name.rfind(prefix, 0) != 0) return -1;
+  size_t i = prefix.size(), j = i;
+  while (j < name.size() && j - i < 9 && name[j] >= '0' && name[j] <= '9') ++j;
+  if (j == i || j >= name.size() || name[j] != '.') return -1;
+  return std::stoll(name.substr(i, j - i));
+}
+
+// Where n_layer came from, for errors: the GGUF key or the config.json key.
+std::string layer_count_source(const ModelFile& m, const Hparams& hp) {
+  if (m.format == "hf") {
+    const auto& c = m.metadata.contains("hf.config") ? m.metadata["hf.config"] : nlohmann::ordered_json::object();
+    return c.contains("n_layer") && !c.contains("num_hidden_layers") ? "config.json n_layer"
+                                                                      : "config.json num_hidden_layers";
+  }
+  if (m.format == "llama2c") return "the llama2.c header's n_layers";
+  return hp.arch + ".block_count";
+}
 
 class DecoderBuilder {
  public:
@@ -106,6 +128,17 @@ class DecoderBuilder {
              s_.rope_attn_factor, s_.n_rot, hd);
       scale *= s_.rope_attn_factor * s_.rope_attn_factor;
     }
+    // A layer count below the file's would silently drop layers (llama.cpp refuses such a file:
+    // "wrong number of tensors"): every tensor of a layer must be of a layer the model has.
+    // The prefix is what layer 0's first weight resolves to, up to its index: tensors outside the
+    // decoder (a multimodal checkpoint's vision tower) are not the decoder's layers.
+    const std::string first_layer = s_.resolve ? s_.resolve("blk.0.attn_norm.weight") : "blk.0.attn_norm.weight";
+    const size_t zero = first_layer.find(".0.");
+    const std::string layer_prefix = zero == std::string::npos ? "" : first_layer.substr(0, zero + 1);
+    for (const WeightTensor& t : m_.tensors())
+      if (const int64_t il = tensor_layer_index(t.name, layer_prefix); il >= hp_.n_layer)
+        fail("{}: tensor {} belongs to layer {}, but the layer count is {} ({} = {}): the file holds more layers than "
+             "it declares", m_.path, printable(t.name, 200), il, hp_.n_layer, layer_count_source(m_, hp_), hp_.n_layer);
     for (int il = 0; il < hp_.n_layer; ++il) {
       std::string b = "blk." + std::to_string(il);
       int h = norm(x, b + ".attn_norm", n_embd, b + ".attn_norm");

@@ -43,6 +43,12 @@ Hparams read_hf_hparams(const ModelFile& m) {
   hp.n_layer = hf_hparam(c, "n_layer", {"num_hidden_layers", "n_layer"});
   hp.n_head = hf_hparam(c, "n_head", {"num_attention_heads", "n_head"});
   hp.n_head_kv = hf_hparam(c, "n_head_kv", {"num_key_value_heads"}, hp.n_head);
+  // Without head_dim, it is hidden_size / num_attention_heads (transformers), which must divide.
+  if ((!c.contains("head_dim") || c["head_dim"].is_null()) && hp.n_embd % hp.n_head != 0)
+    fail("config.json: {} = {} is not a multiple of {} = {} (head_dim = n_embd / n_head, as config.json has no "
+         "head_dim)",
+         c.contains("hidden_size") ? "hidden_size" : "n_embd", hp.n_embd,
+         c.contains("num_attention_heads") ? "num_attention_heads" : "n_head", hp.n_head);
   hp.head_dim = hf_hparam(c, "head_dim", {"head_dim"}, hp.n_embd / hp.n_head);
   hp.n_ff = hf_hparam(c, "n_ff", {"intermediate_size", "n_inner"}, 4 * hp.n_embd);
   hp.n_ctx_train = hf_hparam(c, "n_ctx", {"max_position_embeddings", "n_positions"}, 2048);

@@ -142,6 +142,11 @@ Hparams read_gguf_llama_hparams(const ModelFile& m) {
   hp.n_layer = hparam("n_layer", "block_count");
   hp.n_head = hparam("n_head", "attention.head_count");
   hp.n_head_kv = hparam("n_head_kv", "attention.head_count_kv", hp.n_head);
+  // Without attention.key_length, head_dim is derived as n_embd / n_head (llama.cpp), which must divide.
+  if (!m.has(a + ".attention.key_length") && hp.n_embd % hp.n_head != 0)
+    fail("{}: {}.embedding_length = {} is not a multiple of {}.attention.head_count = {} (head_dim = n_embd / n_head, "
+         "as the file has no {}.attention.key_length)",
+         m.path, a, hp.n_embd, a, hp.n_head, a);
   hp.head_dim = hparam("head_dim", "attention.key_length", hp.n_embd / hp.n_head);
   const int64_t value_length = hparam("head_dim", "attention.value_length", hp.head_dim);
   if (value_length != hp.head_dim)

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "support/error.h"
 
@@ -61,6 +62,11 @@ void add_logits_command(CLI::App& app) {
     Session s(*o);
     std::vector<float> logits = s.eval(tok);
     int64_t n_vocab = s.hparams.n_vocab;
+    // As run: a NaN or infinite logit is an error (exit 1), not a null in the JSON and an argmax of -1.
+    for (size_t r = 0; r < tok.size(); ++r)
+      check_finite_logits(
+          std::span<const float>(logits.data() + r * static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab)),
+          fmt::format("position {} (id {})", r, tok[r]));
     nlohmann::ordered_json j;
     j["ids"] = tok;
     std::vector<int32_t> am;

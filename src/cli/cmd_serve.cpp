@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -677,7 +678,26 @@ void serve(ServeOptions o) {
   if (o.kv_tokens < 0) fail("--kv-tokens must be >= 0, got {}", o.kv_tokens);
   o.session.kv_pool_tokens = o.kv_tokens;
   o.session.kv_pool_seqs = o.parallel;  // default pool: every running request can reach the full context
-  Session s(o.session);
+  // The KV pool and the per-row buffers grow with --parallel, the context and --kv-tokens: an
+  // allocation that fails names them, so the user knows what to lower.
+  std::unique_ptr<Session> session;
+  auto memory_hint = [&](const std::string& what) {
+    fail("{}: the KV cache and buffers sized by --parallel {}, -c {} and --kv-tokens {} do not fit: lower --parallel, "
+         "-c or --kv-tokens (-c 0 is the model's context; --kv-tokens 0 is --parallel x the context)",
+         what, o.parallel, o.session.n_ctx, o.kv_tokens);
+  };
+  try {
+    session = std::make_unique<Session>(o.session);
+  } catch (const std::bad_alloc&) {
+    memory_hint("out of memory");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    if (m.find("cannot allocate") == std::string::npos && m.find("out of memory") == std::string::npos &&
+        m.find("OUT_OF_MEMORY") == std::string::npos)
+      throw;
+    memory_hint(m);
+  }
+  Session& s = *session;
   if (!s.tokenizer_error.empty())
     std::fprintf(stderr, "warning: the model's tokenizer cannot be used (%s); only prompts of token ids can be served\n",
                  s.tokenizer_error.c_str());

@@ -29,8 +29,9 @@ CLI::Validator integer_at_least(int64_t lo, int64_t hi = INT32_MAX);
 // A uint64 option (--seed): 0 to 2^64-1; "-1" and "2^64" are out of range, not wrapped.
 CLI::Validator unsigned_integer();
 // A finite decimal number in [lo, hi] ((lo, hi] with above_lo; hi may be infinity: no upper bound);
-// "nan", "inf", "abc" are refused.
-CLI::Validator number_range(double lo, double hi, bool above_lo = false);
+// "nan", "inf", "abc" are refused. as_float: the option is a float, and the value rounded to float
+// must be in range too (--top-p 1e-300 would become 0), else the error names the user's value.
+CLI::Validator number_range(double lo, double hi, bool above_lo = false, bool as_float = false);
 
 // The flags `run` and `chat` share: sampling (--temp, --top-k, --top-p, --seed) into `sampler`, the
 // context and the backend (-c, --backend, -t, --act-quant, --kv-type) into `session`.

@@ -1,8 +1,39 @@
 // megakernel: compile a language model into one persistent kernel and run it.
 #include <cstdio>
+#include <regex>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "support/error.h"
+#include "support/printable.h"
+
+namespace {
+
+// CLI11's message, or a plainer one where it names no cause: an unknown or missing command (CLI11:
+// "A subcommand is required") lists the commands; an option given twice (CLI11: "--temp: At Most 1
+// required but received 2") says so. Every option takes one value: a repeat is an error rather than
+// "the last wins", so a script that sets an option twice learns of it.
+std::string parse_error_message(const CLI::App& app, int argc, char** argv, const CLI::ParseError& e) {
+  std::string msg = e.what();
+  if (app.get_subcommands().empty()) {
+    std::string commands;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      commands += (commands.empty() ? "" : ", ") + sub->get_name();
+    for (int i = 1; i < argc; ++i)
+      if (argv[i][0] != '-')
+        return fmt::format("unknown command '{}'; the commands are: {}", mk::printable(argv[i]), commands);
+    if (e.get_name() == "RequiredError") return fmt::format("a command is required: {}", commands);
+    return msg;
+  }
+  static const std::regex kRepeated("(.*): At Most 1 required but received ([0-9]+)");
+  if (std::smatch m; std::regex_match(msg, m, kRepeated))
+    return fmt::format("{} was given {} times; give it once", m[1].str(), m[2].str());
+  return msg;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"megakernel: compiles a language model into one persistent GPU kernel (CPU interpreter included)"};
@@ -22,7 +53,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s (see --help)\n", e.what());
+    std::fprintf(stderr, "error: %s (see --help)\n", parse_error_message(app, argc, argv, e).c_str());
     return 2;
   } catch (const mk::Error& e) {
     std::fflush(stdout);

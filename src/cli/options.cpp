@@ -1,4 +1,5 @@
 #include <charconv>
+#include <cfloat>
 #include <cmath>
 #include <fmt/format.h>
 #include <limits>
@@ -56,11 +57,11 @@ CLI::Validator unsigned_integer() {
       fmt::format("UINT in [0 - {}]", hi));
 }
 
-CLI::Validator number_range(double lo, double hi, bool above_lo) {
+CLI::Validator number_range(double lo, double hi, bool above_lo, bool as_float) {
   const bool open = std::isinf(hi);
   const std::string desc = open ? fmt::format("NUMBER>={}", lo) : fmt::format("NUMBER in {}{} - {}]", above_lo ? "(" : "[", lo, hi);
   return CLI::Validator(
-      [lo, hi, open, above_lo](std::string& s) -> std::string {
+      [lo, hi, open, above_lo, as_float](std::string& s) -> std::string {
         double v = 0;
         auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
         if (s.empty() || ec == std::errc::invalid_argument || p != s.data() + s.size() || std::isnan(v))
@@ -69,15 +70,23 @@ CLI::Validator number_range(double lo, double hi, bool above_lo) {
           return above_lo ? fmt::format("{} is out of range: it must be more than {} and at most {}", s, lo, hi)
                : open     ? fmt::format("{} is out of range: it must be {} or more (a finite number)", s, lo)
                       : fmt::format("{} is out of range: it must be {} to {}", s, lo, hi);
+        // The option is stored as a float: a value in range as a double may round out of it
+        // (1e-300 to 0, 1e39 to infinity); check what the program will use.
+        if (const float f = static_cast<float>(v);
+            as_float && (std::isinf(f) || f < lo || f > hi || (above_lo && f == static_cast<float>(lo))))
+          return fmt::format("{} rounds to {} as a 32-bit float, which is out of range: it must be {}", s, f,
+                             above_lo ? fmt::format("more than {} and at most {}", lo, hi)
+                             : open   ? fmt::format("{} or more (at most {:g})", lo, double{FLT_MAX})
+                                      : fmt::format("{} to {}", lo, hi));
         return {};
       },
       desc);
 }
 
 void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptions& sampler) {
-  cmd->add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)")->check(number_range(0, HUGE_VAL));
+  cmd->add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)")->check(number_range(0, HUGE_VAL, false, /*as_float=*/true));
   cmd->add_option("--top-k", sampler.top_k, "top-k sampling (0 = off)")->check(integer_at_least(0));
-  cmd->add_option("--top-p", sampler.top_p, "top-p (nucleus) sampling (1 = off)")->check(number_range(0, 1, /*above_lo=*/true));
+  cmd->add_option("--top-p", sampler.top_p, "top-p (nucleus) sampling (1 = off)")->check(number_range(0, 1, /*above_lo=*/true, /*as_float=*/true));
   cmd->add_option("--seed", sampler.seed, "random seed")->check(unsigned_integer());
   cmd->add_option("-c,--ctx-size", session.n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));

@@ -73,6 +73,10 @@ TEST(E2ECliUsage, NumericOptionsRefuseWhatTheyCannotHold) {
       {run + "--temp inf", "error: --temp: inf is out of range"},
       {run + "--top-p 1.5", "error: --top-p: 1.5 is out of range: it must be more than 0 and at most 1"},
       {run + "--top-p 0", "error: --top-p: 0 is out of range: it must be more than 0 and at most 1"},
+      // In range as a double, out of range as the float the sampler uses: the user's value is named.
+      {run + "--top-p 1e-300", "error: --top-p: 1e-300 rounds to 0 as a 32-bit float, which is out of range: it must be more than 0 and at most 1"},
+      {"chat -m synth:tiny --top-p 1e-46", "error: --top-p: 1e-46 rounds to 0 as a 32-bit float"},
+      {run + "--temp 1e39", "error: --temp: 1e39 rounds to inf as a 32-bit float, which is out of range: it must be 0 or more"},
       {"run -m synth:tiny --ids 1 -n 3000000000", "error: --n-predict: 3000000000 is out of range: it must be at most 2147483647"},
       {"run -m synth:tiny --ids 1 -n 99999999999999999999", "--n-predict: 99999999999999999999 is out of range: it must be at most 2147483647"},
       {run + "-t 3000000000", "error: --threads: 3000000000 is out of range: it must be 0 to 1024"},
@@ -101,6 +105,48 @@ TEST(E2ECliUsage, NumericOptionsRefuseWhatTheyCannotHold) {
   EXPECT_EQ(a.status, 0) << a.err;
   Result b = cli(run + "--seed 0 --top-p 0.5 --temp 1.5 --top-k 0");
   EXPECT_EQ(b.status, 0) << b.err;
+  Result c = cli(run + "--top-p 1e-40 --temp 1e38");  // tiny and huge but still in range as floats
+  EXPECT_EQ(c.status, 0) << c.err;
+}
+
+// An unknown or missing command is named with the list of commands (not CLI11's "A subcommand is
+// required"); an option given twice says so (not "At Most 1 required but received 2"), exit 2.
+TEST(E2ECliUsage, UnknownCommandAndRepeatedOptionAreNamed) {
+  const std::string commands = "run, info, logits, compile, bench-copy, tokenize, chat, serve";
+  Result r = cli("bogus");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: unknown command 'bogus'; the commands are: " + commands)) << r.err;
+  r = cli("--bad-flag bogus -m x");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: unknown command 'bogus'")) << r.err;
+  r = cli("");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: a command is required: " + commands)) << r.err;
+  for (const std::string args : {"run -m synth:tiny --ids 1 -n 1 --temp 0 --temp 0", "chat -m synth:tiny --temp 0 --temp 1",
+                                  "logits -m synth:tiny --ids 1 --ids 2"}) {
+    r = cli(args);
+    EXPECT_EQ(r.status, 2) << args;
+    const std::string opt = has(args, "--ids 2") ? "--ids" : "--temp";
+    EXPECT_TRUE(has(r.err, "error: " + opt + " was given 2 times; give it once")) << args << ": " << r.err;
+    EXPECT_FALSE(has(r.err, "At Most")) << r.err;
+  }
+  // An error inside a command keeps CLI11's words where they name the cause.
+  r = cli("run -m synth:tiny --ids 1 extra");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "extra")) << r.err;
+}
+
+// serve: a KV pool or buffers too large to allocate name the options that size them.
+TEST(E2ECliUsage, ServeThatCannotAllocateNamesTheOptionsToLower) {
+  // 2^30 KV rows of stories260k (5 layers x 2 x 32 floats) are 1.4 TB: no allocation succeeds,
+  // unless the kernel grants any size (vm.overcommit_memory = 1), when zeroing it would exhaust memory.
+  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
+  int mode = 0;
+  if (overcommit >> mode && mode == 1) GTEST_SKIP() << "vm.overcommit_memory = 1: a 1.4 TB allocation would succeed";
+  Result r = cli("serve -m synth:stories260k --port 0 --parallel 65536 --kv-tokens 1073741824");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "lower --parallel, -c or --kv-tokens")) << r.err;
+  EXPECT_TRUE(has(r.err, "--parallel 65536")) << r.err;
 }
 
 // synth: models are random weights with no vocabulary: `tokenize` says so (as `run -p` does).
@@ -131,6 +177,9 @@ TEST(E2ECliUsage, SyntheticPathWithEmptyTypeIsAnError) {
   for (const char* type : {"f32", "f16", "bf16", "q4_0", "q8_0", "q4_K", "q6_K"})
     EXPECT_TRUE(has(r.err, type)) << "the types are listed: " << r.err;
   EXPECT_TRUE(r.out.empty()) << r.out;
+  // The default named is that model's: f32 for the small ones, bf16 for the real llama3 shapes.
+  EXPECT_TRUE(has(r.err, "without ':<type>' the weights are f32)")) << r.err;
+  EXPECT_TRUE(has(cli("info -m synth:llama3.2-1b:").err, "without ':<type>' the weights are bf16)"));
   r = cli("info -m synth:stories260k:q9");
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(has(r.err, "unknown dtype 'q9'")) << r.err;

@@ -59,6 +59,22 @@ TEST(E2EFidelity, NonFiniteLogitsCliExitsNonZero) {
     }
 }
 
+// `logits` as `run`: non-finite logits are an error naming the position, exit 1, no JSON (not nulls
+// and an argmax of -1 with exit 0).
+TEST(E2EFidelity, NonFiniteLogitsLogitsCommandExitsNonZero) {
+  for (const char* dir : {"logits_all_nan", "logits_nan_at_token0"})
+    for (const char* backend : {"reference", "cpu"}) {
+      int status = 0;
+      std::string err;
+      const std::string out =
+          run_cli(std::string("logits -m ") + kBugs + dir + " --ids 1,403 --backend " + backend, &status, &err);
+      EXPECT_EQ(status, 1) << dir << " " << backend << ": " << err;
+      EXPECT_NE(err.find("error: logits are not finite at position 0 (id 1): token 0 is nan"), std::string::npos)
+          << dir << " " << backend << ": " << err;
+      EXPECT_EQ(out, "") << dir << " " << backend;
+    }
+}
+
 // The rule does not depend on where the bad value sits, and a NaN never wins argmax.
 TEST(SamplerNonFinite, RejectedWhereverTheyAre) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();

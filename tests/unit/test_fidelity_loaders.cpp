@@ -127,6 +127,30 @@ TEST(GgufKeys, HyperparametersAreRangeCheckedBeforeUse) {
   EXPECT_NE(error("llama.attention.key_length", int64_t{1} << 40).find("key_length = 1099511627776 exceeds the limit"),
             std::string::npos);
   EXPECT_NE(error("llama.block_count", 0).find("block_count = 0 must be positive"), std::string::npos);
+  // A derived head_dim names the keys it came from, not a key_length the file does not have.
+  for (int n_embd : {3, 1})
+    EXPECT_NE(error("llama.embedding_length", n_embd)
+                  .find(fmt::format("llama.embedding_length = {} is not a multiple of llama.attention.head_count = 8 "
+                                    "(head_dim = n_embd / n_head, as the file has no llama.attention.key_length)",
+                                    n_embd)),
+              std::string::npos)
+        << error("llama.embedding_length", n_embd);
+  // With key_length given, n_embd need not divide (Gemma's head_dim differs from n_embd / n_head).
+  EXPECT_EQ(test::error_of([] {
+              ModelFile m = load_model(kStoriesGguf);
+              m.metadata["llama.embedding_length"] = 3;
+              m.metadata["llama.attention.key_length"] = 8;
+              read_hparams(m);
+            }),
+            "<no error>");
+}
+
+TEST(HfConfig, DerivedHeadDimNamesTheKeysItCameFrom) {
+  ModelFile m = load_model(std::string(MK_SHARED_DIR) + "/fixtures/hf/qwen2_bias_float32");  // no head_dim key
+  m.metadata["hf.config"]["hidden_size"] = 3;
+  const std::string e = test::error_of([&] { read_hparams(m); });
+  EXPECT_NE(e.find("config.json: hidden_size = 3 is not a multiple of num_attention_heads = 6"), std::string::npos) << e;
+  EXPECT_NE(e.find("as config.json has no head_dim"), std::string::npos) << e;
 }
 
 TEST(TokenizerGgufFlags, TokenTypesOutsideTheEnumAreRefused) {

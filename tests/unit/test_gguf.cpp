@@ -10,9 +10,12 @@
 #include <filesystem>
 #include <optional>
 #include <random>
+#include <unistd.h>
 
+#include "archs/arch.h"
 #include "model/model_file.h"
 #include "support/error.h"
+#include "support/gguf_write.h"
 
 using namespace mk;
 
@@ -609,6 +612,27 @@ TEST(GgufLoadModel, MissingFileAndDirectory) {
   EXPECT_NE(msg.find("stories260K: missing config.json"), std::string::npos) << msg;
   msg = error_of([] { load_gguf(std::string("/nonexistent/x.gguf")); });
   EXPECT_NE(msg.find("/nonexistent/x.gguf"), std::string::npos) << msg;
+}
+
+// A block_count below the file's layers would drop layers silently (llama.cpp refuses such a
+// file): the first tensor of a layer past the count is named, with the count and its key.
+TEST(GgufLoadModel, LayerCountBelowTheFilesLayersIsRefused) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("mk_test_block_count_" + std::to_string(::getpid()) + ".gguf")).string();
+  for (int n_layer : {1, 3}) {
+    ModelFile m = load_model(kGgufPath);  // 5 layers
+    m.metadata["llama.block_count"] = n_layer;
+    test::write_gguf(m, path);
+    const ModelFile lowered = load_model(path);
+    const std::string msg = error_of([&] { build_graph(lowered, {}); });
+    EXPECT_NE(msg.find(fmt::format("tensor blk.{}.", n_layer)), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fmt::format("belongs to layer {}, but the layer count is {} (llama.block_count = {})", n_layer,
+                                   n_layer, n_layer)),
+              std::string::npos)
+        << msg;
+  }
+  std::filesystem::remove(path);
+  EXPECT_NO_THROW(build_graph(load_model(kGgufPath), {}));  // the true count builds
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "archs/arch.h"
 #include "model/hf.h"
 #include "model/model_file.h"
 #include "model/tokenizer.h"
@@ -125,6 +126,28 @@ TEST(HfDir, LoadsEveryFixtureWithShapesFromConfig) {
 }
 
 const char* kConfig = R"({"model_type": "llama", "hidden_size": 4})";
+
+// num_hidden_layers (n_layer for GPT-2) below the checkpoint's layers: refused, naming a tensor of a
+// dropped layer and the config key, instead of running without the extra layers.
+TEST(HfDir, LayerCountBelowTheCheckpointsLayersIsRefused) {
+  for (const auto& [fixture, key, layer_name] :
+       {std::tuple<const char*, const char*, const char*>{"llama_gqa_float32", "num_hidden_layers", "model.layers.1."},
+        {"gpt2_float32", "n_layer", "transformer.h.1."}}) {
+    const fs::path src = kHfFixtures / fixture;
+    if (!fs::is_directory(src)) GTEST_SKIP() << "no fixture " << src;
+    TempDir d;
+    for (const char* f : {"model.safetensors", "tokenizer.json", "generation_config.json"})
+      fs::create_symlink(src / f, d.path() / f);
+    Json config = Json::parse(std::ifstream(src / "config.json"));
+    ASSERT_EQ(config[key], 3);
+    EXPECT_NO_THROW(build_graph(load_model(src.string()), {}));  // the true count builds
+    config[key] = 1;
+    d.write("config.json", config.dump());
+    const ModelFile m = load_model(d.str());
+    expect_error([&] { build_graph(m, {}); },
+                 {layer_name, "belongs to layer 1, but the layer count is 1", std::string("(config.json ") + key + " = 1)"});
+  }
+}
 
 TEST(HfDir, MissingConfig) {
   TempDir d;
