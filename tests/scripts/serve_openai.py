@@ -124,7 +124,10 @@ def stories_checks():
             finish = ch.choices[0].finish_reason or finish
         if ch.usage:
             usage = ch.usage
-    check("".join(pieces) == ref["text"] and len(pieces) > 3, "streamed completion equals the non-streamed text")
+    # Tokens generated faster than the stream is read are sent together, so a fast model may send all
+    # of its text in one piece: at least one text piece and the finish chunk (text "").
+    check("".join(pieces) == ref["text"] and len(pieces) >= 2 and pieces[-1] == "",
+          f"streamed completion equals the non-streamed text ({len(pieces)} pieces)")
     check(usage is not None and usage.completion_tokens == len(ref["generated_ids"]), "stream_options.include_usage: usage chunk")
     check(finish in ("stop", "length"), "streamed finish_reason")
 
