@@ -28,17 +28,21 @@ if [[ "${MK_SETUP_VENV:-1}" == 1 ]]; then
   "$(dirname "$0")/../tests/scripts/openai_venv.sh" >/dev/null || echo "setup: note: no openai venv; Serve.OpenAIClient will be skipped" >&2
 fi
 
-# cuobjdump for ctest CudaSass.* (the SASS of the generated cubin), from NVIDIA's PyPI wheel into
-# ~/.cache/megakernel/tools/bin when the CUDA toolkit here lacks it. Best effort: offline, the test
-# is skipped with a message. MK_SETUP_CUOBJDUMP=0 skips it.
-if [[ "${MK_SETUP_CUOBJDUMP:-1}" == 1 ]] && ! command -v cuobjdump >/dev/null && [[ ! -x /usr/local/cuda/bin/cuobjdump ]]; then
-  tools="${HOME}/.cache/megakernel/tools"
-  if [[ ! -x "$tools/bin/cuobjdump" ]]; then
-    if python3 -m pip install --quiet --disable-pip-version-check --target "$tools/py" "nvidia-cuda-cuobjdump>=13,<14" 2>/dev/null \
-      && bin=$(find "$tools/py" -type f -name cuobjdump | head -1) && [[ -n "$bin" ]]; then
-      mkdir -p "$tools/bin" && ln -sf "$bin" "$tools/bin/cuobjdump" && chmod +x "$bin"
-    else
-      echo "setup: note: cuobjdump not installed; CudaSass.* will be skipped" >&2
-    fi
+# cuobjdump and the nvdisasm it runs for -sass, for ctest CudaSass.* (the SASS of the generated
+# cubin), from NVIDIA's PyPI wheels into ~/.cache/megakernel/tools/bin when the CUDA toolkit here lacks
+# them (the cuobjdump wheel does not pull nvdisasm in). Best effort: offline, the tests are skipped
+# with a message. MK_SETUP_CUOBJDUMP=0 skips it.
+install_cuda_tool() {  # $1: executable name, $2: PyPI package
+  local tools="${HOME}/.cache/megakernel/tools" bin
+  if command -v "$1" >/dev/null || [[ -x "/usr/local/cuda/bin/$1" || -x "$tools/bin/$1" ]]; then return 0; fi
+  if python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$tools/py/$1" "$2>=13,<14" 2>/dev/null \
+    && bin=$(find "$tools/py/$1" -type f -name "$1" | head -1) && [[ -n "$bin" ]]; then
+    mkdir -p "$tools/bin" && ln -sf "$bin" "$tools/bin/$1" && chmod +x "$bin"
+  else
+    echo "setup: note: $1 not installed; CudaSass.* will be skipped" >&2
   fi
+}
+if [[ "${MK_SETUP_CUOBJDUMP:-1}" == 1 ]]; then
+  install_cuda_tool cuobjdump nvidia-cuda-cuobjdump
+  install_cuda_tool nvdisasm nvidia-cuda-nvdisasm
 fi

@@ -4,9 +4,9 @@
 // SM to stream HBM): the weight loads (`ld.global.nc.L1::no_allocate.v4`, SASS
 // `LDG.E.NA.128.CONSTANT`, used only for weights) must come in runs of >= 4 issued back to back,
 // i.e. with no instruction in between that reads a register one of them loads and no branch or
-// barrier. Skipped (with the reason) where NVRTC or cuobjdump is missing; cuobjdump is looked up in
-// $MK_CUOBJDUMP, /usr/local/cuda/bin, PATH and ~/.cache/megakernel/tools/bin (scripts/setup.sh puts
-// NVIDIA's PyPI wheel there).
+// barrier. Skipped (with the reason) where NVRTC, cuobjdump or the nvdisasm it runs is missing;
+// both are looked up in $MK_CUOBJDUMP / $MK_NVDISASM, /usr/local/cuda/bin, PATH and
+// ~/.cache/megakernel/tools/bin (scripts/setup.sh puts NVIDIA's PyPI wheels there).
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -34,20 +35,26 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string find_cuobjdump() {
+// A CUDA tool (`cuobjdump`, or the `nvdisasm` that `cuobjdump -sass` runs) in $MK_<NAME>,
+// /usr/local/cuda/bin, PATH or ~/.cache/megakernel/tools/bin (where scripts/setup.sh puts the PyPI
+// wheels' copies); "" when none is executable.
+std::string find_cuda_tool(const std::string& name) {
   std::vector<std::string> at;
-  if (const char* e = std::getenv("MK_CUOBJDUMP")) at.push_back(e);
-  at.push_back("/usr/local/cuda/bin/cuobjdump");
+  std::string env = "MK_";
+  for (char c : name) env += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (const char* e = std::getenv(env.c_str())) at.push_back(e);
+  at.push_back("/usr/local/cuda/bin/" + name);
   if (const char* path = std::getenv("PATH")) {
     std::stringstream ss(path);
     for (std::string dir; std::getline(ss, dir, ':');)
-      if (!dir.empty()) at.push_back(dir + "/cuobjdump");
+      if (!dir.empty()) at.push_back(dir + "/" + name);
   }
-  if (const char* home = std::getenv("HOME")) at.push_back(std::string(home) + "/.cache/megakernel/tools/bin/cuobjdump");
+  if (const char* home = std::getenv("HOME")) at.push_back(std::string(home) + "/.cache/megakernel/tools/bin/" + name);
   for (const auto& p : at)
     if (!p.empty() && ::access(p.c_str(), X_OK) == 0) return p;
   return "";
 }
+std::string find_cuobjdump() { return find_cuda_tool("cuobjdump"); }
 
 std::string run(const std::string& cmd, int* status) { return test::run_shell(cmd, status); }
 
@@ -170,6 +177,9 @@ TEST(CudaSass, WeightLoadRunsParserCountsLoadsUntilAUse) {
     if (find_cuobjdump().empty())                                                                               \
       GTEST_SKIP() << "cuobjdump not found ($MK_CUOBJDUMP, /usr/local/cuda/bin, PATH, ~/.cache/megakernel/tools/bin; " \
                       "scripts/setup.sh installs it)";                                                          \
+    if (find_cuda_tool("nvdisasm").empty())                                                                     \
+      GTEST_SKIP() << "nvdisasm (run by cuobjdump -sass) not found ($MK_NVDISASM, /usr/local/cuda/bin, PATH, "  \
+                      "~/.cache/megakernel/tools/bin; scripts/setup.sh installs it)";                           \
   } while (0)
 
 // NVRTC (sm_90) + cuobjdump -sass of the megakernel of `m` compiled for `max_tokens` rows per step
@@ -199,7 +209,10 @@ std::vector<Sass> megakernel_sass(const ModelFile& m, int64_t max_tokens, const 
   const fs::path cubin = fs::temp_directory_path() / ("mk_sass_" + std::to_string(::getpid()) + ".cubin");
   std::ofstream(cubin, std::ios::binary).write(r.cubin.data(), static_cast<std::streamsize>(r.cubin.size()));
   int status = 0;
-  const std::string text = run(cuobjdump + " -sass " + cubin.string() + " 2>&1", &status);
+  // cuobjdump finds nvdisasm through NVDISASM_PATH (a directory) or PATH.
+  const std::string nvdisasm_dir = fs::path(find_cuda_tool("nvdisasm")).parent_path().string();
+  const std::string text =
+      run("NVDISASM_PATH='" + nvdisasm_dir + "' " + cuobjdump + " -sass " + cubin.string() + " 2>&1", &status);
   fs::remove(cubin);
   if (const char* dump = std::getenv("MK_SASS_DUMP")) std::ofstream(dump) << text;  // for a look at a failure
   EXPECT_EQ(status, 0) << text.substr(0, 2000);
