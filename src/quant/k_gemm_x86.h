@@ -38,6 +38,7 @@ struct KGemmLayout {
   static constexpr bool kMin = K == KGemmKind::q4_K || K == KGemmKind::q5_K;  // 6-bit mins (scales_mins_k4)
   static constexpr int kD = K == KGemmKind::q2_K ? 80 : K == KGemmKind::q3_K ? 108 : K == KGemmKind::q6_K ? 208 : 0;
   static constexpr bool k512 = K == KGemmKind::q4_K || K == KGemmKind::q5_K || K == KGemmKind::q6_K;  // a 512-bit tile
+  static constexpr bool kPp = K == KGemmKind::q4_K || K == KGemmKind::q6_K;  // a packed-pair tile (k_gemm_pp.h)
 };
 
 // One weight super-block's scalars: d, dmin (q4_K, q5_K), the eight 6-bit scales and mins.
@@ -367,11 +368,17 @@ void kgemm_rows512_tiles(const void* w, size_t w_stride, int64_t nw, const void*
     }
   }
 }
-// q4_K, q5_K, q6_K: the 512-bit tiles; q2_K, q3_K: the 256-bit tile built for AVX-512 VNNI (EVEX
-// vpdpwssd), 2 x 4.
+template <KGemmKind K>
+void kgemm_pp_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, int64_t n,
+                   float* out, int64_t ldo);  // k_gemm_pp.h
+// q4_K, q6_K with two or more activation rows: the packed-pair tiles (k_gemm_pp.h, 2 x up to 16);
+// q4_K, q5_K, q6_K otherwise: the 512-bit tiles; q2_K, q3_K: the 256-bit tile built for AVX-512 VNNI
+// (EVEX vpdpwssd), 2 x 4.
 template <KGemmKind K>
 void kgemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, int64_t n,
                    float* out, int64_t ldo) {
+  if constexpr (KGemmLayout<K>::kPp)
+    if (na >= 2) return kgemm_pp_rows<K>(w, w_stride, nw, xq, x_stride, na, n, out, ldo);
   if constexpr (KGemmLayout<K>::k512)
     kgemm_rows512_tiles<K>(w, w_stride, nw, xq, x_stride, na, n, out, ldo);
   else
@@ -435,3 +442,5 @@ constexpr bool kgemm_one_row_dot(bool is512) {
     ::mk::quant::detail::kgemm_tile256_avx2<KIND, 1, 4>(wr, yr, n / 256, out);                               \
   }                                                                                                           \
   MK_QUANT_DOT_ACT4_HAND_AVX2(NAME, DOT_ACT, NAME##_tile_avx2)
+
+#include "quant/k_gemm_pp.h"  // kgemm_pp_rows, which kgemm_rows512 hands prefill to
