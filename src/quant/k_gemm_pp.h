@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "quant/k_gemm_x86.h"
 
@@ -52,7 +53,7 @@ struct KPpBlock {
 };
 
 // [32 bytes at p0 | 32 bytes at p1]
-MK_AVX512VNNI_FN inline __m512i pp_pair(const uint8_t* p0, const uint8_t* p1) {
+[[gnu::always_inline]] MK_AVX512VNNI_FN inline __m512i pp_pair(const uint8_t* p0, const uint8_t* p1) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0))),
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1)), 1);
 }
@@ -80,7 +81,7 @@ struct PpQ6Index {
 inline constexpr PpQ6Index kPpQ6Index{};
 
 template <KGemmKind K>
-MK_AVX512VNNI_FN inline void pp_unpack(const uint8_t* p0, const uint8_t* p1, KPpBlock& k) {
+[[gnu::always_inline]] MK_AVX512VNNI_FN inline void pp_unpack(const uint8_t* p0, const uint8_t* p1, KPpBlock& k) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   if constexpr (K == KGemmKind::q4_K) {
     k.dw = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(ld_f16c(p0)), _mm512_set1_ps(ld_f16c(p1)));
@@ -138,46 +139,55 @@ MK_AVX512VNNI_FN inline void pp_unpack(const uint8_t* p0, const uint8_t* p1, KPp
   }
 }
 
-// The tile: out[r * na + a] = dot_act(w_r, y_a) for r < 2, a < na <= kPpMaxRows; w0, w1 the two weight
-// rows, y the first activation row (rows ys bytes apart), nb super-blocks each.
+// One activation tile (rows a < na, super-blocks b < nb) as the tile reads it, prepared once per
+// gemm_act call for every weight pair: d_x of (b, a) at d[b * na + a]; chunk c's 32 signed bytes at
+// qs + b * qs_b + a * qs_a + 32 c (q4_K: the q8_K rows themselves; q6_K: a copy with the top bit
+// flipped, y + 128 as unsigned bytes); q4_K's pair sums of bsums (8 x i16, bsums[2i] + bsums[2i + 1])
+// at bsum2[b * na + a].
+struct PpActTile {
+  int na;
+  int64_t nb;
+  const uint8_t* qs;
+  size_t qs_b, qs_a;
+  const float* d;
+  const __m128i* bsum2;
+};
+
+// The tile: out[r * na + a] = dot_act(w_r, activation row a) for r < 2, a < t.na <= kPpMaxRows; w0, w1
+// the two weight rows.
 template <KGemmKind K>
-MK_AVX512VNNI_FN inline void kgemm_pp_tile(const uint8_t* w0, const uint8_t* w1, const uint8_t* y, size_t ys, int na,
-                                           int64_t nb, float* out) {
+MK_AVX512VNNI_FN inline void kgemm_pp_tile(const uint8_t* w0, const uint8_t* w1, const PpActTile& t, float* out) {
   static_assert(K == KGemmKind::q4_K || K == KGemmKind::q6_K);
   using L = KGemmLayout<K>;
+  const int na = t.na;
   __m512 acc[kPpMaxRows];
   __m256 acc_m[kPpMaxRows];
   for (int a = 0; a < na; ++a) {
     acc[a] = _mm512_setzero_ps();
     acc_m[a] = _mm256_setzero_ps();
   }
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = 0; b < t.nb; ++b) {
     KPpBlock k;
     pp_unpack<K>(w0 + b * L::kBytes, w1 + b * L::kBytes, k);
-    const uint8_t* yb = y + b * kQ8KBytes;
-    for (int a = 0; a < na; ++a, yb += ys) {
+    const uint8_t* yq = t.qs + b * t.qs_b;
+    const float* dy = t.d + b * na;
+    for (int a = 0; a < na; ++a, yq += t.qs_a) {
       __m512i s0 = k.start, s1 = _mm512_setzero_si512();  // two chains, added at the end (exact)
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
-        __m512i yc = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + kQ8KQs + 32 * c)));
-        __m512i p16;
-        if constexpr (K == KGemmKind::q6_K)  // y + 128 (unsigned) x (q - 32) (signed)
-          p16 = _mm512_maddubs_epi16(_mm512_xor_si512(yc, _mm512_set1_epi8(static_cast<char>(0x80))), k.q[c]);
-        else
-          p16 = _mm512_maddubs_epi16(k.q[c], yc);
+        const __m512i yc = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(yq + 32 * c)));
+        // q4_K: nibbles (unsigned) x y; q6_K: y + 128 (unsigned) x q - 32 (signed)
+        const __m512i p16 = K == KGemmKind::q6_K ? _mm512_maddubs_epi16(yc, k.q[c]) : _mm512_maddubs_epi16(k.q[c], yc);
         if (c % 2)
           s1 = _mm512_dpwssd_epi32(s1, k.sc[c], p16);
         else
           s0 = _mm512_dpwssd_epi32(s0, k.sc[c], p16);
       }
-      const float dy = q8k_d(yb);
-      acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dy), k.dw), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+      acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dy[a]), k.dw), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
                                acc[a]);
       if constexpr (K == KGemmKind::q4_K) {  // lane l of a row: m[2l] * (bsums[4l] + bsums[4l+1]) + m[2l+1] * (..)
-        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + kQ8KBsums));
-        const __m128i b2 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m256i m = _mm256_madd_epi16(k.mins, _mm256_broadcastsi128_si256(b2));
-        acc_m[a] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dy), k.ndmin), _mm256_cvtepi32_ps(m), acc_m[a]);
+        const __m256i m = _mm256_madd_epi16(k.mins, _mm256_broadcastsi128_si256(t.bsum2[b * na + a]));
+        acc_m[a] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dy[a]), k.ndmin), _mm256_cvtepi32_ps(m), acc_m[a]);
       }
     }
   }
@@ -189,23 +199,57 @@ MK_AVX512VNNI_FN inline void kgemm_pp_tile(const uint8_t* w0, const uint8_t* w1,
   }
 }
 
+// Prepares rows y (ys bytes apart) of an activation tile into buf (reused: a thread's scratch).
+struct alignas(16) PpUnit {
+  uint8_t bytes[16];
+};
+template <KGemmKind K>
+MK_AVX512VNNI_FN inline PpActTile pp_prepare(const uint8_t* y, size_t ys, int na, int64_t nb, std::vector<PpUnit>& buf) {
+  constexpr bool kFlip = K == KGemmKind::q6_K;
+  const size_t n_ab = static_cast<size_t>(na * nb);
+  // 16-byte units: d (4 per unit), bsum2 (q4_K), the flipped quants (q6_K, 16 per row and super-block)
+  const size_t d_units = (n_ab + 3) / 4, q_units = kFlip ? 16 * n_ab : 0, b_units = kFlip ? 0 : n_ab;
+  if (buf.size() < d_units + q_units + b_units) buf.resize(d_units + q_units + b_units);
+  __m128i* qs = reinterpret_cast<__m128i*>(buf.data());
+  __m128i* bsum2 = qs + q_units;
+  float* d = reinterpret_cast<float*>(bsum2 + b_units);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int a = 0; a < na; ++a) {
+      const uint8_t* yb = y + static_cast<size_t>(a) * ys + b * kQ8KBytes;
+      const size_t e = static_cast<size_t>(b * na + a);
+      d[e] = q8k_d(yb);
+      if constexpr (kFlip) {
+        const __m512i top = _mm512_set1_epi8(static_cast<char>(0x80));
+        for (int j = 0; j < 4; ++j)
+          _mm512_storeu_si512(qs + 16 * e + 4 * j, _mm512_xor_si512(_mm512_loadu_si512(yb + kQ8KQs + 64 * j), top));
+      } else {
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + kQ8KBsums));
+        bsum2[e] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+      }
+    }
+  if constexpr (kFlip)
+    return {na, nb, reinterpret_cast<const uint8_t*>(qs), static_cast<size_t>(na) * 256, 256, d, nullptr};
+  else
+    return {na, nb, y + kQ8KQs, kQ8KBytes, ys, d, bsum2};
+}
+
 // gemm_act over kgemm_pp_tile: activation rows in tiles of at most kPpMaxRows, split evenly (17 rows:
 // 9 + 8, not 16 + 1), and per activation tile the weight rows in pairs (an odd last row paired with
 // itself), so the activation tile stays in L1 while the weights stream past it.
 template <KGemmKind K>
 void kgemm_pp_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, int64_t n,
                    float* out, int64_t ldo) {
+  thread_local std::vector<PpUnit> buf;
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   const uint8_t* xb = static_cast<const uint8_t*>(xq);
   const int64_t n_tiles = (na + kPpMaxRows - 1) / kPpMaxRows;
   for (int64_t t = 0, a0 = 0; t < n_tiles; ++t) {
     const int cols = static_cast<int>((na - a0) / (n_tiles - t) + ((na - a0) % (n_tiles - t) != 0));
-    const uint8_t* y = xb + static_cast<size_t>(a0) * x_stride;
+    const PpActTile at = pp_prepare<K>(xb + static_cast<size_t>(a0) * x_stride, x_stride, cols, n / 256, buf);
     for (int64_t i0 = 0; i0 < nw; i0 += 2) {
       const int rows = static_cast<int>(std::min<int64_t>(2, nw - i0));
       float r[2 * kPpMaxRows];
-      kgemm_pp_tile<K>(wb + static_cast<size_t>(i0) * w_stride, wb + static_cast<size_t>(i0 + rows - 1) * w_stride, y,
-                       x_stride, cols, n / 256, r);
+      kgemm_pp_tile<K>(wb + static_cast<size_t>(i0) * w_stride, wb + static_cast<size_t>(i0 + rows - 1) * w_stride, at, r);
       for (int i = 0; i < rows; ++i)
         for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = r[i * cols + a];
     }
