@@ -83,7 +83,7 @@ inline constexpr PpQ6Index kPpQ6Index{};
 template <KGemmKind K>
 [[gnu::always_inline]] MK_AVX512VNNI_FN inline void pp_unpack(const uint8_t* p0, const uint8_t* p1, KPpBlock& k) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
-  if constexpr (K == KGemmKind::q4_K) {
+  if constexpr (K == KGemmKind::q4_K || K == KGemmKind::q5_K) {
     k.dw = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(ld_f16c(p0)), _mm512_set1_ps(ld_f16c(p1)));
     k.ndmin = _mm256_blend_ps(_mm256_set1_ps(-ld_f16c(p0 + 2)), _mm256_set1_ps(-ld_f16c(p1 + 2)), 0xf0);
     uint32_t u0[4], u1[4];
@@ -98,11 +98,20 @@ template <KGemmKind K>
     const __m512i s = _mm512_broadcast_i32x4(_mm_set_epi64x(static_cast<int64_t>(s1), static_cast<int64_t>(s0)));
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) k.sc[c] = _mm512_shuffle_epi8(s, _mm512_load_si512(kPpQ4Index.idx[c]));
+    constexpr int kQs = K == KGemmKind::q4_K ? 16 : 48;
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high) share 32 bytes
-      const __m512i bits = pp_pair(p0 + 16 + 32 * j, p1 + 16 + 32 * j);
+      const __m512i bits = pp_pair(p0 + kQs + 32 * j, p1 + kQs + 32 * j);
       k.q[2 * j] = _mm512_and_si512(bits, m4);
       k.q[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+    }
+    if constexpr (K == KGemmKind::q5_K) {  // the 5th bit of chunk c: bit c of qh[l], moved to bit 4
+      const __m512i h = pp_pair(p0 + 16, p1 + 16), m10 = _mm512_set1_epi8(0x10);
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m512i hc = c <= 4 ? _mm512_slli_epi16(h, 4 - c) : _mm512_srli_epi16(h, c - 4);
+        k.q[c] = _mm512_or_si512(k.q[c], _mm512_and_si512(hc, m10));
+      }
     }
     k.start = _mm512_setzero_si512();
   } else {
@@ -157,7 +166,7 @@ struct PpActTile {
 // the two weight rows.
 template <KGemmKind K>
 MK_AVX512VNNI_FN inline void kgemm_pp_tile(const uint8_t* w0, const uint8_t* w1, const PpActTile& t, float* out) {
-  static_assert(K == KGemmKind::q4_K || K == KGemmKind::q6_K);
+  static_assert(KGemmLayout<K>::kPp);
   using L = KGemmLayout<K>;
   const int na = t.na;
   __m512 acc[kPpMaxRows];
@@ -185,8 +194,12 @@ MK_AVX512VNNI_FN inline void kgemm_pp_tile(const uint8_t* w0, const uint8_t* w1,
       }
       acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dy[a]), k.dw), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
                                acc[a]);
-      if constexpr (K == KGemmKind::q4_K) {  // lane l of a row: m[2l] * (bsums[4l] + bsums[4l+1]) + m[2l+1] * (..)
-        const __m256i m = _mm256_madd_epi16(k.mins, _mm256_broadcastsi128_si256(t.bsum2[b * na + a]));
+      if constexpr (L::kMin) {  // lane l of a row: m[2l] * (bsums[4l] + bsums[4l+1]) + m[2l+1] * (..)
+        __m256i m = _mm256_madd_epi16(k.mins, _mm256_broadcastsi128_si256(t.bsum2[b * na + a]));
+        if constexpr (K == KGemmKind::q5_K) {  // one sum per row, in all 4 of its lanes (exact)
+          m = _mm256_add_epi32(m, _mm256_shuffle_epi32(m, 0x4e));
+          m = _mm256_add_epi32(m, _mm256_shuffle_epi32(m, 0xb1));
+        }
         acc_m[a] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dy[a]), k.ndmin), _mm256_cvtepi32_ps(m), acc_m[a]);
       }
     }
@@ -194,8 +207,9 @@ MK_AVX512VNNI_FN inline void kgemm_pp_tile(const uint8_t* w0, const uint8_t* w1,
   for (int a = 0; a < na; ++a) {
     const __m256 lo = _mm512_castps512_ps256(acc[a]);
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[a]), 1));
-    out[a] = k_finish<K>(lo, _mm256_castps256_ps128(acc_m[a]), 0.0f);
-    out[na + a] = k_finish<K>(hi, _mm256_extractf128_ps(acc_m[a], 1), 0.0f);
+    const __m128 m_lo = _mm256_castps256_ps128(acc_m[a]), m_hi = _mm256_extractf128_ps(acc_m[a], 1);
+    out[a] = k_finish<K>(lo, m_lo, _mm_cvtss_f32(m_lo));  // q5_K: summs, lane 0 of the row's four
+    out[na + a] = k_finish<K>(hi, m_hi, _mm_cvtss_f32(m_hi));
   }
 }
 

@@ -38,7 +38,7 @@ struct KGemmLayout {
   static constexpr bool kMin = K == KGemmKind::q4_K || K == KGemmKind::q5_K;  // 6-bit mins (scales_mins_k4)
   static constexpr int kD = K == KGemmKind::q2_K ? 80 : K == KGemmKind::q3_K ? 108 : K == KGemmKind::q6_K ? 208 : 0;
   static constexpr bool k512 = K == KGemmKind::q4_K || K == KGemmKind::q5_K || K == KGemmKind::q6_K;  // a 512-bit tile
-  static constexpr bool kPp = K == KGemmKind::q4_K || K == KGemmKind::q6_K;  // a packed-pair tile (k_gemm_pp.h)
+  static constexpr bool kPp = k512;  // a packed-pair tile (k_gemm_pp.h)
 };
 
 // One weight super-block's scalars: d, dmin (q4_K, q5_K), the eight 6-bit scales and mins.
@@ -371,7 +371,7 @@ void kgemm_rows512_tiles(const void* w, size_t w_stride, int64_t nw, const void*
 template <KGemmKind K>
 void kgemm_pp_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, int64_t n,
                    float* out, int64_t ldo);  // k_gemm_pp.h
-// q4_K, q6_K with two or more activation rows: the packed-pair tiles (k_gemm_pp.h, 2 x up to 16);
+// q4_K, q5_K, q6_K with two or more activation rows: the packed-pair tiles (k_gemm_pp.h, 2 x up to 16);
 // q4_K, q5_K, q6_K otherwise: the 512-bit tiles; q2_K, q3_K: the 256-bit tile built for AVX-512 VNNI
 // (EVEX vpdpwssd), 2 x 4.
 template <KGemmKind K>
