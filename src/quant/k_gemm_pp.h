@@ -1,5 +1,6 @@
-// Packed-pair tiles of dot_act (quant.h QuantType::gemm_act) for q4_K and q6_K weights against q8_K
-// activations, AVX-512 VNNI (+BW): the prefill matmul (two or more activation rows).
+// Packed-pair tiles of dot_act (quant.h QuantType::gemm_act) for q4_K, q5_K and q6_K weights against
+// q8_K activations, AVX-512 VNNI (+BW): the prefill matmul (two or more activation rows; kgemm_rows512
+// of k_gemm_x86.h hands them here).
 //
 // Tile: 2 weight rows x up to kPpMaxRows (16) activation rows. Each 512-bit register holds the same
 // 32-element chunk of both weight rows (low 256 bits row i, high 256 bits row i + 1); one super-block
@@ -10,23 +11,24 @@
 // row i + 1's 8 lanes], exactly the lanes dot_act forms (k_act.h: lane l = elements 4l..4l+3 of each
 // chunk times its group's scale), so the float part folds both rows in one 512-bit fma without
 // shuffles. The weight side (unpack, scales, q6_K's correction) costs once per 2 x 16 dots instead of
-// once per dot, which is what makes prompt processing faster than the per-pair 512-bit tile of
-// k_gemm_x86.h (measured in docs/PERFORMANCE.md).
+// once per dot, and what only depends on the activations (d_x, q4_K/q5_K's bsum pairs, q6_K's
+// flipped bytes) is prepared once per call for all weight rows (measured in docs/PERFORMANCE.md).
 //
 // Same bits as dot_act (k_act.h, ggml_vec_dot_qN_K_q8_K's AVX2 arithmetic): the int32 lanes are exact
 // however they are formed, and per super-block each lane does dot_act's float operations in its order:
 // acc = fma(d_x * d_w, float(sumi), acc); q4_K's mins acc_m = fma(-d_x * dmin, float(mins lanes),
-// acc_m) in 4 lanes per row (computed as d_x * -dmin, the same value: negation is exact); then
-// hsum_float_8 and the mins' tree (k_finish). No int16 step overflows:
-//   q4_K  maddubs(nibble 0..15, y -127..127): pairs <= 2 * 15 * 127 = 3810.
+// acc_m) in 4 lanes per row, q5_K's summs = fma(-d_x * dmin, float(sum of the mins lanes), summs)
+// (held in all 4 lanes of its row), both computed as d_x * -dmin, the same value (negation is exact);
+// then hsum_float_8 and the minimum (k_finish). No int16 step overflows:
+//   q4_K  maddubs(nibble 0..15, y -127..127): pairs <= 2 * 15 * 127 = 3810 (q5_K: 0..31, 7874).
 //   q6_K  the weights go in signed (q - 32, -32..31) and the activations unsigned (y + 128, 1..255,
 //         by flipping the top bit), as llama.cpp's VNNI/AVX-512 paths treat signed x signed bytes;
 //         pairs <= 2 * 255 * 32 = 16320. The extra 128 * sc * pairsum(q - 32) is the same for every
 //         activation row: computed once per super-block pair and used as the lanes' start value
 //         (negated), so the sums equal sc * (q - 32) . y exactly.
-// Source: the ggml type table (ggml-common.h block_q4_K / block_q6_K / block_q8_K) and the idea of
-// llama.cpp's repacked x86 kernels (several rows interleaved per register, activations broadcast),
-// written here from the layouts, not copied.
+// Source: the ggml type table (ggml-common.h block_q4_K / block_q5_K / block_q6_K / block_q8_K) and
+// the idea of llama.cpp's repacked x86 kernels (several rows interleaved per register, activations
+// broadcast), written here from the layouts, not copied.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -44,11 +46,11 @@ constexpr int kPpMaxRows = 16;
 
 // One super-block of two weight rows, unpacked. Chunk c = elements 32 c .. 32 c + 31.
 struct KPpBlock {
-  __m512i q[8];    // chunk c of row 0 | of row 1: 32 bytes each (q4_K: u8 0..15; q6_K: s8 q - 32)
+  __m512i q[8];    // chunk c of row 0 | of row 1: 32 bytes each (q4_K/q5_K: u8 0..15/31; q6_K: s8 q - 32)
   __m512i sc[8];   // the scales of chunk c's two 16-element groups, 8 x i16 each, row 0 | row 1
   __m512 dw;       // [d row 0 x 8 | d row 1 x 8]
-  __m256 ndmin;    // q4_K: [-dmin row 0 x 4 | -dmin row 1 x 4]
-  __m256i mins;    // q4_K: [the 8 mins of row 0 | of row 1] as i16
+  __m256 ndmin;    // q4_K/q5_K: [-dmin row 0 x 4 | -dmin row 1 x 4]
+  __m256i mins;    // q4_K/q5_K: [the 8 mins of row 0 | of row 1] as i16
   __m512i start;   // q6_K: the lanes' start value, -128 * sum_c madd(sc, pairsum(q - 32)); else 0
 };
 
@@ -58,7 +60,7 @@ struct KPpBlock {
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1)), 1);
 }
 
-// q4_K's vpshufb indices: chunk c's scale byte (c for row 0, 8 + c for row 1) zero-extended to all
+// q4_K/q5_K's vpshufb indices: chunk c's scale byte (c for row 0, 8 + c for row 1) zero-extended to all
 // 16 i16 lanes of each row's half, from the 16 bytes [row 0's 8 scales | row 1's 8 scales] broadcast
 // to every 128-bit lane.
 struct PpQ4Index {
@@ -151,7 +153,7 @@ template <KGemmKind K>
 // One activation tile (rows a < na, super-blocks b < nb) as the tile reads it, prepared once per
 // gemm_act call for every weight pair: d_x of (b, a) at d[b * na + a]; chunk c's 32 signed bytes at
 // qs + b * qs_b + a * qs_a + 32 c (q4_K: the q8_K rows themselves; q6_K: a copy with the top bit
-// flipped, y + 128 as unsigned bytes); q4_K's pair sums of bsums (8 x i16, bsums[2i] + bsums[2i + 1])
+// flipped, y + 128 as unsigned bytes); q4_K/q5_K's pair sums of bsums (8 x i16, bsums[2i] + bsums[2i + 1])
 // at bsum2[b * na + a].
 struct PpActTile {
   int na;

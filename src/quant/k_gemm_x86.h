@@ -14,7 +14,8 @@
 //   avx2        vpmaddubsw, vpmaddwd with the scales, vpaddd (ggml's sequence), one chunk per register
 //   avxvnni     vpmaddubsw, then vpdpwssd (multiply by the scales and add in one) on 256 bits
 //   avx512vnni  vpmaddubsw + vpdpwssd on 512 bits: two chunks per register (their lanes added at the
-//               end of the super-block, exact in int32).
+//               end of the super-block, exact in int32); with two or more activation rows q4_K, q5_K
+//               and q6_K go to the packed-pair tiles of k_gemm_pp.h instead (2 x up to 16).
 #pragma once
 #include <algorithm>
 #include <cstddef>
