@@ -660,6 +660,12 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
       for (int64_t a = 0; a < n_x; ++a) {
         std::vector<float> xf(static_cast<size_t>(n));
         for (auto& v : xf) v = u(rng);
+        // two rows at the 8-bit extremes (the first element of largest magnitude becomes -127): all
+        // -127, and pairs of -127 and pairs of +127, the largest products the int16 steps see (q6_K's
+        // flipped activations 1 and 255 next to each other)
+        if (a == 5) std::fill(xf.begin(), xf.end(), 2.0f);
+        if (a == 6)
+          for (size_t j = 0; j < xf.size(); ++j) xf[j] = j % 4 < 2 ? -2.0f : 2.0f;
         q->act->quantize_row(xf.data(), x.data() + xs * a, n);
       }
       for (int v = 0; v < 4; ++v) {
