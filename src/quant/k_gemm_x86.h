@@ -338,7 +338,8 @@ MK_AVX512VNNI_FN inline void kgemm_tile512(const uint8_t* const* w, const uint8_
 }
 
 // gemm_act over kgemm_tile512: weight rows in pairs (the last padded by repeating its row),
-// activation rows in groups of up to 8 (each weight super-block unpacked once per 8 rows).
+// activation rows in groups of up to 8 (each weight super-block unpacked once per 8 rows). Since the
+// packed-pair tiles (k_gemm_pp.h) this serves q4_K/q5_K/q6_K at one activation row only.
 template <KGemmKind K, int NA>
 MK_AVX512VNNI_FN void kgemm_tile512_na(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
   kgemm_tile512<K, 2, NA>(w, y, nb, out);
@@ -399,7 +400,8 @@ constexpr bool kgemm_one_row_dot(bool is512) {
 }  // namespace mk::quant::detail
 
 // Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for K-quant kind KIND: 2 weight
-// rows x up to 4 activation rows per tile, up to 8 with AVX-512 VNNI) and NAME_generic (dot_act per pair through
+// rows x up to 4 activation rows per tile; with AVX-512 VNNI up to 8, and up to 16 in q4_K/q5_K/q6_K's
+// packed-pair tiles) and NAME_generic (dot_act per pair through
 // DOT_ACT_GENERIC), plus NAME, which picks one once. One activation row goes to DOT_ACT_AVX2 per
 // weight row where kgemm_one_row_dot says so (the same bits: every variant gives dot_act's).
 #define MK_QUANT_GEMM_ACT_K(NAME, KIND, DOT_ACT_GENERIC, DOT_ACT_AVX2)                                        \
