@@ -339,7 +339,8 @@ MK_AVX512VNNI_FN inline void kgemm_tile512(const uint8_t* const* w, const uint8_
 
 // gemm_act over kgemm_tile512: weight rows in pairs (the last padded by repeating its row),
 // activation rows in groups of up to 8 (each weight super-block unpacked once per 8 rows). Since the
-// packed-pair tiles (k_gemm_pp.h) this serves q4_K/q5_K/q6_K at one activation row only.
+// packed-pair tiles (k_gemm_pp.h) this serves only q6_K at one activation row (q4_K/q5_K send one
+// row to dot_act, see kgemm_one_row_dot).
 template <KGemmKind K, int NA>
 MK_AVX512VNNI_FN void kgemm_tile512_na(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
   kgemm_tile512<K, 2, NA>(w, y, nb, out);
