@@ -41,7 +41,9 @@
 namespace mk::quant::detail {
 
 // Activation rows per tile: 16 rows of q8_K for a 768-wide matmul (3 super-blocks) are 14 KiB, in L1
-// with the weight pair; 16 scale/chunk registers + 2 accumulators per row fit the 32 zmm registers.
+// with the weight pair. The 16 chunk/scale registers stay in registers for the whole super-block; an
+// activation row needs two integer accumulators while it runs (its float accumulators are in memory).
+// 8, 24 and 32 measured the same within the noise of a loaded 2-core VM (2026-12-02).
 constexpr int kPpMaxRows = 16;
 
 // One super-block of two weight rows, unpacked. Chunk c = elements 32 c .. 32 c + 31.
