@@ -13,8 +13,9 @@
 // how they form them:
 //   avx2        vpmaddubsw, vpmaddwd with the scales, vpaddd (ggml's sequence), one chunk per register
 //   avxvnni     vpmaddubsw, then vpdpwssd (multiply by the scales and add in one) on 256 bits
-//   avx512vnni  vpmaddubsw + vpdpwssd on 512 bits: two chunks per register (their lanes added at the
-//               end of the super-block, exact in int32).
+//   avx512vnni  q4_K, q5_K, q6_K: the packed-pair tiles of k_gemm_pp.h (vpmaddubsw + vpdpwssd on 512
+//               bits, both weight rows in one register, 2 x up to 16); q2_K, q3_K: the 256-bit tile
+//               with EVEX vpdpwssd.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -37,7 +38,7 @@ struct KGemmLayout {
                                                        : 210;
   static constexpr bool kMin = K == KGemmKind::q4_K || K == KGemmKind::q5_K;  // 6-bit mins (scales_mins_k4)
   static constexpr int kD = K == KGemmKind::q2_K ? 80 : K == KGemmKind::q3_K ? 108 : K == KGemmKind::q6_K ? 208 : 0;
-  static constexpr bool k512 = K == KGemmKind::q4_K || K == KGemmKind::q5_K || K == KGemmKind::q6_K;  // a 512-bit tile
+  static constexpr bool kPp = K == KGemmKind::q4_K || K == KGemmKind::q5_K || K == KGemmKind::q6_K;  // k_gemm_pp.h
 };
 
 // One weight super-block's scalars: d, dmin (q4_K, q5_K), the eight 6-bit scales and mins.
@@ -212,168 +213,21 @@ MK_AVX512VNNI_FN inline __m256i dpwssd256_avx512vnni(__m256i acc, __m256i s, __m
 MK_KGEMM_TILE256(kgemm_tile256_avxvnni, MK_AVXVNNI_FN, dpwssd256_avxvnni)
 MK_KGEMM_TILE256(kgemm_tile256_avx512vnni, MK_AVX512VNNI_FN, dpwssd256_avx512vnni)  // q2_K, q3_K
 
-// ---- 512-bit tiles (AVX-512 VNNI): chunks 2j and 2j + 1 of a super-block in one register (low half,
-// high half), their int32 lanes added when the super-block is done.
-template <KGemmKind K>
-MK_AVX512VNNI_FN inline void k_chunk512(const uint8_t* p, const KHead& h, int j, __m512i& q, __m512i& sc) {
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
-  if constexpr (K == KGemmKind::q6_K) {
-    // chunks c = 2j, 2j + 1: nb = j / 2, g = 2 (j % 2) and g + 1: low bits at ql[64 nb .. 64 nb + 63]
-    // (low nibbles for j even, high for j odd), top bits 2g and 2g + 2 of qh[32 nb + l]
-    const int nb = j / 2, g = 2 * (j % 2);
-    __m512i lo = _mm512_loadu_si512(p + 64 * nb);
-    if (j % 2) lo = _mm512_srli_epi16(lo, 4);
-    const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * nb)));
-    const __m512i shift = _mm512_mask_set1_epi16(_mm512_set1_epi16(static_cast<short>(2 * g)), 0xffff0000u,
-                                                 static_cast<short>(2 * g + 2));
-    const __m512i h2 = _mm512_and_si512(_mm512_srlv_epi16(hb, shift), _mm512_set1_epi8(3));
-    q = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_slli_epi16(h2, 4));
-    // scales s[4 j .. 4 j + 3], each for 8 i16 lanes (a 16-element group)
-    int32_t s4;
-    std::memcpy(&s4, p + 192 + 4 * j, 4);
-    const __m512i s16 = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(s4)));
-    const __m512i idx = _mm512_set_epi64(0x0003000300030003, 0x0003000300030003, 0x0002000200020002,
-                                         0x0002000200020002, 0x0001000100010001, 0x0001000100010001, 0, 0);
-    sc = _mm512_permutexvar_epi16(idx, s16);
-  } else {
-    constexpr int kQs = K == KGemmKind::q4_K ? 16 : 48;
-    // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles) of the same 32 bytes
-    const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQs + 32 * j)));
-    q = _mm512_and_si512(_mm512_mask_srli_epi16(bits, 0xffff0000u, bits, 4), m4);
-    if constexpr (K == KGemmKind::q5_K) {  // the 5th bits: bits 2j and 2j + 1 of qh[l]
-      const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
-      const __m512i shift =
-          _mm512_mask_set1_epi16(_mm512_set1_epi16(static_cast<short>(2 * j)), 0xffff0000u, static_cast<short>(2 * j + 1));
-      const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(hb, shift), _mm512_set1_epi8(1));
-      q = _mm512_or_si512(q, _mm512_slli_epi16(hi, 4));
-    }
-    sc = _mm512_mask_set1_epi16(_mm512_set1_epi16(h.sc[2 * j]), 0xffff0000u, h.sc[2 * j + 1]);
-  }
-}
-
-// With NW = 2 (q4_K, q6_K) the float part runs for both weight rows in one register: acc holds
-// [row 0's 8 lanes | row 1's 8 lanes] and q4_K's acc_m [row 0's 4 mins lanes | row 1's 4], each lane
-// with the same operations as dot_act's (d_x * d_w, then one fma), so the bits do not change.
-template <KGemmKind K, int NW, int NA>
-MK_AVX512VNNI_FN inline void kgemm_tile512(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
-  using L = KGemmLayout<K>;
-  constexpr bool kPaired = NW == 2 && K != KGemmKind::q5_K;
-  __m256 acc[NW][NA];
-  __m128 acc_m[NW][NA];
-  float summs[NW][NA];
-  __m512 acc2[NA];
-  __m256 acc_m2[NA];
-  for (int a = 0; a < NA; ++a) {
-    acc2[a] = _mm512_setzero_ps();
-    acc_m2[a] = _mm256_setzero_ps();
-    for (int i = 0; i < NW; ++i) {
-      acc[i][a] = _mm256_setzero_ps();
-      acc_m[i][a] = _mm_setzero_ps();
-      summs[i][a] = 0;
-    }
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    KHead h[NW];
-    for (int i = 0; i < NW; ++i) k_head<K>(w[i] + b * L::kBytes, h[i]);
-    __m512i sumi[NW][NA];
-    for (int i = 0; i < NW; ++i)
-      for (int a = 0; a < NA; ++a) sumi[i][a] = _mm512_setzero_si512();
-    for (int j = 0; j < 4; ++j) {
-      __m512i q[NW], sc[NW];
-      for (int i = 0; i < NW; ++i) k_chunk512<K>(w[i] + b * L::kBytes, h[i], j, q[i], sc[i]);
-      for (int a = 0; a < NA; ++a) {
-        const __m512i qy = _mm512_loadu_si512(y[a] + b * kQ8KBytes + kQ8KQs + 64 * j);
-        __m512i off = _mm512_setzero_si512();
-        if constexpr (K == KGemmKind::q6_K) off = _mm512_maddubs_epi16(_mm512_set1_epi8(32), qy);
-        for (int i = 0; i < NW; ++i) {
-          __m512i p16 = _mm512_maddubs_epi16(q[i], qy);
-          if constexpr (K == KGemmKind::q6_K) p16 = _mm512_sub_epi16(p16, off);
-          sumi[i][a] = _mm512_dpwssd_epi32(sumi[i][a], sc[i], p16);
-        }
-      }
-    }
-    if constexpr (kPaired) {
-      const __m512 dw2 = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(h[0].d), _mm512_set1_ps(h[1].d));
-      __m256i mins2 = _mm256_setzero_si256();
-      __m256 dmin2 = _mm256_setzero_ps();
-      if constexpr (L::kMin) {
-        mins2 = _mm256_set_m128i(h[1].mins, h[0].mins);
-        dmin2 = _mm256_blend_ps(_mm256_set1_ps(h[0].dmin), _mm256_set1_ps(h[1].dmin), 0xf0);
-      }
-      for (int a = 0; a < NA; ++a) {
-        KAct ya;
-        k_act_head(y[a] + b * kQ8KBytes, ya);
-        // [row 0 chunks 2j | row 1 chunks 2j] + [row 0 chunks 2j + 1 | row 1 chunks 2j + 1]
-        const __m512i s = _mm512_add_epi32(_mm512_shuffle_i64x2(sumi[0][a], sumi[1][a], 0x44),
-                                           _mm512_shuffle_i64x2(sumi[0][a], sumi[1][a], 0xee));
-        if constexpr (L::kMin) {
-          const __m256i m = _mm256_madd_epi16(mins2, _mm256_broadcastsi128_si256(ya.bsum2));
-          acc_m2[a] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-ya.d), dmin2), _mm256_cvtepi32_ps(m), acc_m2[a]);
-        }
-        acc2[a] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(ya.d), dw2), _mm512_cvtepi32_ps(s), acc2[a]);
-      }
-    } else {
-      for (int a = 0; a < NA; ++a) {
-        KAct ya;
-        k_act_head(y[a] + b * kQ8KBytes, ya);
-        for (int i = 0; i < NW; ++i) {
-          const __m256i s8 =
-              _mm256_add_epi32(_mm512_castsi512_si256(sumi[i][a]), _mm512_extracti64x4_epi64(sumi[i][a], 1));
-          k_fold<K>(h[i], ya, s8, acc[i][a], acc_m[i][a], summs[i][a]);
-        }
-      }
-    }
-  }
-  if constexpr (kPaired)
-    for (int a = 0; a < NA; ++a) {
-      acc[0][a] = _mm512_castps512_ps256(acc2[a]);
-      acc[1][a] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc2[a]), 1));
-      acc_m[0][a] = _mm256_castps256_ps128(acc_m2[a]);
-      acc_m[1][a] = _mm256_extractf128_ps(acc_m2[a], 1);
-    }
-  for (int i = 0; i < NW; ++i)
-    for (int a = 0; a < NA; ++a) out[i * NA + a] = k_finish<K>(acc[i][a], acc_m[i][a], summs[i][a]);
-}
-
-// gemm_act over kgemm_tile512: weight rows in pairs (the last padded by repeating its row),
-// activation rows in groups of up to 8 (each weight super-block unpacked once per 8 rows).
-template <KGemmKind K, int NA>
-MK_AVX512VNNI_FN void kgemm_tile512_na(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
-  kgemm_tile512<K, 2, NA>(w, y, nb, out);
-}
 template <KGemmKind K, int NA>
 MK_AVX512VNNI_FN void kgemm_tile256_512_na(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {
   kgemm_tile256_avx512vnni<K, 2, NA>(w, y, nb, out);
 }
 template <KGemmKind K>
-void kgemm_rows512_tiles(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na,
-                         int64_t n, float* out, int64_t ldo) {
-  constexpr void (*tiles[8])(const uint8_t* const*, const uint8_t* const*, int64_t, float*) = {
-      kgemm_tile512_na<K, 1>, kgemm_tile512_na<K, 2>, kgemm_tile512_na<K, 3>, kgemm_tile512_na<K, 4>,
-      kgemm_tile512_na<K, 5>, kgemm_tile512_na<K, 6>, kgemm_tile512_na<K, 7>, kgemm_tile512_na<K, 8>};
-  const uint8_t* wb = static_cast<const uint8_t*>(w);
-  const uint8_t* xb = static_cast<const uint8_t*>(xq);
-  for (int64_t i0 = 0; i0 < nw; i0 += 2) {
-    const int rows = static_cast<int>(std::min<int64_t>(2, nw - i0));
-    const uint8_t* wr[2] = {wb + static_cast<size_t>(i0) * w_stride, wb + static_cast<size_t>(i0 + rows - 1) * w_stride};
-    for (int64_t a0 = 0; a0 < na; a0 += 8) {
-      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
-      const uint8_t* yr[8];
-      for (int a = 0; a < cols; ++a) yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
-      float t[2 * 8];
-      tiles[cols - 1](wr, yr, n / 256, t);
-      for (int i = 0; i < rows; ++i)
-        for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
-    }
-  }
-}
-// q4_K, q5_K, q6_K: the 512-bit tiles; q2_K, q3_K: the 256-bit tile built for AVX-512 VNNI (EVEX
-// vpdpwssd), 2 x 4.
+void kgemm_pp_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, int64_t n,
+                   float* out, int64_t ldo);  // k_gemm_pp.h
+// q4_K, q5_K, q6_K: the packed-pair tiles (k_gemm_pp.h, 2 x up to 16; gemm_act sends one activation
+// row to dot_act instead, MK_QUANT_GEMM_ACT_K); q2_K, q3_K: the 256-bit tile built for AVX-512 VNNI
+// (EVEX vpdpwssd), 2 x 4.
 template <KGemmKind K>
 void kgemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, int64_t n,
                    float* out, int64_t ldo) {
-  if constexpr (KGemmLayout<K>::k512)
-    kgemm_rows512_tiles<K>(w, w_stride, nw, xq, x_stride, na, n, out, ldo);
+  if constexpr (KGemmLayout<K>::kPp)
+    kgemm_pp_rows<K>(w, w_stride, nw, xq, x_stride, na, n, out, ldo);
   else
     gemm_rows<2, 256, kgemm_tile256_512_na<K, 1>, kgemm_tile256_512_na<K, 2>, kgemm_tile256_512_na<K, 3>,
               kgemm_tile256_512_na<K, 4>>(w, w_stride, nw, xq, x_stride, na, n, out, ldo);
@@ -381,19 +235,15 @@ void kgemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, s
 
 }  // namespace mk::quant::detail
 
-namespace mk::quant::detail {
-// One activation row (decode): dot_act's hand-written AVX2 kernel per weight row is faster than a
-// one-column tile (measured with BM_QuantGemm at 1 row), except q6_K's 512-bit tile.
-template <KGemmKind K>
-constexpr bool kgemm_one_row_dot(bool is512) {
-  return !(is512 && K == KGemmKind::q6_K);
-}
-}  // namespace mk::quant::detail
 
 // Defines NAME_avx2, NAME_avxvnni, NAME_avx512vnni (gemm_act variants for K-quant kind KIND: 2 weight
-// rows x up to 4 activation rows per tile, up to 8 with AVX-512 VNNI) and NAME_generic (dot_act per pair through
-// DOT_ACT_GENERIC), plus NAME, which picks one once. One activation row goes to DOT_ACT_AVX2 per
-// weight row where kgemm_one_row_dot says so (the same bits: every variant gives dot_act's).
+// rows x up to 4 activation rows per tile; with AVX-512 VNNI up to 16 in q4_K/q5_K/q6_K's packed-pair
+// tiles) and NAME_generic (dot_act per pair through DOT_ACT_GENERIC), plus NAME, which picks one once.
+// One activation row (decode) goes to DOT_ACT_AVX2 per weight row in every variant (the same bits:
+// every variant gives dot_act's): it measured faster than a one-column tile (BM_QuantGemm at 1 row),
+// and where a tile looked faster in that benchmark (q6_K's former 512-bit 2 x 1 tile, weights in L2)
+// it was 2.2x slower in whole-model decode, weights streamed from memory (docs/PERFORMANCE.md,
+// 2026-12-02).
 #define MK_QUANT_GEMM_ACT_K(NAME, KIND, DOT_ACT_GENERIC, DOT_ACT_AVX2)                                        \
   template <int NA>                                                                                           \
   MK_AVX2_FN void NAME##_t_avx2(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) {     \
@@ -410,17 +260,17 @@ constexpr bool kgemm_one_row_dot(bool is512) {
   }                                                                                                           \
   void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
                    float* out, int64_t ldo) {                                                                 \
-    if (na == 1 && ::mk::quant::detail::kgemm_one_row_dot<KIND>(false)) return NAME##_one_row(w, ws, nw, x, n, out); \
+    if (na == 1) return NAME##_one_row(w, ws, nw, x, n, out);                                                 \
     NAME##_tiles_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                     \
   }                                                                                                           \
   void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
                       float* out, int64_t ldo) {                                                              \
-    if (na == 1 && ::mk::quant::detail::kgemm_one_row_dot<KIND>(false)) return NAME##_one_row(w, ws, nw, x, n, out); \
+    if (na == 1) return NAME##_one_row(w, ws, nw, x, n, out);                                                 \
     NAME##_tiles_avxvnni(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
   }                                                                                                           \
   void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
                          int64_t n, float* out, int64_t ldo) {                                                \
-    if (na == 1 && ::mk::quant::detail::kgemm_one_row_dot<KIND>(true)) return NAME##_one_row(w, ws, nw, x, n, out); \
+    if (na == 1) return NAME##_one_row(w, ws, nw, x, n, out);                                                 \
     ::mk::quant::detail::kgemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                            \
   }                                                                                                           \
   MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)
@@ -435,3 +285,5 @@ constexpr bool kgemm_one_row_dot(bool is512) {
     ::mk::quant::detail::kgemm_tile256_avx2<KIND, 1, 4>(wr, yr, n / 256, out);                               \
   }                                                                                                           \
   MK_QUANT_DOT_ACT4_HAND_AVX2(NAME, DOT_ACT, NAME##_tile_avx2)
+
+#include "quant/k_gemm_pp.h"  // kgemm_pp_rows, which kgemm_rows512 hands prefill to

@@ -106,7 +106,8 @@ struct QuantType {
   // rows i < nw and activation rows a < na (strides in bytes), the same bits as dot_act per pair.
   // Register-blocked (src/quant/gemm_x86.h: 4 weight rows x 8 activation rows per pass with AVX-512
   // VNNI, 2 x 4 with AVX2 / AVX-VNNI; src/quant/k_gemm_x86.h for the K-quants: 2 x 4 per pass over
-  // q8_K super-blocks): for batched decode and prefill. Every type has one (nullptr would mean not
+  // q8_K super-blocks, and src/quant/k_gemm_pp.h for q4_K/q5_K/q6_K prefill with AVX-512 VNNI: 2 x up
+  // to 16, both weight rows in one register): for batched decode and prefill. Every type has one (nullptr would mean not
   // written); picks the best variant this CPU runs once (gemm_isa).
   using GemmActFn = void (*)(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t xq_stride,
                              int64_t na, int64_t n, float* out, int64_t ldo);

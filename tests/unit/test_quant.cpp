@@ -630,9 +630,10 @@ TEST(QuantActK, DotActWithinBudgetAndVariantsAgreeOnQuantizedRows) {
 }
 
 // gemm_act: every variant and tile shape gives dot_act's bits per (weight row, activation row): row
-// counts that are not a multiple of the tile (1..9 weight rows, 1..17 activation rows), padded strides,
-// an output leading dimension wider than the tile, and a weight range starting at an odd row (a
-// matmul tile's columns c0..c1).
+// counts that are not a multiple of the tile (1..9 weight rows; 1..17 and 33 activation rows: every
+// width of the K-quants' packed-pair tile, up to 16, and the even splits of 17 and 33 rows), padded
+// strides, an output leading dimension wider than the tile, and a weight range starting at an odd row
+// (a matmul tile's columns c0..c1).
 TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);
@@ -643,7 +644,7 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
     ++with_gemm;
     const bool k_quant = q->block_size == 256;  // 256-element super-blocks: fewer of them
     for (const int64_t blocks : {int64_t{1}, int64_t{k_quant ? 3 : 7}, int64_t{k_quant ? 5 : 18}}) {
-      const int64_t n = blocks * q->block_size, n_w = 10, n_x = 17;
+      const int64_t n = blocks * q->block_size, n_w = 10, n_x = 33;
       const size_t wrow = static_cast<size_t>(blocks * q->block_bytes);
       const size_t xrow = static_cast<size_t>(n / q->act->block_size * q->act->block_bytes);
       const size_t ws = wrow + 6, xs = xrow + 10;  // padded strides
@@ -659,6 +660,12 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
       for (int64_t a = 0; a < n_x; ++a) {
         std::vector<float> xf(static_cast<size_t>(n));
         for (auto& v : xf) v = u(rng);
+        // two rows at the 8-bit extremes (the first element of largest magnitude becomes -127): all
+        // -127, and pairs of -127 and pairs of +127, the largest products the int16 steps see (q6_K's
+        // flipped activations 1 and 255 next to each other)
+        if (a == 5) std::fill(xf.begin(), xf.end(), 2.0f);
+        if (a == 6)
+          for (size_t j = 0; j < xf.size(); ++j) xf[j] = j % 4 < 2 ? -2.0f : 2.0f;
         q->act->quantize_row(xf.data(), x.data() + xs * a, n);
       }
       for (int v = 0; v < 4; ++v) {
@@ -668,8 +675,7 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
         for (const int64_t w0 : {int64_t{0}, int64_t{1}})
           for (const int64_t nw : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7}, int64_t{9}}) {
             if (w0 + nw > n_w) continue;
-            for (const int64_t na : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{7},
-                                     int64_t{8}, int64_t{9}, int64_t{17}}) {  // every tile width up to 8, and more
+            for (int64_t na = 1; na <= n_x; na = na == 17 ? 33 : na + 1) {  // 1..17, 33
               const int64_t ldo = nw + 3;
               std::vector<float> out(static_cast<size_t>(na * ldo), -7.0f);
               q->gemm_act_variants[v](w.data() + ws * w0, ws, nw, x.data(), xs, na, n, out.data(), ldo);
@@ -700,6 +706,60 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
   }
   EXPECT_EQ(with_gemm, 10);  // every type
   EXPECT_TRUE(quant::gemm_isa_available(quant::gemm_isa()));
+}
+
+// gemm_act of each K-quant (every variant this CPU runs) against an f64 product of the dequantized
+// weights and the dequantized q8_K activations: relative L2 error under 1e-3 at 1, 2, 16 and 33
+// activation rows (decode, the narrowest prefill tile, a full packed-pair tile, three tiles). The
+// tiles only regroup exact integer sums, so what is left is float32 rounding (about 1e-7); a wrong
+// lane, scale, minimum or row gives an error of order 1.
+TEST(QuantAct, GemmActWithinRelL2OfF64Product) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = 3 * 256, n_w = 9, n_x = 33;
+  int checked = 0;
+  for (const QuantType* q : quant::quant_types()) {
+    if (q->block_size != 256 || !q->gemm_act) continue;
+    SCOPED_TRACE(type_name(q));
+    const size_t wrow = static_cast<size_t>(n / 256 * q->block_bytes), xrow = static_cast<size_t>(n / 256 * 292);
+    std::vector<uint8_t> w(wrow * n_w), x(xrow * n_x);
+    std::vector<double> wf(static_cast<size_t>(n * n_w)), xf(static_cast<size_t>(n * n_x));
+    for (int64_t i = 0; i < n_w; ++i) {
+      const auto r = quantize(q, random_weights(n, 300 + static_cast<uint32_t>(i)));
+      std::copy(r.begin(), r.end(), w.begin() + static_cast<std::ptrdiff_t>(wrow * i));
+      std::vector<float> d(static_cast<size_t>(n));
+      q->dequantize_row(r.data(), d.data(), n);
+      std::copy(d.begin(), d.end(), wf.begin() + i * n);
+    }
+    for (int64_t a = 0; a < n_x; ++a) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (auto& e : v) e = nd(rng);
+      q->act->quantize_row(v.data(), x.data() + xrow * a, n);
+      for (int64_t b = 0; b < n / 256; ++b) {
+        const Q8K k = q8k_block(x.data() + xrow * a + 292 * b);
+        for (int j = 0; j < 256; ++j) xf[static_cast<size_t>(a * n + 256 * b + j)] = static_cast<double>(k.d) * k.qs[j];
+      }
+    }
+    for (const int64_t na : {int64_t{1}, int64_t{2}, int64_t{16}, int64_t{33}}) {
+      std::vector<double> want(static_cast<size_t>(na * n_w));
+      for (int64_t a = 0; a < na; ++a)
+        for (int64_t i = 0; i < n_w; ++i) {
+          double s = 0;
+          for (int64_t e = 0; e < n; ++e) s += wf[static_cast<size_t>(i * n + e)] * xf[static_cast<size_t>(a * n + e)];
+          want[static_cast<size_t>(a * n_w + i)] = s;
+        }
+      for (int v = 0; v < 4; ++v) {
+        const auto isa = static_cast<quant::GemmIsa>(v);
+        if (!quant::gemm_isa_available(isa)) continue;
+        std::vector<float> got(static_cast<size_t>(na * n_w));
+        q->gemm_act_variants[v](w.data(), wrow, n_w, x.data(), xrow, na, n, got.data(), n_w);
+        const double err = test::rel_l2(got, want);
+        EXPECT_LT(err, 1e-3) << quant::gemm_isa_name(isa) << ", " << na << " rows";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 5 * 4);  // q2_K .. q6_K, 4 row counts, at least the generic variant
 }
 
 TEST(QuantDot, ScaleChecksFindNonFiniteScales) {
