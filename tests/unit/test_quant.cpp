@@ -630,7 +630,7 @@ TEST(QuantActK, DotActWithinBudgetAndVariantsAgreeOnQuantizedRows) {
 }
 
 // gemm_act: every variant and tile shape gives dot_act's bits per (weight row, activation row): row
-// counts that are not a multiple of the tile (1..9 weight rows, 1..17 activation rows), padded strides,
+// counts that are not a multiple of the tile (1..17 weight rows, 1..17, 33 activation rows), padded strides,
 // an output leading dimension wider than the tile, and a weight range starting at an odd row (a
 // matmul tile's columns c0..c1).
 TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
@@ -643,7 +643,7 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
     ++with_gemm;
     const bool k_quant = q->block_size == 256;  // 256-element super-blocks: fewer of them
     for (const int64_t blocks : {int64_t{1}, int64_t{k_quant ? 3 : 7}, int64_t{k_quant ? 5 : 18}}) {
-      const int64_t n = blocks * q->block_size, n_w = 10, n_x = 17;
+      const int64_t n = blocks * q->block_size, n_w = 18, n_x = 33;
       const size_t wrow = static_cast<size_t>(blocks * q->block_bytes);
       const size_t xrow = static_cast<size_t>(n / q->act->block_size * q->act->block_bytes);
       const size_t ws = wrow + 6, xs = xrow + 10;  // padded strides
@@ -666,10 +666,12 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
         if (!quant::gemm_isa_available(isa)) continue;
         SCOPED_TRACE(std::string(quant::gemm_isa_name(isa)));
         for (const int64_t w0 : {int64_t{0}, int64_t{1}})
-          for (const int64_t nw : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7}, int64_t{9}}) {
+          for (const int64_t nw : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7}, int64_t{9},
+                                   int64_t{13}, int64_t{17}}) {
             if (w0 + nw > n_w) continue;
             for (const int64_t na : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{7},
-                                     int64_t{8}, int64_t{9}, int64_t{17}}) {  // every tile width up to 8, and more
+                                     int64_t{8}, int64_t{9}, int64_t{10}, int64_t{11}, int64_t{12}, int64_t{13},
+                                     int64_t{14}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{33}}) {  // every tile width, 1..33
               const int64_t ldo = nw + 3;
               std::vector<float> out(static_cast<size_t>(na * ldo), -7.0f);
               q->gemm_act_variants[v](w.data() + ws * w0, ws, nw, x.data(), xs, na, n, out.data(), ldo);
