@@ -135,11 +135,13 @@ MK_GEMM_TILE256(gemm_tile256_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
 // broadcast to both halves; per (pair, activation row, block) vpdpbusd, the scale product
 // [d_w0 d_x x 8 | d_w1 d_x x 8] (one multiply), convert, fma. The activation rows' quants, f32
 // scales and (q4_0, q5_0, q8_0) corrections come from per-call tables packed block by block ([b][a]:
-// one pointer for all activation rows, none to keep per row), and a q4_0 / q4_1 weight pair is
-// unpacked with one 128-bit-lane shuffle, one variable word shift and one mask. q4_1's minimum terms
-// are left to gemm_rows512p (a separate pass, vectorised over activation rows).
-//   yc: [nb][NA][32] activation quants; dxc: [nb][NA] activation scales; cc: [nb][NA][8] int32
-//   -kCorr * sum4(y) (kCorr types only); out[(2p + h) * NA + a] = dot of weight row 2p + h.
+// one pointer for all activation rows, none to keep per row), the quants and corrections already
+// doubled to 512 bits (a plain load, where a 256-to-512-bit broadcast costs vector-unit work on Zen 4:
+// ~10% of the tile), and a q4_0 / q4_1 weight pair is unpacked with one 128-bit-lane shuffle, one
+// variable word shift and one mask. q4_1's minimum terms are left to gemm_rows512p (a separate
+// pass, vectorised over activation rows).
+//   yc: [nb][NA][64] activation quants, twice; dxc: [nb][NA] activation scales; cc: [nb][NA][16]
+//   int32 -kCorr * sum4(y), twice (kCorr types only); out[(2p + h) * NA + a] = dot of weight row 2p + h.
 template <GemmKind K, int NP, int NA>
 MK_AVX512VNNI_FN inline void gemm_tile512p(const uint8_t* const* w, const uint8_t* yc, const float* dxc,
                                            const int32_t* cc, int64_t nb, float* out) {
@@ -174,13 +176,12 @@ MK_AVX512VNNI_FN inline void gemm_tile512p(const uint8_t* const* w, const uint8_
                                                static_cast<short>(ld_u16(p1)));
       dw[p] = _mm512_cvtph_ps(h);
     }
-    const uint8_t* yb = yc + b * NA * 32;
+    const uint8_t* yb = yc + b * NA * 64;
     const float* db = dxc + b * NA;
     for (int a = 0; a < NA; ++a) {
-      const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + a * 32)));
+      const __m512i qy = _mm512_loadu_si512(yb + a * 64);
       __m512i base = _mm512_setzero_si512();
-      if constexpr (L::kCorr != 0)
-        base = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cc + (b * NA + a) * 8)));
+      if constexpr (L::kCorr != 0) base = _mm512_loadu_si512(cc + (b * NA + a) * 16);
       for (int p = 0; p < NP; ++p) {
         const __m512i isum = _mm512_dpbusd_epi32(base, u[p], qy);
         acc[p][a] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], _mm512_set1_ps(db[a])), _mm512_cvtepi32_ps(isum), acc[p][a]);
@@ -215,8 +216,8 @@ MK_AVX512VNNI_FN void gemm_rows512p(const void* w, size_t w_stride, int64_t nw, 
   const uint8_t* xb = static_cast<const uint8_t*>(xq);
   const int64_t nb = n / 32, na16 = (na + 15) / 16 * 16;
   thread_local std::vector<float> tables;  // quants, scales, corrections, (q4_1) s_x [nb][na16]
-  const size_t n_y = static_cast<size_t>(na * nb * 8), n_dx = static_cast<size_t>(na * nb);
-  const size_t n_c = L::kCorr != 0 ? static_cast<size_t>(na * nb * 8) : 0, n_s = L::kMin ? static_cast<size_t>(nb * na16) : 0;
+  const size_t n_y = static_cast<size_t>(na * nb * 16), n_dx = static_cast<size_t>(na * nb);
+  const size_t n_c = L::kCorr != 0 ? static_cast<size_t>(na * nb * 16) : 0, n_s = L::kMin ? static_cast<size_t>(nb * na16) : 0;
   tables.resize(n_y + n_dx + n_c + n_s + 16);
   float* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(tables.data()) + 63) & ~uintptr_t{63});
   uint8_t* yt = reinterpret_cast<uint8_t*>(base);
@@ -230,13 +231,13 @@ MK_AVX512VNNI_FN void gemm_rows512p(const void* w, size_t w_stride, int64_t nw, 
         const uint8_t* yb = xb + static_cast<size_t>(a0 + a) * x_stride + static_cast<size_t>(b) * L::kXBytes;
         const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs));
         const int64_t k = a0 * nb + b * cols + a;  // [chunk][b][row]
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(yt + k * 32), qy);
+        _mm512_storeu_si512(yt + k * 64, _mm512_broadcast_i64x4(qy));
         dxt[k] = ld_f16c(yb);
         if constexpr (L::kCorr != 0)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(ct + k * 8),
-                              _mm256_sub_epi32(_mm256_setzero_si256(),
+          _mm512_storeu_si512(ct + k * 16, _mm512_broadcast_i64x4(_mm256_sub_epi32(
+                                               _mm256_setzero_si256(),
                                                _mm256_dpbusd_epi32(_mm256_setzero_si256(),
-                                                                   _mm256_set1_epi8(static_cast<char>(L::kCorr)), qy)));
+                                                                   _mm256_set1_epi8(static_cast<char>(L::kCorr)), qy))));
         if constexpr (L::kMin) sxt[b * na16 + a0 + a] = ld_f16c(yb + 2);
       }
   }
@@ -253,7 +254,7 @@ MK_AVX512VNNI_FN void gemm_rows512p(const void* w, size_t w_stride, int64_t nw, 
     for (int64_t a0 = 0; a0 < na; a0 += 8) {
       const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
       float t[4 * 8];
-      tiles[cols - 1](wr, yt + a0 * nb * 32, dxt + a0 * nb, ct + a0 * nb * 8, nb, t);
+      tiles[cols - 1](wr, yt + a0 * nb * 64, dxt + a0 * nb, ct + a0 * nb * 16, nb, t);
       for (int i = 0; i < rows; ++i)
         for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
     }
