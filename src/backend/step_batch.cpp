@@ -3,7 +3,12 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "support/error.h"
 
@@ -163,7 +168,7 @@ StepBatch one_sequence_batch(std::span<const int32_t> tokens, int64_t n_past, in
   return b;
 }
 
-GreedyRow greedy_row(std::span<const float> logits) {
+GreedyRow greedy_row_portable(std::span<const float> logits) {
   GreedyRow g;
   for (size_t i = 0; i < logits.size(); ++i) {
     const float v = logits[i];
@@ -174,6 +179,56 @@ GreedyRow greedy_row(std::span<const float> logits) {
     if (!std::isnan(v) && (g.id < 0 || v > logits[static_cast<size_t>(g.id)])) g.id = static_cast<int32_t>(i);
   }
   return g;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// All values finite: the maximum m (vmaxps; which zero it returns for +-0 does not matter, as -0 ==
+// +0), then the first index whose value == m, which is the scalar pass's id (it moves only on a
+// strictly greater value, so it keeps the first of the values equal to the maximum).
+__attribute__((target("avx512f"))) GreedyRow greedy_row_avx512(std::span<const float> logits) {
+  const float* x = logits.data();
+  const int64_t n = static_cast<int64_t>(logits.size());
+  if (n == 0) return greedy_row_portable(logits);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), max_finite = _mm512_set1_epi32(0x7f7fffff);
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 bad = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    mx = _mm512_max_ps(mx, v);
+    bad |= _mm512_cmpgt_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), abs_mask), max_finite);
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
+  if (tail) {
+    const __m512 v = _mm512_maskz_loadu_ps(tail, x + i);
+    mx = _mm512_mask_max_ps(mx, tail, mx, v);
+    bad |= _mm512_mask_cmpgt_epi32_mask(tail, _mm512_and_si512(_mm512_castps_si512(v), abs_mask), max_finite);
+  }
+  if (bad) return greedy_row_portable(logits);  // a NaN or an infinity: counted and reported there
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  GreedyRow g;
+  for (i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 eq = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), m, _CMP_EQ_OQ);
+    if (eq) {
+      g.id = static_cast<int32_t>(i + __builtin_ctz(eq));
+      break;
+    }
+  }
+  return g;
+}
+bool greedy_row_avx512_available() {
+  static const bool have = __builtin_cpu_supports("avx512f");
+  return have;
+}
+#else
+GreedyRow greedy_row_avx512(std::span<const float> logits) { return greedy_row_portable(logits); }
+bool greedy_row_avx512_available() { return false; }
+#endif
+
+GreedyRow greedy_row(std::span<const float> logits) {
+  static const bool avx512 = greedy_row_avx512_available();
+  return avx512 ? greedy_row_avx512(logits) : greedy_row_portable(logits);
 }
 
 void encode_greedy_row(const GreedyRow& g, int32_t* out) {

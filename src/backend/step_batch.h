@@ -109,6 +109,14 @@ struct GreedyRow {
   float first_value = 0;
 };
 GreedyRow greedy_row(std::span<const float> logits);
+// The same by one scalar pass (the definition), and by AVX-512 (one pass for the maximum and a
+// finiteness check, one for the first index holding it; rows with a NaN or an infinity go to the
+// scalar pass): the same row for every input (StepBatchGreedy.Avx512EqualsPortable). greedy_row uses
+// the AVX-512 one where the CPU has it; greedy_row_avx512 may only be called when
+// greedy_row_avx512_available().
+GreedyRow greedy_row_portable(std::span<const float> logits);
+GreedyRow greedy_row_avx512(std::span<const float> logits);
+bool greedy_row_avx512_available();
 // The op's encoding of a row (4 words) and back.
 void encode_greedy_row(const GreedyRow& g, int32_t* out);
 GreedyRow decode_greedy_row(std::span<const int32_t> words);

@@ -130,46 +130,61 @@ MK_AVXVNNI_FN inline __m256i dpbusd256_avxvnni(__m256i acc, __m256i u, __m256i s
 MK_GEMM_TILE256(gemm_tile256_avx2, MK_AVX2_FN, false, dpbusd256_avx2)
 MK_GEMM_TILE256(gemm_tile256_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
 
-// ---- 512-bit tiles (AVX-512 VNNI): NP pairs of weight rows x NA activation rows (up to 8). The
-// activation scales come as float32 tables (dx[a][b], converted once per call), and q4_1's minimum
-// terms are left to gemm_rows512 (a separate pass, vectorised over activation rows).
+// ---- 512-bit tiles (AVX-512 VNNI): NP pairs of weight rows x NA activation rows (up to 8), two
+// weight rows per register (low half row 2p, high half row 2p + 1) against the activation block
+// broadcast to both halves; per (pair, activation row, block) vpdpbusd, the scale product
+// [d_w0 d_x x 8 | d_w1 d_x x 8] (one multiply), convert, fma. The activation rows' quants, f32
+// scales and (q4_0, q5_0, q8_0) corrections come from per-call tables packed block by block ([b][a]:
+// one pointer for all activation rows, none to keep per row), the quants and corrections already
+// doubled to 512 bits (a plain load, where a 256-to-512-bit broadcast costs vector-unit work on Zen 4:
+// ~10% of the tile), and a q4_0 / q4_1 weight pair is unpacked with one 128-bit-lane shuffle, one
+// variable word shift and one mask. q4_1's minimum terms are left to gemm_rows512p (a separate
+// pass, vectorised over activation rows).
+//   yc: [nb][NA][64] activation quants, twice; dxc: [nb][NA] activation scales; cc: [nb][NA][16]
+//   int32 -kCorr * sum4(y), twice (kCorr types only); out[(2p + h) * NA + a] = dot of weight row 2p + h.
 template <GemmKind K, int NP, int NA>
-MK_AVX512VNNI_FN inline void gemm_tile512(const uint8_t* const* w, const uint8_t* const* y, const float* const* dx,
-                                          int64_t nb, float* out) {
+MK_AVX512VNNI_FN inline void gemm_tile512p(const uint8_t* const* w, const uint8_t* yc, const float* dxc,
+                                           const int32_t* cc, int64_t nb, float* out) {
   using L = GemmLayout<K>;
   __m512 acc[NP][NA];
   for (int p = 0; p < NP; ++p)
     for (int a = 0; a < NA; ++a) acc[p][a] = _mm512_setzero_ps();
-  const auto unpack = [](const uint8_t* p) {
-    if constexpr (K == GemmKind::q8_0)
-      return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs)),
-                              _mm256_set1_epi8(static_cast<char>(0x80)));
-    else
-      return nibble_block_u8<K>(p);
-  };
+  // words of [row i low nibbles | row i high | row i+1 low | row i+1 high] shift by 0, 4, 0, 4
+  const __m512i shifts = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
+                                          0x0004000400040004, 0, 0);
   for (int64_t b = 0; b < nb; ++b) {
     __m512i u[NP];
     __m512 dw[NP];
     for (int p = 0; p < NP; ++p) {
       const uint8_t* p0 = w[2 * p] + b * L::kBytes;
       const uint8_t* p1 = w[2 * p + 1] + b * L::kBytes;
-      u[p] = _mm512_inserti64x4(_mm512_zextsi256_si512(unpack(p0)), unpack(p1), 1);
-      // [d0 x 8 | d1 x 8]: both f16 scales broadcast into one register, then converted
+      if constexpr (K == GemmKind::q4_0 || K == GemmKind::q4_1) {
+        const __m256i q = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + L::kQs))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + L::kQs)), 1);
+        const __m512i z = _mm512_castsi256_si512(q);
+        u[p] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(z, z, 0x50), shifts), _mm512_set1_epi8(0x0f));
+      } else if constexpr (K == GemmKind::q8_0) {
+        const __m512i z = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + L::kQs))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1 + L::kQs)), 1);
+        u[p] = _mm512_xor_si512(z, _mm512_set1_epi8(static_cast<char>(0x80)));
+      } else {
+        u[p] = _mm512_inserti64x4(_mm512_castsi256_si512(nibble_block_u8<K>(p0)), nibble_block_u8<K>(p1), 1);
+      }
       const __m256i h = _mm256_mask_set1_epi16(_mm256_set1_epi16(static_cast<short>(ld_u16(p0))), 0xff00,
                                                static_cast<short>(ld_u16(p1)));
       dw[p] = _mm512_cvtph_ps(h);
     }
+    const uint8_t* yb = yc + b * NA * 64;
+    const float* db = dxc + b * NA;
     for (int a = 0; a < NA; ++a) {
-      const uint8_t* yb = y[a] + b * L::kXBytes;
-      const __m512 dxa = _mm512_set1_ps(dx[a][b]);
-      const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs)));
+      const __m512i qy = _mm512_loadu_si512(yb + a * 64);
       __m512i base = _mm512_setzero_si512();
-      if constexpr (L::kCorr != 0)
-        base = _mm512_sub_epi32(base, _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                                          _mm512_set1_epi8(static_cast<char>(L::kCorr)), qy));
+      if constexpr (L::kCorr != 0) base = _mm512_loadu_si512(cc + (b * NA + a) * 16);
       for (int p = 0; p < NP; ++p) {
         const __m512i isum = _mm512_dpbusd_epi32(base, u[p], qy);
-        acc[p][a] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dxa), _mm512_cvtepi32_ps(isum), acc[p][a]);
+        acc[p][a] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], _mm512_set1_ps(db[a])), _mm512_cvtepi32_ps(isum), acc[p][a]);
       }
     }
   }
@@ -182,51 +197,64 @@ MK_AVX512VNNI_FN inline void gemm_tile512(const uint8_t* const* w, const uint8_t
     }
 }
 
-// gemm_act with gemm_tile512: weight rows in groups of 4 (the last padded by repeating its last row),
-// activation rows in groups of up to 8; for q4_1, out += the fma chain of m_w * s_x over the blocks,
-// 16 activation rows per register (the same scalar chain per lane, added last as dot_act adds it).
 template <GemmKind K, int NA>
-MK_AVX512VNNI_FN void gemm_tile512_na(const uint8_t* const* w, const uint8_t* const* y, const float* const* dx,
-                                      int64_t nb, float* out) {
-  gemm_tile512<K, 2, NA>(w, y, dx, nb, out);
+MK_AVX512VNNI_FN void gemm_tile512p_na(const uint8_t* const* w, const uint8_t* yc, const float* dxc, const int32_t* cc,
+                                       int64_t nb, float* out) {
+  gemm_tile512p<K, 2, NA>(w, yc, dxc, cc, nb, out);
 }
 
+// gemm_act with gemm_tile512p: the activation rows packed once per call in chunks of up to 8
+// ([chunk][b][row] quants, scales, corrections), then weight rows in groups of 4 (the last padded by
+// repeating its last row) against each chunk; for q4_1 / q5_1, out += the fma chain of m_w * s_x over
+// the blocks, 16 activation rows per register (the same scalar chain per lane, added last as dot_act
+// adds it).
 template <GemmKind K>
-MK_AVX512VNNI_FN void gemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride,
-                                   int64_t na, int64_t n, float* out, int64_t ldo) {
+MK_AVX512VNNI_FN void gemm_rows512p(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride,
+                                    int64_t na, int64_t n, float* out, int64_t ldo) {
   using L = GemmLayout<K>;
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   const uint8_t* xb = static_cast<const uint8_t*>(xq);
   const int64_t nb = n / 32, na16 = (na + 15) / 16 * 16;
-  thread_local std::vector<float> tables;  // dx [na][nb], then (q4_1) s_x transposed [nb][na16]
-  tables.resize(static_cast<size_t>(na * nb + (L::kMin ? nb * na16 : 0)));
-  float* dxt = tables.data();
-  float* sxt = dxt + na * nb;
-  for (int64_t a = 0; a < na; ++a)
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* yb = xb + static_cast<size_t>(a) * x_stride + static_cast<size_t>(b) * L::kXBytes;
-      dxt[a * nb + b] = ld_f16c(yb);
-      if constexpr (L::kMin) sxt[b * na16 + a] = ld_f16c(yb + 2);
-    }
+  thread_local std::vector<float> tables;  // quants, scales, corrections, (q4_1) s_x [nb][na16]
+  const size_t n_y = static_cast<size_t>(na * nb * 16), n_dx = static_cast<size_t>(na * nb);
+  const size_t n_c = L::kCorr != 0 ? static_cast<size_t>(na * nb * 16) : 0, n_s = L::kMin ? static_cast<size_t>(nb * na16) : 0;
+  tables.resize(n_y + n_dx + n_c + n_s + 16);
+  float* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(tables.data()) + 63) & ~uintptr_t{63});
+  uint8_t* yt = reinterpret_cast<uint8_t*>(base);
+  float* dxt = base + n_y;
+  int32_t* ct = reinterpret_cast<int32_t*>(dxt + n_dx);
+  float* sxt = dxt + n_dx + n_c;
+  for (int64_t a0 = 0; a0 < na; a0 += 8) {
+    const int64_t cols = std::min<int64_t>(8, na - a0);
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t a = 0; a < cols; ++a) {
+        const uint8_t* yb = xb + static_cast<size_t>(a0 + a) * x_stride + static_cast<size_t>(b) * L::kXBytes;
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs));
+        const int64_t k = a0 * nb + b * cols + a;  // [chunk][b][row]
+        _mm512_storeu_si512(yt + k * 64, _mm512_broadcast_i64x4(qy));
+        dxt[k] = ld_f16c(yb);
+        if constexpr (L::kCorr != 0)
+          _mm512_storeu_si512(ct + k * 16, _mm512_broadcast_i64x4(_mm256_sub_epi32(
+                                               _mm256_setzero_si256(),
+                                               _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                                                   _mm256_set1_epi8(static_cast<char>(L::kCorr)), qy))));
+        if constexpr (L::kMin) sxt[b * na16 + a0 + a] = ld_f16c(yb + 2);
+      }
+  }
   if constexpr (L::kMin)
     for (int64_t b = 0; b < nb; ++b) std::fill(sxt + b * na16 + na, sxt + (b + 1) * na16, 0.0f);
-  constexpr void (*tiles[8])(const uint8_t* const*, const uint8_t* const*, const float* const*, int64_t, float*) = {
-      gemm_tile512_na<K, 1>, gemm_tile512_na<K, 2>, gemm_tile512_na<K, 3>, gemm_tile512_na<K, 4>,
-      gemm_tile512_na<K, 5>, gemm_tile512_na<K, 6>, gemm_tile512_na<K, 7>, gemm_tile512_na<K, 8>};
+  using Tile = void (*)(const uint8_t* const*, const uint8_t*, const float*, const int32_t*, int64_t, float*);
+  constexpr Tile tiles[8] = {gemm_tile512p_na<K, 1>, gemm_tile512p_na<K, 2>, gemm_tile512p_na<K, 3>,
+                             gemm_tile512p_na<K, 4>, gemm_tile512p_na<K, 5>, gemm_tile512p_na<K, 6>,
+                             gemm_tile512p_na<K, 7>, gemm_tile512p_na<K, 8>};
   for (int64_t i0 = 0; i0 < nw; i0 += 4) {
     const int rows = static_cast<int>(std::min<int64_t>(4, nw - i0));
     const uint8_t* wr[4];
     for (int i = 0; i < 4; ++i) wr[i] = wb + static_cast<size_t>(i0 + std::min(i, rows - 1)) * w_stride;
     for (int64_t a0 = 0; a0 < na; a0 += 8) {
       const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
-      const uint8_t* yr[8];
-      const float* dr[8];
-      for (int a = 0; a < cols; ++a) {
-        yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
-        dr[a] = dxt + (a0 + a) * nb;
-      }
       float t[4 * 8];
-      tiles[cols - 1](wr, yr, dr, nb, t);
+      tiles[cols - 1](wr, yt + a0 * nb * 64, dxt + a0 * nb, ct + a0 * nb * 16, nb, t);
       for (int i = 0; i < rows; ++i)
         for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
     }
@@ -328,6 +356,6 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
     /* one q4_1 activation row: the 256-bit tile is faster (no separate pass for the minimum terms) */       \
     if (::mk::quant::detail::GemmLayout<KIND>::kMin && na == 1)                                               \
       return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
-    ::mk::quant::detail::gemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
+    ::mk::quant::detail::gemm_rows512p<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
   }                                                                                                           \
   MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)

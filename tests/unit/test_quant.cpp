@@ -630,7 +630,7 @@ TEST(QuantActK, DotActWithinBudgetAndVariantsAgreeOnQuantizedRows) {
 }
 
 // gemm_act: every variant and tile shape gives dot_act's bits per (weight row, activation row): row
-// counts that are not a multiple of the tile (1..9 weight rows; 1..17 and 33 activation rows: every
+// counts that are not a multiple of the tile (1..17 weight rows; 1..17 and 33 activation rows: every
 // width of the K-quants' packed-pair tile, up to 16, and the even splits of 17 and 33 rows), padded
 // strides, an output leading dimension wider than the tile, and a weight range starting at an odd row
 // (a matmul tile's columns c0..c1).
@@ -644,7 +644,7 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
     ++with_gemm;
     const bool k_quant = q->block_size == 256;  // 256-element super-blocks: fewer of them
     for (const int64_t blocks : {int64_t{1}, int64_t{k_quant ? 3 : 7}, int64_t{k_quant ? 5 : 18}}) {
-      const int64_t n = blocks * q->block_size, n_w = 10, n_x = 33;
+      const int64_t n = blocks * q->block_size, n_w = 18, n_x = 33;
       const size_t wrow = static_cast<size_t>(blocks * q->block_bytes);
       const size_t xrow = static_cast<size_t>(n / q->act->block_size * q->act->block_bytes);
       const size_t ws = wrow + 6, xs = xrow + 10;  // padded strides
@@ -673,7 +673,8 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
         if (!quant::gemm_isa_available(isa)) continue;
         SCOPED_TRACE(std::string(quant::gemm_isa_name(isa)));
         for (const int64_t w0 : {int64_t{0}, int64_t{1}})
-          for (const int64_t nw : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7}, int64_t{9}}) {
+          for (const int64_t nw : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7}, int64_t{9},
+                                   int64_t{13}, int64_t{17}}) {
             if (w0 + nw > n_w) continue;
             for (int64_t na = 1; na <= n_x; na = na == 17 ? 33 : na + 1) {  // 1..17, 33
               const int64_t ldo = nw + 3;

@@ -1,6 +1,14 @@
 // prepare_step's record of written KV rows (backend/step_batch.h KvWritten): a batch that would
-// attend to positions nobody wrote is refused, naming the sequence and the first missing position.
+// attend to positions nobody wrote is refused, naming the sequence and the first missing position;
+// and greedy_row's AVX-512 pass against the scalar definition.
 #include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "backend/step_batch.h"
 #include "support/errors.h"
@@ -78,6 +86,55 @@ TEST(StepBatchWritten, NeverWrittenPositionsAreRefused) {
 
 // Without a record (limits.written null) nothing is tracked: the old contract.
 TEST(StepBatchWritten, NoRecordNoCheck) { EXPECT_EQ(err(rows(3, 1, {4}), limits(nullptr)), "<no error>"); }
+
+// greedy_row's AVX-512 pass gives the scalar definition's row for every input: lengths around the
+// 16-lane width, ties (the lowest index wins, -0 == +0), the maximum first / last / in a tail, NaN,
+// +-inf (counted, first reported; NaN never wins), all NaN, the empty row, a vocabulary-sized row.
+TEST(StepBatchGreedy, Avx512EqualsPortable) {
+  if (!greedy_row_avx512_available()) GTEST_SKIP() << "this CPU has no AVX-512";
+  std::mt19937 rng(5);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  int checked = 0;
+  const auto same = [&](const std::vector<float>& row, const std::string& what) {
+    const GreedyRow a = greedy_row_portable(row), b = greedy_row_avx512(row), c = greedy_row(row);
+    for (const GreedyRow* g : {&b, &c}) {
+      EXPECT_EQ(g->id, a.id) << what;
+      EXPECT_EQ(g->n_nonfinite, a.n_nonfinite) << what;
+      EXPECT_EQ(g->first_nonfinite, a.first_nonfinite) << what;
+      EXPECT_EQ(std::bit_cast<uint32_t>(g->first_value), std::bit_cast<uint32_t>(a.first_value)) << what;
+    }
+    ++checked;
+  };
+  same({}, "empty");
+  for (const int n : {1, 2, 15, 16, 17, 31, 32, 33, 47, 100, 49152}) {
+    for (int trial = 0; trial < 24; ++trial) {
+      std::vector<float> row(static_cast<size_t>(n));
+      // few distinct values: ties are common
+      std::uniform_int_distribution<int> small(-3, 3);
+      std::normal_distribution<float> nd(0.0f, 5.0f);
+      for (auto& v : row) v = trial % 2 ? static_cast<float>(small(rng)) : nd(rng);
+      std::uniform_int_distribution<int> pos(0, n - 1);
+      const std::string what = "n " + std::to_string(n) + " trial " + std::to_string(trial);
+      switch (trial % 8) {
+        case 2: row[static_cast<size_t>(pos(rng))] = nan; break;
+        case 3: row[static_cast<size_t>(pos(rng))] = inf; break;
+        case 4: row[static_cast<size_t>(pos(rng))] = -inf; break;
+        case 5:
+          for (auto& v : row) v = v > 0 ? 0.0f : -0.0f;  // only zeros: the first one wins
+          break;
+        case 6: row.back() = 1e30f; break;   // the maximum in the tail
+        case 7: row.front() = 1e30f; break;  // the maximum first
+        default: break;
+      }
+      same(row, what);
+    }
+    std::vector<float> all_nan(static_cast<size_t>(n), nan);
+    same(all_nan, "all NaN, n " + std::to_string(n));
+    all_nan[static_cast<size_t>(n - 1)] = -1.0f;
+    same(all_nan, "NaN but the last, n " + std::to_string(n));
+  }
+  EXPECT_GT(checked, 250);
+}
 
 }  // namespace
 }  // namespace mk
