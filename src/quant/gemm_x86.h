@@ -29,6 +29,14 @@
 
 namespace mk::quant::detail {
 
+// Asks for [p, p + bytes) in L1 ahead of its use (prefetcht0, one per 64-byte line; a prefetch never
+// faults, so addresses past the matrix are harmless). A one-row decode streams every weight once from
+// memory, and the hardware prefetcher alone left it latency-bound at ~1/3 of the read bandwidth
+// (docs/PERFORMANCE.md, 2026-12-02).
+inline void prefetch_bytes(const uint8_t* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 enum class GemmKind { q4_0, q4_1, q8_0, q5_0, q5_1 };
 
 template <GemmKind K>
@@ -144,7 +152,7 @@ MK_GEMM_TILE256(gemm_tile256_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
 //   int32 -kCorr * sum4(y), twice (kCorr types only); out[(2p + h) * NA + a] = dot of weight row 2p + h.
 template <GemmKind K, int NP, int NA>
 MK_AVX512VNNI_FN inline void gemm_tile512p(const uint8_t* const* w, const uint8_t* yc, const float* dxc,
-                                           const int32_t* cc, int64_t nb, float* out) {
+                                           const int32_t* cc, int64_t nb, float* out, const uint8_t* pf) {
   using L = GemmLayout<K>;
   __m512 acc[NP][NA];
   for (int p = 0; p < NP; ++p)
@@ -153,6 +161,10 @@ MK_AVX512VNNI_FN inline void gemm_tile512p(const uint8_t* const* w, const uint8_
   const __m512i shifts = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
                                           0x0004000400040004, 0, 0);
   for (int64_t b = 0; b < nb; ++b) {
+    // pf: weight bytes a later tile reads, fetched ahead (2*NP rows' worth per block), where the
+    // hardware prefetcher alone leaves a streaming one-row decode latency-bound
+    for (int l = 0; l < (2 * NP * L::kBytes + 63) / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(pf + (b * 2 * NP * L::kBytes) + 64 * l), _MM_HINT_T0);
     __m512i u[NP];
     __m512 dw[NP];
     for (int p = 0; p < NP; ++p) {
@@ -199,8 +211,8 @@ MK_AVX512VNNI_FN inline void gemm_tile512p(const uint8_t* const* w, const uint8_
 
 template <GemmKind K, int NA>
 MK_AVX512VNNI_FN void gemm_tile512p_na(const uint8_t* const* w, const uint8_t* yc, const float* dxc, const int32_t* cc,
-                                       int64_t nb, float* out) {
-  gemm_tile512p<K, 2, NA>(w, yc, dxc, cc, nb, out);
+                                       int64_t nb, float* out, const uint8_t* pf) {
+  gemm_tile512p<K, 2, NA>(w, yc, dxc, cc, nb, out, pf);
 }
 
 // gemm_act with gemm_tile512p: the activation rows packed once per call in chunks of up to 8
@@ -243,7 +255,8 @@ MK_AVX512VNNI_FN void gemm_rows512p(const void* w, size_t w_stride, int64_t nw, 
   }
   if constexpr (L::kMin)
     for (int64_t b = 0; b < nb; ++b) std::fill(sxt + b * na16 + na, sxt + (b + 1) * na16, 0.0f);
-  using Tile = void (*)(const uint8_t* const*, const uint8_t*, const float*, const int32_t*, int64_t, float*);
+  using Tile = void (*)(const uint8_t* const*, const uint8_t*, const float*, const int32_t*, int64_t, float*,
+                        const uint8_t*);
   constexpr Tile tiles[8] = {gemm_tile512p_na<K, 1>, gemm_tile512p_na<K, 2>, gemm_tile512p_na<K, 3>,
                              gemm_tile512p_na<K, 4>, gemm_tile512p_na<K, 5>, gemm_tile512p_na<K, 6>,
                              gemm_tile512p_na<K, 7>, gemm_tile512p_na<K, 8>};
@@ -254,7 +267,8 @@ MK_AVX512VNNI_FN void gemm_rows512p(const void* w, size_t w_stride, int64_t nw, 
     for (int64_t a0 = 0; a0 < na; a0 += 8) {
       const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
       float t[4 * 8];
-      tiles[cols - 1](wr, yt + a0 * nb * 64, dxt + a0 * nb, ct + a0 * nb * 16, nb, t);
+      // two groups of 4 rows ahead (prefetches never fault: past the matrix they are dropped)
+      tiles[cols - 1](wr, yt + a0 * nb * 64, dxt + a0 * nb, ct + a0 * nb * 16, nb, t, wr[0] + 8 * w_stride);
       for (int i = 0; i < rows; ++i)
         for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = t[i * cols + a];
     }
@@ -289,6 +303,7 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
     const int rows = static_cast<int>(std::min<int64_t>(RW, nw - i0));
     const uint8_t* wr[RW];
     for (int i = 0; i < RW; ++i) wr[i] = wb + static_cast<size_t>(i0 + std::min(i, rows - 1)) * w_stride;
+    prefetch_bytes(wr[0] + 2 * RW * w_stride, RW * w_stride);  // the group after next
     for (int64_t a0 = 0; a0 < na; a0 += 4) {
       const int cols = static_cast<int>(std::min<int64_t>(4, na - a0));
       const uint8_t* yr[4];

@@ -256,7 +256,11 @@ void kgemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, s
   MK_QUANT_GEMM_ROWS(NAME##_tiles_avx2, 2, 256, NAME##_t_avx2)                                                \
   MK_QUANT_GEMM_ROWS(NAME##_tiles_avxvnni, 2, 256, NAME##_t_avxvnni)                                          \
   void NAME##_one_row(const void* w, size_t ws, int64_t nw, const void* x, int64_t n, float* out) {           \
-    for (int64_t i = 0; i < nw; ++i) out[i] = DOT_ACT_AVX2(static_cast<const uint8_t*>(w) + i * ws, x, n);     \
+    const uint8_t* wb = static_cast<const uint8_t*>(w);                                                      \
+    for (int64_t i = 0; i < nw; ++i) {                                                                        \
+      ::mk::quant::detail::prefetch_bytes(wb + (i + 4) * ws, ws); /* 4 rows ahead: see prefetch_bytes */     \
+      out[i] = DOT_ACT_AVX2(wb + i * ws, x, n);                                                               \
+    }                                                                                                         \
   }                                                                                                           \
   void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
                    float* out, int64_t ldo) {                                                                 \
