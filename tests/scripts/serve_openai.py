@@ -5,7 +5,11 @@ them by PID. Checks completions and chat completions (streaming and not), usage,
 seeds, malformed and hostile requests, the API key, the bounded queue (429 + Retry-After), clients
 that disconnect mid-stream and before a non-streaming reply, a damaged tokenizer named in errors, a
 client that half-closes (no reply: a known gap), a load test whose greedy outputs equal `megakernel run --temp 0`, KV
-blocks all free in /metrics after every part, and SIGTERM (in-flight request finishes, exit 0).
+blocks all free in /metrics after every part, and SIGTERM (in-flight request finishes, exit 0). Issue 11
+(robustness): JSON nested 100000 deep, message shapes, seed -1, response_format/tool_choice, replies
+always valid UTF-8 JSON, hostile chat templates (400 naming the limit, or refused at start), `run
+--messages` errors, slow clients (more than the kept threads; tricklers get 408), SIGTERM past the
+drain limit (listener closed at once, stream cancelled, exit 0, KV blocks free).
 Env: MK_BIN (the binary), MK_SHARED_DIR.
 """
 import concurrent.futures as cf
