@@ -51,16 +51,16 @@ void add_run_command(CLI::App& app) {
       o->session.need_tokenizer = false;
       o->session.tokenizer_if_available = true;
     }
+    // A messages file is read and checked before the model loads: its errors come at once.
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+    if (!o->messages_file.empty()) msgs = read_chat_messages(o->messages_file);
     Session s(o->session);
     if (!s.tokenizer_error.empty())
       std::fprintf(stderr, "warning: the model's tokenizer cannot be used (%s); printing token ids only\n",
                    s.tokenizer_error.c_str());
     const bool chat_mode = o->chat || !o->messages_file.empty();
     if (chat_mode) {
-      nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
-      if (!o->messages_file.empty()) {
-        msgs = read_chat_messages(o->messages_file);
-      } else {
+      if (o->messages_file.empty()) {
         if (!o->system.empty()) msgs.push_back({{"role", "system"}, {"content", o->system}});
         msgs.push_back({{"role", "user"}, {"content", o->gen.prompt}});
       }

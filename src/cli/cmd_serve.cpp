@@ -27,10 +27,12 @@
 #include <utility>
 
 #include "cli/commands.h"
+#include "cli/http_connections.h"
 #include "runtime/chat.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "support/error.h"
+#include "support/json.h"
 
 namespace mk::cli {
 
@@ -72,12 +74,15 @@ json error_json(const std::string& message, const std::string& type, const std::
                 {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
+// Every JSON the server writes: bytes that are not UTF-8 (a token piece cut inside a character, a
+// message echoing request bytes) become U+FFFD instead of making dump() throw mid-reply; the text
+// is always valid JSON.
+std::string json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void send_error(httplib::Response& res, const HttpError& e) {
   res.status = e.status;
   if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
-  // replace: a message echoing request bytes that are not UTF-8 must not make dump() throw.
-  res.set_content(error_json(e.message, e.type, e.param, e.code).dump(-1, ' ', false, json::error_handler_t::replace),
-                  "application/json");
+  res.set_content(json_text(error_json(e.message, e.type, e.param, e.code)), "application/json");
 }
 
 // Offset of the first byte of `s` that does not start or continue a valid UTF-8 sequence (overlong
@@ -184,6 +189,11 @@ class Server {
     std::string open_field;
     auto track = [&](int depth, json::parse_event_t event, json& parsed) {
       using E = json::parse_event_t;
+      // nlohmann parses iteratively but copies, dumps and converts (for the template) recursively:
+      // a body of 100000 '[' would overflow a thread's stack later. Refused while parsing.
+      if ((event == E::object_start || event == E::array_start) && depth >= kMaxJsonDepth)
+        bad(open_field, fmt::format("the request body nests arrays and objects deeper than {} levels{}", kMaxJsonDepth,
+                                    open_field.empty() ? "" : fmt::format(" (in '{}')", open_field)));
       if (depth == 1 && event == E::key) open_field = parsed.get<std::string>();
       else if (depth == 1 && (event == E::value || event == E::object_end || event == E::array_end)) open_field.clear();
       return true;
@@ -211,8 +221,18 @@ class Server {
              (v.is_string() && v.get<std::string>().empty()) || ((v.is_object() || v.is_array()) && v.empty());
     };
     for (const char* name : {"echo", "suffix", "logit_bias", "presence_penalty", "frequency_penalty", "top_logprobs",
-                             "tools", "functions", "tool_choice", "response_format"})
+                             "tools", "functions"})
       if (const json* v = field(body, name); v && !neutral(*v)) bad(name, fmt::format("'{}' is not supported", name));
+    // The values that ask for what the server does anyway: plain text, no tool calls.
+    if (const json* v = field(body, "response_format")) {
+      const json* type = v->is_object() ? field(*v, "type") : nullptr;
+      if (!v->is_object() || (!v->empty() && !(type && type->is_string() && type->get<std::string>() == "text")))
+        bad("response_format",
+            fmt::format("'response_format' {} is not supported: only {{\"type\": \"text\"}}", clip_json(*v)));
+    }
+    if (const json* v = field(body, "tool_choice"); v && !(v->is_string() && v->get<std::string>() == "none"))
+      bad("tool_choice", fmt::format("'tool_choice' {} is not supported: only \"none\" (tools are not supported)",
+                                     clip_json(*v)));
     if (const json* v = field(body, "best_of"); v && !(v->is_number_integer() && v->get<int64_t>() == 1) && !v->is_null())
       bad("best_of", "only best_of = 1 is supported");
     r.stream = get_bool(body, "stream", false);
@@ -229,10 +249,9 @@ class Server {
     p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0, 0, 1));
     if (p.sampler.top_p <= 0) bad("top_p", "'top_p' must be greater than 0");
     p.sampler.top_k = static_cast<int>(get_int(body, "top_k", 0, 0, 1 << 30));
-    if (field(body, "seed"))
-      p.sampler.seed = static_cast<uint64_t>(get_int(body, "seed", 0, INT64_MIN, INT64_MAX));
-    else
-      p.sampler.seed = std::random_device{}();
+    // No seed, or -1 (llama.cpp's "random"): a random one.
+    const int64_t seed = field(body, "seed") ? get_int(body, "seed", 0, INT64_MIN, INT64_MAX) : -1;
+    p.sampler.seed = seed == -1 ? (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() : static_cast<uint64_t>(seed);
     p.ignore_eos = get_bool(body, "ignore_eos", false);
     const char* max_name = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     p.max_tokens = get_int(body, max_name, -1, 1, INT64_MAX);
@@ -258,10 +277,14 @@ class Server {
       if (!tok)
         throw HttpError{400, no_tokenizer(s_) + ", so it cannot chat", "invalid_request_error", "messages", ""};
       std::string prompt;
+      json messages;
       try {
-        check_chat_messages(*msgs, "messages");
-        if (msgs->empty()) bad("messages", "'messages' must not be empty");
-        prompt = render_model_chat(s_.model, *tok, *msgs, o_.template_file);
+        messages = check_chat_messages(*msgs, "");
+      } catch (const ChatMessageError& ex) {
+        bad(ex.param, ex.what());
+      }
+      try {
+        prompt = render_model_chat(s_.model, *tok, messages, o_.template_file);
       } catch (const Error& ex) {
         bad("messages", ex.what());
       }
@@ -389,7 +412,7 @@ class Server {
       wait_until_done(*req, *out, heartbeat_after_);
       if (out->done) {
         if (failed(*out)) return send_error(res, end_error(*out));
-        res.set_content(reply(*out).dump(), "application/json");
+        res.set_content(json_text(reply(*out)), "application/json");
         return;
       }
       handed_over = true;
@@ -409,7 +432,7 @@ class Server {
             } else {
               j = reply(*out);
             }
-            const std::string body = j.dump();
+            const std::string body = json_text(j);
             sink.write(body.data(), body.size());
             sink.done();
             return true;
@@ -423,7 +446,7 @@ class Server {
         "text/event-stream",
         [this, req, pr, id, created, chat](size_t, httplib::DataSink& sink) {
           auto send = [&](const json& j) {
-            std::string s = "data: " + j.dump() + "\n\n";
+            std::string s = "data: " + json_text(j) + "\n\n";
             return sink.write(s.data(), s.size());
           };
           if (chat && !send(chunk(id, chat, created,
@@ -551,7 +574,7 @@ class Server {
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       bool draining = draining_;
       res.status = draining ? 503 : 200;
-      res.set_content(json{{"status", draining ? "shutting down" : "ok"}}.dump(), "application/json");
+      res.set_content(json_text(json{{"status", draining ? "shutting down" : "ok"}}), "application/json");
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       json m = {{"id", o_.model_id},
@@ -559,7 +582,7 @@ class Server {
                 {"created", 0},
                 {"owned_by", "megakernel"},
                 {"meta", {{"n_ctx", e_.n_ctx()}, {"n_vocab", s_.hparams.n_vocab}, {"backend", s_.backend->name()}}}};
-      res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+      res.set_content(json_text(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
     });
     svr.Post("/v1/completions",
              guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); }));
@@ -589,9 +612,8 @@ class Server {
         res.status = 405;
         res.set_header("Allow", it->second);
         res.set_content(
-            error_json(fmt::format("{} takes {}, not {}", req.path, it->second, req.method), "invalid_request_error",
-                       "", "")
-                .dump(),
+            json_text(error_json(fmt::format("{} takes {}, not {}", req.path, it->second, req.method),
+                                 "invalid_request_error", "", "")),
             "application/json");
         return httplib::Server::HandlerResponse::Handled;
       }
@@ -601,7 +623,7 @@ class Server {
                         : res.status == 400 ? "malformed HTTP request (request line, headers or body framing)"
                         : res.status == 414 ? "the request URI is too long"
                                             : fmt::format("HTTP {}", res.status);
-      res.set_content(error_json(msg, "invalid_request_error", "", "").dump(), "application/json");
+      res.set_content(json_text(error_json(msg, "invalid_request_error", "", "")), "application/json");
       return httplib::Server::HandlerResponse::Handled;
     }));
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
@@ -724,11 +746,17 @@ void serve(ServeOptions o) {
   engine.start();
 
   Server server(o, s, engine);
-  httplib::Server svr;
+  HttpServer svr;  // cpp-httplib with our connection loop: http_connections.h
+  // Threads kept ready for connections; more start on demand (a slow client never holds back others).
   const size_t http_threads = static_cast<size_t>(std::max(engine.parallel(), 1) + o.max_queue + 4);
-  svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
+  svr.new_task_queue = [http_threads] {
+    return new ConnectionPool(http_threads, std::max(kMaxConnectionThreads, http_threads));
+  };
   svr.set_payload_max_length(o.max_body);
-  svr.set_read_timeout(10, 0);  // slow clients: a request must arrive within 10 s of silence
+  // Slow clients: no read of a request may wait more than 10 s, and the whole request (line,
+  // headers, body) must arrive within MK_SERVE_REQUEST_READ_MS of its first byte (408 otherwise).
+  svr.set_read_timeout(10, 0);
+  svr.request_read_limit = env_ms("MK_SERVE_REQUEST_READ_MS", 30000);
   svr.set_write_timeout(10, 0);
   svr.set_keep_alive_timeout(5);
   server.install(svr);
@@ -749,8 +777,13 @@ void serve(ServeOptions o) {
   }
   if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);  // on Linux, listen() again sets the new backlog
 
+  // SIGTERM/SIGINT: the listener closes at once (new connections are refused; requests arriving on
+  // open connections get 503) and idle connections close; requests in flight finish for up to
+  // MK_SERVE_DRAIN_MS (default 30 s), then the rest are cancelled (a second signal cancels them at
+  // once), and every connection is closed. listen_after_bind() returns when all have ended.
+  const std::chrono::milliseconds drain_limit = env_ms("MK_SERVE_DRAIN_MS", 30000);
   std::atomic<int> signals{0};
-  std::atomic<bool> exiting{false};
+  std::atomic<bool> exiting{false}, listen_done{false}, cancel_now{false};
   std::thread drainer;
   std::thread watcher([&] {
     int sig = 0;
@@ -758,23 +791,36 @@ void serve(ServeOptions o) {
       if (exiting) break;
       if (sig != SIGTERM && sig != SIGINT) continue;
       if (++signals == 1) {
-        std::fprintf(stderr, "serve: %s: no new requests; finishing the ones in flight (signal again to cancel them)\n",
-                     sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        std::fprintf(stderr,
+                     "serve: %s: listener closed; finishing the requests in flight for up to %lld ms (signal again to "
+                     "cancel them)\n",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(drain_limit.count()));
         server.draining_ = true;
         engine.begin_drain();
         drainer = std::thread([&] {
-          // Every request in flight ends (finished, timed out, or cancelled by a second signal), then
-          // the listener stops and listen_after_bind() returns.
-          for (;;) {
+          // The listener is closed once listening has started (a signal during start waits for it).
+          while (!svr.is_running() && !listen_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          if (!listen_done) svr.stop();
+          svr.stop_idle();
+          auto idle = [&] {
             EngineStats st = engine.stats();
-            if (st.queue_depth == 0 && st.running == 0 && server.in_flight_ == 0) break;
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            return st.queue_depth == 0 && st.running == 0 && server.in_flight_ == 0;
+          };
+          const auto until = std::chrono::steady_clock::now() + drain_limit;
+          while (!idle() && !cancel_now && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          if (!idle()) {
+            std::fprintf(stderr, "serve: cancelling the requests still in flight\n");
+            engine.shutdown(true);
+            // The cancelled requests' replies (503, or an error event in a stream) get a moment to go out.
+            const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+            while (server.in_flight_ != 0 && std::chrono::steady_clock::now() < grace)
+              std::this_thread::sleep_for(std::chrono::milliseconds(20));
           }
-          svr.stop();
+          svr.hard_stop();  // what is left (a client still sending or not reading) is closed
         });
       } else {
-        std::fprintf(stderr, "serve: cancelling the requests in flight\n");
-        engine.shutdown(true);
+        cancel_now = true;
       }
     }
   });
@@ -786,6 +832,7 @@ void serve(ServeOptions o) {
       port);
   std::fflush(stderr);
   bool ok = svr.listen_after_bind();
+  listen_done = true;
   engine.shutdown(true);
   exiting = true;
   pthread_kill(watcher.native_handle(), SIGTERM);  // wakes sigwait (the signal is blocked: no handler runs)
@@ -793,7 +840,8 @@ void serve(ServeOptions o) {
   if (drainer.joinable()) drainer.join();
   s.backend->finish();
   if (!ok && signals == 0) fail("the HTTP server stopped unexpectedly");
-  std::fprintf(stderr, "serve: stopped\n");
+  const EngineStats st = engine.stats();
+  std::fprintf(stderr, "serve: stopped (KV blocks used: %lld)\n", static_cast<long long>(st.kv_blocks_used));
 }
 }  // namespace
 

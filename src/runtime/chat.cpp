@@ -1,6 +1,7 @@
 // Chat template rendering with minja (see chat.h). The one translation unit that includes minja.
 #include "runtime/chat.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -9,10 +10,13 @@
 #include <sstream>
 
 #include "support/error.h"
+#include "support/json.h"
 
 namespace mk {
 
 namespace {
+
+constexpr size_t kMaxTemplateErrorBytes = 2000;
 
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -50,12 +54,7 @@ std::string model_chat_template(const ModelFile& model) {
     if (fs::is_regular_file(dir / "chat_template.jinja")) return read_text(dir / "chat_template.jinja");
     const fs::path cfg = dir / "tokenizer_config.json";
     if (fs::is_regular_file(cfg)) {
-      nlohmann::ordered_json j;
-      try {
-        j = nlohmann::ordered_json::parse(read_text(cfg));
-      } catch (const nlohmann::json::exception& e) {
-        fail("{}: invalid JSON: {}", cfg.string(), e.what());
-      }
+      const nlohmann::ordered_json j = read_json_file(cfg.string());  // nesting-limited
       if (j.is_object() && j.contains("chat_template") && !j["chat_template"].is_null())
         return template_from_config(j["chat_template"], cfg.string());
     }
@@ -65,18 +64,48 @@ std::string model_chat_template(const ModelFile& model) {
   fail("{}: {} models carry no chat template; pass one with --chat-template-file", model.path, model.format);
 }
 
-void check_chat_messages(const nlohmann::ordered_json& messages, const std::string& source) {
-  if (!messages.is_array()) fail("{}: messages must be a JSON array of {{\"role\", \"content\"}} objects", source);
-  if (messages.empty()) fail("{}: messages is empty", source);
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const auto& m = messages[i];
-    if (!m.is_object()) fail("{}: message {} is not an object", source, i);
-    if (!m.contains("role") || !m["role"].is_string()) fail("{}: message {} has no string \"role\"", source, i);
-    if (!m.contains("content")) fail("{}: message {} has no \"content\"", source, i);
-    const auto& c = m["content"];
-    if (!c.is_string() && !c.is_null() && !c.is_array())
-      fail("{}: message {}: \"content\" must be a string, null or an array of parts", source, i);
+nlohmann::ordered_json check_chat_messages(const nlohmann::ordered_json& messages, const std::string& source) {
+  const std::string at = source.empty() ? "" : source + ": ";
+  auto bad = [&](const std::string& param, const std::string& why) -> ChatMessageError {
+    return ChatMessageError(param, fmt::format("{}{}: {}", at, param, why));
+  };
+  if (!messages.is_array())
+    throw ChatMessageError("messages", at + "messages must be a JSON array of {\"role\", \"content\"} objects");
+  if (messages.empty()) throw ChatMessageError("messages", at + "messages is empty");
+  nlohmann::ordered_json out = messages;
+  for (size_t i = 0; i < out.size(); ++i) {
+    auto& m = out[i];
+    const std::string path = fmt::format("messages[{}]", i);
+    if (!m.is_object()) throw bad(path, "a message must be an object with \"role\" and \"content\"");
+    if (!m.contains("role") || !m["role"].is_string()) throw bad(path + ".role", "missing, or not a string");
+    const std::string& role = m["role"].get_ref<const std::string&>();
+    if (std::find_if(std::begin(kChatRoles), std::end(kChatRoles), [&](const char* r) { return role == r; }) ==
+        std::end(kChatRoles))
+      throw bad(path + ".role", fmt::format("unknown role {:?} (expected system, developer, user, assistant or tool)",
+                                            clip(role)));
+    if (!m.contains("content")) throw bad(path + ".content", "missing (a string, null or an array of parts)");
+    auto& c = m["content"];
+    if (c.is_array()) {
+      std::string text;
+      for (size_t j = 0; j < c.size(); ++j) {
+        const auto& part = c[j];
+        const std::string part_path = fmt::format("{}.content[{}]", path, j);
+        if (!part.is_object()) throw bad(part_path, "a content part must be an object {\"type\": \"text\", \"text\": ...}");
+        if (!part.contains("type") || !part["type"].is_string()) throw bad(part_path + ".type", "missing, or not a string");
+        const std::string& type = part["type"].get_ref<const std::string&>();
+        if (type != "text")
+          throw bad(part_path + ".type",
+                    fmt::format("content parts of type {:?} are not supported (text only)", clip(type)));
+        if (!part.contains("text") || !part["text"].is_string()) throw bad(part_path + ".text", "missing, or not a string");
+        if (j > 0) text += '\n';
+        text += part["text"].get_ref<const std::string&>();
+      }
+      c = std::move(text);
+    } else if (!c.is_string() && !c.is_null()) {
+      throw bad(path + ".content", "must be a string, null or an array of parts");
+    }
   }
+  return out;
 }
 
 std::string render_chat_template(const std::string& source, const nlohmann::ordered_json& messages,
@@ -105,7 +134,11 @@ std::string render_chat_template(const std::string& source, const nlohmann::orde
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    fail("chat template: {}", e.what());
+    // The location minja adds quotes the source line, which may be long: the message is bounded.
+    std::string what = e.what();
+    if (what.size() > kMaxTemplateErrorBytes)
+      what = what.substr(0, kMaxTemplateErrorBytes) + fmt::format("... ({} bytes)", what.size());
+    fail("chat template: {}", what);
   }
 }
 
@@ -165,14 +198,7 @@ GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOpt
 }
 
 nlohmann::ordered_json read_chat_messages(const std::string& path) {
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(read_text(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON: {}", path, e.what());
-  }
-  check_chat_messages(j, path);
-  return j;
+  return check_chat_messages(read_json_file(path), path);
 }
 
 }  // namespace mk

@@ -14,6 +14,7 @@
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 #include "runtime/session.h"
+#include "support/error.h"
 
 namespace mk {
 
@@ -27,10 +28,25 @@ struct ChatRenderOptions {
 // --chat-template-file) or the entry is malformed.
 std::string model_chat_template(const ModelFile& model);
 
-// Checks `messages`: a JSON array of objects, each with a string "role" and a "content" that is a
-// string, null, or an array of parts. Throws mk::Error naming the first bad message; `source`
-// names the input (a file) in the message.
-void check_chat_messages(const nlohmann::ordered_json& messages, const std::string& source);
+// A message that is not of the accepted shape: `param` names the field, e.g. "messages[2].role"
+// (for the server's error object); what() starts with the source (when given) and the same path.
+class ChatMessageError : public Error {
+ public:
+  ChatMessageError(std::string param, const std::string& message) : Error(message), param(std::move(param)) {}
+  std::string param;
+};
+
+// The roles a message may have (OpenAI's chat roles; the template decides what it does with each).
+inline constexpr const char* kChatRoles[] = {"system", "developer", "user", "assistant", "tool"};
+
+// Checks `messages` and returns them as templates expect them: a JSON array of objects, each with
+// a "role" from kChatRoles and a "content" that is a string, null, or an array of parts. Parts are
+// OpenAI's {"type": "text", "text": ...}; their texts are joined with "\n" into one string (as
+// llama.cpp and vLLM do for templates that take a string). Any other part type (image_url,
+// input_audio, file, ...) is refused: this runtime reads text only. Throws ChatMessageError naming
+// the first bad field (messages[i].role, messages[i].content[j].type, ...); `source` (a file name,
+// or "" for none) starts the message.
+nlohmann::ordered_json check_chat_messages(const nlohmann::ordered_json& messages, const std::string& source);
 
 // Renders the template. Template syntax errors and raise_exception() calls throw mk::Error
 // ("chat template: ...").
@@ -67,7 +83,9 @@ class ChatConversation {
   std::vector<int32_t> cached_;  // the tokens in the KV cache, in order (size == session_.n_past)
 };
 
-// Reads an OpenAI-style messages file ([{"role": .., "content": ..}, ...]) and checks it.
+// Reads an OpenAI-style messages file ([{"role": .., "content": ..}, ...]): parsed with
+// parse_json (nesting deeper than kMaxJsonDepth refused), checked and normalized by
+// check_chat_messages. Throws mk::Error naming the file.
 nlohmann::ordered_json read_chat_messages(const std::string& path);
 
 }  // namespace mk

@@ -5,7 +5,11 @@ them by PID. Checks completions and chat completions (streaming and not), usage,
 seeds, malformed and hostile requests, the API key, the bounded queue (429 + Retry-After), clients
 that disconnect mid-stream and before a non-streaming reply, a damaged tokenizer named in errors, a
 client that half-closes (no reply: a known gap), a load test whose greedy outputs equal `megakernel run --temp 0`, KV
-blocks all free in /metrics after every part, and SIGTERM (in-flight request finishes, exit 0).
+blocks all free in /metrics after every part, and SIGTERM (in-flight request finishes, exit 0). Issue 11
+(robustness): JSON nested 100000 deep, message shapes, seed -1, response_format/tool_choice, replies
+always valid UTF-8 JSON, hostile chat templates (400 naming the limit, or refused at start), `run
+--messages` errors, slow clients (more than the kept threads; tricklers get 408), SIGTERM past the
+drain limit (listener closed at once, stream cancelled, exit 0, KV blocks free).
 Env: MK_BIN (the binary), MK_SHARED_DIR.
 """
 import concurrent.futures as cf
@@ -169,7 +173,42 @@ def stories_checks():
     expect_error(srv, {"prompt": [1, 2, 100000]}, 400, "prompt", what="token id outside the vocabulary")
     expect_error(srv, {"prompt": "word " * 2000}, 400, "prompt", what="prompt longer than the context")
     expect_error(srv, {"prompt": prompt}, 400, "messages", path="/v1/chat/completions", what="chat without messages")
-    expect_error(srv, {"messages": [{"role": 3}]}, 400, "messages", path="/v1/chat/completions", what="chat with a bad message")
+    expect_error(srv, {"messages": [{"role": 3}]}, 400, "messages[0].role", path="/v1/chat/completions",
+                 what="chat with a bad message")
+    # Nesting deeper than 64 is refused while parsing (deeper bodies overflowed the stack when copied
+    # or dumped), naming the top-level field it is in.
+    deep = b"[" * 100000 + b"]" * 100000
+    for path, body, param in [("/v1/completions", b'{"prompt": ' + deep + b'}', "prompt"),
+                              ("/v1/completions", deep, None),
+                              ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": ' + deep + b'}]}', "messages"),
+                              ("/v1/completions", b'{"prompt": "x", "stop": ' + b'{"a": ' * 65 + b'1' + b'}' * 65 + b'}', "stop")]:
+        st, _, text = srv.raw("POST", path, body)
+        err = json.loads(text).get("error", {}) if st == 400 else {}
+        check(st == 400 and "deeper than 64 levels" in err.get("message", "") and err.get("param") == param,
+              f"JSON nested past 64 levels to {path}: 400 naming {param}, got {st}: {text[:160]}")
+    st, _, _ = srv.raw("POST", "/v1/completions", {"prompt": [1, 2], "max_tokens": 2, "stop": [], "x": [[[[[[[[1]]]]]]]]})
+    check(st == 200, f"a body nested 9 deep is served ({st})")
+    # OpenAI message shapes refused with the field named; fields holding "do what you do anyway" values.
+    for msgs, param in [([{"role": "user", "content": "x"}, {"role": "wizard", "content": "x"}], "messages[1].role"),
+                        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+                         "messages[0].content[0].type"),
+                        ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text")]:
+        st, _, text = srv.raw("POST", "/v1/chat/completions", {"messages": msgs})
+        err = json.loads(text).get("error", {}) if st == 400 else {}
+        check(st == 400 and err.get("param") == param and param in err.get("message", ""),
+              f"chat message shape: 400 naming {param}, got {st}: {text[:160]}")
+    for extra, param in [({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"response_format": "text"}, "response_format"),
+                         ({"tool_choice": "auto"}, "tool_choice"),
+                         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice")]:
+        expect_error(srv, {"prompt": prompt, "max_tokens": 2, **extra}, 400, param, what=f"{extra}")
+    for extra in [{"response_format": {"type": "text"}}, {"tool_choice": "none"}, {"response_format": {}}, {"seed": -1}]:
+        st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2, **extra})
+        check(st == 200, f"{extra} accepted ({st}: {text[:120]})")
+    # seed -1 is a random seed (as llama.cpp), not the seed 2^64 - 1.
+    r1, r2 = [c.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=1.5, seed=-1).choices[0].text
+              for _ in range(2)]
+    check(r1 != r2, "seed -1 twice: different texts (a random seed each time)")
     # Bodies that are not UTF-8: 400 naming the field and the problem (was a 500: the parse error
     # echoed the bytes, and dumping that message threw).
     for path, body, param in [
@@ -444,6 +483,193 @@ def damaged_tokenizer_checks():
     os.unlink(path)
 
 
+def utf8_checks():
+    """Every reply, streamed or not, is strictly valid UTF-8 JSON (U+FFFD for a cut or invalid
+    character). stories260K rarely samples its byte tokens even at temperature 2, so cut characters
+    themselves are exercised by mk_tests Engine.PublishedPiecesAreValidUtf8 (fake logits)."""
+    srv = Server(STORIES, "--parallel", "4")
+    bad = []
+    replacement = 0
+    for seed in range(12):
+        body = {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 2.0, "seed": seed, "ignore_eos": True}
+        for stream in (False, True):
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+            c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": stream}),
+                      headers={"Content-Type": "application/json"})
+            raw = c.getresponse().read()
+            c.close()
+            try:
+                text = raw.decode("utf-8")  # strict: invalid UTF-8 raises
+                parts = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")] if stream \
+                    else [json.loads(text)]
+                replacement += sum(p["choices"][0]["text"].count("\ufffd") for p in parts if p.get("choices"))
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError) as e:
+                bad.append((seed, stream, repr(e)[:80]))
+    check(not bad, f"24 replies at temperature 2 are valid UTF-8 JSON ({bad[:2]}; {replacement} U+FFFD seen)")
+    srv.blocks_free_at_end("after the UTF-8 replies")
+    check(srv.stop() == 0, "UTF-8 server: exit code 0")
+
+
+def template_checks():
+    """Chat through --chat-template-file: content parts joined; a template that recurses or loops
+    for ever on some input gets a 400 naming the limit, and the server goes on; one that fails on
+    every input stops the server at start."""
+    tpl = tempfile.NamedTemporaryFile("w", prefix="mk_tpl_", suffix=".jinja", delete=False)
+    tpl.write("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+              "{% if messages[-1].content == 'recurse' %}{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}{% endif %}"
+              "{% if messages[-1].content == 'loop' %}{% for i in range(100000) %}{% for j in range(100000) %}"
+              "{% endfor %}{% endfor %}{% endif %}"
+              "{% if messages[-1].content == 'huge' %}{{ 'x' * 100000000000 }}{% endif %}"
+              "{% if messages[-1].content == 'range' %}{{ range(10000000000) | length }}{% endif %}"
+              "assistant:")
+    tpl.close()
+    srv = Server(STORIES, "--parallel", "2", "--chat-template-file", tpl.name)
+
+    def chat(content, **extra):
+        return srv.raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": content}],
+                                                         "max_tokens": 6, "temperature": 0, **extra})
+    st1, _, t1 = chat([{"type": "text", "text": "Once upon"}, {"type": "text", "text": "a time"}])
+    st2, _, t2 = chat("Once upon\na time")
+    ok = st1 == 200 and st2 == 200
+    check(ok and json.loads(t1)["choices"][0]["message"] == json.loads(t2)["choices"][0]["message"]
+          and json.loads(t1)["usage"] == json.loads(t2)["usage"],
+          f"content parts joined with a newline: the reply of the joined string ({st1} {st2})")
+    for content, want in [("recurse", "nested more than 256 calls deep"), ("loop", "evaluation steps"),
+                          ("huge", "template limit: a string of"), ("range", "range() of more than 100000")]:
+        t0 = time.time()
+        st, _, text = chat(content)
+        err = json.loads(text).get("error", {}) if st == 400 else {}
+        check(st == 400 and err.get("param") == "messages" and want in err.get("message", "") and time.time() - t0 < 30,
+              f"hostile template on {content!r}: 400 naming the limit in {time.time() - t0:.1f} s ({st}: {text[:160]})")
+    st, _, _ = chat("Once upon a time")
+    check(st == 200, f"the server goes on after the hostile renders ({st})")
+    srv.blocks_free_at_end("after the hostile templates")
+    check(srv.stop() == 0, "template server: exit code 0")
+    with open(tpl.name, "w") as f:
+        f.write("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
+    out = subprocess.run([BIN, "serve", "-m", *STORIES, "--port", "0", "--chat-template-file", tpl.name],
+                         capture_output=True, text=True, timeout=120)
+    check(out.returncode == 1 and "template limit: macro f nested more than 256" in out.stderr,
+          f"a template that always recurses stops the server at start (rc {out.returncode}: {out.stderr.strip()[-160:]})")
+    # run --messages: the same checks, exit 1 with the problem named.
+    msgs = tempfile.NamedTemporaryFile("w", prefix="mk_msgs_", suffix=".json", delete=False)
+    msgs.write("[" * 100000 + "]" * 100000)
+    msgs.close()
+    for text, want in [("[" * 100000 + "]" * 100000, "JSON nested deeper than 64 levels"),
+                       ('[{"role": "wizard", "content": "x"}]', "messages[0].role: unknown role"),
+                       ('[{"role": "user", "content": [{"type": "input_audio"}]}]', "messages[0].content[0].type")]:
+        with open(msgs.name, "w") as f:
+            f.write(text)
+        out = subprocess.run([BIN, "run", "-m", *STORIES, "--chat-template-file", tpl.name, "--messages", msgs.name, "-n", "2"],
+                             capture_output=True, text=True, timeout=120)
+        check(out.returncode == 1 and want in out.stderr, f"run --messages {text[:30]!r}: exit 1 naming it ({out.stderr.strip()[:160]})")
+    os.unlink(msgs.name)
+    os.unlink(tpl.name)
+
+
+def slow_client_checks():
+    """More slow clients than the server keeps threads for (--parallel 1 --max-queue 0: 5): clients
+    that send half a request and go silent, and clients that trickle a byte every 0.3 s (the per-read
+    timeout never fires). Others are served meanwhile; a trickler gets 408 once its request has taken
+    MK_SERVE_REQUEST_READ_MS (3 s here) and is closed."""
+    srv = Server(STORIES, "--parallel", "1", "--max-queue", "0", env={"MK_SERVE_REQUEST_READ_MS": "3000"})
+    silent = []
+    for _ in range(12):
+        sock = socket.create_connection(("127.0.0.1", srv.port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        silent.append(sock)
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4}).encode()
+    tricklers = []  # [socket, bytes still to send, reply]
+    for i in range(8):
+        sock = socket.create_connection(("127.0.0.1", srv.port))
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        if i % 2:  # the headers at once, the body a byte at a time
+            sock.sendall(head + f"Content-Length: {len(body)}\r\n\r\n".encode())
+            tricklers.append([sock, body, b""])
+        else:  # a header a byte at a time
+            tricklers.append([sock, head + b"X-Slow: " + b"a" * 200, b""])
+    t0 = time.time()
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})
+    served = time.time() - t0
+    check(st == 200 and served < 2.0, f"20 slow clients open: another client is served at once ({st} in {served:.2f} s)")
+    while time.time() - t0 < 6 and any(t[1] and not t[2] for t in tricklers):
+        for t in tricklers:
+            if t[2] or not t[1]:
+                continue
+            try:
+                t[2] = t[0].recv(4096, socket.MSG_DONTWAIT) or b"(closed)"
+                continue
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                t[2] = f"({e})".encode()
+                continue
+            try:
+                t[0].sendall(t[1][:1])
+                t[1] = t[1][1:]
+            except OSError:
+                t[1] = b""
+        time.sleep(0.3)
+    for t in tricklers:
+        t[0].settimeout(5)
+        try:
+            while True:
+                piece = t[0].recv(4096)
+                if not piece:
+                    break
+                t[2] += piece
+        except OSError:
+            pass
+        t[0].close()
+    replies = [t[2] for t in tricklers]
+    ok = all(r.startswith(b"HTTP/1.1 408") and b'"code": "request_timeout"' in r for r in replies)
+    check(ok, f"tricklers: 408 request_timeout once 3 s have passed, then closed ({[r[:40] for r in replies][:4]})")
+    elapsed = time.time() - t0
+    check(elapsed < 9, f"tricklers ended by the whole-request limit, not the 10 s read timeout ({elapsed:.1f} s)")
+    st, _, _ = srv.raw("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2})
+    check(st == 200, "served after the tricklers")
+    for sock in silent:
+        sock.close()
+    srv.blocks_free_at_end("after the slow clients")
+    t0 = time.time()
+    check(srv.stop() == 0 and time.time() - t0 < 5, f"slow-client server: exit 0 promptly after SIGTERM ({time.time() - t0:.1f} s)")
+
+
+def drain_checks():
+    """SIGTERM with a long stream in flight and MK_SERVE_DRAIN_MS=300: the listener is closed at once
+    (connections refused), the stream is cancelled at the drain limit (an error event), the process
+    exits 0 with every KV block free."""
+    if not os.path.exists(SMOLLM2):
+        print(f"SKIPPED: drain checks: {SMOLLM2} not found (scripts/get-model.sh smollm2)")
+        return
+    srv = Server([SMOLLM2, "-c", "512"], "--parallel", "2", env={"MK_SERVE_DRAIN_MS": "300"})
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once upon a time", "max_tokens": 400,
+                                                             "ignore_eos": True, "temperature": 0, "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    first = resp.readline()
+    t0 = time.time()
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    try:
+        socket.create_connection(("127.0.0.1", srv.port), timeout=2).close()
+        refused = False
+    except OSError:
+        refused = True
+    check(refused, "SIGTERM: the listener is closed at once (a new connection is refused)")
+    events = [json.loads(line[6:]) for line in resp if line.startswith(b"data: {")]
+    conn.close()
+    cancelled = events and "error" in events[-1] and events[-1]["error"].get("code") == "cancelled"
+    check(first.startswith(b"data: ") and cancelled, f"the stream past the drain limit ends with a cancelled error "
+          f"event ({events[-1] if events else None})")
+    rc = srv.proc.wait(timeout=60)
+    log = open(srv.log.name).read()
+    check(rc == 0 and time.time() - t0 < 5 and "KV blocks used: 0" in log,
+          f"SIGTERM past the drain limit: exit 0 within 5 s, KV blocks all free (rc {rc}, {time.time() - t0:.1f} s, "
+          f"{log.strip().splitlines()[-1]!r})")
+
+
 def half_close_checks():
     """A client that half-closes (shutdown(SHUT_WR)) after a complete request gets no reply: cpp-httplib
     0.11 checks each write with a peek that reads the FIN as a closed connection (docs/serve.md "Known
@@ -477,6 +703,10 @@ if __name__ == "__main__":
     nonstream_disconnect_checks()
     damaged_tokenizer_checks()
     half_close_checks()
+    utf8_checks()
+    template_checks()
+    slow_client_checks()
+    drain_checks()
     chat_checks()
     lifecycle_checks()
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")

@@ -10,6 +10,9 @@
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "model/utf8.h"
 #include "runtime/engine.h"
 #include "runtime/kv_blocks.h"
 #include "runtime/session.h"
@@ -386,6 +389,52 @@ TEST(Engine, StopStringsEndTheTextAndAreNeverStreamed) {
   EXPECT_EQ(cut.finish, FinishReason::stop);
   EXPECT_EQ(cut.text, full.text.substr(0, at));
   for (const auto& piece : pieces) EXPECT_EQ(piece.find(stop), std::string::npos) << piece;
+}
+
+// A token piece may be one byte of a UTF-8 character (byte-fallback tokens): the pieces a request
+// publishes are always whole, valid UTF-8 (what the server writes as JSON), an invalid sequence
+// becomes U+FFFD, and a request ending inside a character ends with U+FFFD. The fake backend's
+// flat logits at temperature 1 sample stories260K's 256 byte tokens often.
+TEST(Engine, PublishedPiecesAreValidUtf8) {
+  auto tok = stories_tokenizer();
+  if (!tok) GTEST_SKIP() << "../shared/models/stories260K/tok512.bin not found";
+  auto valid = [](const std::string& s) {
+    for (size_t i = 0; i < s.size();) {
+      const utf8::SequenceScan scan = utf8::scan_sequence(s, i);
+      if (!scan.complete) return false;
+      i += scan.length;
+    }
+    return true;
+  };
+  int replacements = 0, pieces = 0;
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    FakeBackend b(512, 4, 64, 16);
+    Engine e(b, tok.get(), engine_options(2, 128, 512));
+    RequestParams p;
+    p.prompt_ids = tok->encode("Once upon a time", true);
+    p.max_tokens = 60;
+    p.ignore_eos = true;
+    p.sampler.temperature = 1.0f;
+    p.sampler.seed = seed;
+    auto r = e.submit(p);
+    std::string all;
+    while (e.step()) {
+      RequestOutput part;
+      if (r->wait(part, std::chrono::milliseconds(0))) {
+        EXPECT_TRUE(valid(part.text)) << "seed " << seed << ": " << nlohmann::json(part.text).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+        pieces += !part.text.empty();
+        all += part.text;
+      }
+    }
+    RequestOutput rest = collect(*r);
+    EXPECT_TRUE(valid(rest.text));
+    all += rest.text;
+    EXPECT_NO_THROW((void)nlohmann::json(all).dump()) << "seed " << seed;  // strict dump: throws on invalid UTF-8
+    for (size_t at = all.find("\xEF\xBF\xBD"); at != std::string::npos; at = all.find("\xEF\xBF\xBD", at + 1)) ++replacements;
+    EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  }
+  EXPECT_GT(replacements, 0) << "no invalid or cut sequence was sampled: the test did not exercise the case";
+  EXPECT_GT(pieces, 8 * 10);
 }
 
 // stories260K on the cpu backend, 2 threads, a context of 128.

@@ -45,6 +45,135 @@ struct Options {
 
 struct ArgumentsValue;
 
+// megakernel: resource limits for untrusted templates (a GGUF's chat template, --chat-template-file)
+// and untrusted inputs (a client's messages). Each limit ends the render with a LimitError naming
+// it; see third_party/minja/README.md.
+namespace limits {
+constexpr size_t kMaxCallDepth = 256;               // macro calls and recursive loop() calls nested
+constexpr size_t kMaxFrames = 2048;                 // evaluate/render calls nested (the C++ stack)
+constexpr size_t kMaxParseNesting = 256;            // nested expressions, `not`s, blocks in the source
+constexpr size_t kMaxExpressionNodes = 4096;        // nodes of one tag's expression (bounds its depth)
+constexpr int64_t kMaxRangeLength = 100000;         // items range() may produce
+constexpr size_t kMaxItems = 1000000;               // items of a list made by `+`
+constexpr size_t kMaxStringLength = size_t{16} << 20;  // bytes of any string result and of the output
+constexpr uint64_t kMaxSteps = 1000000;             // expression evaluations + node renders per render
+constexpr size_t kMaxValueNesting = 512;            // lists/dicts nested, for dump, == and get<json>
+}  // namespace limits
+
+class LimitError : public std::runtime_error {
+ public:
+  LimitError(const std::string & what, bool located = false) : std::runtime_error(what), located(located) {}
+  bool located;  // the template location was added (only the innermost one is)
+};
+
+// megakernel: an error that carries its template location. Only the innermost frame adds one: a
+// location per nested frame made messages (and the time to build them) grow with the depth times
+// the source line, megabytes for a recursion on a long line.
+class LocatedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The budget of the render running on this thread (null outside a render); set by RenderScope.
+struct RenderBudget {
+  uint64_t steps = 0;
+  size_t frames = 0;
+  size_t call_depth = 0;
+};
+inline thread_local RenderBudget * render_budget = nullptr;
+
+// Counts one evaluation or render step and one nested frame for its lifetime.
+class FrameGuard {
+  RenderBudget * b_;
+ public:
+  FrameGuard() : b_(render_budget) {
+    if (!b_) return;
+    if (++b_->steps > limits::kMaxSteps)
+      throw LimitError("template limit: more than " + std::to_string(limits::kMaxSteps) + " evaluation steps (an endless or huge loop?)");
+    if (++b_->frames > limits::kMaxFrames) {
+      --b_->frames;
+      throw LimitError("template limit: evaluation nested more than " + std::to_string(limits::kMaxFrames) + " deep");
+    }
+  }
+  ~FrameGuard() { if (b_) --b_->frames; }
+  FrameGuard(const FrameGuard &) = delete;
+  FrameGuard & operator=(const FrameGuard &) = delete;
+};
+
+// One nested macro call or recursive loop() call.
+class CallGuard {
+  RenderBudget * b_;
+ public:
+  explicit CallGuard(const std::string & what) : b_(render_budget) {
+    if (!b_) return;
+    if (++b_->call_depth > limits::kMaxCallDepth) {
+      --b_->call_depth;
+      throw LimitError("template limit: " + what + " nested more than " + std::to_string(limits::kMaxCallDepth) + " calls deep (endless recursion?)");
+    }
+  }
+  ~CallGuard() { if (b_) --b_->call_depth; }
+  CallGuard(const CallGuard &) = delete;
+  CallGuard & operator=(const CallGuard &) = delete;
+};
+
+// Installs a budget for the outermost render on this thread (a macro's body rendered inside keeps it).
+class RenderScope {
+  RenderBudget budget_;
+  bool outer_;
+ public:
+  RenderScope() : outer_(render_budget == nullptr) { if (outer_) render_budget = &budget_; }
+  ~RenderScope() { if (outer_) render_budget = nullptr; }
+  RenderScope(const RenderScope &) = delete;
+  RenderScope & operator=(const RenderScope &) = delete;
+};
+
+inline void check_string_length(size_t n) {
+  if (n > limits::kMaxStringLength)
+    throw LimitError("template limit: a string of " + std::to_string(n) + " bytes (at most " + std::to_string(limits::kMaxStringLength) + ")");
+}
+
+// Parser nesting and node counts of the parse running on this thread.
+struct ParseBudget {
+  size_t nesting = 0;
+  size_t block_nesting = 0;
+  size_t nodes = 0;
+};
+inline thread_local ParseBudget * parse_budget = nullptr;
+
+class ParseNestingGuard {
+  size_t * n_;
+ public:
+  explicit ParseNestingGuard(bool blocks) : n_(nullptr) {
+    if (!parse_budget) return;
+    n_ = blocks ? &parse_budget->block_nesting : &parse_budget->nesting;
+    if (!blocks && *n_ == 0) parse_budget->nodes = 0;  // a new top-level expression
+    if (++*n_ > limits::kMaxParseNesting) {
+      --*n_;
+      throw LimitError(std::string("template limit: ") + (blocks ? "blocks" : "expressions") + " nested more than " +
+                       std::to_string(limits::kMaxParseNesting) + " deep");
+    }
+  }
+  ~ParseNestingGuard() { if (n_) --*n_; }
+  ParseNestingGuard(const ParseNestingGuard &) = delete;
+  ParseNestingGuard & operator=(const ParseNestingGuard &) = delete;
+};
+
+// Bounds the recursion of dump, == and get<json> over nested values (and ends it on a list that
+// holds itself).
+class ValueNestingGuard {
+  static size_t & depth() { static thread_local size_t d = 0; return d; }
+ public:
+  ValueNestingGuard() {
+    if (++depth() > limits::kMaxValueNesting) {
+      --depth();
+      throw LimitError("template limit: a value nested more than " + std::to_string(limits::kMaxValueNesting) + " deep (a list or dict holding itself?)");
+    }
+  }
+  ~ValueNestingGuard() { --depth(); }
+  ValueNestingGuard(const ValueNestingGuard &) = delete;
+  ValueNestingGuard & operator=(const ValueNestingGuard &) = delete;
+};
+
 inline std::string normalize_newlines(const std::string & s) {
 #ifdef _WIN32
   static const std::regex nl_regex("\r\n");
@@ -96,6 +225,7 @@ private:
     out << string_quote;
   }
   void dump(std::ostringstream & out, int indent = -1, int level = 0, bool to_json = false) const {
+    ValueNestingGuard nesting;  // megakernel
     auto print_indent = [&](int level) {
       if (indent > 0) {
           out << "\n";
@@ -148,6 +278,34 @@ private:
 
 public:
   Value() {}
+  // megakernel: a value nested 100000 deep (a template can build one in a loop) was destroyed by
+  // recursion and overflowed the stack: the containers this value alone owns are taken apart
+  // iteratively (each child then holds no container when it is destroyed).
+  Value(const Value &) = default;
+  Value(Value &&) = default;
+  Value & operator=(const Value &) = default;
+  Value & operator=(Value &&) = default;
+  ~Value() {
+    if (!(array_ && array_.use_count() == 1) && !(object_ && object_.use_count() == 1)) return;
+    std::vector<std::shared_ptr<ArrayType>> arrays;
+    std::vector<std::shared_ptr<ObjectType>> objects;
+    auto detach = [&](Value & v) {
+      if (v.array_ && v.array_.use_count() == 1) arrays.push_back(std::move(v.array_));
+      if (v.object_ && v.object_.use_count() == 1) objects.push_back(std::move(v.object_));
+    };
+    detach(*this);
+    while (!arrays.empty() || !objects.empty()) {
+      if (!arrays.empty()) {
+        auto a = std::move(arrays.back());
+        arrays.pop_back();
+        for (auto & v : *a) detach(v);
+      } else {
+        auto o = std::move(objects.back());
+        objects.pop_back();
+        for (auto & kv : *o) detach(kv.second);
+      }
+    }
+  }
   Value(const bool& v) : primitive_(v) {}
   Value(const int64_t & v) : primitive_(v) {}
   Value(const double& v) : primitive_(v) {}
@@ -357,6 +515,7 @@ public:
   bool operator<=(const Value & other) const { return !(*this > other); }
 
   bool operator==(const Value & other) const {
+    ValueNestingGuard nesting;  // megakernel
     if (callable_ || other.callable_) {
       if (callable_.get() != other.callable_.get()) return false;
     }
@@ -471,6 +630,9 @@ public:
       } else if (is_number_integer() && rhs.is_number_integer()) {
         return get<int64_t>() + rhs.get<int64_t>();
       } else if (is_array() && rhs.is_array()) {
+        // megakernel: bounded (a list doubled in a loop grows exponentially)
+        if (array_->size() + rhs.array_->size() > limits::kMaxItems)
+          throw LimitError("template limit: a list of more than " + std::to_string(limits::kMaxItems) + " items");
         auto res = Value::array();
         for (const auto& item : *array_) res.push_back(item);
         for (const auto& item : *rhs.array_) res.push_back(item);
@@ -487,11 +649,16 @@ public:
   }
   Value operator*(const Value& rhs) const {
       if (is_string() && rhs.is_number_integer()) {
-        std::ostringstream out;
-        for (int64_t i = 0, n = rhs.get<int64_t>(); i < n; ++i) {
-          out << to_str();
-        }
-        return out.str();
+        // megakernel: the size is checked before building it (and "" * 10**18 must not loop)
+        const auto n = rhs.get<int64_t>();
+        const auto piece = to_str();
+        if (n <= 0 || piece.empty()) return std::string();
+        if (static_cast<uint64_t>(n) > limits::kMaxStringLength / piece.size())
+          throw LimitError("template limit: a string of " + std::to_string(piece.size()) + " bytes repeated " + std::to_string(n) + " times (at most " + std::to_string(limits::kMaxStringLength) + " bytes)");
+        std::string out;
+        out.reserve(piece.size() * static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) out += piece;
+        return out;
       }
       else if (is_number_integer() && rhs.is_number_integer())
         return get<int64_t>() * rhs.get<int64_t>();
@@ -500,12 +667,22 @@ public:
   }
   Value operator/(const Value& rhs) const {
       if (is_number_integer() && rhs.is_number_integer())
-        return get<int64_t>() / rhs.get<int64_t>();
+        return int_divide(get<int64_t>(), rhs.get<int64_t>());
       else
         return get<double>() / rhs.get<double>();
   }
   Value operator%(const Value& rhs) const {
-    return get<int64_t>() % rhs.get<int64_t>();
+    // megakernel: x % 0 and INT64_MIN % -1 are undefined in C++ (SIGFPE): an error instead
+    const auto a = get<int64_t>(), b = rhs.get<int64_t>();
+    if (b == 0) throw std::runtime_error("integer modulo by zero");
+    if (b == -1) return int64_t{0};
+    return a % b;
+  }
+  // megakernel: x / 0 and INT64_MIN / -1 are undefined in C++ (SIGFPE): an error instead
+  static int64_t int_divide(int64_t a, int64_t b) {
+    if (b == 0) throw std::runtime_error("integer division by zero");
+    if (b == -1 && a == std::numeric_limits<int64_t>::min()) throw std::runtime_error("integer division overflows");
+    return a / b;
   }
 };
 
@@ -543,6 +720,7 @@ struct ArgumentsValue {
 template <>
 inline json Value::get<json>() const {
   if (is_primitive()) return primitive_;
+  ValueNestingGuard nesting;  // megakernel
   if (is_null()) return json();
   if (array_) {
     std::vector<json> res;
@@ -659,17 +837,28 @@ public:
 
     Location location;
 
-    Expression(const Location & location) : location(location) {}
+    Expression(const Location & location) : location(location) {
+        // megakernel: one tag's expression tree is bounded (its depth, hence the recursion of
+        // evaluating and destroying it, with it)
+        if (parse_budget && ++parse_budget->nodes > limits::kMaxExpressionNodes)
+            throw LimitError("template limit: an expression of more than " + std::to_string(limits::kMaxExpressionNodes) + " parts");
+    }
     virtual ~Expression() = default;
 
     Value evaluate(const std::shared_ptr<Context> & context) const {
         try {
-            return do_evaluate(context);
+            FrameGuard frame;  // megakernel: steps and nesting bounded
+            Value result = do_evaluate(context);
+            if (result.is_string()) check_string_length(result.get<std::string>().size());
+            return result;
+        } catch (const LimitError & e) {
+            if (e.located || !location.source) throw;
+            throw LimitError(e.what() + error_location_suffix(*location.source, location.pos), true);
+        } catch (const LocatedError &) {
+            throw;
         } catch (const std::exception & e) {
-            std::ostringstream out;
-            out << e.what();
-            if (location.source) out << error_location_suffix(*location.source, location.pos);
-            throw std::runtime_error(out.str());
+            if (!location.source) throw;
+            throw LocatedError(e.what() + error_location_suffix(*location.source, location.pos));
         }
     }
 };
@@ -855,23 +1044,30 @@ public:
     TemplateNode(const Location & location) : location_(location) {}
     void render(std::ostringstream & out, const std::shared_ptr<Context> & context) const {
         try {
+            FrameGuard frame;  // megakernel: steps and nesting bounded, the output too
             do_render(out, context);
+            const auto pos = out.tellp();
+            if (pos > 0) check_string_length(static_cast<size_t>(pos));
+        } catch (const LimitError & e) {
+            if (e.located || !location_.source) throw;
+            throw LimitError(e.what() + error_location_suffix(*location_.source, location_.pos), true);
         } catch (const LoopControlException & e) {
             // TODO: make stack creation lazy. Only needed if it was thrown outside of a loop.
             std::ostringstream err;
             err << e.what();
             if (location_.source) err << error_location_suffix(*location_.source, location_.pos);
             throw LoopControlException(err.str(), e.control_type);
+        } catch (const LocatedError &) {
+            throw;
         } catch (const std::exception & e) {
-            std::ostringstream err;
-            err << e.what();
-            if (location_.source) err << error_location_suffix(*location_.source, location_.pos);
-            throw std::runtime_error(err.str());
+            if (!location_.source) throw;
+            throw LocatedError(e.what() + error_location_suffix(*location_.source, location_.pos));
         }
     }
     const Location & location() const { return location_; }
     virtual ~TemplateNode() = default;
     std::string render(const std::shared_ptr<Context> & context) const {
+        RenderScope scope;  // megakernel: the outermost render owns the budget
         std::ostringstream out;
         render(out, context);
         return out.str();
@@ -1019,6 +1215,7 @@ public:
 
       if (recursive) {
         loop_function = [&](const std::shared_ptr<Context> &, ArgumentsValue & args) {
+            CallGuard call("recursive loop()");  // megakernel: recursion bounded
             if (args.args.size() != 1 || !args.kwargs.empty() || !args.args[0].is_array()) {
                 throw std::runtime_error("loop() expects exactly 1 positional iterable argument");
             }
@@ -1051,6 +1248,7 @@ public:
         if (!name) throw std::runtime_error("MacroNode.name is null");
         if (!body) throw std::runtime_error("MacroNode.body is null");
         auto callable = Value::callable([&](const std::shared_ptr<Context> & context, ArgumentsValue & args) {
+            CallGuard call("macro " + name->get_name());  // megakernel: recursion bounded
             auto call_context = macro_context;
             std::vector<bool> param_set(params.size(), false);
             for (size_t i = 0, n = args.args.size(); i < n; i++) {
@@ -1347,14 +1545,19 @@ public:
 
           auto r = right->evaluate(context);
           switch (op) {
-              case Op::StrConcat: return l.to_str() + r.to_str();
+              case Op::StrConcat: {
+                // megakernel: bounded before concatenating
+                auto ls = l.to_str(), rs = r.to_str();
+                check_string_length(ls.size() + rs.size());
+                return ls + rs;
+              }
               case Op::Add:       return l + r;
               case Op::Sub:       return l - r;
               case Op::Mul:       return l * r;
               case Op::Div:       return l / r;
               case Op::MulMul:    return std::pow(l.get<double>(), r.get<double>());
-              case Op::DivDiv:    return l.get<int64_t>() / r.get<int64_t>();
-              case Op::Mod:       return l.get<int64_t>() % r.get<int64_t>();
+              case Op::DivDiv:    return Value::int_divide(l.get<int64_t>(), r.get<int64_t>());
+              case Op::Mod:       return l % r;  // megakernel: Value's %, which refuses % 0
               case Op::Eq:        return l == r;
               case Op::Ne:        return l != r;
               case Op::Lt:        return l < r;
@@ -1581,13 +1784,18 @@ public:
             auto after = vargs.args[1].get<std::string>();
             auto count = vargs.args.size() == 3 ? vargs.args[2].get<int64_t>()
                                                 : str.length();
-            size_t start_pos = 0;
-            while ((start_pos = str.find(before, start_pos)) != std::string::npos &&
-                  count-- > 0) {
-              str.replace(start_pos, before.length(), after);
-              start_pos += after.length();
+            // megakernel: built in one pass (in-place replacing was quadratic) and bounded
+            if (before.empty()) throw std::runtime_error("replace(): the string to replace must not be empty");
+            std::string res;
+            size_t pos = 0, found;
+            while (count-- > 0 && (found = str.find(before, pos)) != std::string::npos) {
+              res.append(str, pos, found - pos);
+              res += after;
+              check_string_length(res.size());
+              pos = found + before.length();
             }
-            return str;
+            res.append(str, pos, std::string::npos);
+            return res;
           }
         }
         throw std::runtime_error("Unknown method: " + method->get_name());
@@ -1795,7 +2003,9 @@ private:
         auto start = it;
         consumeSpaces(space_handling);
         std::smatch match;
-        if (std::regex_search(it, end, match, regex) && match.position() == 0) {
+        // megakernel: anchored at `it` (match_continuous): searching the rest of the source for a
+        // match and keeping it only at position 0 made parsing quadratic in the source size
+        if (std::regex_search(it, end, match, regex, std::regex_constants::match_continuous) && match.position() == 0) {
             it += match[0].length();
             std::vector<std::string> ret;
             for (size_t i = 0, n = match.size(); i < n; ++i) {
@@ -1810,7 +2020,9 @@ private:
         auto start = it;
         consumeSpaces(space_handling);
         std::smatch match;
-        if (std::regex_search(it, end, match, regex) && match.position() == 0) {
+        // megakernel: anchored at `it` (match_continuous): searching the rest of the source for a
+        // match and keeping it only at position 0 made parsing quadratic in the source size
+        if (std::regex_search(it, end, match, regex, std::regex_constants::match_continuous) && match.position() == 0) {
             it += match[0].length();
             return match[0].str();
         }
@@ -1830,6 +2042,7 @@ private:
     }
 
     std::shared_ptr<Expression> parseExpression(bool allow_if_expr = true) {
+        ParseNestingGuard nesting(false);  // megakernel: the parser's recursion bounded
         auto left = parseLogicalOr();
         if (it == end) return left;
 
@@ -1881,6 +2094,7 @@ private:
         auto location = get_location();
 
         if (!consumeToken(not_tok).empty()) {
+          ParseNestingGuard nesting(false);  // megakernel: `not not not ...` bounded
           auto sub = parseLogicalNot();
           if (!sub) throw std::runtime_error("Expected expression after 'not' keyword");
           return std::make_shared<UnaryOpExpr>(location, std::move(sub), UnaryOpExpr::Op::LogicalNot);
@@ -2485,6 +2699,7 @@ private:
           TemplateTokenIterator & it,
           const TemplateTokenIterator & end,
           bool fully = false) const {
+        ParseNestingGuard nesting(true);  // megakernel: nested blocks bounded
         std::vector<std::shared_ptr<TemplateNode>> children;
         while (it != end) {
           const auto start = it;
@@ -2614,6 +2829,10 @@ private:
 public:
 
     static std::shared_ptr<TemplateNode> parse(const std::string& template_str, const Options & options) {
+        // megakernel: nesting and node counts of this parse (restored on exit)
+        ParseBudget budget;
+        struct Scope { ParseBudget * saved; ~Scope() { parse_budget = saved; } } scope{parse_budget};
+        parse_budget = &budget;
         Parser parser(std::make_shared<std::string>(normalize_newlines(template_str)), options);
         auto tokens = parser.tokenize();
         TemplateTokenIterator begin = tokens.begin();
@@ -2893,7 +3112,9 @@ inline std::shared_ptr<Context> Context::builtins() {
     auto text = args.at("text").get<std::string>();
     auto first = args.get<bool>("first", false);
     std::string out;
-    std::string indent(args.get<int64_t>("indent", 0), ' ');
+    const auto width = args.get<int64_t>("indent", 0);  // megakernel: bounded
+    if (width < 0 || static_cast<uint64_t>(width) > limits::kMaxStringLength) throw LimitError("template limit: indent() width " + std::to_string(width));
+    std::string indent(static_cast<size_t>(width), ' ');
     std::istringstream iss(text);
     std::string line;
     auto is_first = true;
@@ -2985,17 +3206,14 @@ inline std::shared_ptr<Context> Context::builtins() {
     int64_t start = param_set[0] ? startEndStep[0] : 0;
     int64_t end = startEndStep[1];
     int64_t step = param_set[2] ? startEndStep[2] : 1;
-
+    // megakernel: step 0 looped for ever; the length is bounded (computed without overflow)
+    if (step == 0) throw std::runtime_error("range() step must not be zero");
+    const __int128 span = step > 0 ? static_cast<__int128>(end) - start : static_cast<__int128>(start) - end;
+    const __int128 length = span <= 0 ? 0 : (span + (step > 0 ? step : -static_cast<__int128>(step)) - 1) / (step > 0 ? step : -static_cast<__int128>(step));
+    if (length > limits::kMaxRangeLength)
+      throw LimitError("template limit: range() of more than " + std::to_string(limits::kMaxRangeLength) + " items");
     auto res = Value::array();
-    if (step > 0) {
-      for (int64_t i = start; i < end; i += step) {
-        res.push_back(Value(i));
-      }
-    } else {
-      for (int64_t i = start; i > end; i += step) {
-        res.push_back(Value(i));
-      }
-    }
+    for (int64_t k = 0; k < static_cast<int64_t>(length); ++k) res.push_back(Value(start + k * step));
     return res;
   }));
 
