@@ -287,6 +287,15 @@ KvRange attn_kv_range(const Ctx& c, const OpDesc& o, int64_t r) {
   return {o.window > 0 ? std::max<int64_t>(0, end - o.window) : 0, end};
 }
 
+// Asks for the n floats at p in L1 ahead of use (prefetcht0 per 64-byte line; never faults). The
+// cached K/V rows of one head are hd floats at a stride of the whole KV row (and scattered by the
+// block table), which the hardware prefetcher does not follow: without it a long-context decode
+// spent most of attention waiting on these loads (docs/PERFORMANCE.md, 2026-12-02).
+inline void prefetch_floats(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
+}
+constexpr int64_t kKvPrefetchAhead = 8;  // positions
+
 // Pool rows of positions [lo, hi) of row r's sequence, through its block table: kv_row[j - lo].
 void attn_kv_rows(const Ctx& c, int64_t r, int64_t lo, int64_t hi, int32_t* kv_row) {
   const int64_t B = c.p.kv_block_size;
@@ -319,6 +328,7 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       }
       float mx = -INFINITY;
       for (int64_t j = 0; j < n_kv; ++j) {
+        if (j + kKvPrefetchAhead < n_kv) prefetch_floats(kc + kv_row[j + kKvPrefetchAhead] * ks + g * hd, hd);
         score[j] = dot(qh, kc + kv_row[j] * ks + g * hd, hd) * scale;
         mx = std::max(mx, score[j]);
       }
@@ -334,6 +344,7 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       }
       std::fill(acc, acc + hd, 0.0f);
       for (int64_t j = 0; j < n_kv; ++j) {
+        if (j + kKvPrefetchAhead < n_kv) prefetch_floats(vc + kv_row[j + kKvPrefetchAhead] * vs + g * hd, hd);
         const float* vj = vc + kv_row[j] * vs + g * hd;
         const float pj = score[j];
         for (int64_t i = 0; i < hd; ++i) acc[i] += pj * vj[i];
@@ -376,6 +387,7 @@ void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
       }
       float mx = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {
+        if (j + kKvPrefetchAhead < n) prefetch_floats(kc + kv_row[j + kKvPrefetchAhead] * ks + g * hd, hd);
         score[j] = dot(qh, kc + kv_row[j] * ks + g * hd, hd) * scale;
         mx = std::max(mx, score[j]);
       }
@@ -388,6 +400,7 @@ void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
       float* oh = out + r * os + in.c0 + hh * st;
       std::fill(oh, oh + hd, 0.0f);
       for (int64_t j = 0; j < n; ++j) {
+        if (j + kKvPrefetchAhead < n) prefetch_floats(vc + kv_row[j + kKvPrefetchAhead] * vs + g * hd, hd);
         const float* vj = vc + kv_row[j] * vs + g * hd;
         const float pj = score[j];
         for (int64_t i = 0; i < hd; ++i) oh[i] += pj * vj[i];
