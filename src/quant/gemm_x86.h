@@ -138,6 +138,139 @@ MK_AVXVNNI_FN inline __m256i dpbusd256_avxvnni(__m256i acc, __m256i u, __m256i s
 MK_GEMM_TILE256(gemm_tile256_avx2, MK_AVX2_FN, false, dpbusd256_avx2)
 MK_GEMM_TILE256(gemm_tile256_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
 
+// ---- 256-bit tiles over per-call activation tables (two or more activation rows: prefill and
+// batched decode). gemm_tile256 above re-reads each activation row's f16 scales (and, for q4_0 /
+// q5_0, recomputes its correction) for every weight pair, and forms every scale product as a scalar
+// multiply plus a broadcast: ~10 instructions per (weight row, activation row, block) where the dot
+// itself needs 6. Here the activation rows are packed once per gemm_act call, block by block in
+// chunks of up to 4 rows ([chunk][b][row]: 32 quant bytes, d_x and s_x as f32, the correction as 8
+// int32), and the tile reads them with plain and broadcast loads: per (weight row, activation row,
+// block) the integer dot, one convert, one multiply d_w * d_x (lane-wise, the same product as the
+// scalar one), one fma; q4_1 / q5_1's minimum chains run in one register, lane (i, a) =
+// fma(m_w[i], s_x[a], .), the scalar chain of dot_act lane by lane. Same bits as gemm_tile256.
+struct alignas(32) Unit32 {
+  uint8_t bytes[32];
+};
+struct Act256Tables {
+  const uint8_t* q;     // [chunk][b][row][32] activation quants
+  const float* dx;      // [chunk][b][row] d_x (plus 4 floats of padding)
+  const float* sx;      // [chunk][b][row] s_x (q4_1, q5_1)
+  const int32_t* corr;  // [chunk][b][row][8] -kCorr * sum4(y) (kCorr types that need it)
+};
+
+#define MK_GEMM_TILE256T(FN, ATTR, IS_VNNI, dpbusd)                                                                   \
+  template <GemmKind K, int NA>                                                                               \
+  ATTR inline void FN(const uint8_t* w0, const uint8_t* w1, const Act256Tables& t, int64_t nb, float* out) {  \
+    using L = GemmLayout<K>;                                                                                  \
+    constexpr bool VNNI = IS_VNNI;                                                                            \
+    constexpr bool kUseCorr = L::kCorr != 0 && (VNNI || K != GemmKind::q8_0);                                 \
+    __m256 acc[2][NA];                                                                                        \
+    __m256 summs = _mm256_setzero_ps(); /* lane 4 i + a: row i's chain with activation row a */               \
+    for (int i = 0; i < 2; ++i)                                                                               \
+      for (int a = 0; a < NA; ++a) acc[i][a] = _mm256_setzero_ps();                                           \
+    const uint8_t* wr[2] = {w0, w1};                                                                          \
+    for (int64_t b = 0; b < nb; ++b) {                                                                        \
+      __m256i u[2], au[2];                                                                                    \
+      __m256 dw[2];                                                                                           \
+      for (int i = 0; i < 2; ++i) {                                                                           \
+        const uint8_t* p = wr[i] + b * L::kBytes;                                                             \
+        dw[i] = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(ld_u16(p))));                               \
+        if constexpr (K == GemmKind::q8_0) {                                                                  \
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs));                 \
+          u[i] = VNNI ? _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80))) : x; /* x + 128 / x */ \
+          au[i] = _mm256_sign_epi8(x, x);                                                                     \
+        } else {                                                                                              \
+          u[i] = nibble_block_u8<K>(p);                                                                       \
+          au[i] = u[i];                                                                                       \
+        }                                                                                                     \
+      }                                                                                                       \
+      if constexpr (L::kMin) {                                                                                \
+        const __m256 mw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<short>(ld_u16(w0 + b * L::kBytes + 2))), \
+                                                             _mm_set1_epi16(static_cast<short>(ld_u16(w1 + b * L::kBytes + 2))))); \
+        summs = _mm256_fmadd_ps(mw, _mm256_broadcast_ps(reinterpret_cast<const __m128*>(t.sx + b * NA)), summs); \
+      }                                                                                                       \
+      const uint8_t* yb = t.q + b * NA * 32;                                                                  \
+      for (int a = 0; a < NA; ++a) {                                                                          \
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + 32 * a));                 \
+        const __m256 dx = _mm256_broadcast_ss(t.dx + b * NA + a);                                             \
+        __m256i base = _mm256_setzero_si256();                                                                \
+        if constexpr (kUseCorr) base = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.corr + (b * NA + a) * 8)); \
+        for (int i = 0; i < 2; ++i) {                                                                         \
+          __m256i isum;                                                                                       \
+          if constexpr (K == GemmKind::q8_0 && !VNNI) /* signed x signed: |x| times y with x's sign */         \
+            isum = dpbusd(base, au[i], _mm256_sign_epi8(qy, u[i]));                                           \
+          else                                                                                                \
+            isum = dpbusd(base, u[i], qy);                                                                    \
+          acc[i][a] = _mm256_fmadd_ps(_mm256_mul_ps(dw[i], dx), _mm256_cvtepi32_ps(isum), acc[i][a]);         \
+        }                                                                                                     \
+      }                                                                                                       \
+    }                                                                                                         \
+    alignas(32) float sm[8];                                                                                  \
+    _mm256_store_ps(sm, summs);                                                                               \
+    for (int i = 0; i < 2; ++i)                                                                               \
+      for (int a = 0; a < NA; ++a)                                                                            \
+        out[i * NA + a] = L::kMin ? hsum_float_8(acc[i][a]) + sm[4 * i + a] : hsum_float_8(acc[i][a]);        \
+  }                                                                                                           \
+  /* gemm_act over FN: the tables, then weight rows in pairs (the last paired with itself) against each */   \
+  /* chunk of up to 4 activation rows; the pair after next is prefetched. */                                  \
+  template <GemmKind K>                                                                                       \
+  ATTR void FN##_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, \
+                      int64_t n, float* out, int64_t ldo) {                                                   \
+    using L = GemmLayout<K>;                                                                                  \
+    constexpr bool VNNI = IS_VNNI;                                                                            \
+    constexpr bool kUseCorr = L::kCorr != 0 && (VNNI || K != GemmKind::q8_0);                                 \
+    const uint8_t* wb = static_cast<const uint8_t*>(w);                                                       \
+    const uint8_t* xb = static_cast<const uint8_t*>(xq);                                                      \
+    const int64_t nb = n / 32;                                                                                \
+    const size_t n_ab = static_cast<size_t>(na * nb);                                                         \
+    thread_local std::vector<Unit32> buf; /* q (1 per entry), corr (1), dx and sx (1 per 8, + padding) */     \
+    const size_t units = n_ab * (kUseCorr ? 2 : 1) + 2 * (n_ab / 8 + 2);                                      \
+    if (buf.size() < units) buf.resize(units);                                                                \
+    uint8_t* qt = reinterpret_cast<uint8_t*>(buf.data());                                                     \
+    int32_t* ct = reinterpret_cast<int32_t*>(buf.data() + n_ab);                                              \
+    float* dxt = reinterpret_cast<float*>(buf.data() + n_ab * (kUseCorr ? 2 : 1));                            \
+    float* sxt = dxt + 8 * (n_ab / 8 + 2);                                                                    \
+    for (int64_t a0 = 0; a0 < na; a0 += 4) {                                                                  \
+      const int64_t cols = std::min<int64_t>(4, na - a0);                                                     \
+      for (int64_t b = 0; b < nb; ++b)                                                                        \
+        for (int64_t a = 0; a < cols; ++a) {                                                                  \
+          const uint8_t* yb = xb + static_cast<size_t>(a0 + a) * x_stride + static_cast<size_t>(b) * L::kXBytes; \
+          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs));              \
+          const int64_t k = a0 * nb + b * cols + a; /* [chunk][b][row] */                                     \
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(qt + 32 * k), qy);                                   \
+          dxt[k] = ld_f16c(yb);                                                                               \
+          if constexpr (L::kMin) sxt[k] = ld_f16c(yb + 2);                                                    \
+          if constexpr (kUseCorr)                                                                             \
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(ct + 8 * k),                                       \
+                                _mm256_sub_epi32(_mm256_setzero_si256(),                                      \
+                                                 dpbusd(_mm256_setzero_si256(),                               \
+                                                        _mm256_set1_epi8(static_cast<char>(L::kCorr)), qy))); \
+        }                                                                                                     \
+    }                                                                                                         \
+    for (int i = 0; i < 4; ++i) dxt[n_ab + i] = sxt[n_ab + i] = 0; /* what a short chunk's last block reads */ \
+    for (int64_t i0 = 0; i0 < nw; i0 += 2) {                                                                  \
+      const int rows = static_cast<int>(std::min<int64_t>(2, nw - i0));                                       \
+      const uint8_t* w0 = wb + static_cast<size_t>(i0) * w_stride;                                            \
+      const uint8_t* w1 = wb + static_cast<size_t>(i0 + rows - 1) * w_stride;                                 \
+      prefetch_bytes(w0 + 4 * w_stride, 2 * w_stride); /* the pair after next */                              \
+      for (int64_t a0 = 0; a0 < na; a0 += 4) {                                                                \
+        const int cols = static_cast<int>(std::min<int64_t>(4, na - a0));                                     \
+        const Act256Tables t{qt + 32 * a0 * nb, dxt + a0 * nb, sxt + a0 * nb, ct + 8 * a0 * nb};              \
+        float r[2 * 4];                                                                                       \
+        switch (cols) {                                                                                       \
+          case 1: FN<K, 1>(w0, w1, t, nb, r); break;                                                          \
+          case 2: FN<K, 2>(w0, w1, t, nb, r); break;                                                          \
+          case 3: FN<K, 3>(w0, w1, t, nb, r); break;                                                          \
+          default: FN<K, 4>(w0, w1, t, nb, r); break;                                                         \
+        }                                                                                                     \
+        for (int i = 0; i < rows; ++i)                                                                        \
+          for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = r[i * cols + a];                      \
+      }                                                                                                       \
+    }                                                                                                         \
+  }
+MK_GEMM_TILE256T(gemm_tile256t_avx2, MK_AVX2_FN, false, dpbusd256_avx2)
+MK_GEMM_TILE256T(gemm_tile256t_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
+
 // ---- 512-bit tiles (AVX-512 VNNI): NP pairs of weight rows x NA activation rows (up to 8), two
 // weight rows per register (low half row 2p, high half row 2p + 1) against the activation block
 // broadcast to both halves; per (pair, activation row, block) vpdpbusd, the scale product
@@ -364,8 +497,19 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
   MK_AVXVNNI_FN void NAME##_t_avxvnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) { \
     ::mk::quant::detail::gemm_tile256_avxvnni<KIND, 2, NA>(w, y, nb, o);                                        \
   }                                                                                                           \
-  MK_QUANT_GEMM_ROWS(NAME##_avx2, 2, 32, NAME##_t_avx2)                                                       \
-  MK_QUANT_GEMM_ROWS(NAME##_avxvnni, 2, 32, NAME##_t_avxvnni)                                                 \
+  MK_QUANT_GEMM_ROWS(NAME##_one_avx2, 2, 32, NAME##_t_avx2)                                                   \
+  MK_QUANT_GEMM_ROWS(NAME##_one_avxvnni, 2, 32, NAME##_t_avxvnni)                                             \
+  /* one activation row (decode): the 2 x 1 tile; more: the tiles over activation tables */                  \
+  void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
+                   float* out, int64_t ldo) {                                                                 \
+    if (na == 1) return NAME##_one_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                   \
+    ::mk::quant::detail::gemm_tile256t_avx2_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                   \
+  }                                                                                                           \
+  void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
+                      float* out, int64_t ldo) {                                                              \
+    if (na == 1) return NAME##_one_avxvnni(w, ws, nw, x, xs, na, n, out, ldo);                                \
+    ::mk::quant::detail::gemm_tile256t_avxvnni_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                \
+  }                                                                                                           \
   void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
                          int64_t n, float* out, int64_t ldo) {                                                \
     /* one q4_1 activation row: the 256-bit tile is faster (no separate pass for the minimum terms) */       \
