@@ -184,11 +184,6 @@ struct Act256Tables {
           au[i] = u[i];                                                                                       \
         }                                                                                                     \
       }                                                                                                       \
-      if constexpr (L::kMin) {                                                                                \
-        const __m256 mw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<short>(ld_u16(w0 + b * L::kBytes + 2))), \
-                                                             _mm_set1_epi16(static_cast<short>(ld_u16(w1 + b * L::kBytes + 2))))); \
-        summs = _mm256_fmadd_ps(mw, _mm256_broadcast_ps(reinterpret_cast<const __m128*>(t.sx + b * NA)), summs); \
-      }                                                                                                       \
       const uint8_t* yb = t.q + b * NA * 32;                                                                  \
       for (int a = 0; a < NA; ++a) {                                                                          \
         const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + 32 * a));                 \
@@ -205,6 +200,12 @@ struct Act256Tables {
         }                                                                                                     \
       }                                                                                                       \
     }                                                                                                         \
+    if constexpr (L::kMin) /* a pass of its own: 16 registers hold the main loop's state without it */    \
+      for (int64_t b = 0; b < nb; ++b) {                                                                      \
+        const __m256 mw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<short>(ld_u16(w0 + b * L::kBytes + 2))), \
+                                                             _mm_set1_epi16(static_cast<short>(ld_u16(w1 + b * L::kBytes + 2))))); \
+        summs = _mm256_fmadd_ps(mw, _mm256_broadcast_ps(reinterpret_cast<const __m128*>(t.sx + b * NA)), summs); \
+      }                                                                                                       \
     alignas(32) float sm[8];                                                                                  \
     _mm256_store_ps(sm, summs);                                                                               \
     for (int i = 0; i < 2; ++i)                                                                               \
