@@ -428,7 +428,7 @@ MK_AVX512VNNI_FN void gemm_rows512p(const void* w, size_t w_stride, int64_t nw, 
 template <int RW, int QK, void (*T1)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T2)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T3)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
-          void (*T4)(const uint8_t* const*, const uint8_t* const*, int64_t, float*)>
+          void (*T4)(const uint8_t* const*, const uint8_t* const*, int64_t, float*), int NA_MAX = 4>
 inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na,
                       int64_t n, float* out, int64_t ldo) {
   const uint8_t* wb = static_cast<const uint8_t*>(w);
@@ -438,8 +438,8 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
     const uint8_t* wr[RW];
     for (int i = 0; i < RW; ++i) wr[i] = wb + static_cast<size_t>(i0 + std::min(i, rows - 1)) * w_stride;
     prefetch_bytes(wr[0] + 2 * RW * w_stride, RW * w_stride);  // the group after next
-    for (int64_t a0 = 0; a0 < na; a0 += 4) {
-      const int cols = static_cast<int>(std::min<int64_t>(4, na - a0));
+    for (int64_t a0 = 0; a0 < na; a0 += NA_MAX) {
+      const int cols = static_cast<int>(std::min<int64_t>(NA_MAX, na - a0));
       const uint8_t* yr[4];
       for (int a = 0; a < cols; ++a) yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
       float t[RW * 4];

@@ -49,7 +49,18 @@ struct KHead {
   __m256i mins16;     // q2_K: the 16 4-bit mins as i16
   int16_t sc16[16];   // q3_K: the 16 signed scales
   __m256i hmask;      // q3_K: the 32 high-bit bytes
+  __m256i scx;        // q4_K/q5_K: the 8 scales as i16 in both 128-bit lanes; q6_K: the 16 as i16, even
+                      // groups in the low lane, odd in the high (chunk c's pair by one vpshufb: kScPick)
 };
+// vpshufb indices that broadcast i16 element c of each 128-bit lane to the whole lane.
+struct KScPick {
+  alignas(32) int8_t idx[8][32];
+  constexpr KScPick() : idx{} {
+    for (int c = 0; c < 8; ++c)
+      for (int b = 0; b < 32; ++b) idx[c][b] = static_cast<int8_t>(2 * c + b % 2);
+  }
+};
+inline constexpr KScPick kScPick{};
 template <KGemmKind K>
 MK_AVX2_FN inline void k_head(const uint8_t* p, KHead& h) {
   using L = KGemmLayout<K>;
@@ -60,6 +71,7 @@ MK_AVX2_FN inline void k_head(const uint8_t* p, KHead& h) {
     scales_mins_k4(p + 4, u);
     std::memcpy(h.sc, u, 8);
     h.mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 2)));
+    h.scx = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u))));
   } else if constexpr (K == KGemmKind::q2_K) {
     h.dmin = ld_f16c(p + 82);
     const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -67,6 +79,9 @@ MK_AVX2_FN inline void k_head(const uint8_t* p, KHead& h) {
   } else if constexpr (K == KGemmKind::q3_K) {
     for (int g = 0; g < 16; ++g) h.sc16[g] = static_cast<int16_t>(scale6(p + 96, g));
     h.hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  } else if constexpr (K == KGemmKind::q6_K) {  // [even groups | odd groups] as i16
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+    h.scx = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
   }
 }
 
@@ -94,8 +109,7 @@ MK_AVX2_FN inline void k_chunk256(const uint8_t* p, const KHead& h, int c, __m25
     const __m256i l4 = _mm256_and_si256(g >= 2 ? _mm256_srli_epi16(lo, 4) : lo, m4);
     const __m256i h2 = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
     q = _mm256_or_si256(l4, _mm256_slli_epi16(h2, 4));
-    const int8_t* s = reinterpret_cast<const int8_t*>(p + 192);
-    sc = _mm256_set_m128i(_mm_set1_epi16(s[2 * c + 1]), _mm_set1_epi16(s[2 * c]));
+    sc = _mm256_shuffle_epi8(h.scx, _mm256_load_si256(reinterpret_cast<const __m256i*>(kScPick.idx[c])));
   } else {
     constexpr int kQs = K == KGemmKind::q4_K ? 16 : 48;
     const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQs + 32 * (c / 2)));
@@ -105,7 +119,7 @@ MK_AVX2_FN inline void k_chunk256(const uint8_t* p, const KHead& h, int c, __m25
       const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
       q = _mm256_or_si256(q, _mm256_slli_epi16(hi, 4));
     }
-    sc = _mm256_set1_epi16(h.sc[c]);
+    sc = _mm256_shuffle_epi8(h.scx, _mm256_load_si256(reinterpret_cast<const __m256i*>(kScPick.idx[c])));
   }
 }
 
@@ -170,7 +184,7 @@ MK_AVX2_FN inline float k_finish(__m256 acc, __m128 acc_m, float summs) {
       __m256i sumi[NW][NA];                                                                                   \
       for (int i = 0; i < NW; ++i)                                                                            \
         for (int a = 0; a < NA; ++a) sumi[i][a] = _mm256_setzero_si256();                                     \
-      for (int c = 0; c < 8; ++c) {                                                                           \
+      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {                                                   \
         __m256i q[NW], sc[NW];                                                                                \
         for (int i = 0; i < NW; ++i) k_chunk256<K>(w[i] + b * L::kBytes, h[i], c, q[i], sc[i]);               \
         for (int a = 0; a < NA; ++a) {                                                                        \
