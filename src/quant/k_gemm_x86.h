@@ -200,6 +200,9 @@ MK_AVX2_FN inline float k_finish(__m256 acc, __m128 acc_m, float summs) {
               p16 = _mm256_maddubs_epi16(q[i], qy);                                                           \
             if constexpr (K == KGemmKind::q6_K) p16 = _mm256_sub_epi16(p16, off);                             \
             sumi[i][a] = dpwssd(sumi[i][a], sc[i], p16);                                                      \
+            /* keeps the chain in order: reassociated, the 64 products of a super-block were all kept */      \
+            /* live and spilled (the integer sum is the same either way) */                                   \
+            __asm__("" : "+x"(sumi[i][a]));                                                                   \
           }                                                                                                   \
         }                                                                                                     \
       }                                                                                                       \
