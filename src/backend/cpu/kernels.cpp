@@ -303,6 +303,18 @@ void attn_kv_rows(const Ctx& c, int64_t r, int64_t lo, int64_t hi, int32_t* kv_r
   for (int64_t j = lo; j < hi; ++j) kv_row[j - lo] = static_cast<int32_t>(bt[j / B] * B + j % B);
 }
 
+// Scratch of `attention` (scratch_floats): the score rows of one KV group's heads, the pool rows and
+// the K row pointers of the positions, the group's accumulators, f16 queries and sums.
+int64_t attn_score_stride(const Program& p) { return (p.n_ctx + 16 + 15) / 16 * 16; }
+int64_t attn_scratch_floats(const Program& p, const OpDesc& o) {
+  const int64_t hpg = o.n_head / o.n_head_kv, sst = attn_score_stride(p);
+  return hpg * sst + sst + 2 * sst + 2 * hpg * (o.head_dim + 16) + hpg + 64;
+}
+
+// Per row, the heads of the tile a KV group at a time: the group's scores as one gemm_f32 of its
+// queries against the cached K rows (each score dot_f32's bits, as the per-head dot() before it), the
+// softmax per head, then V: each cached V row loaded once for all the group's heads, every head's
+// accumulator getting the same operations in the same order as alone.
 void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv;
   const float* q = c.buf(o.x);
@@ -311,46 +323,62 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* out = c.buf(o.out);
   const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
   const float scale = static_cast<float>(o.scale);
-  float* score = c.scratch;
-  int32_t* kv_row = reinterpret_cast<int32_t*>(c.scratch + c.p.n_ctx + 16);  // pool row of each position
-  float* acc = c.scratch + 2 * (c.p.n_ctx + 16);
-  float* q16 = acc + hd + 16;  // the query rounded to f16 (kv_f16)
+  const int64_t sst = attn_score_stride(c.p);
+  float* score = c.scratch;                                             // [hpg][sst]
+  int32_t* kv_row = reinterpret_cast<int32_t*>(score + hpg * sst);      // [sst] pool row of each position
+  const float** kp = reinterpret_cast<const float**>(kv_row + sst);     // [sst] its K row (sst even: aligned)
+  float* acc = reinterpret_cast<float*>(kp + sst);                      // [hpg][hd]
+  float* q16 = acc + hpg * (hd + 16);                                   // [hpg][hd] the queries rounded to f16
+  float* sum = q16 + hpg * (hd + 16);                                   // [hpg]
   for (int64_t r = 0; r < R; ++r) {
     const KvRange range = attn_kv_range(c, o, r);
     const int64_t n_kv = range.end - range.begin;
     attn_kv_rows(c, r, range.begin, range.end, kv_row);
-    for (int64_t h = in.c0 / hd; h < in.c1 / hd; ++h) {
-      const int64_t g = h / hpg;
-      const float* qh = q + r * qs + h * hd;
+    const int64_t h1 = in.c1 / hd;
+    for (int64_t ha = in.c0 / hd; ha < h1;) {
+      const int64_t g = ha / hpg, hb = std::min(h1, (g + 1) * hpg), nh = hb - ha;
+      for (int64_t j = 0; j < n_kv; ++j) kp[j] = kc + kv_row[j] * ks + g * hd;
+      const float* qg = q + r * qs + ha * hd;  // the group's heads are consecutive, hd floats apart
       if (c.m.kv_f16) {
-        for (int64_t i = 0; i < hd; ++i) q16[i] = round_f16(qh[i]);
-        qh = q16;
+        for (int64_t i = 0; i < nh * hd; ++i) q16[i] = round_f16(qg[i]);
+        qg = q16;
       }
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < n_kv; ++j) {
-        if (j + kKvPrefetchAhead < n_kv) prefetch_floats(kc + kv_row[j + kKvPrefetchAhead] * ks + g * hd, hd);
-        score[j] = dot(qh, kc + kv_row[j] * ks + g * hd, hd) * scale;
-        mx = std::max(mx, score[j]);
+      gemm_f32(qg, hd, nh, kp, n_kv, hd, score, sst);
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        float* sc = score + hh * sst;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n_kv; ++j) {
+          sc[j] = sc[j] * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        float s = 0;
+        if (c.m.kv_f16) {  // llama.cpp: softmax (sum in double), then probabilities as f16 against V
+          double dsum = 0;
+          for (int64_t j = 0; j < n_kv; ++j) dsum += (sc[j] = std::exp(sc[j] - mx));
+          const float inv = static_cast<float>(1.0 / dsum);
+          for (int64_t j = 0; j < n_kv; ++j) sc[j] = round_f16(sc[j] * inv);
+          s = 1;
+        } else {
+          for (int64_t j = 0; j < n_kv; ++j) s += (sc[j] = std::exp(sc[j] - mx));
+        }
+        sum[hh] = s;
       }
-      float sum = 0;
-      if (c.m.kv_f16) {  // llama.cpp: softmax (sum in double), then probabilities as f16 against V
-        double dsum = 0;
-        for (int64_t j = 0; j < n_kv; ++j) dsum += (score[j] = std::exp(score[j] - mx));
-        const float inv = static_cast<float>(1.0 / dsum);
-        for (int64_t j = 0; j < n_kv; ++j) score[j] = round_f16(score[j] * inv);
-        sum = 1;
-      } else {
-        for (int64_t j = 0; j < n_kv; ++j) sum += (score[j] = std::exp(score[j] - mx));
-      }
-      std::fill(acc, acc + hd, 0.0f);
+      std::fill(acc, acc + nh * (hd + 16), 0.0f);
       for (int64_t j = 0; j < n_kv; ++j) {
         if (j + kKvPrefetchAhead < n_kv) prefetch_floats(vc + kv_row[j + kKvPrefetchAhead] * vs + g * hd, hd);
         const float* vj = vc + kv_row[j] * vs + g * hd;
-        const float pj = score[j];
-        for (int64_t i = 0; i < hd; ++i) acc[i] += pj * vj[i];
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          const float pj = score[hh * sst + j];
+          float* ah = acc + hh * (hd + 16);
+          for (int64_t i = 0; i < hd; ++i) ah[i] += pj * vj[i];
+        }
       }
-      float* oh = out + r * os + h * hd;
-      for (int64_t i = 0; i < hd; ++i) oh[i] = acc[i] / sum;
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        float* oh = out + r * os + (ha + hh) * hd;
+        const float* ah = acc + hh * (hd + 16);
+        for (int64_t i = 0; i < hd; ++i) oh[i] = ah[i] / sum[hh];
+      }
+      ha = hb;
     }
   }
 }
@@ -452,6 +480,8 @@ size_t scratch_floats(const Program& p) {
         n = matmul_scratch(R, o.k, o.tile_cols, o.n_rot, o.pro_rms).end + 64;
         break;
       case Opcode::attention:
+        n = attn_scratch_floats(p, o);
+        break;
       case Opcode::attention_partial:
         n = 2 * (p.n_ctx + 16) + 2 * (o.head_dim + 16);  // scores, pool rows (i32), accumulator, f16 query
         break;
