@@ -153,8 +153,8 @@ struct alignas(32) Unit32 {
 };
 struct Act256Tables {
   const uint8_t* q;     // [chunk][b][row][32] activation quants
-  const float* dx;      // [chunk][b][row] d_x (plus 4 floats of padding)
-  const float* sx;      // [chunk][b][row] s_x (q4_1, q5_1)
+  const float* dx;      // [chunk][b][row] d_x
+  const float* sx;      // [chunk][b][row] s_x (q4_1, q5_1; read 4 at a time, so zero-padded past the end)
   const int32_t* corr;  // [chunk][b][row][8] -kCorr * sum4(y) (kCorr types that need it)
 };
 
@@ -248,7 +248,7 @@ struct Act256Tables {
                                                         _mm256_set1_epi8(static_cast<char>(L::kCorr)), qy))); \
         }                                                                                                     \
     }                                                                                                         \
-    for (int i = 0; i < 4; ++i) dxt[n_ab + i] = sxt[n_ab + i] = 0; /* what a short chunk's last block reads */ \
+    for (int i = 0; i < 4; ++i) sxt[n_ab + i] = 0; /* s_x past a short last chunk's last block */            \
     for (int64_t i0 = 0; i0 < nw; i0 += 2) {                                                                  \
       const int rows = static_cast<int>(std::min<int64_t>(2, nw - i0));                                       \
       const uint8_t* w0 = wb + static_cast<size_t>(i0) * w_stride;                                            \
@@ -256,7 +256,8 @@ struct Act256Tables {
       prefetch_bytes(w0 + 4 * w_stride, 2 * w_stride); /* the pair after next */                              \
       for (int64_t a0 = 0; a0 < na; a0 += 4) {                                                                \
         const int cols = static_cast<int>(std::min<int64_t>(4, na - a0));                                     \
-        const Act256Tables t{qt + 32 * a0 * nb, dxt + a0 * nb, sxt + a0 * nb, ct + 8 * a0 * nb};              \
+        const Act256Tables t{qt + 32 * a0 * nb, dxt + a0 * nb, sxt + a0 * nb,                                 \
+                             kUseCorr ? ct + 8 * a0 * nb : nullptr};                                          \
         float r[2 * 4];                                                                                       \
         switch (cols) {                                                                                       \
           case 1: FN<K, 1>(w0, w1, t, nb, r); break;                                                          \
@@ -428,7 +429,7 @@ MK_AVX512VNNI_FN void gemm_rows512p(const void* w, size_t w_stride, int64_t nw, 
 template <int RW, int QK, void (*T1)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T2)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
           void (*T3)(const uint8_t* const*, const uint8_t* const*, int64_t, float*),
-          void (*T4)(const uint8_t* const*, const uint8_t* const*, int64_t, float*), int NA_MAX = 4>
+          void (*T4)(const uint8_t* const*, const uint8_t* const*, int64_t, float*)>
 inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na,
                       int64_t n, float* out, int64_t ldo) {
   const uint8_t* wb = static_cast<const uint8_t*>(w);
@@ -438,8 +439,8 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
     const uint8_t* wr[RW];
     for (int i = 0; i < RW; ++i) wr[i] = wb + static_cast<size_t>(i0 + std::min(i, rows - 1)) * w_stride;
     prefetch_bytes(wr[0] + 2 * RW * w_stride, RW * w_stride);  // the group after next
-    for (int64_t a0 = 0; a0 < na; a0 += NA_MAX) {
-      const int cols = static_cast<int>(std::min<int64_t>(NA_MAX, na - a0));
+    for (int64_t a0 = 0; a0 < na; a0 += 4) {
+      const int cols = static_cast<int>(std::min<int64_t>(4, na - a0));
       const uint8_t* yr[4];
       for (int a = 0; a < cols; ++a) yr[a] = xb + static_cast<size_t>(a0 + a) * x_stride;
       float t[RW * 4];

@@ -41,10 +41,9 @@ struct KGemmLayout {
   static constexpr bool kPp = K == KGemmKind::q4_K || K == KGemmKind::q5_K || K == KGemmKind::q6_K;  // k_gemm_pp.h
 };
 
-// One weight super-block's scalars: d, dmin (q4_K, q5_K), the eight 6-bit scales and mins.
+// One weight super-block's scalars: d, dmin (q4_K, q5_K), the mins and the scales as the chunks read them.
 struct KHead {
   float d, dmin;
-  uint8_t sc[8];
   __m128i mins;       // 8 x i16 (q4_K, q5_K)
   __m256i mins16;     // q2_K: the 16 4-bit mins as i16
   int16_t sc16[16];   // q3_K: the 16 signed scales
@@ -69,7 +68,6 @@ MK_AVX2_FN inline void k_head(const uint8_t* p, KHead& h) {
     h.dmin = ld_f16c(p + 2);
     uint32_t u[4];
     scales_mins_k4(p + 4, u);
-    std::memcpy(h.sc, u, 8);
     h.mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 2)));
     h.scx = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u))));
   } else if constexpr (K == KGemmKind::q2_K) {

@@ -303,18 +303,25 @@ void attn_kv_rows(const Ctx& c, int64_t r, int64_t lo, int64_t hi, int32_t* kv_r
   for (int64_t j = lo; j < hi; ++j) kv_row[j - lo] = static_cast<int32_t>(bt[j / B] * B + j % B);
 }
 
-// Scratch of `attention` (scratch_floats): the score rows of one KV group's heads, the pool rows and
-// the K row pointers of the positions, the group's accumulators, f16 queries and sums.
+// Scratch of `attention` (scratch_floats): the score rows of up to kAttnPassHeads heads of one KV
+// group, the pool rows and the K row pointers of the positions, the heads' accumulators, f16 queries
+// and sums. Heads of a group beyond kAttnPassHeads (MQA-like models) take further passes, which
+// bounds the scratch at ~(kAttnPassHeads + 3) * n_ctx floats per worker.
+constexpr int64_t kAttnPassHeads = 8;
+static_assert(sizeof(const float*) <= 2 * sizeof(float));
 int64_t attn_score_stride(const Program& p) { return (p.n_ctx + 16 + 15) / 16 * 16; }
+int64_t attn_pass_heads(const OpDesc& o) { return std::min(kAttnPassHeads, o.n_head / o.n_head_kv); }
 int64_t attn_scratch_floats(const Program& p, const OpDesc& o) {
-  const int64_t hpg = o.n_head / o.n_head_kv, sst = attn_score_stride(p);
-  return hpg * sst + sst + 2 * sst + 2 * hpg * (o.head_dim + 16) + hpg + 64;
+  const int64_t nh = attn_pass_heads(o), sst = attn_score_stride(p);
+  return nh * sst + sst + 2 * sst + 2 * nh * (o.head_dim + 16) + nh + 64;
 }
+constexpr int64_t kAttnScoreChunk = 32;  // positions per gemm_f32 call: the next chunk's K rows are prefetched
 
-// Per row, the heads of the tile a KV group at a time: the group's scores as one gemm_f32 of its
-// queries against the cached K rows (each score dot_f32's bits, as the per-head dot() before it), the
-// softmax per head, then V: each cached V row loaded once for all the group's heads, every head's
-// accumulator getting the same operations in the same order as alone.
+// Per row, the heads of the tile a KV group at a time (up to kAttnPassHeads per pass): the heads'
+// scores as gemm_f32 of their queries against the cached K rows, 32 positions per call with the next
+// 32 rows prefetched (each score dot_f32's bits, as the per-head dot() before it), the softmax per
+// head, then V: each cached V row loaded once for all the pass's heads, every head's accumulator
+// getting the same operations in the same order as alone.
 void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv;
   const float* q = c.buf(o.x);
@@ -323,27 +330,31 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* out = c.buf(o.out);
   const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
   const float scale = static_cast<float>(o.scale);
-  const int64_t sst = attn_score_stride(c.p);
-  float* score = c.scratch;                                             // [hpg][sst]
-  int32_t* kv_row = reinterpret_cast<int32_t*>(score + hpg * sst);      // [sst] pool row of each position
-  const float** kp = reinterpret_cast<const float**>(kv_row + sst);     // [sst] its K row (sst even: aligned)
-  float* acc = reinterpret_cast<float*>(kp + sst);                      // [hpg][hd]
-  float* q16 = acc + hpg * (hd + 16);                                   // [hpg][hd] the queries rounded to f16
-  float* sum = q16 + hpg * (hd + 16);                                   // [hpg]
+  const int64_t sst = attn_score_stride(c.p), np = attn_pass_heads(o);
+  float* score = c.scratch;                                          // [np][sst]
+  int32_t* kv_row = reinterpret_cast<int32_t*>(score + np * sst);    // [sst] pool row of each position
+  const float** kp = reinterpret_cast<const float**>(kv_row + sst);  // [sst] its K row (64-byte aligned: sst % 16 == 0)
+  float* acc = reinterpret_cast<float*>(kp + sst);                   // [np][hd + 16]
+  float* q16 = acc + np * (hd + 16);                                 // [np][hd] the queries rounded to f16
+  float* sum = q16 + np * (hd + 16);                                 // [np]
   for (int64_t r = 0; r < R; ++r) {
     const KvRange range = attn_kv_range(c, o, r);
     const int64_t n_kv = range.end - range.begin;
     attn_kv_rows(c, r, range.begin, range.end, kv_row);
     const int64_t h1 = in.c1 / hd;
     for (int64_t ha = in.c0 / hd; ha < h1;) {
-      const int64_t g = ha / hpg, hb = std::min(h1, (g + 1) * hpg), nh = hb - ha;
+      const int64_t g = ha / hpg, hb = std::min({h1, (g + 1) * hpg, ha + np}), nh = hb - ha;
       for (int64_t j = 0; j < n_kv; ++j) kp[j] = kc + kv_row[j] * ks + g * hd;
       const float* qg = q + r * qs + ha * hd;  // the group's heads are consecutive, hd floats apart
       if (c.m.kv_f16) {
         for (int64_t i = 0; i < nh * hd; ++i) q16[i] = round_f16(qg[i]);
         qg = q16;
       }
-      gemm_f32(qg, hd, nh, kp, n_kv, hd, score, sst);
+      for (int64_t j = 0; j < std::min(kAttnScoreChunk, n_kv); ++j) prefetch_floats(kp[j], hd);
+      for (int64_t j0 = 0; j0 < n_kv; j0 += kAttnScoreChunk) {  // any split gives the same bits
+        for (int64_t j = j0 + kAttnScoreChunk; j < std::min(j0 + 2 * kAttnScoreChunk, n_kv); ++j) prefetch_floats(kp[j], hd);
+        gemm_f32(qg, hd, nh, kp + j0, std::min(kAttnScoreChunk, n_kv - j0), hd, score + j0, sst);
+      }
       for (int64_t hh = 0; hh < nh; ++hh) {
         float* sc = score + hh * sst;
         float mx = -INFINITY;
