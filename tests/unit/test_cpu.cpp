@@ -71,6 +71,13 @@ TEST(CpuBackend, MatchesReferenceOnTinyModels) {
   hf.dtype = DType::F16;
   hf.n_head_kv = 1;
   cases.push_back({"f16 mqa", hf});
+  // more query heads per KV head than one attention pass takes (kAttnPassHeads = 8): 16 = 8 + 8, 12 = 8 + 4
+  test::TinyLlama mqa16;
+  mqa16.n_embd = 64, mqa16.n_head = 16, mqa16.n_head_kv = 1;
+  cases.push_back({"f32 mqa 16 heads", mqa16});
+  test::TinyLlama gqa12;
+  gqa12.n_embd = 96, gqa12.n_head = 24, gqa12.n_head_kv = 2;
+  cases.push_back({"f32 gqa 12 heads per group", gqa12});
   for (const auto& c : cases) {
     ModelFile m = test::make_tiny_llama(c.cfg);
     Graph g = build_graph(m, BuildOptions{c.cfg.n_ctx, false});
