@@ -135,11 +135,17 @@ class ConnectionStream : public httplib::Stream {
   bool is_writable() const override {
     if (timed_out_ || server_.hard_stopped()) return false;
     if (const_cast<ConnectionStream*>(this)->wait(POLLOUT, server_.write_timeout(), false) != Ready::yes) return false;
-    // cpp-httplib's is_socket_alive: a peer that closed (a readable socket peeking 0 bytes) is gone.
+    // Not cpp-httplib's is_socket_alive, which takes a readable socket peeking 0 bytes (the peer's
+    // FIN) for a closed connection: a client that half-closes after its request (shutdown(SHUT_WR),
+    // `nc -N`) still reads the reply. A peer that closed altogether answers the next write with a
+    // reset, which the peek after it reports (ECONNRESET) and the write itself fails on (EPIPE).
     pollfd p{sock_, POLLIN, 0};
     if (::poll(&p, 1, 0) <= 0) return true;
     char c;
-    return ::recv(sock_, &c, 1, MSG_PEEK) > 0;
+    ssize_t n;
+    do n = ::recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    return n >= 0 || errno == EAGAIN || errno == EWOULDBLOCK;
   }
   ssize_t read(char* ptr, size_t size) override {
     if (buffered() > 0) {
