@@ -63,7 +63,10 @@ TileSet tiles(FloatIsa isa) {
   switch (isa) {
 #if MK_FLOAT_ISA_TILES
     case FloatIsa::avx512: return {kTiles<avx512::Tile>, 4, 4};  // 16 zmm accumulators of 32
-    case FloatIsa::avx2: return {kTiles<avx2::Tile>, 2, 2};      // 8 ymm accumulators (two per 16 lanes) of 16
+    // 12 ymm accumulators (two per 16 lanes) of 16; 2 x 3 ran 1.25x 2 x 2 in BM_FloatGemm avx2_rows16
+    // (Zen 5 VM, 2026-12-02: 80 vs 64 GFLOP/s; 3 x 2 and 1 x 6 slower). AVX-512: 4 x 6, 6 x 4 and 5 x 5
+    // measured the same as 4 x 4 there.
+    case FloatIsa::avx2: return {kTiles<avx2::Tile>, 2, 3};
 #endif
     default: return {kTiles<portable::Tile>, 2, 2};  // 16 xmm accumulators (four per 16 lanes)
   }
