@@ -76,6 +76,7 @@ MK_AVX2_FN inline __m256i nibble_block_u8(const uint8_t* p) {
 // ---- 256-bit tiles (AVX2 or AVX-VNNI): NW weight rows x NA activation rows. One body, built under
 // two target attributes (a function's target cannot depend on a template argument, and the AVX2
 // build must not be allowed VNNI instructions: GCC fuses vpmaddwd + vpaddd into vpdpwssd where it may).
+// gemm_act uses it for one activation row (decode, NA = 1); two or more go to MK_GEMM_TILE256T below.
 #define MK_GEMM_TILE256(FN, ATTR, IS_VNNI, dpbusd)                                                                     \
   template <GemmKind K, int NW, int NA>                                                                       \
   ATTR inline void FN(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {             \
@@ -499,17 +500,24 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
   MK_AVXVNNI_FN void NAME##_t_avxvnni(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* o) { \
     ::mk::quant::detail::gemm_tile256_avxvnni<KIND, 2, NA>(w, y, nb, o);                                        \
   }                                                                                                           \
-  MK_QUANT_GEMM_ROWS(NAME##_one_avx2, 2, 32, NAME##_t_avx2)                                                   \
-  MK_QUANT_GEMM_ROWS(NAME##_one_avxvnni, 2, 32, NAME##_t_avxvnni)                                             \
-  /* one activation row (decode): the 2 x 1 tile; more: the tiles over activation tables */                  \
+  /* one activation row (decode): the 2 x 1 tile (only TILE<1> is instantiated: gemm_rows never picks */  \
+  /* a wider one for a single row); more: the tiles over activation tables */                                \
+  void NAME##_one_avx2(const void* w, size_t ws, int64_t nw, const void* x, int64_t n, float* out) {          \
+    ::mk::quant::detail::gemm_rows<2, 32, NAME##_t_avx2<1>, NAME##_t_avx2<1>, NAME##_t_avx2<1>,              \
+                                   NAME##_t_avx2<1>>(w, ws, nw, x, 0, 1, n, out, nw);                        \
+  }                                                                                                           \
+  void NAME##_one_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, int64_t n, float* out) {       \
+    ::mk::quant::detail::gemm_rows<2, 32, NAME##_t_avxvnni<1>, NAME##_t_avxvnni<1>, NAME##_t_avxvnni<1>,     \
+                                   NAME##_t_avxvnni<1>>(w, ws, nw, x, 0, 1, n, out, nw);                     \
+  }                                                                                                           \
   void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
                    float* out, int64_t ldo) {                                                                 \
-    if (na == 1) return NAME##_one_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                   \
+    if (na == 1) return NAME##_one_avx2(w, ws, nw, x, n, out);                                                \
     ::mk::quant::detail::gemm_tile256t_avx2_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                   \
   }                                                                                                           \
   void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
                       float* out, int64_t ldo) {                                                              \
-    if (na == 1) return NAME##_one_avxvnni(w, ws, nw, x, xs, na, n, out, ldo);                                \
+    if (na == 1) return NAME##_one_avxvnni(w, ws, nw, x, n, out);                                             \
     ::mk::quant::detail::gemm_tile256t_avxvnni_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                \
   }                                                                                                           \
   void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
