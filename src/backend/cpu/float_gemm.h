@@ -18,7 +18,7 @@ float dot_f32(const float* a, const float* b, int64_t n);
 // passing one explicitly is for tests and benchmarks. The AVX2 and AVX-512 tiles need GCC on x86-64.
 enum class FloatIsa {
   portable,  // 2 x 2 in 4-float registers (SSE2, NEON), any CPU
-  avx2,      // 2 activation rows x 2 weight rows per tile, each 16-lane accumulator two 8-lane registers
+  avx2,      // 2 activation rows x 3 weight rows per tile, each 16-lane accumulator two 8-lane registers
   avx512,    // 4 activation rows x 4 weight rows per tile, one 16-lane register per accumulator
 };
 const char* float_isa_name(FloatIsa isa);
