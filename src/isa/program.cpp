@@ -194,13 +194,16 @@ bool accesses_may_overlap(const Access& a, const Access& b) {
 
 std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
   const OpDesc& o = p.ops.at(static_cast<size_t>(in.op));
-  std::vector<Access> a;
+  // At most 6 regions (matmul: x, res, pos, out, ss, ss_out), gathered in a fixed array: a
+  // push_back here makes GCC 12 report a false -Wstringop-overflow.
+  std::array<Access, 8> a;
+  size_t n_a = 0;
   const SymExpr zero = SymExpr::constant(0);
   auto read = [&](int b, SymExpr lo, SymExpr hi, int64_t c0, int64_t c1) {
-    if (b >= 0) a.push_back({b, false, lo, hi, c0, c1});
+    if (b >= 0) a.at(n_a++) = {b, false, lo, hi, c0, c1};
   };
   auto write = [&](int b, SymExpr lo, SymExpr hi, int64_t c0, int64_t c1) {
-    if (b >= 0) a.push_back({b, true, lo, hi, c0, c1});
+    if (b >= 0) a.at(n_a++) = {b, true, lo, hi, c0, c1};
   };
   auto full_cols = [&](int b) { return p.buffers.at(static_cast<size_t>(b)).cols; };
   const SymExpr R = o.rows;
@@ -292,7 +295,7 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
   }
   if (o.ss >= 0) read(o.ss, zero, R, 0, full_cols(o.ss));  // every producer tile's partials
   if (o.ss_out >= 0) write(o.ss_out, zero, R, 2 * static_cast<int64_t>(in.tile), 2 * static_cast<int64_t>(in.tile) + 2);
-  return a;
+  return std::vector<Access>(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n_a));
 }
 
 }  // namespace mk

@@ -25,7 +25,10 @@ TEST(E2EHfCli, LogitsMatchTransformersOnEveryFixture) {
       ASSERT_TRUE(in.good()) << dir;
       auto ref = nlohmann::json::parse(in);
       std::string ids;
-      for (int id : ref["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+      for (int id : ref["prompt_ids"]) {
+        if (!ids.empty()) ids += ',';
+        ids += std::to_string(id);
+      }
       for (const char* backend : {"reference", "cpu"}) {
         int status = 0;
         std::string out = run_cli(std::string("logits --backend ") + backend + " -m " + dir + " --ids " + ids, &status);

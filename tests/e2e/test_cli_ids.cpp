@@ -25,7 +25,10 @@ std::string cli(const std::string& args, int* status, std::string* err = nullptr
 
 std::string join(const std::vector<int>& ids) {
   std::string s;
-  for (int id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  for (int id : ids) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(id);
+  }
   return s;
 }
 
@@ -128,8 +131,7 @@ TEST(E2ECliIds, LogitsContextSizePicksLongRopeFactors) {
   const std::string dir = std::string(MK_SOURCE_DIR) + "/tests/data/phi3_longrope/";
   const auto want = mk::test::read_json(dir + "expected.json");
   ASSERT_FALSE(want.is_null());
-  std::string ids;
-  for (int id : want["prompt_ids"].get<std::vector<int>>()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  const std::string ids = join(want["prompt_ids"].get<std::vector<int>>());
   for (const char* which : {"short", "long"}) {
     int status = 0;
     const int64_t n_ctx = want[which]["n_ctx"].get<int64_t>();

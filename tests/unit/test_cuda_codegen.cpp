@@ -209,9 +209,10 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
       EXPECT_NE(c.src.code.find("using W = MkBF16"), std::string::npos);
       EXPECT_NE(c.src.code.find("HPG = 2"), std::string::npos);  // grouped-query attention baked in
     }
-    if (c.name == "synthetic-llama-all-quant-types")
+    if (c.name == "synthetic-llama-all-quant-types") {
       for (const char* t : {"MkQ4_0", "MkQ4_1", "MkQ5_0", "MkQ5_1", "MkQ8_0", "MkQ2_K", "MkQ3_K", "MkQ4_K", "MkQ5_K", "MkQ6_K"})
         EXPECT_NE(c.src.code.find(std::string("using W = ") + t), std::string::npos) << t;
+    }
     if (c.name.find("bfloat16") != std::string::npos) {
       EXPECT_NE(c.src.code.find("using W = MkBF16"), std::string::npos) << c.name;
     }

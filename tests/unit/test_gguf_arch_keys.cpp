@@ -193,9 +193,11 @@ TEST(HfGemma3, LayerTypesRopeParametersAndRefusals) {
   v = layers(g);
   EXPECT_EQ(v.window, (std::vector<int64_t>{0, 8, 0, 8, 8, 0}));
   EXPECT_EQ(v.theta, (std::vector<double>{2e6, 3e4, 2e6, 3e4, 3e4, 2e6}));
-  for (const Node& n : g.nodes)
-    if (n.op == Op::rope)
+  for (const Node& n : g.nodes) {
+    if (n.op == Op::rope) {
       EXPECT_EQ(n.attr_str("scaling", "none"), n.attr_float("theta") == 2e6 ? "linear" : "none") << n.name;
+    }
+  }
   auto error = [&](const std::function<void(nlohmann::ordered_json&)>& edit) {
     ModelFile e = load_model(dir);
     edit(e.metadata["hf.config"]);

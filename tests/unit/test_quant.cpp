@@ -529,7 +529,9 @@ TEST(QuantActK, Q8KBytesEqualGgmlsQuantizer) {
     for (int j = 0; j < 256; ++j) {
       EXPECT_EQ(k.qs[j], std::min(127, static_cast<int>(std::nearbyint(iscale * xb[j])))) << j;
       EXPECT_LE(std::fabs(static_cast<double>(k.d) * k.qs[j] - xb[j]), std::fabs(static_cast<double>(k.d)) * 0.5001) << j;
-      if (xb[j] == max) EXPECT_EQ(k.qs[j], -127);
+      if (xb[j] == max) {
+        EXPECT_EQ(k.qs[j], -127);
+      }
     }
     for (int g = 0; g < 16; ++g) {
       int sum = 0;

@@ -205,7 +205,10 @@ class Generator {
     // The frequencies live in a __constant__ table emitted before the struct (MK_INV_FREQ is
     // replaced by its name); the comment keeps ops with different frequencies apart.
     f += "  // inv_freq:";
-    for (size_t i = 0; i < op.inv_freq.size(); ++i) f += " " + lit(op.inv_freq[i]);
+    for (size_t i = 0; i < op.inv_freq.size(); ++i) {
+      f += ' ';
+      f += lit(op.inv_freq[i]);
+    }
     f += "\n  __device__ static __forceinline__ double inv_freq(int i) { return MK_INV_FREQ[i]; }\n";
     return f;
   }
