@@ -111,6 +111,8 @@ nlohmann::ordered_json check_chat_messages(const nlohmann::ordered_json& message
 std::string render_chat_template(const std::string& source, const nlohmann::ordered_json& messages,
                                  const ChatRenderOptions& o) {
   try {
+    // declared first, destroyed last: frees the reference cycles the template made (l.append(l))
+    const minja::CycleCollector collector;
     auto root = minja::Parser::parse(source, minja::Options{/*trim_blocks=*/true, /*lstrip_blocks=*/true,
                                                             /*keep_trailing_newline=*/false});
     auto ctx = minja::Context::make(minja::Value(nlohmann::ordered_json{

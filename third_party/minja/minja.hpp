@@ -198,9 +198,39 @@ private:
   std::shared_ptr<CallableType> callable_;
   json primitive_;
 
-  Value(const std::shared_ptr<ArrayType> & array) : array_(array) {}
-  Value(const std::shared_ptr<ObjectType> & object) : object_(object) {}
-  Value(const std::shared_ptr<CallableType> & callable) : object_(std::make_shared<ObjectType>()), callable_(callable) {}
+  Value(const std::shared_ptr<ArrayType> & array) : array_(array) { track(array_); }
+  Value(const std::shared_ptr<ObjectType> & object) : object_(object) { track(object_); }
+  Value(const std::shared_ptr<CallableType> & callable) : object_(std::make_shared<ObjectType>()), callable_(callable) { track(object_); }
+
+ public:
+  // megakernel: the lists and dicts made while a CycleCollector is installed on this thread (weak
+  // references; expired ones are dropped whenever the lists double).
+  struct Created {
+    std::vector<std::weak_ptr<ArrayType>> arrays;
+    std::vector<std::weak_ptr<ObjectType>> objects;
+  };
+  static Created *& created() { static thread_local Created * c = nullptr; return c; }
+  // Empties every list and dict of c still alive: run when nothing outside the render refers to
+  // them, each one alive then is held only by a reference cycle (`l.append(l)`, `ns.me = ns`),
+  // which shared_ptr never frees.
+  static void clear_alive(Created & c) {
+    for (auto & w : c.arrays)
+      if (auto a = w.lock()) a->clear();
+    for (auto & w : c.objects)
+      if (auto o = w.lock()) o->clear();
+    c.arrays.clear();
+    c.objects.clear();
+  }
+
+ private:
+  template <typename T>
+  static void track_in(std::vector<std::weak_ptr<T>> & list, const std::shared_ptr<T> & p) {
+    if (list.size() == list.capacity() && list.size() >= 1024)
+      list.erase(std::remove_if(list.begin(), list.end(), [](const std::weak_ptr<T> & w) { return w.expired(); }), list.end());
+    list.emplace_back(p);
+  }
+  static void track(const std::shared_ptr<ArrayType> & a) { if (created() && a) track_in(created()->arrays, a); }
+  static void track(const std::shared_ptr<ObjectType> & o) { if (created() && o) track_in(created()->objects, o); }
 
   /* Python-style string repr */
   static void dump_string(const json & primitive, std::ostringstream & out, char string_quote = '\'') {
@@ -320,12 +350,14 @@ public:
         (*object)[it.key()] = it.value();
       }
       object_ = std::move(object);
+      track(object_);
     } else if (v.is_array()) {
       auto array = std::make_shared<ArrayType>();
       for (const auto& item : v) {
         array->push_back(Value(item));
       }
       array_ = array;
+      track(array_);
     } else {
       primitive_ = v;
     }
@@ -787,6 +819,24 @@ static std::string error_location_suffix(const std::string & source, size_t pos)
 
   return out.str();
 }
+
+// megakernel: frees what reference cycles a render leaves. Install one on the stack before the
+// template is parsed and its context made, so that it is destroyed after both: every list and dict
+// made meanwhile that is still alive then is held only by a cycle, and is emptied. The outermost
+// one on a thread collects; nested ones do nothing.
+class CycleCollector {
+  Value::Created created_;
+  bool outer_;
+ public:
+  CycleCollector() : outer_(Value::created() == nullptr) { if (outer_) Value::created() = &created_; }
+  ~CycleCollector() {
+    if (!outer_) return;
+    Value::created() = nullptr;
+    Value::clear_alive(created_);
+  }
+  CycleCollector(const CycleCollector &) = delete;
+  CycleCollector & operator=(const CycleCollector &) = delete;
+};
 
 class Context : public std::enable_shared_from_this<Context> {
   protected:
