@@ -119,6 +119,33 @@ TEST(QuantDequant, FastHalfConversionIsExact) {
   }
 }
 
+// st_f16 (F16C where the build has it) stores f32_to_f16's bits for every float but NaN: each
+// float of the exponents that reach or border the half range (every one of their low 14 mantissa
+// bits: the rounding and the tie-to-even bit, under a few high ones), and of the others, a sample.
+TEST(QuantDequant, StoredHalfEqualsF32ToF16) {
+  auto check = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (std::isnan(f)) return true;
+    uint8_t p[2];
+    quant::detail::st_f16(p, f);
+    return quant::detail::ld_u16(p) == f32_to_f16(f);
+  };
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t e = 0; e < 256; ++e) {
+      const bool near = e >= 100 && e <= 145;
+      for (uint32_t hi : {0u, 0x155u, 0x2aau, 0x1ffu}) {
+        const uint32_t step = near ? 1 : 97;
+        for (uint32_t lo = 0; lo < 16384; lo += step) {
+          const uint32_t u = sign | (e << 23) | (hi << 14) | lo;
+          ASSERT_TRUE(check(u)) << std::hex << u;
+        }
+      }
+    }
+  for (uint32_t u : {0x7f800000u, 0xff800000u, 0x477ff000u, 0x477fefffu, 0x33000000u, 0x33000001u, 0x00000001u})
+    EXPECT_TRUE(check(u)) << std::hex << u;  // inf, 65520 (to inf), just below, half of 2^-24, denormal
+}
+
 namespace {
 uint32_t float_bits(float f) {
   uint32_t u;

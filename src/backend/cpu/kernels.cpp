@@ -52,13 +52,40 @@ void rms_norm_span(const float* x, const float* w, double offset, double eps, in
 }
 
 // Rotates the heads in v[0, n) (n a multiple of head_dim, v at a head boundary) for position pos.
-void rope_span(const OpDesc& o, float* v, int64_t n, int64_t pos, double* cs) {
-  const int64_t half = o.n_rot / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    double ang = static_cast<double>(pos) * o.inv_freq[static_cast<size_t>(i)];
-    cs[2 * i] = std::cos(ang);
-    cs[2 * i + 1] = std::sin(ang);
+// cos and sin of pos * inv_freq[i] for i < n_rot / 2, interleaved, for activation row r. Kept per
+// worker thread and row, and made again when the row's position or the op's frequencies differ:
+// every RoPE tile of every layer in a step shares them (they were the step's only sincos calls, 2%
+// of a 16-row SmolLM2 step, made again for each tile). Same values as computed in place.
+const double* rope_cos_sin(const OpDesc& o, int64_t r, int64_t pos) {
+  struct Row {
+    int64_t pos = -1;
+    std::vector<double> cs;
+  };
+  thread_local std::vector<double> freq;
+  thread_local std::vector<Row> rows;
+  if (freq != o.inv_freq) {
+    freq = o.inv_freq;
+    for (Row& row : rows) row.pos = -1;
   }
+  if (static_cast<int64_t>(rows.size()) <= r) rows.resize(static_cast<size_t>(r) + 1);
+  Row& row = rows[static_cast<size_t>(r)];
+  if (row.pos != pos) {
+    const size_t half = freq.size();
+    row.cs.resize(2 * half);
+    for (size_t i = 0; i < half; ++i) {
+      double ang = static_cast<double>(pos) * freq[i];
+      row.cs[2 * i] = std::cos(ang);
+      row.cs[2 * i + 1] = std::sin(ang);
+    }
+    row.pos = pos;
+  }
+  return row.cs.data();
+}
+
+// RoPE over the heads of v[0, n) of activation row r at position pos.
+void rope_span(const OpDesc& o, float* v, int64_t n, int64_t r, int64_t pos) {
+  const int64_t half = o.n_rot / 2;
+  const double* cs = rope_cos_sin(o, r, pos);
   for (int64_t h = 0; h < n; h += o.head_dim) {
     float* x = v + h;
     for (int64_t i = 0; i < half; ++i) {
@@ -98,11 +125,10 @@ struct MatmulScratch {
   int64_t tile;   // [R, T] results
   int64_t act;    // activation rows quantized to 8-bit blocks (act_q8 without an act cache)
   int64_t utile;  // [R, T] the GLU's up results
-  int64_t rope;   // RoPE's cos/sin table: n_rot doubles, 8-byte aligned inside the reserved floats
   int64_t end;    // floats in all
   static int64_t stride(int64_t K) { return K + 32; }
 };
-MatmulScratch matmul_scratch(int64_t R, int64_t K, int64_t T, int64_t n_rot, bool pro_rms) {
+MatmulScratch matmul_scratch(int64_t R, int64_t K, int64_t T, bool pro_rms) {
   MatmulScratch m{};
   m.rows = 0;
   m.wtmp = pro_rms ? R * K : 0;
@@ -110,8 +136,7 @@ MatmulScratch matmul_scratch(int64_t R, int64_t K, int64_t T, int64_t n_rot, boo
   m.tile = m.utmp + 4 * MatmulScratch::stride(K);
   m.act = m.tile + R * T;
   m.utile = m.act + act_q8_floats(R, K);
-  m.rope = m.utile + R * T;
-  m.end = m.rope + 2 * n_rot + 2;
+  m.end = m.utile + R * T;
   return m;
 }
 
@@ -127,7 +152,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   uint32_t* cache_tag = c.m.act_cache ? reinterpret_cast<uint32_t*>(c.m.act_cache) : nullptr;
   const bool cache_rows = cache_tag && (act_q8 || o.pro_rms);
   const bool cached = cache_rows && cache_tag[0] == c.m.step && cache_tag[1] == static_cast<uint32_t>(in.op);
-  const MatmulScratch ms = matmul_scratch(R, K, T, o.n_rot, o.pro_rms);
+  const MatmulScratch ms = matmul_scratch(R, K, T, o.pro_rms);
   const int64_t stride = MatmulScratch::stride(K);
   float* wtmp = s + ms.wtmp;
   float* utmp = s + ms.utmp;
@@ -260,8 +285,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int32_t* slot = o.epi == Epi::store || o.epi == Epi::rope_store ? c.ibuf(c.p.kv_slot_buffer) : nullptr;
   if (o.epi == Epi::rope || o.epi == Epi::rope_store) {
     const int32_t* pos = c.ibuf(o.pos);
-    double* cs = reinterpret_cast<double*>(s + ((ms.rope + 1) & ~int64_t{1}));  // 8-byte aligned
-    for (int64_t r = 0; r < R; ++r) rope_span(o, tile + r * T, T, pos[r], cs);
+    for (int64_t r = 0; r < R; ++r) rope_span(o, tile + r * T, T, r, pos[r]);
   }
   if (o.epi == Epi::add) {
     const float* res = c.buf(o.res);
@@ -488,7 +512,7 @@ size_t scratch_floats(const Program& p) {
     int64_t n = 0;
     switch (o.opcode) {
       case Opcode::matmul:
-        n = matmul_scratch(R, o.k, o.tile_cols, o.n_rot, o.pro_rms).end + 64;
+        n = matmul_scratch(R, o.k, o.tile_cols, o.pro_rms).end + 64;
         break;
       case Opcode::attention:
         n = attn_scratch_floats(p, o);
@@ -610,10 +634,9 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       const float* x = c.buf(o.x);
       float* out = c.buf(o.out);
       const int32_t* pos = c.ibuf(o.pos);
-      double* cs = reinterpret_cast<double*>(scratch);
       for (int64_t r = 0; r < R; ++r) {
         std::memcpy(out + r * o.cols + c0, x + r * o.cols + c0, static_cast<size_t>(T) * 4);
-        rope_span(o, out + r * o.cols + c0, T, pos[r], cs);
+        rope_span(o, out + r * o.cols + c0, T, r, pos[r]);
       }
       return;
     }
