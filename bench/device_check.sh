@@ -149,7 +149,7 @@ say "== device_check $PART ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(git rev-parse --sh
 # `cuda-emu` when this binary has it: the unknown-backend error lists the available ones) and small
 # shapes; the oracle of the logits row becomes `reference`, which differs from `cpu` in every kernel.
 if [[ $REHEARSE == 1 ]]; then
-  avail=$("$BIN" logits -m "$STORIES" --ids 1 --backend '?' 2>&1 | sed -n 's/.*available: //p')
+  avail=$("$BIN" logits -m "$STORIES" --ids 1 --backend '?' 2>&1 | sed -n '/available: /{s/.*available: //; s/ (see --help)$//; p}')
   BACKENDS=(cpu)
   [[ ",${avail// /}," == *",cuda-emu,"* ]] && BACKENDS+=(cuda-emu)
   MAIN="${BACKENDS[-1]}"  # stands in for `cuda` in the rows that run one backend

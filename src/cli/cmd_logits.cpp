@@ -31,7 +31,7 @@ void add_logits_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("logits", "print the logits of a token sequence as JSON");
   cmd->add_option("-m,--model", o->model_path, "model")->required();
   cmd->add_option("--ids", *ids, "comma-separated token ids")->required();
-  cmd->add_option("--backend", o->backend, "backend");
+  cmd->add_option("--backend", o->backend, "backend")->check(backend_name());
   cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
       ->check(integer_range(0, 1024));
   cmd->add_option("--act-quant", o->backend_options.act_quant,

@@ -869,7 +869,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)");
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length per request (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
-  cmd->add_option("--backend", o->session.backend, "backend: cpu, cuda, ... (default: the fastest available)");
+  cmd->add_option("--backend", o->session.backend, "backend: cpu, cuda, ... (default: the fastest available)")
+      ->check(backend_name());
   cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
       ->check(integer_range(0, 1024));
   cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");

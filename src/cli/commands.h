@@ -33,6 +33,10 @@ CLI::Validator unsigned_integer();
 // must be in range too (--top-p 1e-300 would become 0), else the error names the user's value.
 CLI::Validator number_range(double lo, double hi, bool above_lo = false, bool as_float = false);
 
+// A --backend value: one of backend_names() ("unknown backend 'x'; available: ..." as a usage
+// error, exit 2, before any model is read).
+CLI::Validator backend_name();
+
 // The flags `run` and `chat` share: sampling (--temp, --top-k, --top-p, --seed) into `sampler`, the
 // context and the backend (-c, --backend, -t, --act-quant, --kv-type) into `session`.
 void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptions& sampler);

@@ -1,9 +1,11 @@
+#include <algorithm>
 #include <charconv>
 #include <cfloat>
 #include <cmath>
 #include <fmt/format.h>
 #include <limits>
 
+#include "backend/backend.h"
 #include "cli/commands.h"
 
 namespace mk::cli {
@@ -57,6 +59,16 @@ CLI::Validator unsigned_integer() {
       fmt::format("UINT in [0 - {}]", hi));
 }
 
+CLI::Validator backend_name() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const std::vector<std::string> names = backend_names();
+        if (std::find(names.begin(), names.end(), s) != names.end()) return {};
+        return fmt::format("unknown backend '{}'; available: {}", s, fmt::join(names, ", "));
+      },
+      "BACKEND");
+}
+
 CLI::Validator number_range(double lo, double hi, bool above_lo, bool as_float) {
   const bool open = std::isinf(hi);
   const std::string desc = open ? fmt::format("NUMBER>={}", lo) : fmt::format("NUMBER in {}{} - {}]", above_lo ? "(" : "[", lo, hi);
@@ -90,7 +102,8 @@ void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptio
   cmd->add_option("--seed", sampler.seed, "random seed")->check(unsigned_integer());
   cmd->add_option("-c,--ctx-size", session.n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
-  cmd->add_option("--backend", session.backend, "backend: reference, cpu, ... (default: the fastest available)");
+  cmd->add_option("--backend", session.backend, "backend: reference, cpu, ... (default: the fastest available)")
+      ->check(backend_name());
   cmd->add_option("-t,--threads", session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
       ->check(integer_range(0, 1024));
   cmd->add_option("--act-quant", session.backend_options.act_quant,

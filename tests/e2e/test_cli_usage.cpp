@@ -136,6 +136,17 @@ TEST(E2ECliUsage, UnknownCommandAndRepeatedOptionAreNamed) {
   EXPECT_TRUE(has(r.err, "extra")) << r.err;
 }
 
+// An unknown --backend is a usage error of every command that takes one, named with the list, before
+// the model is read (the model here does not exist).
+TEST(E2ECliUsage, UnknownBackendIsAUsageError) {
+  for (const std::string cmd : {"run -m /nonexistent.gguf -p hi", "chat -m /nonexistent.gguf", "logits -m /nonexistent.gguf --ids 1",
+                                "serve -m /nonexistent.gguf"}) {
+    Result r = cli(cmd + " --backend nosuch");
+    EXPECT_EQ(r.status, 2) << cmd << ": " << r.err;
+    EXPECT_TRUE(has(r.err, "error: --backend: unknown backend 'nosuch'; available: cpu, reference")) << cmd << ": " << r.err;
+  }
+}
+
 // serve: a KV pool or buffers too large to allocate name the options that size them.
 TEST(E2ECliUsage, ServeThatCannotAllocateNamesTheOptionsToLower) {
   // 2^30 KV rows of stories260k (5 layers x 2 x 32 floats) are 1.4 TB: no allocation succeeds,
