@@ -225,8 +225,11 @@ private:
  private:
   template <typename T>
   static void track_in(std::vector<std::weak_ptr<T>> & list, const std::shared_ptr<T> & p) {
-    if (list.size() == list.capacity() && list.size() >= 1024)
+    if (list.size() == list.capacity() && list.size() >= 1024) {
       list.erase(std::remove_if(list.begin(), list.end(), [](const std::weak_ptr<T> & w) { return w.expired(); }), list.end());
+      // mostly alive: double, so that the next scan comes after as many insertions as it scanned
+      if (list.size() > list.capacity() / 2) list.reserve(2 * list.capacity());
+    }
     list.emplace_back(p);
   }
   static void track(const std::shared_ptr<ArrayType> & a) { if (created() && a) track_in(created()->arrays, a); }
