@@ -1,11 +1,12 @@
-// Register-blocked tiles of dot_act (quant.h QuantType::gemm_act) for q4_0, q4_1 and q8_0 weights:
+// Register-blocked tiles of dot_act (quant.h QuantType::gemm_act) for q4_0, q5_0, q5_1 and q8_0 weights
+// (q4_1's numerics are block-integer: blockint_x86.h):
 // several weight rows x several activation rows per pass over the blocks, each weight block unpacked
 // once for all activation rows and each activation block loaded once for all weight rows.
 //
 // Same bits as dot_act (quant.h): per 32-element block the exact int32 sums of 8 lanes of 4 products
 // (integer sums are exact, so how they are formed does not matter), then per lane
 // acc = fma(d_w * d_x, float(sum), acc), hsum_float_8 at the end, plus the scalar chain
-// summs = fma(m_w, s_x, summs) for q4_1. What differs between the variants is only how the integer
+// summs = fma(m_w, s_x, summs) for q5_1. What differs between the variants is only how the integer
 // sums are formed:
 //   avx2        vpmaddubsw + vpmaddwd (unsigned x signed bytes; no pair exceeds int16 here)
 //   avxvnni     vpdpbusd on 256 bits (AVX-VNNI, Alder Lake and later)
@@ -13,7 +14,7 @@
 //               i + 1) against the activation block broadcast to both halves.
 // vpdpbusd multiplies unsigned by signed bytes, so weights go in unsigned with a correction folded
 // into the accumulator's start value (as llama.cpp's VNNI paths do): q4_0 nibbles q with
-// -8 * sum4(y) (q - 8 = value), q8_0 bytes x + 128 with -128 * sum4(y); q4_1 nibbles need none.
+// -8 * sum4(y) (q - 8 = value), q8_0 bytes x + 128 with -128 * sum4(y); q5_1 needs none.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -37,19 +38,18 @@ inline void prefetch_bytes(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
-enum class GemmKind { q4_0, q4_1, q8_0, q5_0, q5_1 };
+enum class GemmKind { q4_0, q8_0, q5_0, q5_1 };
 
 template <GemmKind K>
 struct GemmLayout {
   static constexpr int kBytes = K == GemmKind::q4_0   ? 18  // weight block
-                                : K == GemmKind::q4_1 ? 20
                                 : K == GemmKind::q5_0 ? 22
                                 : K == GemmKind::q5_1 ? 24
                                                       : 34;
-  static constexpr int kQs = K == GemmKind::q4_1 ? 4 : K == GemmKind::q5_0 ? 6 : K == GemmKind::q5_1 ? 8 : 2;  // quants
+  static constexpr int kQs = K == GemmKind::q5_0 ? 6 : K == GemmKind::q5_1 ? 8 : 2;  // quants
   static constexpr bool kFive = K == GemmKind::q5_0 || K == GemmKind::q5_1;  // 5th bits in a u32 qh
   static constexpr int kQh = K == GemmKind::q5_0 ? 2 : 4;                    // its offset
-  static constexpr bool kMin = K == GemmKind::q4_1 || K == GemmKind::q5_1;   // q8_1 activations
+  static constexpr bool kMin = K == GemmKind::q5_1;   // q8_1 activations
   static constexpr int kXBytes = kMin ? 36 : 34, kXQs = kMin ? 4 : 2;
   static constexpr int kCorr = K == GemmKind::q4_0 ? 8 : K == GemmKind::q5_0 ? 16 : K == GemmKind::q8_0 ? 128 : 0;  // weight offset
 };
@@ -63,7 +63,7 @@ MK_AVX2_FN inline __m256i bytes_from_bits_32(const uint8_t* p) {
   const __m256i bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
   return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1));
 }
-// The 32 unsigned weight integers of a q4_0 / q4_1 / q5_0 / q5_1 block at p: nibbles (elements 0..15
+// The 32 unsigned weight integers of a q4_0 / q5_0 / q5_1 block at p: nibbles (elements 0..15
 // low, 16..31 high), plus 16 where the 5th bit is set.
 template <GemmKind K>
 MK_AVX2_FN inline __m256i nibble_block_u8(const uint8_t* p) {
@@ -147,7 +147,7 @@ MK_GEMM_TILE256(gemm_tile256_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
 // chunks of up to 4 rows ([chunk][b][row]: 32 quant bytes, d_x and s_x as f32, the correction as 8
 // int32), and the tile reads them with plain and broadcast loads: per (weight row, activation row,
 // block) the integer dot, one convert, one multiply d_w * d_x (lane-wise, the same product as the
-// scalar one), one fma; q4_1 / q5_1's minimum chains run in one register, lane (i, a) =
+// scalar one), one fma; q5_1's minimum chains run in one register, lane (i, a) =
 // fma(m_w[i], s_x[a], .), the scalar chain of dot_act lane by lane. Same bits as gemm_tile256.
 struct alignas(32) Unit32 {
   uint8_t bytes[32];
@@ -155,7 +155,7 @@ struct alignas(32) Unit32 {
 struct Act256Tables {
   const uint8_t* q;     // [chunk][b][row][32] activation quants
   const float* dx;      // [chunk][b][row] d_x
-  const float* sx;      // [chunk][b][row] s_x (q4_1, q5_1; read 4 at a time, so zero-padded past the end)
+  const float* sx;      // [chunk][b][row] s_x (q5_1; read 4 at a time, so zero-padded past the end)
   const int32_t* corr;  // [chunk][b][row][8] -kCorr * sum4(y) (kCorr types that need it)
 };
 
@@ -291,8 +291,8 @@ MK_GEMM_TILE256T(gemm_tile256t_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
 // scales and (q4_0, q5_0, q8_0) corrections come from per-call tables packed block by block ([b][a]:
 // one pointer for all activation rows, none to keep per row), the quants and corrections already
 // doubled to 512 bits (a plain load, where a 256-to-512-bit broadcast costs vector-unit work on Zen 4:
-// ~10% of the tile), and a q4_0 / q4_1 weight pair is unpacked with one 128-bit-lane shuffle, one
-// variable word shift and one mask. q4_1's minimum terms are left to gemm_rows512p (a separate
+// ~10% of the tile), and a q4_0 weight pair is unpacked with one 128-bit-lane shuffle, one
+// variable word shift and one mask. q5_1's minimum terms are left to gemm_rows512p (a separate
 // pass, vectorised over activation rows).
 //   yc: [nb][NA][64] activation quants, twice; dxc: [nb][NA] activation scales; cc: [nb][NA][16]
 //   int32 -kCorr * sum4(y), twice (kCorr types only); out[(2p + h) * NA + a] = dot of weight row 2p + h.
@@ -316,7 +316,7 @@ MK_AVX512VNNI_FN inline void gemm_tile512p(const uint8_t* const* w, const uint8_
     for (int p = 0; p < NP; ++p) {
       const uint8_t* p0 = w[2 * p] + b * L::kBytes;
       const uint8_t* p1 = w[2 * p + 1] + b * L::kBytes;
-      if constexpr (K == GemmKind::q4_0 || K == GemmKind::q4_1) {
+      if constexpr (K == GemmKind::q4_0) {
         const __m256i q = _mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + L::kQs))),
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + L::kQs)), 1);
@@ -363,7 +363,7 @@ MK_AVX512VNNI_FN void gemm_tile512p_na(const uint8_t* const* w, const uint8_t* y
 
 // gemm_act with gemm_tile512p: the activation rows packed once per call in chunks of up to 8
 // ([chunk][b][row] quants, scales, corrections), then weight rows in groups of 4 (the last padded by
-// repeating its last row) against each chunk; for q4_1 / q5_1, out += the fma chain of m_w * s_x over
+// repeating its last row) against each chunk; for q5_1, out += the fma chain of m_w * s_x over
 // the blocks, 16 activation rows per register (the same scalar chain per lane, added last as dot_act
 // adds it).
 template <GemmKind K>
@@ -373,7 +373,7 @@ MK_AVX512VNNI_FN void gemm_rows512p(const void* w, size_t w_stride, int64_t nw, 
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   const uint8_t* xb = static_cast<const uint8_t*>(xq);
   const int64_t nb = n / 32, na16 = (na + 15) / 16 * 16;
-  thread_local std::vector<float> tables;  // quants, scales, corrections, (q4_1) s_x [nb][na16]
+  thread_local std::vector<float> tables;  // quants, scales, corrections, (q5_1) s_x [nb][na16]
   const size_t n_y = static_cast<size_t>(na * nb * 16), n_dx = static_cast<size_t>(na * nb);
   const size_t n_c = L::kCorr != 0 ? static_cast<size_t>(na * nb * 16) : 0, n_s = L::kMin ? static_cast<size_t>(nb * na16) : 0;
   tables.resize(n_y + n_dx + n_c + n_s + 16);
@@ -532,7 +532,7 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
   }                                                                                                           \
   void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na,          \
                          int64_t n, float* out, int64_t ldo) {                                                \
-    /* one q4_1 activation row: the 256-bit tile is faster (no separate pass for the minimum terms) */       \
+    /* one q5_1 activation row: the 256-bit tile is faster (no separate pass for the minimum terms) */       \
     if (::mk::quant::detail::GemmLayout<KIND>::kMin && na == 1)                                               \
       return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
     ::mk::quant::detail::gemm_rows512p<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "quant/avx2.h"
-#include "quant/gemm_x86.h"
+#include "quant/blockint_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -69,53 +69,26 @@ inline void unpack_block(const uint8_t* b, int8_t* q, float* d, float* m) {
   }
 }
 
-// ggml_vec_dot_q4_1_q8_1, AVX2 path.
-MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
-  const uint8_t* p = static_cast<const uint8_t*>(w);
-  const uint8_t* y = static_cast<const uint8_t*>(xq);
-  __m256 acc = _mm256_setzero_ps();
-  float summs = 0;
-  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += 36) {
-    summs = std::fma(ld_f16c(p + 2), ld_f16c(y + 2), summs);
-    const __m256 d = _mm256_set1_ps(ld_f16c(p) * ld_f16c(y));
-    const __m256i qx = bytes_from_nibbles_32(p + 4);
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 4));
-    acc = _mm256_fmadd_ps(d, mul_sum_us8_pairs_float(qx, qy), acc);
-  }
-  return hsum_float_8(acc) + summs;
-}
-MK_QUANT_DOT_ACT_HAND_AVX2(dot_act, kBytes, unpack_block, true, dot_act_avx2_hand)
+// Block-integer numerics (quant.h): an exact integer dot per block, then one float fma per block.
+MK_QUANT_DOT_ACT_SPEC(dot_act, (dot_act_blocks_int<kBytes, unpack_block, true>))
 
-// dot_act_avx2_hand against four activation rows, each weight block unpacked once.
-MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t n, float* out) {
-  const uint8_t* p = static_cast<const uint8_t*>(w);
-  const uint8_t* y[4];
-  __m256 acc[4];
-  float summs[4];
-  for (int r = 0; r < 4; ++r) {
-    y[r] = static_cast<const uint8_t*>(xq[r]);
-    acc[r] = _mm256_setzero_ps();
-    summs[r] = 0;
-  }
-  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes) {
-    const float dw = ld_f16c(p), mw = ld_f16c(p + 2);
-    const __m256i qx = bytes_from_nibbles_32(p + 4);
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* yb = y[r] + b * 36;
-      summs[r] = std::fma(mw, ld_f16c(yb + 2), summs[r]);
-      const __m256 d = _mm256_set1_ps(dw * ld_f16c(yb));
-      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + 4));
-      acc[r] = _mm256_fmadd_ps(d, mul_sum_us8_pairs_float(qx, qy), acc[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]) + summs[r];
+void gemm_act_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, float* out,
+                   int64_t ldo) {
+  q41_tile256_avx2_rows(w, ws, nw, x, xs, na, n, out, ldo);
 }
-MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
-MK_QUANT_GEMM_ACT(gemm_act, GemmKind::q4_1, dot_act_generic)
+void gemm_act_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,
+                      float* out, int64_t ldo) {
+  q41_tile256_avxvnni_rows(w, ws, nw, x, xs, na, n, out, ldo);
+}
+void gemm_act_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,
+                         float* out, int64_t ldo) {
+  q41_tile512_rows(w, ws, nw, x, xs, na, n, out, ldo);
+}
+MK_QUANT_GEMM_GENERIC_AND_PICK(gemm_act, dot_act_generic)
 }  // namespace
 
 extern const QuantType kQ4_1 = {DType::Q4_1, "q4_1", 3, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_1Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
+                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant

@@ -166,6 +166,29 @@ template <int BYTES, void (*UNPACK)(const uint8_t*, int8_t*, float*, float*), bo
   return hsum8(acc) + summs;
 }
 
+// The block-integer dot_act (q4_1, quant.h): per block the exact int32 dot of the 32 weight integers
+// with the 32 activation bytes, then acc = fma(d_w * d_x, float(isum), acc) and (MIN)
+// summs = fma(m_w, s_x, summs) in block order; acc + summs. No lanes: any way of forming the
+// integer sums gives these bits (blockint_x86.h does it 8 or 16 weight rows at a time).
+template <int BYTES, void (*UNPACK)(const uint8_t*, int8_t*, float*, float*), bool MIN>
+[[gnu::always_inline]] inline float dot_act_blocks_int(const void* w, const void* xq, int64_t n) {
+  constexpr int kXBytes = MIN ? 36 : 34, kXQs = MIN ? 4 : 2;
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  float acc = 0, summs = 0;
+  for (int64_t b = 0; b < n / 32; ++b, p += BYTES, y += kXBytes) {
+    alignas(32) int8_t q[32];
+    float d, m = 0;
+    UNPACK(p, q, &d, &m);
+    const int8_t* qy = reinterpret_cast<const int8_t*>(y + kXQs);
+    int32_t s = 0;
+    for (int e = 0; e < 32; ++e) s += static_cast<int32_t>(q[e]) * static_cast<int32_t>(qy[e]);
+    acc = std::fma(d * ld_f16(y), static_cast<float>(s), acc);
+    if constexpr (MIN) summs = std::fma(m, ld_f16(y + 2), summs);
+  }
+  return acc + summs;
+}
+
 // The variant/dispatch glue of every dot_act (the 32-element types and the K-quants alike):
 // NAME_generic / NAME_avx2 / NAME_avx512, builds of SPEC (an always_inline function (w, xq, n) ->
 // float; a template-id goes in parentheses) for the build target and under target attributes, and
