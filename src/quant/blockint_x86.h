@@ -1,17 +1,23 @@
-// gemm_act tiles for q4_1 weights with block-integer numerics (quant.h dot_act of q4_1: per block the
-// exact int32 dot of the 32 nibbles with the 32 activation bytes, then acc = fma(d_w * d_x,
-// float(isum), acc) and summs = fma(m_w, s_x, summs) in block order, dot = acc + summs).
+// gemm_act tiles for q4_0, q4_1 and q8_0 weights with block-integer numerics (quant.h dot_act of
+// these types: per block the exact int32 dot of the 32 weight integers with the 32 activation bytes,
+// then acc = fma(d_w * d_x, float(isum), acc), for q4_1 also summs = fma(m_w, s_x, summs), in block
+// order; dot = acc (+ summs)).
 //
 // The weight rows of a tile sit one per vector lane (8 rows per 256-bit register, 16 per 512-bit
-// one), so the float work is done once per (row, activation row, block) for all lanes at once:
-// per block, four gathers fetch dword k (k < 4) of each row's 16 nibble bytes, i.e. elements
-// 4k..4k+3 (low nibbles) and 16+4k..16+4k+3 (high nibbles), one more the (d, m) pair; each of the 8
-// dwords is then multiplied against the matching 4 activation bytes broadcast to every lane
-// (vpdpbusd, or vpmaddubsw + vpmaddwd on AVX2: nibble times byte pairs stay within int16), and the
-// lane sums are the block's exact integer dots. Per (8 or 16 rows, activation row, block): 8 integer
-// dot steps, one multiply, one convert, two fmas for 256 or 512 multiply-adds, where the per-lane
-// numerics of the other legacy types need four vector operations per 64 (gemm_x86.h). As llama.cpp's
-// repacked x86 kernels do, without repacking: the gathers read the GGUF blocks where they lie.
+// one), so the float work is done once per (row, activation row, block) for all lanes at once. Per
+// block, gathers fetch dword k of each row's quants: for the nibble types k < 4, i.e. elements
+// 4k..4k+3 (low nibbles) and 16+4k..16+4k+3 (high nibbles); for q8_0 k < 8, elements 4k..4k+3; one
+// more gather the block's first dword (d, and m for q4_1). Each weight dword is multiplied against
+// the matching 4 activation bytes broadcast to every lane (vpdpbusd, or vpmaddubsw + vpmaddwd on
+// AVX2), and the lane sums are the block's exact integer dots. vpdpbusd takes unsigned weights, so
+// q4_0's nibbles q (value q - 8) and q8_0's bytes x + 128 start from -8 * sum(y) and -128 * sum(y)
+// (per activation block, from the call's table), as llama.cpp's VNNI paths do; AVX2 multiplies q8_0
+// as |x| times y with x's sign (no int16 step can saturate). Per (8 or 16 rows, activation row,
+// block): 8 integer dot steps, one multiply, one convert, one or two fmas for 256 or 512
+// multiply-adds, where the per-lane numerics of q5_0 / q5_1 need four vector operations per 64
+// (gemm_x86.h). As llama.cpp's repacked x86 kernels do, without repacking: the gathers read the GGUF
+// blocks where they lie, once per weight group and call (kept in an L1 buffer for the next chunks of
+// activation rows).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -23,174 +29,270 @@
 
 namespace mk::quant::detail {
 
-constexpr int kQ41Bytes = 20, kQ81Bytes = 36;
+enum class BiKind { q4_0, q4_1, q8_0 };
+template <BiKind K>
+struct BiLayout {
+  static constexpr int kBytes = K == BiKind::q4_0 ? 18 : K == BiKind::q4_1 ? 20 : 34;  // weight block
+  static constexpr int kQs = K == BiKind::q4_1 ? 4 : 2;                                 // its quants
+  static constexpr bool kMin = K == BiKind::q4_1;                                       // q8_1 activations
+  static constexpr bool kNib = K != BiKind::q8_0;
+  static constexpr int kXBytes = kMin ? 36 : 34, kXQs = kMin ? 4 : 2;  // activation block, its quants
+  static constexpr int kWV = kNib ? 4 : 8;                              // weight dwords gathered per block
+  static constexpr int kCorr = K == BiKind::q4_0 ? 8 : K == BiKind::q8_0 ? 128 : 0;
+};
 
-// Per-call activation scales as f32: dx[b * na + a], sx[b * na + a] for a chunk of na rows.
-inline void q41_act_scales(const uint8_t* const* y, int na, int64_t nb, float* dx, float* sx) {
+// Per-call activation tables for a chunk of na rows ([b][a]): d_x and s_x as f32, -kCorr * sum(y).
+template <BiKind K>
+inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb, float* dx, float* sx, int32_t* corr) {
+  using L = BiLayout<K>;
   for (int64_t b = 0; b < nb; ++b)
     for (int a = 0; a < na; ++a) {
-      dx[b * na + a] = ld_f16(y[a] + b * kQ81Bytes);
-      sx[b * na + a] = ld_f16(y[a] + b * kQ81Bytes + 2);
+      const uint8_t* yb = y[a] + b * L::kXBytes;
+      dx[b * na + a] = ld_f16(yb);
+      if constexpr (L::kMin) sx[b * na + a] = ld_f16(yb + 2);
+      if constexpr (L::kCorr != 0) {
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) sum += static_cast<int8_t>(yb[L::kXQs + j]);
+        corr[b * na + a] = -L::kCorr * sum;
+      }
     }
 }
 
 // One tile body, stamped under each instruction set's target attribute (a function's target cannot
-// depend on a template argument). V: register type; LANES rows per register; GATHER(base, idx) the
-// dwords at base + idx lanes; DP(acc, u, y32) acc + exact 4-byte dots of unsigned u with the
-// activation dword y32 in every lane; SCALES(dm, &d, &m) the f32 d and m from the (d | m << 16)
-// dwords; LDV / STV an unaligned vector load / store at a void pointer.
-// MODE 0: the weights come from the gathers; 1: from the gathers, and are kept in buf ([b][5]
-// vectors: dwords 0..3 of the nibble bytes, then d | m << 16) for the group's next activation chunks;
-// 2: from buf (plain loads: the gathers are paid once per weight group, not once per chunk).
-#define MK_Q41_TILE(FN, ATTR, V, VI, LANES, SETZ_PS, SETZ_SI, SET1_PS, SET1_EPI8, AND, SRLI16, CVT, MUL, FMA, ADD, \
-                    STORE, GATHER, DP, SCALES, LDV, STV)                                                            \
-  template <int NA, int MODE>                                                                                       \
-  ATTR inline void FN(const uint8_t* g, VI idx, const uint8_t* const* y, const float* dx, const float* sx, int64_t nb, \
-                      const uint8_t* pf, size_t ws, uint8_t* buf, float* out) {                                     \
-    constexpr int kVB = LANES * 4; /* bytes per vector */                                                           \
-    V acc[NA], summs[NA];                                                                                           \
-    for (int a = 0; a < NA; ++a) acc[a] = summs[a] = SETZ_PS();                                                     \
-    const VI m4 = SET1_EPI8(0x0f);                                                                                  \
-    for (int64_t b = 0; b < nb; ++b) {                                                                              \
-      const uint8_t* blk = g + b * kQ41Bytes;                                                                       \
-      uint8_t* bb = buf + b * 5 * kVB;                                                                              \
-      /* the rows of a later group, a line per row every 3 blocks (60 bytes: no line skipped) */                    \
-      if (MODE != 2 && pf && b % 3 == 0)                                                                            \
-        for (int r = 0; r < LANES; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + b * kQ41Bytes), _MM_HINT_T0); \
-      VI is[NA];                                                                                                    \
-      for (int a = 0; a < NA; ++a) is[a] = SETZ_SI();                                                               \
-      for (int k = 0; k < 4; ++k) {                                                                                 \
-        VI c;                                                                                                       \
-        if constexpr (MODE == 2) {                                                                                  \
-          c = LDV(bb + k * kVB);                                                                                    \
-        } else {                                                                                                    \
-          c = GATHER(blk + 4 + 4 * k, idx);                                                                         \
-          if constexpr (MODE == 1) STV(bb + k * kVB, c);                                                            \
-        }                                                                                                           \
-        const VI lo = AND(c, m4), hi = AND(SRLI16(c, 4), m4);                                                       \
-        for (int a = 0; a < NA; ++a) {                                                                              \
-          const uint8_t* q = y[a] + b * kQ81Bytes + 4;                                                              \
-          int32_t y0, y1;                                                                                           \
-          std::memcpy(&y0, q + 4 * k, 4);                                                                           \
-          std::memcpy(&y1, q + 16 + 4 * k, 4);                                                                      \
-          is[a] = DP(DP(is[a], lo, y0), hi, y1);                                                                    \
-        }                                                                                                           \
-      }                                                                                                             \
-      VI dm;                                                                                                        \
-      if constexpr (MODE == 2) {                                                                                    \
-        dm = LDV(bb + 4 * kVB);                                                                                     \
-      } else {                                                                                                      \
-        dm = GATHER(blk, idx);                                                                                      \
-        if constexpr (MODE == 1) STV(bb + 4 * kVB, dm);                                                             \
-      }                                                                                                             \
-      V dw, mw;                                                                                                     \
-      SCALES(dm, dw, mw);                                                                                           \
-      for (int a = 0; a < NA; ++a) {                                                                                \
-        acc[a] = FMA(MUL(dw, SET1_PS(dx[b * NA + a])), CVT(is[a]), acc[a]);                                         \
-        summs[a] = FMA(mw, SET1_PS(sx[b * NA + a]), summs[a]);                                                      \
-      }                                                                                                             \
-    }                                                                                                               \
-    for (int a = 0; a < NA; ++a) STORE(out + a * LANES, ADD(acc[a], summs[a]));                                     \
-  }                                                                                                                 \
-  template <int MODE>                                                                                               \
-  ATTR inline void FN##_na(int na, const uint8_t* g, VI idx, const uint8_t* const* y, const float* dx, const float* sx, \
-                           int64_t nb, const uint8_t* pf, size_t ws, uint8_t* buf, float* t) {                      \
-    switch (na) {                                                                                                   \
-      case 1: return FN<1, MODE>(g, idx, y, dx, sx, nb, pf, ws, buf, t);                                            \
-      case 2: return FN<2, MODE>(g, idx, y, dx, sx, nb, pf, ws, buf, t);                                            \
-      case 3: return FN<3, MODE>(g, idx, y, dx, sx, nb, pf, ws, buf, t);                                            \
-      case 4: return FN<4, MODE>(g, idx, y, dx, sx, nb, pf, ws, buf, t);                                            \
-      case 5: return FN<5, MODE>(g, idx, y, dx, sx, nb, pf, ws, buf, t);                                            \
-      case 6: return FN<6, MODE>(g, idx, y, dx, sx, nb, pf, ws, buf, t);                                            \
-      case 7: return FN<7, MODE>(g, idx, y, dx, sx, nb, pf, ws, buf, t);                                            \
-      default: return FN<8, MODE>(g, idx, y, dx, sx, nb, pf, ws, buf, t);                                           \
-    }                                                                                                               \
-  }                                                                                                                 \
-  /* gemm_act: the activation rows' scales to f32 once per call ([chunk of 8][b][row]); then per group */          \
-  /* of LANES weight rows (the last one repeats its last row in the spare lanes) each chunk of up to 8 */           \
-  /* activation rows, the first chunk gathering the group's blocks (and keeping them when more follow) */          \
-  ATTR void FN##_rows(const void* w, size_t ws, int64_t nw, const void* xq, size_t xs, int64_t na, int64_t n,      \
-                      float* out, int64_t ldo) {                                                                    \
-    const uint8_t* wb = static_cast<const uint8_t*>(w);                                                             \
-    const uint8_t* xb = static_cast<const uint8_t*>(xq);                                                            \
-    const int64_t nb = n / 32;                                                                                      \
-    thread_local std::vector<float> scales;                                                                         \
-    thread_local std::vector<uint8_t> buf;                                                                          \
-    scales.resize(static_cast<size_t>(2 * na * nb));                                                                \
-    if (na > 8) buf.resize(static_cast<size_t>(nb * 5 * LANES * 4));                                                \
-    float* dx = scales.data();                                                                                      \
-    float* sx = dx + na * nb;                                                                                       \
-    for (int64_t a0 = 0; a0 < na; a0 += 8) {                                                                        \
-      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));                                             \
-      const uint8_t* y[8];                                                                                          \
-      for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;                                  \
-      q41_act_scales(y, cols, nb, dx + a0 * nb, sx + a0 * nb);                                                      \
-    }                                                                                                               \
-    for (int64_t i0 = 0; i0 < nw; i0 += LANES) {                                                                    \
-      const int rows = static_cast<int>(std::min<int64_t>(LANES, nw - i0));                                         \
-      alignas(64) int32_t off[LANES];                                                                               \
+// depend on a template argument). V: register type; LANES rows per register; GATHER(base, ix) the
+// dwords at base + each row's offset (IDX(off) makes the index vectors), GATHER2 two of them; DP(acc, u, y) acc + the exact 4-byte dots of unsigned u with signed y
+// per lane; SCALES(dm, &d, &m) the f32 d (low half) and m (high half) of the first dword of each
+// block; LDV / STV an unaligned vector load / store at a void pointer; SIGN_TRICK: q8_0 as |x| times
+// y with x's sign (AVX2, whose int16 steps would saturate on x + 128) instead of x + 128 with a
+// correction.
+// MODE 0: the weights come from the gathers; 1: from the gathers, and are kept in buf ([b][kWV + 1]
+// vectors: the quant dwords, then the first dword) for the group's next activation chunks; 2: from
+// buf (plain loads: the gathers are paid once per weight group, not once per chunk).
+#define MK_BI_TILE(FN, ATTR, V, VI, LANES, SETZ_PS, SETZ_SI, SET1_PS, SET1_EPI8, SET1_EPI32, AND, XOR, SRLI16, ABS8, \
+                   SIGN8, CVT, MUL, FMA, ADD, STORE, IDX, GATHER, GATHER2, DP, SCALES, LDV, STV, SIGN_TRICK)                           \
+  template <BiKind K, int NA, int MODE>                                                                              \
+  ATTR inline void FN(const uint8_t* g, const int32_t* off, const uint8_t* const* y, const float* dx, const float* sx, \
+                      const int32_t* corr, int64_t nb, const uint8_t* pf, size_t ws, uint8_t* buf, float* out) {     \
+    using L = BiLayout<K>;                                                                                           \
+    constexpr int kVB = LANES * 4; /* bytes per vector */                                                            \
+    constexpr bool kSign = K == BiKind::q8_0 && SIGN_TRICK; /* AVX2 q8_0: |x| times y with x's sign */               \
+    constexpr bool kCorr = L::kCorr != 0 && !kSign;                                                                  \
+    V acc[NA], summs[NA];                                                                                            \
+    for (int a = 0; a < NA; ++a) acc[a] = summs[a] = SETZ_PS();                                                      \
+    const VI m4 = SET1_EPI8(0x0f), x80 = SET1_EPI8(static_cast<char>(0x80));                                         \
+    const auto ix = IDX(off);                                                                                        \
+    for (int64_t b = 0; b < nb; ++b) {                                                                               \
+      const uint8_t* blk = g + b * L::kBytes;                                                                        \
+      uint8_t* bb = buf + b * (L::kWV + 1) * kVB;                                                                    \
+      /* the rows of a later group: a line per row every 3 blocks or less (no line skipped) */                       \
+      if (MODE != 2 && pf && b % (64 / L::kBytes) == 0)                                                              \
+        for (int r = 0; r < LANES; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + b * L::kBytes), _MM_HINT_T0); \
+      VI is[NA], c_next;                                                                                             \
+      for (int a = 0; a < NA; ++a) is[a] = kCorr ? SET1_EPI32(corr[b * NA + a]) : SETZ_SI();                         \
+      for (int k = 0; k < L::kWV; ++k) {                                                                             \
+        VI c;                                                                                                        \
+        if constexpr (MODE == 2) {                                                                                   \
+          c = LDV(bb + k * kVB);                                                                                     \
+        } else if (k % 2 == 0) { /* quant dwords k and k + 1 of every row: two qword gathers */                      \
+          GATHER2(blk + L::kQs + 4 * k, ix, c, c_next);                                                              \
+          if constexpr (MODE == 1) {                                                                                 \
+            STV(bb + k * kVB, c);                                                                                    \
+            STV(bb + (k + 1) * kVB, c_next);                                                                         \
+          }                                                                                                          \
+        } else {                                                                                                     \
+          c = c_next;                                                                                                \
+        }                                                                                                            \
+        if constexpr (L::kNib) {                                                                                     \
+          const VI lo = AND(c, m4), hi = AND(SRLI16(c, 4), m4);                                                      \
+          for (int a = 0; a < NA; ++a) {                                                                             \
+            const uint8_t* q = y[a] + b * L::kXBytes + L::kXQs;                                                      \
+            int32_t y0, y1;                                                                                          \
+            std::memcpy(&y0, q + 4 * k, 4);                                                                          \
+            std::memcpy(&y1, q + 16 + 4 * k, 4);                                                                     \
+            is[a] = DP(DP(is[a], lo, SET1_EPI32(y0)), hi, SET1_EPI32(y1));                                           \
+          }                                                                                                          \
+        } else {                                                                                                     \
+          const VI u = kSign ? ABS8(c) : XOR(c, x80);                                                                \
+          for (int a = 0; a < NA; ++a) {                                                                             \
+            int32_t y0;                                                                                              \
+            std::memcpy(&y0, y[a] + b * L::kXBytes + L::kXQs + 4 * k, 4);                                            \
+            is[a] = DP(is[a], u, kSign ? SIGN8(SET1_EPI32(y0), c) : SET1_EPI32(y0));                                 \
+          }                                                                                                          \
+        }                                                                                                            \
+      }                                                                                                              \
+      VI dm;                                                                                                         \
+      if constexpr (MODE == 2) {                                                                                     \
+        dm = LDV(bb + L::kWV * kVB);                                                                                 \
+      } else {                                                                                                       \
+        dm = GATHER(blk, ix);                                                                                        \
+        if constexpr (MODE == 1) STV(bb + L::kWV * kVB, dm);                                                         \
+      }                                                                                                              \
+      V dw, mw;                                                                                                      \
+      SCALES(dm, dw, mw);                                                                                            \
+      for (int a = 0; a < NA; ++a) {                                                                                 \
+        acc[a] = FMA(MUL(dw, SET1_PS(dx[b * NA + a])), CVT(is[a]), acc[a]);                                          \
+        if constexpr (L::kMin) summs[a] = FMA(mw, SET1_PS(sx[b * NA + a]), summs[a]);                                \
+      }                                                                                                              \
+    }                                                                                                                \
+    for (int a = 0; a < NA; ++a) STORE(out + a * LANES, L::kMin ? ADD(acc[a], summs[a]) : acc[a]);                   \
+  }                                                                                                                  \
+  template <BiKind K, int MODE>                                                                                      \
+  ATTR inline void FN##_na(int na, const uint8_t* g, const int32_t* off, const uint8_t* const* y, const float* dx,    \
+                           const float* sx,                                                                         \
+                           const int32_t* corr, int64_t nb, const uint8_t* pf, size_t ws, uint8_t* buf, float* t) {  \
+    switch (na) {                                                                                                    \
+      case 1: return FN<K, 1, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                    \
+      case 2: return FN<K, 2, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                    \
+      case 3: return FN<K, 3, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                    \
+      case 4: return FN<K, 4, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                    \
+      case 5: return FN<K, 5, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                    \
+      case 6: return FN<K, 6, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                    \
+      case 7: return FN<K, 7, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                    \
+      default: return FN<K, 8, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                   \
+    }                                                                                                                \
+  }                                                                                                                  \
+  /* gemm_act: the activation tables once per call ([chunk of 8][b][row]); then per group of LANES */                \
+  /* weight rows (the last one repeats its last row in the spare lanes) each chunk of up to 8 */                     \
+  /* activation rows, the first chunk gathering the group's blocks (and keeping them when more follow) */            \
+  template <BiKind K>                                                                                                \
+  ATTR void FN##_rows(const void* w, size_t ws, int64_t nw, const void* xq, size_t xs, int64_t na, int64_t n,       \
+                      float* out, int64_t ldo) {                                                                     \
+    using L = BiLayout<K>;                                                                                           \
+    const uint8_t* wb = static_cast<const uint8_t*>(w);                                                              \
+    const uint8_t* xb = static_cast<const uint8_t*>(xq);                                                             \
+    const int64_t nb = n / 32;                                                                                       \
+    thread_local std::vector<float> scales;                                                                          \
+    thread_local std::vector<int32_t> corrs;                                                                         \
+    thread_local std::vector<uint8_t> buf;                                                                           \
+    scales.resize(static_cast<size_t>(2 * na * nb));                                                                 \
+    if (L::kCorr != 0) corrs.resize(static_cast<size_t>(na * nb));                                                   \
+    if (na > 8) buf.resize(static_cast<size_t>(nb * (L::kWV + 1) * LANES * 4));                                      \
+    float* dx = scales.data();                                                                                       \
+    float* sx = dx + na * nb;                                                                                        \
+    int32_t* corr = corrs.data();                                                                                    \
+    for (int64_t a0 = 0; a0 < na; a0 += 8) {                                                                         \
+      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));                                              \
+      const uint8_t* y[8];                                                                                           \
+      for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;                                   \
+      bi_act_tables<K>(y, cols, nb, dx + a0 * nb, sx + a0 * nb, L::kCorr != 0 ? corr + a0 * nb : nullptr);          \
+    }                                                                                                                \
+    for (int64_t i0 = 0; i0 < nw; i0 += LANES) {                                                                     \
+      const int rows = static_cast<int>(std::min<int64_t>(LANES, nw - i0));                                          \
+      alignas(64) int32_t off[LANES];                                                                                \
       for (int r = 0; r < LANES; ++r) off[r] = static_cast<int32_t>(std::min(r, rows - 1) * static_cast<int64_t>(ws)); \
-      VI idx;                                                                                                       \
-      std::memcpy(&idx, off, sizeof(idx));                                                                          \
-      const uint8_t* g = wb + static_cast<size_t>(i0) * ws;                                                         \
-      const uint8_t* pf = i0 + 2 * LANES < nw ? g + 2 * LANES * ws : nullptr; /* the group after next */           \
-      for (int64_t a0 = 0; a0 < na; a0 += 8) {                                                                      \
-        const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));                                           \
-        const uint8_t* y[8];                                                                                        \
-        for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;                                \
-        alignas(64) float t[8 * LANES];                                                                             \
-        if (a0 > 0)                                                                                                 \
-          FN##_na<2>(cols, g, idx, y, dx + a0 * nb, sx + a0 * nb, nb, pf, ws, buf.data(), t);                       \
-        else if (na > 8)                                                                                            \
-          FN##_na<1>(cols, g, idx, y, dx, sx, nb, pf, ws, buf.data(), t);                                           \
-        else                                                                                                        \
-          FN##_na<0>(cols, g, idx, y, dx, sx, nb, pf, ws, nullptr, t);                                              \
-        for (int a = 0; a < cols; ++a)                                                                              \
-          for (int r = 0; r < rows; ++r) out[(a0 + a) * ldo + i0 + r] = t[a * LANES + r];                           \
-      }                                                                                                             \
-    }                                                                                                               \
+      const uint8_t* g = wb + static_cast<size_t>(i0) * ws;                                                          \
+      const uint8_t* pf = i0 + 2 * LANES < nw ? g + 2 * LANES * ws : nullptr; /* the group after next */            \
+      for (int64_t a0 = 0; a0 < na; a0 += 8) {                                                                       \
+        const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));                                            \
+        const uint8_t* y[8];                                                                                         \
+        for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;                                 \
+        const int32_t* cr = L::kCorr != 0 ? corr + a0 * nb : nullptr;                                               \
+        alignas(64) float t[8 * LANES];                                                                              \
+        if (a0 > 0)                                                                                                  \
+          FN##_na<K, 2>(cols, g, off, y, dx + a0 * nb, sx + a0 * nb, cr, nb, pf, ws, buf.data(), t);                 \
+        else if (na > 8)                                                                                             \
+          FN##_na<K, 1>(cols, g, off, y, dx, sx, cr, nb, pf, ws, buf.data(), t);                                     \
+        else                                                                                                         \
+          FN##_na<K, 0>(cols, g, off, y, dx, sx, cr, nb, pf, ws, nullptr, t);                                        \
+        for (int a = 0; a < cols; ++a)                                                                               \
+          for (int r = 0; r < rows; ++r) out[(a0 + a) * ldo + i0 + r] = t[a * LANES + r];                            \
+      }                                                                                                              \
+    }                                                                                                                \
   }
 
 // ---- 256 bits: 8 rows per register.
-MK_AVX2_FN inline __m256i q41_gather256(const uint8_t* base, __m256i idx) {
-  return _mm256_i32gather_epi32(reinterpret_cast<const int*>(base), idx, 1);
+// Row offsets as gather indices: d for dword gathers (lane r = row r), a / b for the two qword gathers
+// whose even / odd dwords bi_gather2_* interleave back into row order (rows 0 1 4 5 and 2 3 6 7 per
+// 8: _mm256_shuffle_ps picks dwords 0 and 2 of each source's 128-bit lane, a's then b's).
+struct BiIdx256 {
+  __m256i d;
+  __m128i a, b;
+};
+MK_AVX2_FN inline BiIdx256 bi_idx256(const int32_t* o) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o)), _mm_setr_epi32(o[0], o[1], o[4], o[5]),
+          _mm_setr_epi32(o[2], o[3], o[6], o[7])};
 }
-MK_AVX2_FN inline void q41_scales256(__m256i dm, __m256& d, __m256& m) {
+MK_AVX2_FN inline __m256i bi_gather256(const uint8_t* base, const BiIdx256& ix) {
+  return _mm256_i32gather_epi32(reinterpret_cast<const int*>(base), ix.d, 1);
+}
+// dwords 0 and 1 at base + each row's offset, as two row-ordered vectors (half the loads of two
+// dword gathers).
+MK_AVX2_FN inline void bi_gather2_256(const uint8_t* base, const BiIdx256& ix, __m256i& d0, __m256i& d1) {
+  const __m256 qa = _mm256_castsi256_ps(_mm256_i32gather_epi64(reinterpret_cast<const long long*>(base), ix.a, 1));
+  const __m256 qb = _mm256_castsi256_ps(_mm256_i32gather_epi64(reinterpret_cast<const long long*>(base), ix.b, 1));
+  d0 = _mm256_castps_si256(_mm256_shuffle_ps(qa, qb, 0x88));
+  d1 = _mm256_castps_si256(_mm256_shuffle_ps(qa, qb, 0xdd));
+}
+MK_AVX2_FN inline void bi_scales256(__m256i dm, __m256& d, __m256& m) {
   const __m256i lo = _mm256_and_si256(dm, _mm256_set1_epi32(0xffff)), hi = _mm256_srli_epi32(dm, 16);
   d = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)));
   m = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
 }
-MK_AVX2_FN inline __m256i q41_dp256_avx2(__m256i acc, __m256i u, int32_t y) {
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_set1_epi32(y)), _mm256_set1_epi16(1)));
+MK_AVX2_FN inline __m256i bi_dp256_avx2(__m256i acc, __m256i u, __m256i y) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1)));
 }
-MK_AVXVNNI_FN inline __m256i q41_dp256_avxvnni(__m256i acc, __m256i u, int32_t y) {
-  return _mm256_dpbusd_avx_epi32(acc, u, _mm256_set1_epi32(y));
+MK_AVXVNNI_FN inline __m256i bi_dp256_avxvnni(__m256i acc, __m256i u, __m256i y) {
+  return _mm256_dpbusd_avx_epi32(acc, u, y);
 }
-MK_AVX2_FN inline __m256i q41_ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-MK_AVX2_FN inline void q41_st256(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
-#define MK_Q41_TILE256(FN, ATTR, DP)                                                                                  \
-  MK_Q41_TILE(FN, ATTR, __m256, __m256i, 8, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_set1_ps, _mm256_set1_epi8, \
-              _mm256_and_si256, _mm256_srli_epi16, _mm256_cvtepi32_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_add_ps,  \
-              _mm256_store_ps, q41_gather256, DP, q41_scales256, q41_ld256, q41_st256)
-MK_Q41_TILE256(q41_tile256_avx2, MK_AVX2_FN, q41_dp256_avx2)
-MK_Q41_TILE256(q41_tile256_avxvnni, MK_AVXVNNI_FN, q41_dp256_avxvnni)
+MK_AVX2_FN inline __m256i bi_ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+MK_AVX2_FN inline void bi_st256(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
+#define MK_BI_TILE256(FN, ATTR, DP, SIGN_TRICK)                                                                        \
+  MK_BI_TILE(FN, ATTR, __m256, __m256i, 8, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_set1_ps, _mm256_set1_epi8,   \
+             _mm256_set1_epi32, _mm256_and_si256, _mm256_xor_si256, _mm256_srli_epi16, _mm256_abs_epi8,                 \
+             _mm256_sign_epi8, _mm256_cvtepi32_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_store_ps,      \
+             bi_idx256, bi_gather256, bi_gather2_256, DP, bi_scales256, bi_ld256, bi_st256, SIGN_TRICK)
+MK_BI_TILE256(bi_tile256_avx2, MK_AVX2_FN, bi_dp256_avx2, true)
+MK_BI_TILE256(bi_tile256_avxvnni, MK_AVXVNNI_FN, bi_dp256_avxvnni, false)
 
 // ---- 512 bits (AVX-512 VNNI): 16 rows per register.
-MK_AVX512VNNI_FN inline __m512i q41_gather512(const uint8_t* base, __m512i idx) {
-  return _mm512_i32gather_epi32(idx, base, 1);
+struct BiIdx512 {
+  __m512i d;
+  __m256i a, b;
+};
+MK_AVX512VNNI_FN inline BiIdx512 bi_idx512(const int32_t* o) {
+  return {_mm512_loadu_si512(o), _mm256_setr_epi32(o[0], o[1], o[4], o[5], o[8], o[9], o[12], o[13]),
+          _mm256_setr_epi32(o[2], o[3], o[6], o[7], o[10], o[11], o[14], o[15])};
 }
-MK_AVX512VNNI_FN inline void q41_scales512(__m512i dm, __m512& d, __m512& m) {
+MK_AVX512VNNI_FN inline __m512i bi_gather512(const uint8_t* base, const BiIdx512& ix) {
+  return _mm512_i32gather_epi32(ix.d, base, 1);
+}
+MK_AVX512VNNI_FN inline void bi_gather2_512(const uint8_t* base, const BiIdx512& ix, __m512i& d0, __m512i& d1) {
+  const __m512 qa = _mm512_castsi512_ps(_mm512_i32gather_epi64(ix.a, base, 1));
+  const __m512 qb = _mm512_castsi512_ps(_mm512_i32gather_epi64(ix.b, base, 1));
+  d0 = _mm512_castps_si512(_mm512_shuffle_ps(qa, qb, 0x88));
+  d1 = _mm512_castps_si512(_mm512_shuffle_ps(qa, qb, 0xdd));
+}
+MK_AVX512VNNI_FN inline void bi_scales512(__m512i dm, __m512& d, __m512& m) {
   d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
   m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
 }
-MK_AVX512VNNI_FN inline __m512i q41_dp512(__m512i acc, __m512i u, int32_t y) {
-  return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(y));
-}
-MK_AVX512VNNI_FN inline __m512i q41_ld512(const void* p) { return _mm512_loadu_si512(p); }
-MK_AVX512VNNI_FN inline void q41_st512(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
-MK_AVX512VNNI_FN inline __m512i q41_srli512(__m512i v, int s) { return _mm512_srli_epi16(v, static_cast<unsigned>(s)); }
-MK_Q41_TILE(q41_tile512, MK_AVX512VNNI_FN, __m512, __m512i, 16, _mm512_setzero_ps, _mm512_setzero_si512, _mm512_set1_ps,
-            _mm512_set1_epi8, _mm512_and_si512, q41_srli512, _mm512_cvtepi32_ps, _mm512_mul_ps, _mm512_fmadd_ps,
-            _mm512_add_ps, _mm512_store_ps, q41_gather512, q41_dp512, q41_scales512, q41_ld512, q41_st512)
+MK_AVX512VNNI_FN inline __m512i bi_dp512(__m512i acc, __m512i u, __m512i y) { return _mm512_dpbusd_epi32(acc, u, y); }
+MK_AVX512VNNI_FN inline __m512i bi_abs512(__m512i v) { return _mm512_abs_epi8(v); }
+MK_AVX512VNNI_FN inline __m512i bi_sign512(__m512i y, __m512i) { return y; }  // unused: no sign trick with VNNI
+MK_AVX512VNNI_FN inline __m512i bi_ld512(const void* p) { return _mm512_loadu_si512(p); }
+MK_AVX512VNNI_FN inline void bi_st512(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
+MK_AVX512VNNI_FN inline __m512i bi_srli512(__m512i v, int s) { return _mm512_srli_epi16(v, static_cast<unsigned>(s)); }
+MK_BI_TILE(bi_tile512, MK_AVX512VNNI_FN, __m512, __m512i, 16, _mm512_setzero_ps, _mm512_setzero_si512, _mm512_set1_ps,
+           _mm512_set1_epi8, _mm512_set1_epi32, _mm512_and_si512, _mm512_xor_si512, bi_srli512, bi_abs512, bi_sign512,
+           _mm512_cvtepi32_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_store_ps, bi_idx512, bi_gather512,
+           bi_gather2_512, bi_dp512,
+           bi_scales512, bi_ld512, bi_st512, false)
+
+// The gemm_act variants of a block-integer type (quant.h): NAME_avx2, NAME_avxvnni, NAME_avx512vnni,
+// NAME_generic (dot_act per pair through DOT_ACT_GENERIC) and NAME, which picks one once.
+#define MK_QUANT_GEMM_ACT_BLOCKINT(NAME, KIND, DOT_ACT_GENERIC)                                                  \
+  void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,       \
+                   float* out, int64_t ldo) {                                                                   \
+    ::mk::quant::detail::bi_tile256_avx2_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                         \
+  }                                                                                                             \
+  void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,    \
+                      float* out, int64_t ldo) {                                                                \
+    ::mk::quant::detail::bi_tile256_avxvnni_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                      \
+  }                                                                                                             \
+  void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, \
+                         float* out, int64_t ldo) {                                                             \
+    ::mk::quant::detail::bi_tile512_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
+  }                                                                                                             \
+  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)
 
 }  // namespace mk::quant::detail

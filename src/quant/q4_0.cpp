@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "quant/avx2.h"
-#include "quant/gemm_x86.h"
+#include "quant/blockint_x86.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -69,48 +69,13 @@ inline void unpack_block(const uint8_t* b, int8_t* q, float* d, float*) {
   }
 }
 
-// ggml_vec_dot_q4_0_q8_0, AVX2 path.
-MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
-  const uint8_t* p = static_cast<const uint8_t*>(w);
-  const uint8_t* y = static_cast<const uint8_t*>(xq);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes, y += 34) {
-    const __m256 d = _mm256_set1_ps(ld_f16c(p) * ld_f16c(y));
-    const __m256i qx = _mm256_sub_epi8(bytes_from_nibbles_32(p + 2), _mm256_set1_epi8(8));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 2));
-    acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
-  }
-  return hsum_float_8(acc);
-}
-MK_QUANT_DOT_ACT_HAND_AVX2(dot_act, kBytes, unpack_block, false, dot_act_avx2_hand)
-
-// dot_act_avx2_hand against four activation rows, each weight block unpacked once.
-MK_AVX2_FN void dot_act4_avx2_hand(const void* w, const void* const* xq, int64_t n, float* out) {
-  const uint8_t* p = static_cast<const uint8_t*>(w);
-  const uint8_t* y[4];
-  __m256 acc[4];
-  for (int r = 0; r < 4; ++r) {
-    y[r] = static_cast<const uint8_t*>(xq[r]);
-    acc[r] = _mm256_setzero_ps();
-  }
-  for (int64_t b = 0; b < n / kQK; ++b, p += kBytes) {
-    const float dw = ld_f16c(p);
-    const __m256i qx = _mm256_sub_epi8(bytes_from_nibbles_32(p + 2), _mm256_set1_epi8(8));
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* yb = y[r] + b * 34;
-      const __m256 d = _mm256_set1_ps(dw * ld_f16c(yb));
-      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + 2));
-      acc[r] = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) out[r] = hsum_float_8(acc[r]);
-}
-MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2_hand)
-MK_QUANT_GEMM_ACT(gemm_act, GemmKind::q4_0, dot_act_generic)
+// Block-integer numerics (quant.h): an exact integer dot per block, then one float fma per block.
+MK_QUANT_DOT_ACT_SPEC(dot_act, (dot_act_blocks_int<kBytes, unpack_block, false>))
+MK_QUANT_GEMM_ACT_BLOCKINT(gemm_act, BiKind::q4_0, dot_act_generic)
 }  // namespace
 
 extern const QuantType kQ4_0 = {DType::Q4_0, "q4_0", 2, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
+                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
 }  // namespace mk::quant

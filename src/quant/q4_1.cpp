@@ -72,19 +72,7 @@ inline void unpack_block(const uint8_t* b, int8_t* q, float* d, float* m) {
 // Block-integer numerics (quant.h): an exact integer dot per block, then one float fma per block.
 MK_QUANT_DOT_ACT_SPEC(dot_act, (dot_act_blocks_int<kBytes, unpack_block, true>))
 
-void gemm_act_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, float* out,
-                   int64_t ldo) {
-  q41_tile256_avx2_rows(w, ws, nw, x, xs, na, n, out, ldo);
-}
-void gemm_act_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,
-                      float* out, int64_t ldo) {
-  q41_tile256_avxvnni_rows(w, ws, nw, x, xs, na, n, out, ldo);
-}
-void gemm_act_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,
-                         float* out, int64_t ldo) {
-  q41_tile512_rows(w, ws, nw, x, xs, na, n, out, ldo);
-}
-MK_QUANT_GEMM_GENERIC_AND_PICK(gemm_act, dot_act_generic)
+MK_QUANT_GEMM_ACT_BLOCKINT(gemm_act, BiKind::q4_1, dot_act_generic)
 }  // namespace
 
 extern const QuantType kQ4_1 = {DType::Q4_1, "q4_1", 3, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,

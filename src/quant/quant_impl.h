@@ -186,7 +186,7 @@ template <int BYTES, void (*UNPACK)(const uint8_t*, int8_t*, float*, float*), bo
     acc = std::fma(d * ld_f16(y), static_cast<float>(s), acc);
     if constexpr (MIN) summs = std::fma(m, ld_f16(y + 2), summs);
   }
-  return acc + summs;
+  return MIN ? acc + summs : acc;
 }
 
 // The variant/dispatch glue of every dot_act (the 32-element types and the K-quants alike):

@@ -335,14 +335,15 @@ std::array<int32_t, 32> block_ints(DType t, const uint8_t* b) {
   return q;
 }
 
-// The model of quant.h's dot_act for the 32-element types. q4_1: block-integer numerics, an exact
-// integer dot per block, acc = fma(d_w * d_x, dot, acc) and summs = fma(m_w, s_x, summs) in block
-// order, acc + summs. The others: ggml's AVX2 ggml_vec_dot_*_q8_* (arch/x86/quants.c), lanes of 4
-// integer products, fma(d_w * d_x, lane, acc), hsum_float_8, plus sum of fma(m_w, s_x, .) for q5_1.
+// The model of quant.h's dot_act for the 32-element types. q4_0, q4_1, q8_0: block-integer numerics,
+// an exact integer dot per block, acc = fma(d_w * d_x, dot, acc) (q4_1: and summs = fma(m_w, s_x,
+// summs)) in block order, acc (+ summs). q5_0, q5_1: ggml's AVX2 ggml_vec_dot_*_q8_*
+// (arch/x86/quants.c), lanes of 4 integer products, fma(d_w * d_x, lane, acc), hsum_float_8, plus sum
+// of fma(m_w, s_x, .) for q5_1.
 float dot_act_model(const QuantType* q, const uint8_t* wrow, const uint8_t* xq, int64_t n) {
   const bool has_min = q->act->block_bytes == 36;
   const int xqs = has_min ? 4 : 2;
-  if (q->dtype == DType::Q4_1) {
+  if (q->dtype == DType::Q4_0 || q->dtype == DType::Q4_1 || q->dtype == DType::Q8_0) {
     float acc = 0, summs = 0;
     for (int64_t b = 0; b < n / 32; ++b) {
       const uint8_t* blk = wrow + b * q->block_bytes;
@@ -351,9 +352,9 @@ float dot_act_model(const QuantType* q, const uint8_t* wrow, const uint8_t* xq, 
       int32_t s = 0;
       for (int e = 0; e < 32; ++e) s += qw[static_cast<size_t>(e)] * static_cast<int8_t>(y[xqs + e]);
       acc = std::fma(f16_at(blk) * f16_at(y), static_cast<float>(s), acc);
-      summs = std::fma(f16_at(blk + 2), f16_at(y + 2), summs);
+      if (has_min) summs = std::fma(f16_at(blk + 2), f16_at(y + 2), summs);
     }
-    return acc + summs;
+    return has_min ? acc + summs : acc;
   }
   float acc[8] = {}, summs = 0;
   for (int64_t b = 0; b < n / 32; ++b) {
