@@ -1,6 +1,6 @@
-// Register-blocked tiles of dot_act (quant.h QuantType::gemm_act) for q4_0, q5_0, q5_1 and q8_0 weights
-// (q4_1's numerics are block-integer: blockint_x86.h):
-// several weight rows x several activation rows per pass over the blocks, each weight block unpacked
+// Register-blocked tiles of dot_act (quant.h QuantType::gemm_act) for q5_0 and q5_1 weights (q4_0,
+// q4_1 and q8_0 have block-integer numerics: blockint_x86.h): several weight rows x several
+// activation rows per pass over the blocks, each weight block unpacked
 // once for all activation rows and each activation block loaded once for all weight rows.
 //
 // Same bits as dot_act (quant.h): per 32-element block the exact int32 sums of 8 lanes of 4 products
@@ -13,8 +13,8 @@
 //   avx512vnni  vpdpbusd on 512 bits: two weight rows per register (low half row i, high half row
 //               i + 1) against the activation block broadcast to both halves.
 // vpdpbusd multiplies unsigned by signed bytes, so weights go in unsigned with a correction folded
-// into the accumulator's start value (as llama.cpp's VNNI paths do): q4_0 nibbles q with
-// -8 * sum4(y) (q - 8 = value), q8_0 bytes x + 128 with -128 * sum4(y); q5_1 needs none.
+// into the accumulator's start value (as llama.cpp's VNNI paths do): q5_0's 5-bit q with
+// -16 * sum4(y) (q - 16 = value); q5_1 needs none.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -38,20 +38,17 @@ inline void prefetch_bytes(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
-enum class GemmKind { q4_0, q8_0, q5_0, q5_1 };
+enum class GemmKind { q5_0, q5_1 };
 
 template <GemmKind K>
 struct GemmLayout {
-  static constexpr int kBytes = K == GemmKind::q4_0   ? 18  // weight block
-                                : K == GemmKind::q5_0 ? 22
-                                : K == GemmKind::q5_1 ? 24
-                                                      : 34;
+  static constexpr int kBytes = K == GemmKind::q5_0 ? 22 : 24;  // weight block
   static constexpr int kQs = K == GemmKind::q5_0 ? 6 : K == GemmKind::q5_1 ? 8 : 2;  // quants
   static constexpr bool kFive = K == GemmKind::q5_0 || K == GemmKind::q5_1;  // 5th bits in a u32 qh
   static constexpr int kQh = K == GemmKind::q5_0 ? 2 : 4;                    // its offset
   static constexpr bool kMin = K == GemmKind::q5_1;   // q8_1 activations
   static constexpr int kXBytes = kMin ? 36 : 34, kXQs = kMin ? 4 : 2;
-  static constexpr int kCorr = K == GemmKind::q4_0 ? 8 : K == GemmKind::q5_0 ? 16 : K == GemmKind::q8_0 ? 128 : 0;  // weight offset
+  static constexpr int kCorr = K == GemmKind::q5_0 ? 16 : 0;  // weight offset
 };
 
 // ggml's bytes_from_bits_32: byte j = 0xff where bit j of the little-endian u32 at p is set, else 0.
@@ -63,7 +60,7 @@ MK_AVX2_FN inline __m256i bytes_from_bits_32(const uint8_t* p) {
   const __m256i bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
   return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1));
 }
-// The 32 unsigned weight integers of a q4_0 / q5_0 / q5_1 block at p: nibbles (elements 0..15
+// The 32 unsigned weight integers of a q5_0 / q5_1 block at p: nibbles (elements 0..15
 // low, 16..31 high), plus 16 where the 5th bit is set.
 template <GemmKind K>
 MK_AVX2_FN inline __m256i nibble_block_u8(const uint8_t* p) {
@@ -81,7 +78,6 @@ MK_AVX2_FN inline __m256i nibble_block_u8(const uint8_t* p) {
   template <GemmKind K, int NW, int NA>                                                                       \
   ATTR inline void FN(const uint8_t* const* w, const uint8_t* const* y, int64_t nb, float* out) {             \
     using L = GemmLayout<K>;                                                                                  \
-    constexpr bool VNNI = IS_VNNI;                                                                            \
     __m256 acc[NW][NA];                                                                                       \
     float summs[NW][NA];                                                                                      \
     for (int i = 0; i < NW; ++i)                                                                              \
@@ -96,12 +92,7 @@ MK_AVX2_FN inline __m256i nibble_block_u8(const uint8_t* p) {
         const uint8_t* p = w[i] + b * L::kBytes;                                                              \
         dw[i] = ld_f16c(p);                                                                                   \
         if constexpr (L::kMin) mw[i] = ld_f16c(p + 2);                                                        \
-        if constexpr (K == GemmKind::q8_0) {                                                                  \
-          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs));                 \
-          u[i] = VNNI ? _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80))) : x; /* x + 128 / x */ \
-        } else {                                                                                              \
-          u[i] = nibble_block_u8<K>(p);                                                                       \
-        }                                                                                                     \
+        u[i] = nibble_block_u8<K>(p);                                                                         \
       }                                                                                                       \
       for (int a = 0; a < NA; ++a) {                                                                          \
         const uint8_t* yb = y[a] + b * L::kXBytes;                                                            \
@@ -110,15 +101,11 @@ MK_AVX2_FN inline __m256i nibble_block_u8(const uint8_t* p) {
         if constexpr (L::kMin) sx = ld_f16c(yb + 2);                                                          \
         const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + L::kXQs));                \
         __m256i base = _mm256_setzero_si256();                                                                \
-        if constexpr (L::kCorr != 0 && (VNNI || K != GemmKind::q8_0))                                         \
+        if constexpr (L::kCorr != 0)                                                                          \
           base = _mm256_sub_epi32(                                                                            \
               base, dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(L::kCorr)), qy));       \
         for (int i = 0; i < NW; ++i) {                                                                        \
-          __m256i isum;                                                                                       \
-          if constexpr (K == GemmKind::q8_0 && !VNNI) /* signed x signed: |x| times y with x's sign */         \
-            isum = dpbusd(base, _mm256_sign_epi8(u[i], u[i]), _mm256_sign_epi8(qy, u[i]));                    \
-          else                                                                                                \
-            isum = dpbusd(base, u[i], qy);                                                                    \
+          const __m256i isum = dpbusd(base, u[i], qy);                                                        \
           acc[i][a] = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * dx), _mm256_cvtepi32_ps(isum), acc[i][a]);       \
           if constexpr (L::kMin) summs[i][a] = std::fma(mw[i], sx, summs[i][a]);                              \
         }                                                                                                     \
@@ -163,50 +150,29 @@ struct Act256Tables {
   template <GemmKind K, int NA>                                                                               \
   ATTR inline void FN(const uint8_t* w0, const uint8_t* w1, const Act256Tables& t, int64_t nb, float* out) {  \
     using L = GemmLayout<K>;                                                                                  \
-    constexpr bool VNNI = IS_VNNI;                                                                            \
-    constexpr bool kUseCorr = L::kCorr != 0 && (VNNI || K != GemmKind::q8_0);                                 \
-    /* q8_0 on AVX2 only: 1.12x there; q4_0 0.91x, q4_1 and the VNNI builds no faster (BM_QuantGemm, */     \
-    /* A/B interleaved, Zen 5 VM, 2026-12-02) */                                                              \
-    constexpr bool kPackedScales = NA == 4 && !VNNI && K == GemmKind::q8_0;                                   \
+    constexpr bool kUseCorr = L::kCorr != 0;                                                                  \
     __m256 acc[2][NA];                                                                                        \
     __m256 summs = _mm256_setzero_ps(); /* lane 4 i + a: row i's chain with activation row a */               \
     for (int i = 0; i < 2; ++i)                                                                               \
       for (int a = 0; a < NA; ++a) acc[i][a] = _mm256_setzero_ps();                                           \
     const uint8_t* wr[2] = {w0, w1};                                                                          \
     for (int64_t b = 0; b < nb; ++b) {                                                                        \
-      __m256i u[2], au[2];                                                                                    \
+      __m256i u[2];                                                                                           \
       __m256 dw[2];                                                                                           \
       for (int i = 0; i < 2; ++i) {                                                                           \
         const uint8_t* p = wr[i] + b * L::kBytes;                                                             \
         dw[i] = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(ld_u16(p))));                               \
-        if constexpr (K == GemmKind::q8_0) {                                                                  \
-          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L::kQs));                 \
-          u[i] = VNNI ? _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80))) : x; /* x + 128 / x */ \
-          au[i] = _mm256_sign_epi8(x, x);                                                                     \
-        } else {                                                                                              \
-          u[i] = nibble_block_u8<K>(p);                                                                       \
-          au[i] = u[i];                                                                                       \
-        }                                                                                                     \
+        u[i] = nibble_block_u8<K>(p);                                                                         \
       }                                                                                                       \
       const uint8_t* yb = t.q + b * NA * 32;                                                                  \
-      /* kPackedScales: the 8 products d_w[i] * d_x[a] in one multiply, each then broadcast from memory (a load, */ \
-      /* not one of the vector pipes the dot needs); the same products as the lane-wise multiply below */    \
-      alignas(32) float pr[8];                                                                                \
-      if constexpr (kPackedScales)                                                                            \
-        _mm256_store_ps(pr, _mm256_mul_ps(_mm256_blend_ps(dw[0], dw[1], 0xF0),                                 \
-                                          _mm256_broadcast_ps(reinterpret_cast<const __m128*>(t.dx + b * 4)))); \
       for (int a = 0; a < NA; ++a) {                                                                          \
         const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + 32 * a));                 \
         const __m256 dx = _mm256_broadcast_ss(t.dx + b * NA + a);                                             \
         __m256i base = _mm256_setzero_si256();                                                                \
         if constexpr (kUseCorr) base = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.corr + (b * NA + a) * 8)); \
         for (int i = 0; i < 2; ++i) {                                                                         \
-          __m256i isum;                                                                                       \
-          if constexpr (K == GemmKind::q8_0 && !VNNI) /* signed x signed: |x| times y with x's sign */         \
-            isum = dpbusd(base, au[i], _mm256_sign_epi8(qy, u[i]));                                           \
-          else                                                                                                \
-            isum = dpbusd(base, u[i], qy);                                                                    \
-          const __m256 s = kPackedScales ? _mm256_broadcast_ss(pr + 4 * i + a) : _mm256_mul_ps(dw[i], dx);    \
+          const __m256i isum = dpbusd(base, u[i], qy);                                                        \
+          const __m256 s = _mm256_mul_ps(dw[i], dx);                                                          \
           acc[i][a] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(isum), acc[i][a]);                                \
         }                                                                                                     \
       }                                                                                                       \
@@ -229,8 +195,7 @@ struct Act256Tables {
   ATTR void FN##_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t x_stride, int64_t na, \
                       int64_t n, float* out, int64_t ldo) {                                                   \
     using L = GemmLayout<K>;                                                                                  \
-    constexpr bool VNNI = IS_VNNI;                                                                            \
-    constexpr bool kUseCorr = L::kCorr != 0 && (VNNI || K != GemmKind::q8_0);                                 \
+    constexpr bool kUseCorr = L::kCorr != 0;                                                                  \
     const uint8_t* wb = static_cast<const uint8_t*>(w);                                                       \
     const uint8_t* xb = static_cast<const uint8_t*>(xq);                                                      \
     const int64_t nb = n / 32;                                                                                \
@@ -288,11 +253,10 @@ MK_GEMM_TILE256T(gemm_tile256t_avxvnni, MK_AVXVNNI_FN, true, dpbusd256_avxvnni)
 // weight rows per register (low half row 2p, high half row 2p + 1) against the activation block
 // broadcast to both halves; per (pair, activation row, block) vpdpbusd, the scale product
 // [d_w0 d_x x 8 | d_w1 d_x x 8] (one multiply), convert, fma. The activation rows' quants, f32
-// scales and (q4_0, q5_0, q8_0) corrections come from per-call tables packed block by block ([b][a]:
+// scales and (q5_0) corrections come from per-call tables packed block by block ([b][a]:
 // one pointer for all activation rows, none to keep per row), the quants and corrections already
 // doubled to 512 bits (a plain load, where a 256-to-512-bit broadcast costs vector-unit work on Zen 4:
-// ~10% of the tile), and a q4_0 weight pair is unpacked with one 128-bit-lane shuffle, one
-// variable word shift and one mask. q5_1's minimum terms are left to gemm_rows512p (a separate
+// ~10% of the tile). q5_1's minimum terms are left to gemm_rows512p (a separate
 // pass, vectorised over activation rows).
 //   yc: [nb][NA][64] activation quants, twice; dxc: [nb][NA] activation scales; cc: [nb][NA][16]
 //   int32 -kCorr * sum4(y), twice (kCorr types only); out[(2p + h) * NA + a] = dot of weight row 2p + h.
@@ -303,9 +267,6 @@ MK_AVX512VNNI_FN inline void gemm_tile512p(const uint8_t* const* w, const uint8_
   __m512 acc[NP][NA];
   for (int p = 0; p < NP; ++p)
     for (int a = 0; a < NA; ++a) acc[p][a] = _mm512_setzero_ps();
-  // words of [row i low nibbles | row i high | row i+1 low | row i+1 high] shift by 0, 4, 0, 4
-  const __m512i shifts = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
-                                          0x0004000400040004, 0, 0);
   for (int64_t b = 0; b < nb; ++b) {
     // pf: weight bytes a later tile reads, fetched ahead (2*NP rows' worth per block), where the
     // hardware prefetcher alone leaves a streaming one-row decode latency-bound
@@ -316,20 +277,7 @@ MK_AVX512VNNI_FN inline void gemm_tile512p(const uint8_t* const* w, const uint8_
     for (int p = 0; p < NP; ++p) {
       const uint8_t* p0 = w[2 * p] + b * L::kBytes;
       const uint8_t* p1 = w[2 * p + 1] + b * L::kBytes;
-      if constexpr (K == GemmKind::q4_0) {
-        const __m256i q = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + L::kQs))),
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + L::kQs)), 1);
-        const __m512i z = _mm512_castsi256_si512(q);
-        u[p] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(z, z, 0x50), shifts), _mm512_set1_epi8(0x0f));
-      } else if constexpr (K == GemmKind::q8_0) {
-        const __m512i z = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + L::kQs))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1 + L::kQs)), 1);
-        u[p] = _mm512_xor_si512(z, _mm512_set1_epi8(static_cast<char>(0x80)));
-      } else {
-        u[p] = _mm512_inserti64x4(_mm512_castsi256_si512(nibble_block_u8<K>(p0)), nibble_block_u8<K>(p1), 1);
-      }
+      u[p] = _mm512_inserti64x4(_mm512_castsi256_si512(nibble_block_u8<K>(p0)), nibble_block_u8<K>(p1), 1);
       const __m256i h = _mm256_mask_set1_epi16(_mm256_set1_epi16(static_cast<short>(ld_u16(p0))), 0xff00,
                                                static_cast<short>(ld_u16(p1)));
       dw[p] = _mm512_cvtph_ps(h);

@@ -92,10 +92,11 @@ struct QuantType {
   // block, integer products summed in 8 int32 lanes (lane l = elements 4l..4l+3), each lane
   // acc[l] = fma(d_w * d_x, float(sum), acc[l]); the lanes combined as ggml's hsum_float_8 ((l, l + 4),
   // (l, l + 2), (l, l + 1)), plus, for the types with a minimum, sum over blocks of fma(m_w, s_x, .):
-  // the bits of ggml's AVX2 ggml_vec_dot_*_q8_* (arch/x86/quants.c). Except q4_1, whose numerics are
-  // block-integer (as llama.cpp's repacked kernels): per block the exact int32 dot, then
-  // acc = fma(d_w * d_x, float(dot), acc) and summs = fma(m_w, s_x, summs) in block order, acc + summs
-  // (detail::dot_act_blocks_int; gemm_act does it 8 or 16 weight rows per register, blockint_x86.h).
+  // the bits of ggml's AVX2 ggml_vec_dot_*_q8_* (arch/x86/quants.c): q5_0, q5_1. q4_0, q4_1 and q8_0
+  // have block-integer numerics instead (as llama.cpp's repacked x86 kernels): per block the exact
+  // int32 dot, then acc = fma(d_w * d_x, float(dot), acc) (q4_1: and summs = fma(m_w, s_x, summs)) in
+  // block order, acc (+ summs) (detail::dot_act_blocks_int; gemm_act does it 8 or 16 weight rows per
+  // register, blockint_x86.h), which needs a quarter of the float work per multiply-add.
   // The K-quants do the same per
   // 256-element super-block with the sub-block scales inside the integer lanes and the minimum via
   // q8_K's bsums (k_act.h): the bits of ggml_vec_dot_qN_K_q8_K. All variants give the same bits.
@@ -103,12 +104,13 @@ struct QuantType {
   float (*dot_act)(const void* w, const void* xq, int64_t n) = nullptr;
   float (*dot_act_variants[3])(const void* w, const void* xq, int64_t n) = {};
   // dot_act of one weight row against four activation rows xq[0..3] (out[r]; the same bits as four
-  // dot_act calls), unpacking each weight block once: for prefill. nullptr where not written (q4_1,
-  // q5_0, q5_1: their gemm_act serves); the AVX2 kernel on AVX2/AVX-512 machines, else four dot_act calls.
+  // dot_act calls), unpacking each weight block once: for prefill. nullptr where not written (q4_0,
+  // q4_1, q5_0, q5_1, q8_0: their gemm_act serves); the AVX2 kernel on AVX2/AVX-512 machines, else four dot_act calls.
   void (*dot_act4)(const void* w, const void* const* xq, int64_t n, float* out) = nullptr;
   // A tile of dot_act: out[a * ldo + i] = dot_act(w + i * w_stride, xq + a * xq_stride, n) for weight
   // rows i < nw and activation rows a < na (strides in bytes), the same bits as dot_act per pair.
-  // Register-blocked (q4_1: src/quant/blockint_x86.h, one weight row per lane; src/quant/gemm_x86.h: 4 weight rows x 8 activation rows per pass with AVX-512
+  // Register-blocked (q4_0, q4_1, q8_0: src/quant/blockint_x86.h, one weight row per lane; q5_0, q5_1:
+  // src/quant/gemm_x86.h: 4 weight rows x 8 activation rows per pass with AVX-512
   // VNNI, 2 x 4 with AVX2 / AVX-VNNI; src/quant/k_gemm_x86.h for the K-quants: 2 x 4 per pass over
   // q8_K super-blocks, and src/quant/k_gemm_pp.h for q4_K/q5_K/q6_K prefill with AVX-512 VNNI: 2 x up
   // to 16, both weight rows in one register): for batched decode and prefill. Every type has one (nullptr would mean not
