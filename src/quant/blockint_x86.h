@@ -72,7 +72,7 @@ inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb, float* dx
                    SIGN8, CVT, MUL, FMA, ADD, STORE, IDX, GATHER, GATHER2, DP, SCALES, LDV, STV, SIGN_TRICK)                           \
   template <BiKind K, int NA, int MODE>                                                                              \
   ATTR inline void FN(const uint8_t* g, const int32_t* off, const uint8_t* const* y, const float* dx, const float* sx, \
-                      const int32_t* corr, int64_t nb, const uint8_t* pf, size_t ws, uint8_t* buf, float* out) {     \
+                      const int32_t* corr, int64_t nb, uintptr_t pf, size_t ws, uint8_t* buf, float* out) {          \
     using L = BiLayout<K>;                                                                                           \
     constexpr int kVB = LANES * 4; /* bytes per vector */                                                            \
     constexpr bool kSign = K == BiKind::q8_0 && SIGN_TRICK; /* AVX2 q8_0: |x| times y with x's sign */               \
@@ -83,10 +83,13 @@ inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb, float* dx
     const auto ix = IDX(off);                                                                                        \
     for (int64_t b = 0; b < nb; ++b) {                                                                               \
       const uint8_t* blk = g + b * L::kBytes;                                                                        \
-      uint8_t* bb = buf + b * (L::kWV + 1) * kVB;                                                                    \
-      /* the rows of a later group: a line per row every 3 blocks or less (no line skipped) */                       \
-      if (MODE != 2 && pf && b % (64 / L::kBytes) == 0)                                                              \
-        for (int r = 0; r < LANES; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + b * L::kBytes), _MM_HINT_T0); \
+      uint8_t* bb = MODE != 0 ? buf + b * (L::kWV + 1) * kVB : nullptr; /* buf is null in MODE 0 */             \
+      /* the rows of a later group: a line per row every 3 blocks or less (no line skipped); the addresses */         \
+      /* are formed as integers (rows of that group past the matrix would be pointers past the array; a prefetch */  \
+      /* never faults) */                                                                                            \
+      if (MODE != 2 && pf != 0 && b % (64 / L::kBytes) == 0)                                                         \
+        for (int r = 0; r < LANES; ++r)                                                                              \
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + static_cast<uintptr_t>(b * L::kBytes)), _MM_HINT_T0); \
       VI is[NA], c_next;                                                                                             \
       for (int a = 0; a < NA; ++a) is[a] = kCorr ? SET1_EPI32(corr[b * NA + a]) : SETZ_SI();                         \
       for (int k = 0; k < L::kWV; ++k) {                                                                             \
@@ -139,7 +142,7 @@ inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb, float* dx
   template <BiKind K, int MODE>                                                                                      \
   ATTR inline void FN##_na(int na, const uint8_t* g, const int32_t* off, const uint8_t* const* y, const float* dx,    \
                            const float* sx,                                                                         \
-                           const int32_t* corr, int64_t nb, const uint8_t* pf, size_t ws, uint8_t* buf, float* t) {  \
+                           const int32_t* corr, int64_t nb, uintptr_t pf, size_t ws, uint8_t* buf, float* t) {       \
     switch (na) {                                                                                                    \
       case 1: return FN<K, 1, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                    \
       case 2: return FN<K, 2, MODE>(g, off, y, dx, sx, corr, nb, pf, ws, buf, t);                                    \
@@ -181,7 +184,7 @@ inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb, float* dx
       alignas(64) int32_t off[LANES];                                                                                \
       for (int r = 0; r < LANES; ++r) off[r] = static_cast<int32_t>(std::min(r, rows - 1) * static_cast<int64_t>(ws)); \
       const uint8_t* g = wb + static_cast<size_t>(i0) * ws;                                                          \
-      const uint8_t* pf = i0 + 2 * LANES < nw ? g + 2 * LANES * ws : nullptr; /* the group after next */            \
+      const uintptr_t pf = i0 + 2 * LANES < nw ? reinterpret_cast<uintptr_t>(g) + 2 * LANES * ws : 0; /* 2 groups on */ \
       for (int64_t a0 = 0; a0 < na; a0 += 8) {                                                                       \
         const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));                                            \
         const uint8_t* y[8];                                                                                         \
@@ -281,16 +284,23 @@ MK_BI_TILE(bi_tile512, MK_AVX512VNNI_FN, __m512, __m512i, 16, _mm512_setzero_ps,
 // The gemm_act variants of a block-integer type (quant.h): NAME_avx2, NAME_avxvnni, NAME_avx512vnni,
 // NAME_generic (dot_act per pair through DOT_ACT_GENERIC) and NAME, which picks one once.
 #define MK_QUANT_GEMM_ACT_BLOCKINT(NAME, KIND, DOT_ACT_GENERIC)                                                  \
+  void NAME##_generic(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,    \
+                      float* out, int64_t ldo);                                                                 \
+  /* the gathers take 15 row strides as int32 offsets: rows of over 128 MiB go the generic way */              \
+  constexpr size_t NAME##_max_stride = static_cast<size_t>(INT32_MAX) / 16;                                    \
   void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,       \
                    float* out, int64_t ldo) {                                                                   \
+    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
     ::mk::quant::detail::bi_tile256_avx2_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                         \
   }                                                                                                             \
   void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,    \
                       float* out, int64_t ldo) {                                                                \
+    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
     ::mk::quant::detail::bi_tile256_avxvnni_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                      \
   }                                                                                                             \
   void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, \
                          float* out, int64_t ldo) {                                                             \
+    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
     ::mk::quant::detail::bi_tile512_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
   }                                                                                                             \
   MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)
