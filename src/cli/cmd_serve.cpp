@@ -153,7 +153,9 @@ int64_t get_int(const json& body, const char* name, int64_t def, int64_t lo, int
   if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
     bad(name, fmt::format("'{}' is too large", name));
   int64_t x = v->get<int64_t>();
-  if (x < lo || x > hi) bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
+  if (x < lo || x > hi)
+    bad(name, lo == hi ? fmt::format("only '{}' = {} is supported, got {}", name, lo, x)
+                       : fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
   return x;
 }
 bool get_bool(const json& body, const char* name, bool def) {
