@@ -41,17 +41,6 @@ MK_AVX2_FN inline __m256i i8_lo(__m128i v) { return _mm256_cvtepi8_epi32(v); }
 MK_AVX2_FN inline __m256i i8_hi(__m128i v) { return _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)); }
 MK_AVX2_FN inline __m256 to_ps(__m256i v) { return _mm256_cvtepi32_ps(v); }
 
-// Integer block dots as ggml's x86 quants.c does them (dot_act of quant.h): 32 bytes in, 8 int32
-// lanes of 4 products each out, as float (exact: |sum| < 2^16).
-// Unsigned bytes ax (0..31) times signed bytes sy.
-MK_AVX2_FN inline __m256 mul_sum_us8_pairs_float(__m256i ax, __m256i sy) {
-  const __m256i dot = _mm256_maddubs_epi16(ax, sy);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot));
-}
-// Signed bytes x times signed bytes y.
-MK_AVX2_FN inline __m256 mul_sum_i8_pairs_float(__m256i x, __m256i y) {
-  return mul_sum_us8_pairs_float(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-}
 // 16 bytes of nibbles to 32 bytes: low nibbles first (elements 0..15), then the high ones.
 MK_AVX2_FN inline __m256i bytes_from_nibbles_32(const uint8_t* p) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

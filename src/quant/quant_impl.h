@@ -223,8 +223,6 @@ template <int BYTES, void (*UNPACK)(const uint8_t*, int8_t*, float*, float*), bo
 // The 32-element types: the spec is dot_act_blocks over UNPACK.
 #define MK_QUANT_DOT_ACT(NAME, BYTES, UNPACK, MIN) \
   MK_QUANT_DOT_ACT_SPEC(NAME, (::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>))
-#define MK_QUANT_DOT_ACT_HAND_AVX2(NAME, BYTES, UNPACK, MIN, AVX2_FN) \
-  MK_QUANT_DOT_ACT_SPEC_HAND_AVX2(NAME, (::mk::quant::detail::dot_act_blocks<BYTES, UNPACK, MIN>), AVX2_FN)
 
 // dot_act4 from a hand-written AVX2 four-row kernel, or four calls of NAME where the CPU has no AVX2.
 #define MK_QUANT_DOT_ACT4_HAND_AVX2(NAME, DOT_ACT, AVX2_FN)                                                   \
