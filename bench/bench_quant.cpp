@@ -121,7 +121,8 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_dot_act, DType::T, -1)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime(); \
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_avx2, DType::T, 1)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();     \
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_avxvnni, DType::T, 2)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();  \
-  BENCHMARK_CAPTURE(BM_QuantGemm, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();
+  BENCHMARK_CAPTURE(BM_QuantGemm, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime(); \
+  BENCHMARK_CAPTURE(BM_QuantGemm, T##_amx, DType::T, 4)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();
 MK_QUANT_GEMM_BENCH(Q4_0)
 MK_QUANT_GEMM_BENCH(Q4_1)
 MK_QUANT_GEMM_BENCH(Q5_0)

@@ -281,28 +281,4 @@ MK_BI_TILE(bi_tile512, MK_AVX512VNNI_FN, __m512, __m512i, 16, _mm512_setzero_ps,
            bi_gather2_512, bi_dp512,
            bi_scales512, bi_ld512, bi_st512, false)
 
-// The gemm_act variants of a block-integer type (quant.h): NAME_avx2, NAME_avxvnni, NAME_avx512vnni,
-// NAME_generic (dot_act per pair through DOT_ACT_GENERIC) and NAME, which picks one once.
-#define MK_QUANT_GEMM_ACT_BLOCKINT(NAME, KIND, DOT_ACT_GENERIC)                                                  \
-  void NAME##_generic(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,    \
-                      float* out, int64_t ldo);                                                                 \
-  /* the gathers take 15 row strides as int32 offsets: rows of over 128 MiB go the generic way */              \
-  constexpr size_t NAME##_max_stride = static_cast<size_t>(INT32_MAX) / 16;                                    \
-  void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,       \
-                   float* out, int64_t ldo) {                                                                   \
-    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
-    ::mk::quant::detail::bi_tile256_avx2_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                         \
-  }                                                                                                             \
-  void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,    \
-                      float* out, int64_t ldo) {                                                                \
-    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
-    ::mk::quant::detail::bi_tile256_avxvnni_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                      \
-  }                                                                                                             \
-  void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, \
-                         float* out, int64_t ldo) {                                                             \
-    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
-    ::mk::quant::detail::bi_tile512_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
-  }                                                                                                             \
-  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)
-
 }  // namespace mk::quant::detail

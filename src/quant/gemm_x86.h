@@ -427,8 +427,9 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
   }
 
 // NAME_generic (dot_act per pair through DOT_ACT_GENERIC) and NAME, which picks one of NAME_generic,
-// NAME_avx2, NAME_avxvnni, NAME_avx512vnni once (gemm_isa).
-#define MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)                                                  \
+// NAME_avx2, NAME_avxvnni, NAME_avx512vnni, AMX_FN once (gemm_isa; AMX_FN is NAME_avx512vnni for the
+// types without an AMX tile).
+#define MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC, AMX_FN)                                                  \
   void NAME##_generic(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,  \
                       float* out, int64_t ldo) {                                                              \
     for (int64_t i = 0; i < nw; ++i)                                                                          \
@@ -440,6 +441,7 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
             int64_t ldo) {                                                                                    \
     static const ::mk::quant::GemmIsa isa = ::mk::quant::gemm_isa();                                          \
     switch (isa) {                                                                                            \
+      case ::mk::quant::GemmIsa::amx: return AMX_FN(w, ws, nw, x, xs, na, n, out, ldo);                      \
       case ::mk::quant::GemmIsa::avx512vnni: return NAME##_avx512vnni(w, ws, nw, x, xs, na, n, out, ldo);     \
       case ::mk::quant::GemmIsa::avxvnni: return NAME##_avxvnni(w, ws, nw, x, xs, na, n, out, ldo);           \
       case ::mk::quant::GemmIsa::avx2: return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                 \
@@ -485,4 +487,4 @@ inline void gemm_rows(const void* w, size_t w_stride, int64_t nw, const void* xq
       return NAME##_avx2(w, ws, nw, x, xs, na, n, out, ldo);                                                  \
     ::mk::quant::detail::gemm_rows512p<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
   }                                                                                                           \
-  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)
+  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC, NAME##_avx512vnni)

@@ -292,7 +292,7 @@ void kgemm_rows512(const void* w, size_t w_stride, int64_t nw, const void* xq, s
     if (na == 1) return NAME##_one_row(w, ws, nw, x, n, out);                                                 \
     ::mk::quant::detail::kgemm_rows512<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                            \
   }                                                                                                           \
-  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC)
+  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC, NAME##_avx512vnni)
 
 // dot_act4 of quant.h for K-quant kind KIND: the AVX2 tile with one weight row and four activation
 // rows (each weight chunk unpacked once), or four DOT_ACT calls where the CPU has no AVX2.

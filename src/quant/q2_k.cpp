@@ -121,5 +121,6 @@ MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q2_K, dot_act_generic, dot_act_avx2_han
 extern const QuantType kQ2_K = {DType::Q2_K, "q2_K", 10, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
+                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni,
+                                                     gemm_act_avx512vnni}};
 }  // namespace mk::quant

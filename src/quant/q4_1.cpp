@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "quant/avx2.h"
-#include "quant/blockint_x86.h"
+#include "quant/blockint_amx.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -78,5 +78,6 @@ MK_QUANT_GEMM_ACT_BLOCKINT(gemm_act, BiKind::q4_1, dot_act_generic)
 extern const QuantType kQ4_1 = {DType::Q4_1, "q4_1", 3, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_1Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
+                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni,
+                                                     gemm_act_amx}};
 }  // namespace mk::quant

@@ -66,5 +66,6 @@ MK_QUANT_GEMM_ACT(gemm_act, GemmKind::q5_0, dot_act_generic)
 extern const QuantType kQ5_0 = {DType::Q5_0, "q5_0", 6, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
+                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni,
+                                                     gemm_act_avx512vnni}};
 }  // namespace mk::quant

@@ -67,5 +67,6 @@ MK_QUANT_GEMM_ACT(gemm_act, GemmKind::q5_1, dot_act_generic)
 extern const QuantType kQ5_1 = {DType::Q5_1, "q5_1", 7, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_1Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
+                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni,
+                                                     gemm_act_avx512vnni}};
 }  // namespace mk::quant

@@ -125,5 +125,6 @@ MK_QUANT_GEMM_ACT_K(gemm_act, KGemmKind::q5_K, dot_act_generic, dot_act_avx2_han
 extern const QuantType kQ5_K = {DType::Q5_K, "q5_K", 13, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_KAct, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
+                                dot_act4, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni,
+                                                     gemm_act_avx512vnni}};
 }  // namespace mk::quant

@@ -1,6 +1,6 @@
 // q8_0 (ggml id 8): 32 elements in 34 bytes, { f16 d; i8 qs[32] }; value d * q (block_q8_0).
 #include "quant/avx2.h"
-#include "quant/blockint_x86.h"
+#include "quant/blockint_amx.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -56,5 +56,6 @@ MK_QUANT_GEMM_ACT_BLOCKINT(gemm_act, BiKind::q8_0, dot_act_generic)
 extern const QuantType kQ8_0 = {DType::Q8_0, "q8_0", 8, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                 quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
                                 &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
-                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni}};
+                                nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni,
+                                                     gemm_act_amx}};
 }  // namespace mk::quant

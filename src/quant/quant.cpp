@@ -2,6 +2,11 @@
 
 #include <array>
 #include <cstdlib>
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "model/model_file.h"
 #include "quant/quant_impl.h"
@@ -29,10 +34,24 @@ Isa runtime_isa() {
 DotIsa dot_isa() { return detail::runtime_isa(); }
 
 namespace {
+// AMX-TILE and AMX-INT8 (CPUID.(EAX=7, ECX=0):EDX[24], [25]) and the kernel's permission to use the
+// tile data state (XFEATURE_XTILEDATA = 18), which Linux grants per process on request.
+bool amx_permitted() {
+#if defined(__x86_64__) && defined(__linux__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 GemmIsa runtime_gemm_isa() {
   __builtin_cpu_init();
   if (detail::runtime_isa() == DotIsa::generic) return GemmIsa::generic;
-  if (detail::runtime_isa() == DotIsa::avx512 && __builtin_cpu_supports("avx512vnni")) return GemmIsa::avx512vnni;
+  if (detail::runtime_isa() == DotIsa::avx512 && __builtin_cpu_supports("avx512vnni"))
+    return amx_permitted() ? GemmIsa::amx : GemmIsa::avx512vnni;
   if (__builtin_cpu_supports("avxvnni")) return GemmIsa::avxvnni;
   return GemmIsa::avx2;
 }
@@ -48,7 +67,7 @@ GemmIsa gemm_isa() {
   static const GemmIsa isa = [] {
     GemmIsa best = runtime_gemm_isa();
     if (const char* e = std::getenv("MK_GEMM_ISA"))
-      for (GemmIsa i : {GemmIsa::generic, GemmIsa::avx2, GemmIsa::avxvnni, GemmIsa::avx512vnni})
+      for (GemmIsa i : {GemmIsa::generic, GemmIsa::avx2, GemmIsa::avxvnni, GemmIsa::avx512vnni, GemmIsa::amx})
         if (gemm_isa_name(i) == e && gemm_isa_available(i)) best = i;
     return best;
   }();
@@ -57,6 +76,7 @@ GemmIsa gemm_isa() {
 
 std::string_view gemm_isa_name(GemmIsa isa) {
   switch (isa) {
+    case GemmIsa::amx: return "amx";
     case GemmIsa::avx512vnni: return "avx512vnni";
     case GemmIsa::avxvnni: return "avxvnni";
     case GemmIsa::avx2: return "avx2";

@@ -118,7 +118,7 @@ struct QuantType {
   using GemmActFn = void (*)(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t xq_stride,
                              int64_t na, int64_t n, float* out, int64_t ldo);
   GemmActFn gemm_act = nullptr;
-  GemmActFn gemm_act_variants[4] = {};  // indexed by GemmIsa (tests call each one the CPU runs)
+  GemmActFn gemm_act_variants[5] = {};  // indexed by GemmIsa (tests call each one the CPU runs)
 };
 
 // The entry for a quantized type, or nullptr for f32, f16, bf16, i32.
@@ -135,9 +135,13 @@ bool dot_isa_available(DotIsa isa);
 std::string_view dot_isa_name(DotIsa isa);
 
 // Instruction sets of gemm_act: generic (dot_act per pair), AVX2 (vpmaddubsw), AVX-VNNI (vpdpbusd on
-// 256 bits) and AVX-512 VNNI (vpdpbusd on 512 bits). All give the same bits.
-enum class GemmIsa { generic = 0, avx2 = 1, avxvnni = 2, avx512vnni = 3 };
-// The one QuantType::gemm_act uses on this machine (MK_GEMM_ISA=generic|avx2|avxvnni|avx512vnni
+// 256 bits), AVX-512 VNNI (vpdpbusd on 512 bits) and AMX (AMX-INT8 tiles for q4_0, q4_1, q8_0,
+// src/quant/blockint_amx.h; gemm_act takes them from 32 activation rows up (prefill), the AVX-512
+// VNNI tile below that and for the other types). AMX counts as available when the CPU has AMX-TILE and AMX-INT8 and the
+// kernel grants the tile state (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once). All give the same
+// bits.
+enum class GemmIsa { generic = 0, avx2 = 1, avxvnni = 2, avx512vnni = 3, amx = 4 };
+// The one QuantType::gemm_act uses on this machine (MK_GEMM_ISA=generic|avx2|avxvnni|avx512vnni|amx
 // picks a lower one, for benchmarks), whether the CPU can run one, and its name.
 GemmIsa gemm_isa();
 bool gemm_isa_available(GemmIsa isa);

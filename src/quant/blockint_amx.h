@@ -1,0 +1,243 @@
+// gemm_act for q4_0, q4_1 and q8_0 weights on Intel AMX (AMX-INT8: TDPBSSD / TDPBSUD on 16 x 64-byte
+// tiles; Intel SDM vol. 1 ch. 18, "Intel Advanced Matrix Extensions"), with the same block-integer
+// numerics and bits as every other variant (quant.h dot_act; blockint_x86.h): per 32-element block
+// the exact int32 dot, then acc = fma(d_w * d_x, float(dot), acc) in block order, q4_1 also summs =
+// fma(m_w, s_x, summs), dot = acc (+ summs).
+//
+// One TDPB* multiplies a 16 x 32-byte activation tile A (16 activation rows, one block each) by a
+// 32 x 16 weight tile B (one block of 16 weight rows, laid out as 8 rows of 16 dwords: B row k holds
+// elements 4k..4k+3 of each weight row, exactly what blockint_x86.h's gathers produce, one weight row
+// per lane) into C = the 256 exact block dots, 8192 multiply-adds per instruction. The float work is
+// what the spec asks, one multiply and one fma per (activation row, weight row, block), 16 lanes at a
+// time, from C stored to L1. Weights: q8_0's bytes and q4_0's nibbles minus 8 as signed bytes
+// (TDPBSSD), q4_1's nibbles as unsigned ones (TDPBSUD). Per call the activation blocks are staged
+// once into 16-row tiles (zero rows past the last), and per group of 16 weight rows the weight tiles
+// of every block are built once into an L1/L2 buffer, then reused by each activation group.
+//
+// Needs the kernel's permission for the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once by
+// gemm_isa() in quant.cpp); each thread loads the tile configuration on its first call.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "quant/blockint_x86.h"
+
+#define MK_AMX_FN \
+  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,bmi2")))
+
+namespace mk::quant::detail {
+
+// ldtilecfg's 64-byte operand (palette 1): tiles 0-3 = C (16 x 64 bytes of int32), 4, 5 = A (16
+// rows x 32 bytes), 6, 7 = B (8 rows x 64 bytes).
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 32, 32, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 8, 8};
+};
+
+// GCC's tile intrinsics are asm statements that do not tell the compiler which memory they read or
+// write: a compiler barrier between the C++ stores of the tiles' sources and their tileloadd, and
+// between tilestored and the C++ loads of its result.
+inline void amx_memory_barrier() { asm volatile("" ::: "memory"); }
+
+// Loads the tile configuration; each call ends with tilerelease, so that the tile state is back in
+// its initial state between calls (a context switch then has no tile data to save).
+MK_AMX_FN inline void amx_configure() {
+  static const AmxTileConfig cfg;
+  _tile_loadconfig(&cfg);
+}
+
+// C (tile T) of one block into the 16 accumulators: acc[m] = fma(dw * dx[m], float(C[m]), acc[m]).
+#define MK_AMX_SCALE_BLOCK(CBUF, DW, DX)                                                            \
+  _Pragma("GCC unroll 16") for (int m = 0; m < 16; ++m) {                                                                 \
+    const __m512 c = _mm512_cvtepi32_ps(_mm512_load_si512((CBUF) + 16 * m));                     \
+    acc[m] = _mm512_fmadd_ps(_mm512_mul_ps((DW), _mm512_set1_ps((DX)[m])), c, acc[m]);           \
+  }
+
+// gemm_act on an AMX machine takes the AVX-512 VNNI tile below this many activation rows. Measured
+// 2026-12-03 (Intel Xeon VM, 2 vCPU, SmolLM2 Q4_1): the AMX tile is faster in BM_QuantGemm from 16
+// rows up (in cache), yet 16-stream serve decode was 5-9% slower with it (weights from DRAM, every
+// weight tile built for one activation tile) while a 280-token prompt was about 6% faster.
+inline constexpr int64_t kAmxMinRows = 32;
+
+template <BiKind K>
+MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq, size_t xs, int64_t na, int64_t n,
+                           float* out, int64_t ldo) {
+  using L = BiLayout<K>;
+  constexpr bool kSigned = K != BiKind::q4_1;  // TDPBSSD on signed weights, TDPBSUD on q4_1's nibbles
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  const uint8_t* xb = static_cast<const uint8_t*>(xq);
+  const int64_t nb = n / 32, ng = (na + 15) / 16;
+  // Activation tiles [group][block] (16 rows x 32 bytes), their d_x and s_x [group][block][row].
+  thread_local std::vector<uint8_t> atiles, wtiles;
+  thread_local std::vector<float> ascale, wscale;
+  atiles.assign(static_cast<size_t>(ng * nb * 512), 0);
+  ascale.assign(static_cast<size_t>(2 * ng * nb * 16), 0.0f);
+  float* adx = ascale.data();
+  float* asx = adx + ng * nb * 16;
+  for (int64_t a = 0; a < na; ++a) {
+    const int64_t g = a / 16, m = a % 16;
+    const uint8_t* y = xb + static_cast<size_t>(a) * xs;
+    for (int64_t b = 0; b < nb; ++b, y += L::kXBytes) {
+      std::memcpy(atiles.data() + (g * nb + b) * 512 + m * 32, y + L::kXQs, 32);
+      adx[(g * nb + b) * 16 + m] = ld_f16(y);
+      if constexpr (L::kMin) asx[(g * nb + b) * 16 + m] = ld_f16(y + 2);
+    }
+  }
+  // Weight tiles of one group of 16 rows [block] (8 x 64 bytes), d_w and m_w [block][row].
+  wtiles.resize(static_cast<size_t>(nb * 512));
+  wscale.resize(static_cast<size_t>(2 * nb * 16));
+  float* wdw = wscale.data();
+  float* wmw = wdw + nb * 16;
+  alignas(64) int32_t cbuf[2][256];
+  amx_configure();
+  alignas(64) float summs_t[16 * 16];
+  const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8);
+  for (int64_t i0 = 0; i0 < nw; i0 += 16) {
+    const int rows = static_cast<int>(std::min<int64_t>(16, nw - i0));
+    alignas(64) int32_t off[16];
+    for (int r = 0; r < 16; ++r) off[r] = static_cast<int32_t>(std::min(r, rows - 1) * static_cast<int64_t>(ws));
+    const BiIdx512 ix = bi_idx512(off);
+    const uint8_t* g = wb + static_cast<size_t>(i0) * ws;
+    // the group after next: a line per row every 3 blocks or less (addresses as integers, as
+    // blockint_x86.h: rows past the matrix are never dereferenced)
+    const uintptr_t pf = i0 + 32 < nw ? reinterpret_cast<uintptr_t>(g) + 32 * ws : 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = g + b * L::kBytes;
+      uint8_t* t = wtiles.data() + b * 512;
+      if (pf != 0 && b % (64 / L::kBytes) == 0)
+        for (int r = 0; r < 16; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + static_cast<uintptr_t>(b * L::kBytes)), _MM_HINT_T0);
+      for (int k = 0; k < L::kWV; k += 2) {
+        __m512i c0, c1;
+        bi_gather2_512(blk + L::kQs + 4 * k, ix, c0, c1);
+        if constexpr (L::kNib) {  // dwords k < 4: elements 4k.. (low nibbles) and 16 + 4k.. (high)
+          __m512i lo0 = _mm512_and_si512(c0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(c0, 4), m4);
+          __m512i lo1 = _mm512_and_si512(c1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(c1, 4), m4);
+          if constexpr (kSigned) {
+            lo0 = _mm512_sub_epi8(lo0, k8), hi0 = _mm512_sub_epi8(hi0, k8);
+            lo1 = _mm512_sub_epi8(lo1, k8), hi1 = _mm512_sub_epi8(hi1, k8);
+          }
+          _mm512_storeu_si512(t + k * 64, lo0);
+          _mm512_storeu_si512(t + (k + 1) * 64, lo1);
+          _mm512_storeu_si512(t + (4 + k) * 64, hi0);
+          _mm512_storeu_si512(t + (5 + k) * 64, hi1);
+        } else {
+          _mm512_storeu_si512(t + k * 64, c0);
+          _mm512_storeu_si512(t + (k + 1) * 64, c1);
+        }
+      }
+      __m512 dw, mw;
+      bi_scales512(bi_gather512(blk, ix), dw, mw);
+      _mm512_storeu_ps(wdw + b * 16, dw);
+      if constexpr (L::kMin) _mm512_storeu_ps(wmw + b * 16, mw);
+    }
+    amx_memory_barrier();  // the tiles built above are read by tileloadd below
+    for (int64_t g0 = 0; g0 < ng; ++g0) {
+      const uint8_t* at = atiles.data() + g0 * nb * 512;
+      const uint8_t* wt = wtiles.data();
+      const float* dx = adx + g0 * nb * 16;
+      const int mrows = static_cast<int>(std::min<int64_t>(16, na - g0 * 16));
+      if constexpr (L::kMin) {  // summs first (its own block-order chain), kept for the final add
+        const float* sx = asx + g0 * nb * 16;
+        __m512 s[16];
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; ++m) s[m] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+          const __m512 mwv = _mm512_loadu_ps(wmw + b * 16);
+#pragma GCC unroll 16
+          for (int m = 0; m < 16; ++m) s[m] = _mm512_fmadd_ps(mwv, _mm512_set1_ps(sx[b * 16 + m]), s[m]);
+        }
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; ++m) _mm512_store_ps(summs_t + 16 * m, s[m]);
+      }
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
+      // Two blocks in flight ahead of the float work: block bb's dot goes to C tile bb % 4 (A tiles 4,
+      // 5 and B tiles 6, 7 alternate), and is stored and scaled two blocks later, in block order.
+#define MK_AMX_TILE(BB, C, A, B)                                  \
+  if ((BB) < nb) {                                                \
+    _tile_zero(C);                                                \
+    _tile_loadd(A, at + (BB) * 512, 32);                          \
+    _tile_loadd(B, wt + (BB) * 512, 64);                          \
+    if constexpr (kSigned) _tile_dpbssd(C, A, B);                 \
+    else _tile_dpbsud(C, A, B);                                   \
+  }
+#define MK_AMX_STORE_SCALE(BB, C)                                 \
+  if ((BB) < nb) {                                                \
+    amx_memory_barrier(); /* cbuf's earlier reads come first */   \
+    _tile_stored(C, cbuf[C % 2], 64);                             \
+    amx_memory_barrier(); /* cbuf is read below */                \
+    const __m512 dwv = _mm512_loadu_ps(wdw + (BB) * 16);          \
+    MK_AMX_SCALE_BLOCK(cbuf[C % 2], dwv, dx + (BB) * 16)          \
+  }
+      MK_AMX_TILE(0, 0, 4, 6)
+      MK_AMX_TILE(1, 1, 5, 7)
+      for (int64_t b = 0; b < nb; b += 4) {
+        MK_AMX_TILE(b + 2, 2, 4, 6)
+        MK_AMX_TILE(b + 3, 3, 5, 7)
+        MK_AMX_STORE_SCALE(b, 0)
+        MK_AMX_STORE_SCALE(b + 1, 1)
+        MK_AMX_TILE(b + 4, 0, 4, 6)
+        MK_AMX_TILE(b + 5, 1, 5, 7)
+        MK_AMX_STORE_SCALE(b + 2, 2)
+        MK_AMX_STORE_SCALE(b + 3, 3)
+      }
+#undef MK_AMX_TILE
+#undef MK_AMX_STORE_SCALE
+      const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
+      for (int m = 0; m < mrows; ++m) {
+        const __m512 v = L::kMin ? _mm512_add_ps(acc[m], _mm512_load_ps(summs_t + 16 * m)) : acc[m];
+        _mm512_mask_storeu_ps(out + (g0 * 16 + m) * ldo + i0, keep, v);
+      }
+    }
+  }
+  _tile_release();
+}
+#undef MK_AMX_SCALE_BLOCK
+
+// The gemm_act variants of a block-integer type (quant.h): NAME_avx2, NAME_avxvnni, NAME_avx512vnni,
+// NAME_amx (the AMX tiles for any row count: the variant tests and benchmarks call), NAME_generic
+// (dot_act per pair through DOT_ACT_GENERIC) and NAME, which picks one once (on AMX machines NAME_amx
+// from kAmxMinRows activation rows up, else NAME_avx512vnni).
+#define MK_QUANT_GEMM_ACT_BLOCKINT(NAME, KIND, DOT_ACT_GENERIC)                                                  \
+  void NAME##_generic(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,    \
+                      float* out, int64_t ldo);                                                                 \
+  /* the gathers take 15 row strides as int32 offsets: rows of over 128 MiB go the generic way */              \
+  constexpr size_t NAME##_max_stride = static_cast<size_t>(INT32_MAX) / 16;                                    \
+  void NAME##_avx2(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,       \
+                   float* out, int64_t ldo) {                                                                   \
+    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
+    ::mk::quant::detail::bi_tile256_avx2_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                         \
+  }                                                                                                             \
+  void NAME##_avxvnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,    \
+                      float* out, int64_t ldo) {                                                                \
+    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
+    ::mk::quant::detail::bi_tile256_avxvnni_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                      \
+  }                                                                                                             \
+  void NAME##_avx512vnni(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, \
+                         float* out, int64_t ldo) {                                                             \
+    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
+    ::mk::quant::detail::bi_tile512_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                              \
+  }                                                                                                             \
+  void NAME##_amx(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,        \
+                  float* out, int64_t ldo) {                                                                    \
+    if (ws > NAME##_max_stride) return NAME##_generic(w, ws, nw, x, xs, na, n, out, ldo);                      \
+    ::mk::quant::detail::bi_amx_rows<KIND>(w, ws, nw, x, xs, na, n, out, ldo);                                  \
+  }                                                                                                             \
+  /* what gemm_act runs on an AMX machine: the tiles from kAmxMinRows activation rows up */                    \
+  void NAME##_amx_pick(const void* w, size_t ws, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,   \
+                       float* out, int64_t ldo) {                                                               \
+    if (na < ::mk::quant::detail::kAmxMinRows) return NAME##_avx512vnni(w, ws, nw, x, xs, na, n, out, ldo);    \
+    NAME##_amx(w, ws, nw, x, xs, na, n, out, ldo);                                                              \
+  }                                                                                                             \
+  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC, NAME##_amx_pick)
+
+}  // namespace mk::quant::detail
