@@ -61,10 +61,48 @@ MK_AMX_FN inline void amx_configure() {
   }
 
 // gemm_act on an AMX machine takes the AVX-512 VNNI tile below this many activation rows. Measured
-// 2026-12-03 (Intel Xeon VM, 2 vCPU, SmolLM2 Q4_1): the AMX tile is faster in BM_QuantGemm from 16
-// rows up (in cache), yet 16-stream serve decode was 5-9% slower with it (weights from DRAM, every
-// weight tile built for one activation tile) while a 280-token prompt was about 6% faster.
-inline constexpr int64_t kAmxMinRows = 32;
+// 2026-12-03 (Intel Xeon VM, 2 vCPU, SmolLM2 Q4_1, interleaved A/B): 16-stream serve decode 5-8%
+// faster with the AMX tiles (weight tiles built block by block), a 280-token prompt 7-10% faster;
+// at 4 rows and below BM_QuantGemm has the AMX tile well behind the VNNI one.
+inline constexpr int64_t kAmxMinRows = 16;
+
+// The weight tile of block b of the 16 rows at g (one row per lane, ix) into wt + b * 512 (q4_0:
+// nibbles - 8), its d_w and m_w into wdw / wmw + b * 16; prefetches the rows at pf (0: none).
+template <BiKind K>
+[[gnu::always_inline]] MK_AMX_FN inline void bi_amx_build(const uint8_t* g, const BiIdx512& ix, int64_t b, uintptr_t pf,
+                                                          size_t ws, uint8_t* wt, float* wdw, float* wmw) {
+  using L = BiLayout<K>;
+  constexpr bool kSigned = K != BiKind::q4_1;
+  const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8);
+  const uint8_t* blk = g + b * L::kBytes;
+  uint8_t* t = wt + b * 512;
+  if (pf != 0 && b % (64 / L::kBytes) == 0)
+    for (int r = 0; r < 16; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + static_cast<uintptr_t>(b * L::kBytes)), _MM_HINT_T0);
+  for (int k = 0; k < L::kWV; k += 2) {
+    __m512i c0, c1;
+    bi_gather2_512(blk + L::kQs + 4 * k, ix, c0, c1);
+    if constexpr (L::kNib) {  // dwords k < 4: elements 4k.. (low nibbles) and 16 + 4k.. (high)
+      __m512i lo0 = _mm512_and_si512(c0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(c0, 4), m4);
+      __m512i lo1 = _mm512_and_si512(c1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(c1, 4), m4);
+      if constexpr (kSigned) {
+        lo0 = _mm512_sub_epi8(lo0, k8), hi0 = _mm512_sub_epi8(hi0, k8);
+        lo1 = _mm512_sub_epi8(lo1, k8), hi1 = _mm512_sub_epi8(hi1, k8);
+      }
+      _mm512_storeu_si512(t + k * 64, lo0);
+      _mm512_storeu_si512(t + (k + 1) * 64, lo1);
+      _mm512_storeu_si512(t + (4 + k) * 64, hi0);
+      _mm512_storeu_si512(t + (5 + k) * 64, hi1);
+    } else {
+      _mm512_storeu_si512(t + k * 64, c0);
+      _mm512_storeu_si512(t + (k + 1) * 64, c1);
+    }
+  }
+  __m512 dw, mw;
+  bi_scales512(bi_gather512(blk, ix), dw, mw);
+  _mm512_storeu_ps(wdw + b * 16, dw);
+  if constexpr (L::kMin) _mm512_storeu_ps(wmw + b * 16, mw);
+}
 
 template <BiKind K>
 MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq, size_t xs, int64_t na, int64_t n,
@@ -97,8 +135,7 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
   float* wmw = wdw + nb * 16;
   alignas(64) int32_t cbuf[2][256];
   amx_configure();
-  alignas(64) float summs_t[16 * 16];
-  const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8);
+  alignas(64) float acc_t[16 * 16];
   for (int64_t i0 = 0; i0 < nw; i0 += 16) {
     const int rows = static_cast<int>(std::min<int64_t>(16, nw - i0));
     alignas(64) int32_t off[16];
@@ -108,55 +145,17 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
     // the group after next: a line per row every 3 blocks or less (addresses as integers, as
     // blockint_x86.h: rows past the matrix are never dereferenced)
     const uintptr_t pf = i0 + 32 < nw ? reinterpret_cast<uintptr_t>(g) + 32 * ws : 0;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = g + b * L::kBytes;
-      uint8_t* t = wtiles.data() + b * 512;
-      if (pf != 0 && b % (64 / L::kBytes) == 0)
-        for (int r = 0; r < 16; ++r)
-          _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + static_cast<uintptr_t>(b * L::kBytes)), _MM_HINT_T0);
-      for (int k = 0; k < L::kWV; k += 2) {
-        __m512i c0, c1;
-        bi_gather2_512(blk + L::kQs + 4 * k, ix, c0, c1);
-        if constexpr (L::kNib) {  // dwords k < 4: elements 4k.. (low nibbles) and 16 + 4k.. (high)
-          __m512i lo0 = _mm512_and_si512(c0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(c0, 4), m4);
-          __m512i lo1 = _mm512_and_si512(c1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(c1, 4), m4);
-          if constexpr (kSigned) {
-            lo0 = _mm512_sub_epi8(lo0, k8), hi0 = _mm512_sub_epi8(hi0, k8);
-            lo1 = _mm512_sub_epi8(lo1, k8), hi1 = _mm512_sub_epi8(hi1, k8);
-          }
-          _mm512_storeu_si512(t + k * 64, lo0);
-          _mm512_storeu_si512(t + (k + 1) * 64, lo1);
-          _mm512_storeu_si512(t + (4 + k) * 64, hi0);
-          _mm512_storeu_si512(t + (5 + k) * 64, hi1);
-        } else {
-          _mm512_storeu_si512(t + k * 64, c0);
-          _mm512_storeu_si512(t + (k + 1) * 64, c1);
-        }
-      }
-      __m512 dw, mw;
-      bi_scales512(bi_gather512(blk, ix), dw, mw);
-      _mm512_storeu_ps(wdw + b * 16, dw);
-      if constexpr (L::kMin) _mm512_storeu_ps(wmw + b * 16, mw);
-    }
+    // With one activation tile (decode batches) each block's weight tile is built just before its
+    // dot, so the gathers overlap the tile and float work; with more, all blocks first (reused).
+    const bool fused = ng == 1;
+    if (!fused)
+      for (int64_t b = 0; b < nb; ++b) bi_amx_build<K>(g, ix, b, pf, ws, wtiles.data(), wdw, wmw);
     amx_memory_barrier();  // the tiles built above are read by tileloadd below
     for (int64_t g0 = 0; g0 < ng; ++g0) {
       const uint8_t* at = atiles.data() + g0 * nb * 512;
       const uint8_t* wt = wtiles.data();
       const float* dx = adx + g0 * nb * 16;
       const int mrows = static_cast<int>(std::min<int64_t>(16, na - g0 * 16));
-      if constexpr (L::kMin) {  // summs first (its own block-order chain), kept for the final add
-        const float* sx = asx + g0 * nb * 16;
-        __m512 s[16];
-#pragma GCC unroll 16
-        for (int m = 0; m < 16; ++m) s[m] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-          const __m512 mwv = _mm512_loadu_ps(wmw + b * 16);
-#pragma GCC unroll 16
-          for (int m = 0; m < 16; ++m) s[m] = _mm512_fmadd_ps(mwv, _mm512_set1_ps(sx[b * 16 + m]), s[m]);
-        }
-#pragma GCC unroll 16
-        for (int m = 0; m < 16; ++m) _mm512_store_ps(summs_t + 16 * m, s[m]);
-      }
       __m512 acc[16];
 #pragma GCC unroll 16
       for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
@@ -164,6 +163,10 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
       // 5 and B tiles 6, 7 alternate), and is stored and scaled two blocks later, in block order.
 #define MK_AMX_TILE(BB, C, A, B)                                  \
   if ((BB) < nb) {                                                \
+    if (fused) {                                                  \
+      bi_amx_build<K>(g, ix, BB, pf, ws, wtiles.data(), wdw, wmw); \
+      amx_memory_barrier(); /* read by tileloadd below */         \
+    }                                                             \
     _tile_zero(C);                                                \
     _tile_loadd(A, at + (BB) * 512, 32);                          \
     _tile_loadd(B, wt + (BB) * 512, 64);                          \
@@ -193,9 +196,23 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
 #undef MK_AMX_TILE
 #undef MK_AMX_STORE_SCALE
       const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
-      for (int m = 0; m < mrows; ++m) {
-        const __m512 v = L::kMin ? _mm512_add_ps(acc[m], _mm512_load_ps(summs_t + 16 * m)) : acc[m];
-        _mm512_mask_storeu_ps(out + (g0 * 16 + m) * ldo + i0, keep, v);
+      if constexpr (L::kMin) {  // then sum over blocks of fma(m_w, s_x, .), its own block-order chain
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; ++m) _mm512_store_ps(acc_t + 16 * m, acc[m]);
+        const float* sx = asx + g0 * nb * 16;
+        __m512 sm[16];
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; ++m) sm[m] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+          const __m512 mwv = _mm512_loadu_ps(wmw + b * 16);
+#pragma GCC unroll 16
+          for (int m = 0; m < 16; ++m) sm[m] = _mm512_fmadd_ps(mwv, _mm512_set1_ps(sx[b * 16 + m]), sm[m]);
+        }
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; ++m)
+          if (m < mrows) _mm512_mask_storeu_ps(out + (g0 * 16 + m) * ldo + i0, keep, _mm512_add_ps(_mm512_load_ps(acc_t + 16 * m), sm[m]));
+      } else {
+        for (int m = 0; m < mrows; ++m) _mm512_mask_storeu_ps(out + (g0 * 16 + m) * ldo + i0, keep, acc[m]);
       }
     }
   }

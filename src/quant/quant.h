@@ -136,7 +136,7 @@ std::string_view dot_isa_name(DotIsa isa);
 
 // Instruction sets of gemm_act: generic (dot_act per pair), AVX2 (vpmaddubsw), AVX-VNNI (vpdpbusd on
 // 256 bits), AVX-512 VNNI (vpdpbusd on 512 bits) and AMX (AMX-INT8 tiles for q4_0, q4_1, q8_0,
-// src/quant/blockint_amx.h; gemm_act takes them from 32 activation rows up (prefill), the AVX-512
+// src/quant/blockint_amx.h; gemm_act takes them from 16 activation rows up (batched decode, prefill), the AVX-512
 // VNNI tile below that and for the other types). AMX counts as available when the CPU has AMX-TILE and AMX-INT8 and the
 // kernel grants the tile state (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once). All give the same
 // bits.
