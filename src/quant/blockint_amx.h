@@ -15,7 +15,7 @@
 // of every block are built once into an L1/L2 buffer, then reused by each activation group.
 //
 // Needs the kernel's permission for the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once by
-// gemm_isa() in quant.cpp); each thread loads the tile configuration on its first call.
+// gemm_isa() in quant.cpp); each call loads the tile configuration and ends with tilerelease.
 #pragma once
 #include <immintrin.h>
 
@@ -111,6 +111,7 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
   constexpr bool kSigned = K != BiKind::q4_1;  // TDPBSSD on signed weights, TDPBSUD on q4_1's nibbles
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   const uint8_t* xb = static_cast<const uint8_t*>(xq);
+  if (na <= 0 || nw <= 0) return;
   const int64_t nb = n / 32, ng = (na + 15) / 16;
   // Activation tiles [group][block] (16 rows x 32 bytes), their d_x and s_x [group][block][row].
   thread_local std::vector<uint8_t> atiles, wtiles;

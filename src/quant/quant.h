@@ -138,8 +138,9 @@ std::string_view dot_isa_name(DotIsa isa);
 // 256 bits), AVX-512 VNNI (vpdpbusd on 512 bits) and AMX (AMX-INT8 tiles for q4_0, q4_1, q8_0,
 // src/quant/blockint_amx.h; gemm_act takes them from 16 activation rows up (batched decode, prefill), the AVX-512
 // VNNI tile below that and for the other types). AMX counts as available when the CPU has AMX-TILE and AMX-INT8 and the
-// kernel grants the tile state (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once). All give the same
-// bits.
+// kernel grants the tile state (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once, when the instruction
+// sets are first probed; a process-wide grant: signal stacks must then hold the larger AMX signal
+// frame, about 11 KiB). All give the same bits.
 enum class GemmIsa { generic = 0, avx2 = 1, avxvnni = 2, avx512vnni = 3, amx = 4 };
 // The one QuantType::gemm_act uses on this machine (MK_GEMM_ISA=generic|avx2|avxvnni|avx512vnni|amx
 // picks a lower one, for benchmarks), whether the CPU can run one, and its name.
