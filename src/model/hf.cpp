@@ -220,7 +220,10 @@ ModelFile load_hf_dir(const std::string& dir_str) {
   model.format = "hf";
 
   const fs::path config_path = dir / "config.json";
-  if (!fs::is_regular_file(config_path)) fail("{}: missing config.json", dir_str);
+  if (!fs::is_regular_file(config_path))
+    fail("{}: missing config.json (a model directory is a Hugging Face checkpoint: config.json and "
+         "*.safetensors; or pass a .gguf or llama2.c .bin file)",
+         dir_str);
   nlohmann::ordered_json config = read_json_file(config_path.string());
   if (!config.is_object()) fail("{}: not a JSON object", config_path.string());
   if (!config.contains("model_type")) fail("{}: missing model_type", config_path.string());
