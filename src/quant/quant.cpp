@@ -1,7 +1,9 @@
 #include "quant/quant.h"
 
 #include <array>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 #if defined(__x86_64__) && defined(__linux__)
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -66,9 +68,16 @@ bool gemm_isa_available(GemmIsa isa) {
 GemmIsa gemm_isa() {
   static const GemmIsa isa = [] {
     GemmIsa best = runtime_gemm_isa();
-    if (const char* e = std::getenv("MK_GEMM_ISA"))
+    if (const char* e = std::getenv("MK_GEMM_ISA")) {
+      bool found = false;
       for (GemmIsa i : {GemmIsa::generic, GemmIsa::avx2, GemmIsa::avxvnni, GemmIsa::avx512vnni, GemmIsa::amx})
-        if (gemm_isa_name(i) == e && gemm_isa_available(i)) best = i;
+        if (gemm_isa_name(i) == e && gemm_isa_available(i)) best = i, found = true;
+      if (!found)  // a benchmark's A/B would otherwise measure the default without saying so
+        std::fprintf(stderr,
+                     "warning: MK_GEMM_ISA=%s is not one of generic|avx2|avxvnni|avx512vnni|amx that this CPU "
+                     "runs; using %s\n",
+                     e, std::string(gemm_isa_name(best)).c_str());
+    }
     return best;
   }();
   return isa;
