@@ -90,7 +90,9 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bo
     weights_.push_back(w);
   }
   arena_ = alloc_zeroed(static_cast<size_t>(p_.arena_bytes));
-  kv_ = alloc_zeroed(static_cast<size_t>(p_.kv_bytes));
+  // An f16 cache keeps every KV buffer at half its offset, in half its bytes (StepMemory::kv_f16).
+  kv_alloc_bytes_ = static_cast<size_t>(kv_f16_ ? (p_.kv_bytes / 2 + 63) / 64 * 64 : p_.kv_bytes);
+  kv_ = alloc_zeroed(kv_alloc_bytes_);
   counters_ = std::make_unique<Counter[]>(p_.counters.size());
   scratch_floats_ = scratch_floats(p_);
   const size_t sf = scratch_floats_ + act_cache_floats(p_);
@@ -116,7 +118,7 @@ int64_t Interpreter::now_ns() const {
 }
 
 void Interpreter::reset_kv() {
-  std::memset(kv_, 0, static_cast<size_t>(p_.kv_bytes));
+  std::memset(kv_, 0, kv_alloc_bytes_);
   written_.clear();
 }
 
@@ -193,6 +195,7 @@ std::span<const float> Interpreter::output(const std::string& name, int64_t* row
     int64_t r = B.rows.eval(sym_);
     if (rows) *rows = r;
     if (cols) *cols = B.cols;
+    MK_CHECK(!(kv_f16_ && B.kind == BufferKind::kv), "cpu: output {} is an f16 KV cache buffer", name);
     const uint8_t* base = B.kind == BufferKind::kv ? kv_ : arena_;
     return {reinterpret_cast<const float*>(base + B.offset), static_cast<size_t>(r * B.cols)};
   }

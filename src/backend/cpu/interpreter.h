@@ -85,6 +85,7 @@ class Interpreter {
   std::vector<std::unique_ptr<std::vector<float>>> converted_;  // unaligned f32 copies
   uint8_t* arena_ = nullptr;
   uint8_t* kv_ = nullptr;
+  size_t kv_alloc_bytes_ = 0;  // kv_bytes, or half of it for an f16 cache
   mutable KvWritten written_;  // pool rows written so far; limits() hands it to prepare_step
   std::vector<float*> scratch_;  // per worker: scratch_floats, then act_cache_floats (kernels.h)
   size_t scratch_floats_ = 0;

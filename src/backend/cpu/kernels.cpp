@@ -108,6 +108,10 @@ struct Ctx {
   const int32_t* ibuf(int b) const {
     return reinterpret_cast<const int32_t*>(m.arena + p.buffers[static_cast<size_t>(b)].offset);
   }
+  // A KV buffer kept as IEEE halves (StepMemory::kv_f16): half(b) says so, hbuf(b) is its first
+  // half (buf(b) must not be used for it).
+  bool half(int b) const { return m.kv_f16 && p.buffers[static_cast<size_t>(b)].kind == BufferKind::kv; }
+  uint16_t* hbuf(int b) const { return reinterpret_cast<uint16_t*>(m.kv + p.buffers[static_cast<size_t>(b)].offset / 2); }
   int64_t cols(int b) const { return p.buffers[static_cast<size_t>(b)].cols; }
   const WeightRef& w(int id) const { return m.weights[static_cast<size_t>(id)]; }
 };
@@ -281,12 +285,17 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
         for (int64_t j = 0; j < T; ++j) tile[r * T + j] = act(o.glu, tile[r * T + j]) * utile[r * T + j];
   }
   const int64_t oc = c.cols(o.out);
-  float* out = c.buf(o.out);
   const int32_t* slot = o.epi == Epi::store || o.epi == Epi::rope_store ? c.ibuf(c.p.kv_slot_buffer) : nullptr;
   if (o.epi == Epi::rope || o.epi == Epi::rope_store) {
     const int32_t* pos = c.ibuf(o.pos);
     for (int64_t r = 0; r < R; ++r) rope_span(o, tile + r * T, T, r, pos[r]);
   }
+  if (c.half(o.out)) {  // rows of the f16 KV cache
+    uint16_t* out = c.hbuf(o.out);
+    for (int64_t r = 0; r < R; ++r) f32_to_f16_span(tile + r * T, out + (slot ? slot[r] : r) * oc + in.c0, T);
+    return;
+  }
+  float* out = c.buf(o.out);
   if (o.epi == Epi::add) {
     const float* res = c.buf(o.res);
     const int64_t rs = c.cols(o.res);
@@ -294,8 +303,6 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       for (int64_t j = 0; j < T; ++j) out[r * oc + in.c0 + j] = tile[r * T + j] + res[r * rs + in.c0 + j];
     return;
   }
-  if (c.m.kv_f16 && c.p.buffers[static_cast<size_t>(o.out)].kind == BufferKind::kv)  // an f16 cache row
-    for (int64_t i = 0; i < R * T; ++i) tile[i] = round_f16(tile[i]);
   for (int64_t r = 0; r < R; ++r)
     std::memcpy(out + (slot ? slot[r] : r) * oc + in.c0, tile + r * T, static_cast<size_t>(T) * 4);
 }
@@ -318,28 +325,88 @@ KvRange attn_kv_range(const Ctx& c, const OpDesc& o, int64_t r) {
 inline void prefetch_floats(const float* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
+inline void prefetch_halves(const uint16_t* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 32) __builtin_prefetch(p + i, 0, 3);
+}
 constexpr int64_t kKvPrefetchAhead = 8;  // positions
 
 // Pool rows of positions [lo, hi) of row r's sequence, through its block table: kv_row[j - lo].
 void attn_kv_rows(const Ctx& c, int64_t r, int64_t lo, int64_t hi, int32_t* kv_row) {
   const int64_t B = c.p.kv_block_size;
   const int32_t* bt = c.ibuf(c.p.block_table_buffer) + c.ibuf(c.p.row_seq_buffer)[r] * c.p.max_blocks_per_seq();
-  for (int64_t j = lo; j < hi; ++j) kv_row[j - lo] = static_cast<int32_t>(bt[j / B] * B + j % B);
+  for (int64_t j = lo; j < hi;) {  // a block at a time (no division per position)
+    const int64_t b = j / B, e = std::min(hi, (b + 1) * B);
+    const int64_t base = int64_t{bt[b]} * B - b * B;
+    for (; j < e; ++j) kv_row[j - lo] = static_cast<int32_t>(base + j);
+  }
+}
+
+// attention's V pass over one chunk of n cached positions: acc[h][i] += p[h * sst + j] * v[j][i] for
+// heads h < HN and i < 16 * HV, positions j in order (a multiply, then an add: the scalar loop's
+// bits), the accumulators held in registers for the chunk.
+using V16f = float __attribute__((vector_size(64)));
+inline V16f ld_v16f(const float* p) {
+  V16f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <int HV, int HN>
+void attn_pv_chunk(const float* const* v, int64_t n, const float* p, int64_t sst, float* acc, int64_t acc_stride) {
+  V16f a[HN][HV];
+  for (int h = 0; h < HN; ++h)
+    for (int k = 0; k < HV; ++k) a[h][k] = ld_v16f(acc + h * acc_stride + 16 * k);
+  for (int64_t j = 0; j < n; ++j) {
+    V16f x[HV];
+    for (int k = 0; k < HV; ++k) x[k] = ld_v16f(v[j] + 16 * k);
+    for (int h = 0; h < HN; ++h) {
+      const float pj = p[h * sst + j];
+      for (int k = 0; k < HV; ++k) a[h][k] += pj * x[k];
+    }
+  }
+  for (int h = 0; h < HN; ++h)
+    for (int k = 0; k < HV; ++k) std::memcpy(acc + h * acc_stride + 16 * k, &a[h][k], sizeof(V16f));
+}
+// The same for nh heads (accumulators acc_stride floats apart) and head_dim hd: register passes of
+// up to 16 vectors for hd 64 and 128, else the scalar loop.
+void attn_pv(const float* const* v, int64_t n, const float* p, int64_t sst, int64_t nh, int64_t hd, float* acc,
+             int64_t acc_stride) {
+  for (int64_t h = 0; h < nh;) {
+    const int64_t left = nh - h;
+    float* ah = acc + h * acc_stride;
+    const float* ph = p + h * sst;
+    if (hd == 64) {
+      switch (std::min<int64_t>(left, 4)) {
+        case 1: attn_pv_chunk<4, 1>(v, n, ph, sst, ah, acc_stride); break;
+        case 2: attn_pv_chunk<4, 2>(v, n, ph, sst, ah, acc_stride); break;
+        case 3: attn_pv_chunk<4, 3>(v, n, ph, sst, ah, acc_stride); break;
+        default: attn_pv_chunk<4, 4>(v, n, ph, sst, ah, acc_stride); break;
+      }
+      h += std::min<int64_t>(left, 4);
+    } else if (hd == 128) {
+      if (left >= 2) attn_pv_chunk<8, 2>(v, n, ph, sst, ah, acc_stride);
+      else attn_pv_chunk<8, 1>(v, n, ph, sst, ah, acc_stride);
+      h += std::min<int64_t>(left, 2);
+    } else {
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t i = 0; i < hd; ++i) ah[i] += ph[j] * v[j][i];
+      h += 1;
+    }
+  }
 }
 
 // Scratch of `attention` (scratch_floats): the score rows of up to kAttnPassHeads heads of one KV
 // group, the pool rows and the K row pointers of the positions, the heads' accumulators, f16 queries
-// and sums. Heads of a group beyond kAttnPassHeads (MQA-like models) take further passes, which
+// and sums, and (f16 KV cache) a chunk of K rows and a V row converted to float. Heads of a group beyond kAttnPassHeads (MQA-like models) take further passes, which
 // bounds the scratch at ~(kAttnPassHeads + 3) * n_ctx floats per worker.
 constexpr int64_t kAttnPassHeads = 8;
+constexpr int64_t kAttnScoreChunk = 32;  // positions per gemm_f32 call: the next chunk's K rows are prefetched
 static_assert(sizeof(const float*) <= 2 * sizeof(float));
 int64_t attn_score_stride(const Program& p) { return (p.n_ctx + 16 + 15) / 16 * 16; }
 int64_t attn_pass_heads(const OpDesc& o) { return std::min(kAttnPassHeads, o.n_head / o.n_head_kv); }
 int64_t attn_scratch_floats(const Program& p, const OpDesc& o) {
   const int64_t nh = attn_pass_heads(o), sst = attn_score_stride(p);
-  return nh * sst + sst + 2 * sst + 2 * nh * (o.head_dim + 16) + nh + 64;
+  return nh * sst + sst + 2 * sst + 2 * nh * (o.head_dim + 16) + nh + 64 + (kAttnScoreChunk + 1) * (o.head_dim + 16);
 }
-constexpr int64_t kAttnScoreChunk = 32;  // positions per gemm_f32 call: the next chunk's K rows are prefetched
 
 // Per row, the heads of the tile a KV group at a time (up to kAttnPassHeads per pass): the heads'
 // scores as gemm_f32 of their queries against the cached K rows, 32 positions per call with the next
@@ -348,19 +415,48 @@ constexpr int64_t kAttnScoreChunk = 32;  // positions per gemm_f32 call: the nex
 // getting the same operations in the same order as alone.
 void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv;
+  const bool half = c.half(o.y);  // K and V rows as IEEE halves (kv_f16)
   const float* q = c.buf(o.x);
-  const float* kc = c.buf(o.y);
-  const float* vc = c.buf(o.z);
+  const float* kc = half ? nullptr : c.buf(o.y);
+  const float* vc = half ? nullptr : c.buf(o.z);
+  const uint16_t* kh = half ? c.hbuf(o.y) : nullptr;
+  const uint16_t* vh = half ? c.hbuf(o.z) : nullptr;
   float* out = c.buf(o.out);
   const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
   const float scale = static_cast<float>(o.scale);
   const int64_t sst = attn_score_stride(c.p), np = attn_pass_heads(o);
   float* score = c.scratch;                                          // [np][sst]
   int32_t* kv_row = reinterpret_cast<int32_t*>(score + np * sst);    // [sst] pool row of each position
-  const float** kp = reinterpret_cast<const float**>(kv_row + sst);  // [sst] its K row (64-byte aligned: sst % 16 == 0)
+  const float** kp = reinterpret_cast<const float**>(kv_row + sst);  // [sst] its K (then V) row (64-byte aligned: sst % 16 == 0)
   float* acc = reinterpret_cast<float*>(kp + sst);                   // [np][hd + 16]
   float* q16 = acc + np * (hd + 16);                                 // [np][hd] the queries rounded to f16
   float* sum = q16 + np * (hd + 16);                                 // [np]
+  float* conv = sum + np + 64 - (np + 64) % 16;                      // [kAttnScoreChunk][hd + 16] rows of an f16 cache as floats
+  const int64_t cst = hd + 16;
+  // Cached positions [j0, j0 + n) of KV group g (K or V): kp[j] the float rows, converted into
+  // `conv` from an f16 cache (the same values: they were rounded to f16 when stored), the next
+  // chunk's rows prefetched.
+  const auto rows_of = [&](bool v, int64_t g, int64_t j0, int64_t n, int64_t n_kv) {
+    const int64_t st = v ? vs : ks;
+    for (int64_t j = j0 + kAttnScoreChunk; j < std::min(j0 + kAttnScoreChunk + n, n_kv); ++j) {
+      if (half) prefetch_halves((v ? vh : kh) + kv_row[j] * st + g * hd, hd);
+      else prefetch_floats((v ? vc : kc) + kv_row[j] * st + g * hd, hd);
+    }
+    for (int64_t j = j0; j < j0 + n; ++j) {
+      if (half) {
+        kp[j] = conv + (j - j0) * cst;
+        f16_to_f32_span((v ? vh : kh) + kv_row[j] * st + g * hd, conv + (j - j0) * cst, hd);
+      } else {
+        kp[j] = (v ? vc : kc) + kv_row[j] * st + g * hd;
+      }
+    }
+  };
+  const auto prefetch_first = [&](bool v, int64_t g, int64_t n_kv) {
+    for (int64_t j = 0; j < std::min(kAttnScoreChunk, n_kv); ++j) {
+      if (half) prefetch_halves((v ? vh : kh) + kv_row[j] * (v ? vs : ks) + g * hd, hd);
+      else prefetch_floats((v ? vc : kc) + kv_row[j] * (v ? vs : ks) + g * hd, hd);
+    }
+  };
   for (int64_t r = 0; r < R; ++r) {
     const KvRange range = attn_kv_range(c, o, r);
     const int64_t n_kv = range.end - range.begin;
@@ -368,17 +464,20 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     const int64_t h1 = in.c1 / hd;
     for (int64_t ha = in.c0 / hd; ha < h1;) {
       const int64_t g = ha / hpg, hb = std::min({h1, (g + 1) * hpg, ha + np}), nh = hb - ha;
-      for (int64_t j = 0; j < n_kv; ++j) kp[j] = kc + kv_row[j] * ks + g * hd;
       const float* qg = q + r * qs + ha * hd;  // the group's heads are consecutive, hd floats apart
       if (c.m.kv_f16) {
-        for (int64_t i = 0; i < nh * hd; ++i) q16[i] = round_f16(qg[i]);
+        uint16_t* h16 = reinterpret_cast<uint16_t*>(conv);
+        f32_to_f16_span(qg, h16, nh * hd);
+        f16_to_f32_span(h16, q16, nh * hd);
         qg = q16;
       }
-      for (int64_t j = 0; j < std::min(kAttnScoreChunk, n_kv); ++j) prefetch_floats(kp[j], hd);
+      prefetch_first(false, g, n_kv);
       for (int64_t j0 = 0; j0 < n_kv; j0 += kAttnScoreChunk) {  // any split gives the same bits
-        for (int64_t j = j0 + kAttnScoreChunk; j < std::min(j0 + 2 * kAttnScoreChunk, n_kv); ++j) prefetch_floats(kp[j], hd);
-        gemm_f32(qg, hd, nh, kp + j0, std::min(kAttnScoreChunk, n_kv - j0), hd, score + j0, sst);
+        const int64_t n = std::min(kAttnScoreChunk, n_kv - j0);
+        rows_of(false, g, j0, n, n_kv);
+        gemm_f32(qg, hd, nh, kp + j0, n, hd, score + j0, sst);
       }
+      prefetch_first(true, g, n_kv);
       for (int64_t hh = 0; hh < nh; ++hh) {
         float* sc = score + hh * sst;
         float mx = -INFINITY;
@@ -386,31 +485,28 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
           sc[j] = sc[j] * scale;
           mx = std::max(mx, sc[j]);
         }
+        for (int64_t j = 0; j < n_kv; ++j) sc[j] = std::exp(sc[j] - mx);
         float s = 0;
         if (c.m.kv_f16) {  // llama.cpp: softmax (sum in double), then probabilities as f16 against V
           double dsum = 0;
-          for (int64_t j = 0; j < n_kv; ++j) dsum += (sc[j] = std::exp(sc[j] - mx));
+          for (int64_t j = 0; j < n_kv; ++j) dsum += sc[j];
           const float inv = static_cast<float>(1.0 / dsum);
           for (int64_t j = 0; j < n_kv; ++j) sc[j] = round_f16(sc[j] * inv);
           s = 1;
         } else {
-          for (int64_t j = 0; j < n_kv; ++j) s += (sc[j] = std::exp(sc[j] - mx));
+          for (int64_t j = 0; j < n_kv; ++j) s += sc[j];
         }
         sum[hh] = s;
       }
-      std::fill(acc, acc + nh * (hd + 16), 0.0f);
-      for (int64_t j = 0; j < n_kv; ++j) {
-        if (j + kKvPrefetchAhead < n_kv) prefetch_floats(vc + kv_row[j + kKvPrefetchAhead] * vs + g * hd, hd);
-        const float* vj = vc + kv_row[j] * vs + g * hd;
-        for (int64_t hh = 0; hh < nh; ++hh) {
-          const float pj = score[hh * sst + j];
-          float* ah = acc + hh * (hd + 16);
-          for (int64_t i = 0; i < hd; ++i) ah[i] += pj * vj[i];
-        }
+      std::fill(acc, acc + nh * cst, 0.0f);
+      for (int64_t j0 = 0; j0 < n_kv; j0 += kAttnScoreChunk) {  // positions in order for every element
+        const int64_t n = std::min(kAttnScoreChunk, n_kv - j0);
+        rows_of(true, g, j0, n, n_kv);
+        attn_pv(kp + j0, n, score + j0, sst, nh, hd, acc, cst);
       }
       for (int64_t hh = 0; hh < nh; ++hh) {
         float* oh = out + r * os + (ha + hh) * hd;
-        const float* ah = acc + hh * (hd + 16);
+        const float* ah = acc + hh * cst;
         for (int64_t i = 0; i < hd; ++i) oh[i] = ah[i] / sum[hh];
       }
       ha = hb;
@@ -435,6 +531,25 @@ void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
   float* score = c.scratch;
   int32_t* kv_row = reinterpret_cast<int32_t*>(c.scratch + c.p.n_ctx + 16);
   float* q16 = c.scratch + 2 * (c.p.n_ctx + 16) + hd + 16;
+  float* conv = q16 + hd + 16;  // a K or V row of the f16 cache as floats
+  const bool half = c.half(o.y);
+  const uint16_t* kh = half ? c.hbuf(o.y) : nullptr;
+  const uint16_t* vh = half ? c.hbuf(o.z) : nullptr;
+  // cached row j's K (V) for KV group g, as floats
+  const auto krow = [&](int64_t j) -> const float* {
+    if (!half) return kc + kv_row[j] * ks + g * hd;
+    f16_to_f32_span(kh + kv_row[j] * ks + g * hd, conv, hd);
+    return conv;
+  };
+  const auto vrow = [&](int64_t j) -> const float* {
+    if (!half) return vc + kv_row[j] * vs + g * hd;
+    f16_to_f32_span(vh + kv_row[j] * vs + g * hd, conv, hd);
+    return conv;
+  };
+  const auto prefetch = [&](bool v, int64_t j) {
+    if (half) prefetch_halves((v ? vh : kh) + kv_row[j] * (v ? vs : ks) + g * hd, hd);
+    else prefetch_floats((v ? vc : kc) + kv_row[j] * (v ? vs : ks) + g * hd, hd);
+  };
   for (int64_t r = 0; r < R; ++r) {
     const KvRange range = attn_kv_range(c, o, r);
     int64_t lo = 0, hi = 0;
@@ -450,8 +565,8 @@ void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
       }
       float mx = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {
-        if (j + kKvPrefetchAhead < n) prefetch_floats(kc + kv_row[j + kKvPrefetchAhead] * ks + g * hd, hd);
-        score[j] = dot(qh, kc + kv_row[j] * ks + g * hd, hd) * scale;
+        if (j + kKvPrefetchAhead < n) prefetch(false, j + kKvPrefetchAhead);
+        score[j] = dot(qh, krow(j), hd) * scale;
         mx = std::max(mx, score[j]);
       }
       float sum = 0;
@@ -463,8 +578,8 @@ void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
       float* oh = out + r * os + in.c0 + hh * st;
       std::fill(oh, oh + hd, 0.0f);
       for (int64_t j = 0; j < n; ++j) {
-        if (j + kKvPrefetchAhead < n) prefetch_floats(vc + kv_row[j + kKvPrefetchAhead] * vs + g * hd, hd);
-        const float* vj = vc + kv_row[j] * vs + g * hd;
+        if (j + kKvPrefetchAhead < n) prefetch(true, j + kKvPrefetchAhead);
+        const float* vj = vrow(j);
         const float pj = score[j];
         for (int64_t i = 0; i < hd; ++i) oh[i] += pj * vj[i];
       }
@@ -518,7 +633,7 @@ size_t scratch_floats(const Program& p) {
         n = attn_scratch_floats(p, o);
         break;
       case Opcode::attention_partial:
-        n = 2 * (p.n_ctx + 16) + 2 * (o.head_dim + 16);  // scores, pool rows (i32), accumulator, f16 query
+        n = 2 * (p.n_ctx + 16) + 3 * (o.head_dim + 16);  // scores, pool rows (i32), accumulator, f16 query, f16 row
         break;
       case Opcode::attention_combine:
         n = o.head_dim + 16;
@@ -642,14 +757,11 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
     }
     case Opcode::kv_store: {
       const float* x = c.buf(o.x);
-      float* cache = c.buf(o.out);
       const int64_t xs = c.cols(o.x), cs = c.cols(o.out);
       const int32_t* slot = c.ibuf(p.kv_slot_buffer);
       for (int64_t r = 0; r < R; ++r) {
-        float* dst = cache + slot[r] * cs + c0;
-        std::memcpy(dst, x + r * xs + c0, static_cast<size_t>(T) * 4);
-        if (m.kv_f16)
-          for (int64_t j = 0; j < T; ++j) dst[j] = round_f16(dst[j]);
+        if (c.half(o.out)) f32_to_f16_span(x + r * xs + c0, c.hbuf(o.out) + slot[r] * cs + c0, T);
+        else std::memcpy(c.buf(o.out) + slot[r] * cs + c0, x + r * xs + c0, static_cast<size_t>(T) * 4);
       }
       return;
     }

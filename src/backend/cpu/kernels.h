@@ -36,9 +36,10 @@ struct StepMemory {
   uint8_t* kv = nullptr;
   const WeightRef* weights = nullptr;
   SymValues sym;
-  // llama.cpp's default f16 KV cache (and its non-flash attention), emulated in float32 storage: K
-  // and V rows are rounded to f16 where they are stored, the query to f16 before Q.K, and the
-  // normalised attention probabilities to f16 before they weight V.
+  // llama.cpp's default f16 KV cache (and its non-flash attention): K and V rows are stored as IEEE
+  // halves (a KV buffer's element i is half i from byte offset / 2 of the kv region, which is then
+  // kv_bytes / 2 long: half the memory and half the bytes attention reads), the query is rounded to
+  // f16 before Q.K, and the normalised attention probabilities to f16 before they weight V.
   bool kv_f16 = false;
   // This worker's cache of a matmul op's activation rows, quantized to 8-bit blocks (act_q8) or, for
   // float32 activations, RMS-normalised (an RMS prologue) (act_cache_floats floats; nullptr: none),
@@ -57,6 +58,29 @@ inline float round_f16(float v) {
   return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
 #else
   return f16_to_f32(f32_to_f16(v));
+#endif
+}
+
+// x[0, n) as IEEE halves (round to nearest even: round_f16's bits) into h, and halves back to float
+// (f16_to_f32_row). The f16 KV cache stores its rows this way (StepMemory::kv_f16).
+inline void f32_to_f16_span(const float* x, uint16_t* h, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) h[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+#else
+  for (; i < n; ++i) h[i] = f32_to_f16(x[i]);
+#endif
+}
+
+inline void f16_to_f32_span(const uint16_t* h, float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) x[i] = _cvtsh_ss(h[i]);
+#else
+  for (; i < n; ++i) x[i] = f16_to_f32(h[i]);
 #endif
 }
 
