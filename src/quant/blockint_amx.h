@@ -66,16 +66,103 @@ MK_AMX_FN inline void amx_configure() {
 // at 4 rows and below BM_QuantGemm has the AMX tile well behind the VNNI one.
 inline constexpr int64_t kAmxMinRows = 16;
 
-// The weight tile of block b of the 16 rows at g (one row per lane, ix) into wt + b * 512 (q4_0:
-// nibbles - 8), its d_w and m_w into wdw / wmw + b * 16; prefetches the rows at pf (0: none).
+// Packed weights (quant.h QuantType::pack): per group of 16 rows (the last group padded with copies
+// of the matrix's last row) and block, kWV + 1 vectors of 64 bytes: vector k < kWV holds quant dword k
+// of each row (lane r = row r), vector kWV each row's first block dword (d, and m for q4_1). This is
+// what the gather tiles fetch per block (and keep in MODE 1), so the VNNI tile reads it with plain
+// loads (MODE 2), and q8_0's 8 quant vectors are AMX's B tile as they lie.
 template <BiKind K>
+inline constexpr size_t kBiPackedBlock = static_cast<size_t>(BiLayout<K>::kWV + 1) * 64;
+template <BiKind K>
+inline size_t bi_packed_bytes(int64_t nw, int64_t n) {
+  return static_cast<size_t>((nw + 15) / 16) * static_cast<size_t>(n / 32) * kBiPackedBlock<K>;
+}
+template <BiKind K>
+inline void bi_pack(const void* w, size_t ws, int64_t nw, int64_t n, void* dst) {
+  using L = BiLayout<K>;
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  uint8_t* o = static_cast<uint8_t*>(dst);
+  const int64_t nb = n / 32;
+  for (int64_t g = 0; g < (nw + 15) / 16; ++g)
+    for (int64_t b = 0; b < nb; ++b, o += kBiPackedBlock<K>)
+      for (int r = 0; r < 16; ++r) {
+        const uint8_t* blk = wb + static_cast<size_t>(std::min<int64_t>(g * 16 + r, nw - 1)) * ws + b * L::kBytes;
+        for (int k = 0; k < L::kWV; ++k) std::memcpy(o + k * 64 + 4 * r, blk + L::kQs + 4 * k, 4);
+        std::memcpy(o + L::kWV * 64 + 4 * r, blk, 4);
+      }
+}
+
+// gemm_act on packed weights with the AVX-512 VNNI tile (MODE 2: the group's vectors as loads): wp
+// the group of the tile's first row, nw rows; otherwise as bi_tile512_rows (the same bits).
+template <BiKind K>
+MK_AVX512VNNI_FN void bi_tile512_packed_rows(const void* wp, int64_t nw, const void* xq, size_t xs, int64_t na,
+                                             int64_t n, float* out, int64_t ldo) {
+  using L = BiLayout<K>;
+  const uint8_t* xb = static_cast<const uint8_t*>(xq);
+  const int64_t nb = n / 32;
+  const size_t gb = static_cast<size_t>(nb) * kBiPackedBlock<K>;
+  thread_local std::vector<float> scales;
+  thread_local std::vector<int32_t> corrs;
+  scales.resize(static_cast<size_t>(2 * na * nb));
+  if (L::kCorr != 0) corrs.resize(static_cast<size_t>(na * nb));
+  float* dx = scales.data();
+  float* sx = dx + na * nb;
+  int32_t* corr = corrs.data();
+  for (int64_t a0 = 0; a0 < na; a0 += 8) {
+    const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
+    const uint8_t* y[8];
+    for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;
+    bi_act_tables<K>(y, cols, nb, dx + a0 * nb, sx + a0 * nb, L::kCorr != 0 ? corr + a0 * nb : nullptr);
+  }
+  alignas(64) static const int32_t off[16] = {};
+  for (int64_t i0 = 0; i0 < nw; i0 += 16) {
+    const int rows = static_cast<int>(std::min<int64_t>(16, nw - i0));
+    uint8_t* g = const_cast<uint8_t*>(static_cast<const uint8_t*>(wp)) + static_cast<size_t>(i0 / 16) * gb;  // read only
+    for (int64_t a0 = 0; a0 < na; a0 += 8) {
+      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
+      const uint8_t* y[8];
+      for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;
+      alignas(64) float t[8 * 16];
+      // the group after next, prefetched block by block by the first activation chunk
+      const uintptr_t pf = a0 == 0 && i0 + 32 < nw ? reinterpret_cast<uintptr_t>(g + 2 * gb) : 0;
+      bi_tile512_na<K, 2>(cols, g, off, y, dx + a0 * nb, sx + a0 * nb, L::kCorr != 0 ? corr + a0 * nb : nullptr, nb, pf,
+                          0, g, t);
+      for (int a = 0; a < cols; ++a)
+        for (int r = 0; r < rows; ++r) out[(a0 + a) * ldo + i0 + r] = t[a * 16 + r];
+    }
+  }
+}
+
+// The weight tile of block b of the 16 rows at g (one row per lane, ix) into wt + b * 512 (q4_0:
+// nibbles - 8), its d_w and m_w into wdw / wmw + b * 16; prefetches the rows at pf (0: none). P: g is
+// a packed group instead (loads, no gathers; q8_0's quants are then used where they lie, not copied).
+template <BiKind K, bool P = false>
 [[gnu::always_inline]] MK_AMX_FN inline void bi_amx_build(const uint8_t* g, const BiIdx512& ix, int64_t b, uintptr_t pf,
                                                           size_t ws, uint8_t* wt, float* wdw, float* wmw) {
   using L = BiLayout<K>;
   constexpr bool kSigned = K != BiKind::q4_1;
   const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8);
-  const uint8_t* blk = g + b * L::kBytes;
   uint8_t* t = wt + b * 512;
+  if constexpr (P) {
+    const uint8_t* pb = g + static_cast<size_t>(b) * kBiPackedBlock<K>;
+    if (pf != 0)  // the same block of the next group (pf), spread over the blocks' work
+      for (size_t q = 0; q < kBiPackedBlock<K>; q += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + static_cast<size_t>(b) * kBiPackedBlock<K> + q), _MM_HINT_T0);
+    if constexpr (L::kNib)
+      for (int k = 0; k < 4; ++k) {
+        const __m512i c = _mm512_loadu_si512(pb + k * 64);
+        __m512i lo = _mm512_and_si512(c, m4), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+        if constexpr (kSigned) lo = _mm512_sub_epi8(lo, k8), hi = _mm512_sub_epi8(hi, k8);
+        _mm512_storeu_si512(t + k * 64, lo);
+        _mm512_storeu_si512(t + (4 + k) * 64, hi);
+      }
+    __m512 dw, mw;
+    bi_scales512(_mm512_loadu_si512(pb + L::kWV * 64), dw, mw);
+    _mm512_storeu_ps(wdw + b * 16, dw);
+    if constexpr (L::kMin) _mm512_storeu_ps(wmw + b * 16, mw);
+    return;
+  }
+  const uint8_t* blk = g + b * L::kBytes;
   if (pf != 0 && b % (64 / L::kBytes) == 0)
     for (int r = 0; r < 16; ++r)
       _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + static_cast<uintptr_t>(b * L::kBytes)), _MM_HINT_T0);
@@ -104,7 +191,8 @@ template <BiKind K>
   if constexpr (L::kMin) _mm512_storeu_ps(wmw + b * 16, mw);
 }
 
-template <BiKind K>
+// P: w is packed (QuantType::pack; ws unused), else GGUF rows ws bytes apart.
+template <BiKind K, bool P = false>
 MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq, size_t xs, int64_t na, int64_t n,
                            float* out, int64_t ldo) {
   using L = BiLayout<K>;
@@ -140,23 +228,26 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
   for (int64_t i0 = 0; i0 < nw; i0 += 16) {
     const int rows = static_cast<int>(std::min<int64_t>(16, nw - i0));
     alignas(64) int32_t off[16];
-    for (int r = 0; r < 16; ++r) off[r] = static_cast<int32_t>(std::min(r, rows - 1) * static_cast<int64_t>(ws));
+    for (int r = 0; r < 16; ++r) off[r] = P ? 0 : static_cast<int32_t>(std::min(r, rows - 1) * static_cast<int64_t>(ws));
     const BiIdx512 ix = bi_idx512(off);
-    const uint8_t* g = wb + static_cast<size_t>(i0) * ws;
+    const size_t gb = static_cast<size_t>(nb) * kBiPackedBlock<K>;  // a packed group's bytes
+    const uint8_t* g = P ? wb + static_cast<size_t>(i0 / 16) * gb : wb + static_cast<size_t>(i0) * ws;
     // the group after next: a line per row every 3 blocks or less (addresses as integers, as
-    // blockint_x86.h: rows past the matrix are never dereferenced)
-    const uintptr_t pf = i0 + 32 < nw ? reinterpret_cast<uintptr_t>(g) + 32 * ws : 0;
+    // blockint_x86.h: rows past the matrix are never dereferenced); packed: the next group, whole
+    const uintptr_t pf = P ? (i0 + 16 < nw ? reinterpret_cast<uintptr_t>(g + gb) : 0)
+                           : (i0 + 32 < nw ? reinterpret_cast<uintptr_t>(g) + 32 * ws : 0);
     // With one activation tile (decode batches) each block's weight tile is built just before its
     // dot, so the gathers overlap the tile and float work; with more, all blocks first (reused).
     const bool fused = ng == 1;
     if (!fused)
-      for (int64_t b = 0; b < nb; ++b) bi_amx_build<K>(g, ix, b, pf, ws, wtiles.data(), wdw, wmw);
+      for (int64_t b = 0; b < nb; ++b) bi_amx_build<K, P>(g, ix, b, pf, ws, wtiles.data(), wdw, wmw);
     amx_memory_barrier();  // the tiles built above are read by tileloadd below
     for (int64_t g0 = 0; g0 < ng; ++g0) {
       const uint8_t* at = atiles.data() + g0 * nb * 512;
       const uint8_t* wt = wtiles.data();
       const float* dx = adx + g0 * nb * 16;
       const int mrows = static_cast<int>(std::min<int64_t>(16, na - g0 * 16));
+      constexpr bool kDirectB = P && !L::kNib;  // packed q8_0: B tiles straight from the weights
       __m512 acc[16];
 #pragma GCC unroll 16
       for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
@@ -165,12 +256,12 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
 #define MK_AMX_TILE(BB, C, A, B)                                  \
   if ((BB) < nb) {                                                \
     if (fused) {                                                  \
-      bi_amx_build<K>(g, ix, BB, pf, ws, wtiles.data(), wdw, wmw); \
+      bi_amx_build<K, P>(g, ix, BB, pf, ws, wtiles.data(), wdw, wmw); \
       amx_memory_barrier(); /* read by tileloadd below */         \
     }                                                             \
     _tile_zero(C);                                                \
     _tile_loadd(A, at + (BB) * 512, 32);                          \
-    _tile_loadd(B, wt + (BB) * 512, 64);                          \
+    _tile_loadd(B, kDirectB ? g + (BB) * kBiPackedBlock<K> : wt + (BB) * 512, 64); \
     if constexpr (kSigned) _tile_dpbssd(C, A, B);                 \
     else _tile_dpbsud(C, A, B);                                   \
   }
@@ -256,6 +347,25 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
     if (na < ::mk::quant::detail::kAmxMinRows) return NAME##_avx512vnni(w, ws, nw, x, xs, na, n, out, ldo);    \
     NAME##_amx(w, ws, nw, x, xs, na, n, out, ldo);                                                              \
   }                                                                                                             \
-  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC, NAME##_amx_pick)
+  MK_QUANT_GEMM_GENERIC_AND_PICK(NAME, DOT_ACT_GENERIC, NAME##_amx_pick)                                       \
+  /* packed weights (QuantType::pack): AVX-512 VNNI, AMX, and the pick (AMX from kAmxMinRows rows) */          \
+  size_t NAME##_packed_bytes(int64_t nw, int64_t n) { return ::mk::quant::detail::bi_packed_bytes<KIND>(nw, n); } \
+  void NAME##_pack(const void* w, size_t ws, int64_t nw, int64_t n, void* dst) {                                \
+    ::mk::quant::detail::bi_pack<KIND>(w, ws, nw, n, dst);                                                       \
+  }                                                                                                             \
+  void NAME##_packed_avx512vnni(const void* wp, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,     \
+                                float* out, int64_t ldo) {                                                      \
+    ::mk::quant::detail::bi_tile512_packed_rows<KIND>(wp, nw, x, xs, na, n, out, ldo);                          \
+  }                                                                                                             \
+  void NAME##_packed_amx(const void* wp, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, float* out, \
+                         int64_t ldo) {                                                                         \
+    ::mk::quant::detail::bi_amx_rows<KIND, true>(wp, 0, nw, x, xs, na, n, out, ldo);                            \
+  }                                                                                                             \
+  void NAME##_packed(const void* wp, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, float* out,   \
+                     int64_t ldo) {                                                                             \
+    static const bool amx = ::mk::quant::gemm_isa() == ::mk::quant::GemmIsa::amx;                               \
+    if (amx && na >= ::mk::quant::detail::kAmxMinRows) return NAME##_packed_amx(wp, nw, x, xs, na, n, out, ldo); \
+    NAME##_packed_avx512vnni(wp, nw, x, xs, na, n, out, ldo);                                                   \
+  }
 
 }  // namespace mk::quant::detail

@@ -67,7 +67,8 @@ inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb, float* dx
 // correction.
 // MODE 0: the weights come from the gathers; 1: from the gathers, and are kept in buf ([b][kWV + 1]
 // vectors: the quant dwords, then the first dword) for the group's next activation chunks; 2: from
-// buf (plain loads: the gathers are paid once per weight group, not once per chunk).
+// buf (plain loads: the gathers are paid once per weight group, not once per chunk), prefetching
+// the blocks of pf, a later group in buf's layout (packed weights), when pf is not 0.
 #define MK_BI_TILE(FN, ATTR, V, VI, LANES, SETZ_PS, SETZ_SI, SET1_PS, SET1_EPI8, SET1_EPI32, AND, XOR, SRLI16, ABS8, \
                    SIGN8, CVT, MUL, FMA, ADD, STORE, IDX, GATHER, GATHER2, DP, SCALES, LDV, STV, SIGN_TRICK)                           \
   template <BiKind K, int NA, int MODE>                                                                              \
@@ -90,6 +91,10 @@ inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb, float* dx
       if (MODE != 2 && pf != 0 && b % (64 / L::kBytes) == 0)                                                         \
         for (int r = 0; r < LANES; ++r)                                                                              \
           _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + static_cast<uintptr_t>(b * L::kBytes)), _MM_HINT_T0); \
+      /* MODE 2 with pf: block b of a later group laid out as buf (packed weights, QuantType::pack) */               \
+      if (MODE == 2 && pf != 0)                                                                                      \
+        for (int q = 0; q < (L::kWV + 1) * kVB; q += 64)                                                             \
+          _mm_prefetch(reinterpret_cast<const char*>(pf + static_cast<uintptr_t>(b * (L::kWV + 1) * kVB + q)), _MM_HINT_T0); \
       VI is[NA], c_next;                                                                                             \
       for (int a = 0; a < NA; ++a) is[a] = kCorr ? SET1_EPI32(corr[b * NA + a]) : SETZ_SI();                         \
       for (int k = 0; k < L::kWV; ++k) {                                                                             \
@@ -192,7 +197,7 @@ inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb, float* dx
         const int32_t* cr = L::kCorr != 0 ? corr + a0 * nb : nullptr;                                               \
         alignas(64) float t[8 * LANES];                                                                              \
         if (a0 > 0)                                                                                                  \
-          FN##_na<K, 2>(cols, g, off, y, dx + a0 * nb, sx + a0 * nb, cr, nb, pf, ws, buf.data(), t);                 \
+          FN##_na<K, 2>(cols, g, off, y, dx + a0 * nb, sx + a0 * nb, cr, nb, 0, ws, buf.data(), t);                  \
         else if (na > 8)                                                                                             \
           FN##_na<K, 1>(cols, g, off, y, dx, sx, cr, nb, pf, ws, buf.data(), t);                                     \
         else                                                                                                         \

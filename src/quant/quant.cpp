@@ -65,6 +65,10 @@ bool gemm_isa_available(GemmIsa isa) {
   return static_cast<int>(isa) <= static_cast<int>(have);
 }
 
+bool gemm_packed_available() {
+  return gemm_isa() == GemmIsa::avx512vnni || gemm_isa() == GemmIsa::amx;
+}
+
 GemmIsa gemm_isa() {
   static const GemmIsa isa = [] {
     GemmIsa best = runtime_gemm_isa();

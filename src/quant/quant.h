@@ -119,6 +119,19 @@ struct QuantType {
                              int64_t na, int64_t n, float* out, int64_t ldo);
   GemmActFn gemm_act = nullptr;
   GemmActFn gemm_act_variants[5] = {};  // indexed by GemmIsa (tests call each one the CPU runs)
+  // Packed weights for gemm_act (q4_0, q4_1, q8_0; nullptr for the other types): `pack` copies nw rows
+  // of n elements (rows w_stride bytes apart) into packed_bytes(nw, n) bytes, 16 rows per group (the
+  // last one padded), each block's quants interleaved a dword per row (src/quant/blockint_amx.h), so
+  // the 16-row tiles read them with plain loads instead of gathers (AMX: q8_0's weight tile is loaded
+  // as it lies). gemm_act_packed(wp, nw, ...) is gemm_act over the nw rows from the group at wp (a
+  // tile that starts a whole number of groups into the matrix) with the same bits. Only where
+  // gemm_packed_available(); gemm_act_packed_variants has the avx512vnni and amx slots (tests).
+  size_t (*packed_bytes)(int64_t nw, int64_t n) = nullptr;
+  void (*pack)(const void* w, size_t w_stride, int64_t nw, int64_t n, void* dst) = nullptr;
+  using GemmActPackedFn = void (*)(const void* wp, int64_t nw, const void* xq, size_t xq_stride, int64_t na, int64_t n,
+                                   float* out, int64_t ldo);
+  GemmActPackedFn gemm_act_packed = nullptr;
+  GemmActPackedFn gemm_act_packed_variants[5] = {};
 };
 
 // The entry for a quantized type, or nullptr for f32, f16, bf16, i32.
@@ -146,6 +159,9 @@ enum class GemmIsa { generic = 0, avx2 = 1, avxvnni = 2, avx512vnni = 3, amx = 4
 // picks a lower one, for benchmarks), whether the CPU can run one, and its name.
 GemmIsa gemm_isa();
 bool gemm_isa_available(GemmIsa isa);
+// Whether gemm_act_packed runs here: gemm_isa() is avx512vnni or amx (MK_GEMM_ISA set lower turns
+// packing off, for A/B runs).
+bool gemm_packed_available();
 std::string_view gemm_isa_name(GemmIsa isa);
 
 // A copy of `m` with weight tensors quantized with quantize_row (for tests and benchmarks: a model

@@ -53,6 +53,14 @@ std::shared_ptr<MappedFile> MappedFile::from_bytes(std::string bytes, std::strin
   return f;
 }
 
+void MappedFile::drop_pages(const void* p, size_t n) const {
+  const auto a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(data_);
+  if (!mapped_ || a < base || n > size_ || a - base > size_ - n) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (mapped_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

@@ -21,6 +21,10 @@ class MappedFile {
   size_t size() const { return size_; }
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
+  // Gives the whole pages of [p, p + n) back to the kernel when they are part of this mapping
+  // (madvise MADV_DONTNEED; a later read faults them in again from the file, unchanged); otherwise,
+  // and for bytes held in memory, does nothing. For data that has been copied elsewhere.
+  void drop_pages(const void* p, size_t n) const;
 
  private:
   MappedFile() = default;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -756,6 +757,79 @@ TEST(QuantAct, GemmActEveryVariantEqualsDotActPerRow) {
   }
   EXPECT_EQ(with_gemm, 10);  // every type
   EXPECT_TRUE(quant::gemm_isa_available(quant::gemm_isa()));
+}
+
+// Packed weights (QuantType::pack, gemm_act_packed): every packed variant this CPU runs gives
+// dot_act's bits at every (weight row, activation row), for tiles starting at group 0 and group 1
+// of a 35-row matrix (its last group padded), 1..17 and 33 activation rows, and writes nothing
+// past its nw columns.
+TEST(QuantAct, GemmActPackedEqualsDotActPerRow) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  int with_pack = 0, ran = 0;
+  for (const QuantType* q : quant::quant_types()) {
+    if (!q->pack) continue;
+    SCOPED_TRACE(type_name(q));
+    ++with_pack;
+    ASSERT_TRUE(q->packed_bytes && q->gemm_act_packed);
+    for (const int64_t blocks : {int64_t{1}, int64_t{7}, int64_t{18}}) {
+      const int64_t n = blocks * q->block_size, n_w = 35, n_x = 33;
+      const size_t wrow = static_cast<size_t>(blocks * q->block_bytes), ws = wrow + 6;
+      const size_t xs = static_cast<size_t>(n / q->act->block_size * q->act->block_bytes) + 10;
+      std::vector<uint8_t> w(ws * (n_w - 1) + wrow), x(xs * n_x);
+      for (int64_t i = 0; i < n_w; ++i) {
+        std::vector<uint8_t> r = quantize(q, random_weights(n, 300 + static_cast<int>(i + n)));
+        if (i == 3) {
+          const std::vector<uint8_t> f = read_bin(type_name(q) + ".blocks.bin");
+          std::copy_n(f.begin(), std::min(f.size(), r.size()), r.begin());
+        }
+        std::copy(r.begin(), r.end(), w.begin() + static_cast<std::ptrdiff_t>(ws * i));
+      }
+      for (int64_t a = 0; a < n_x; ++a) {
+        std::vector<float> xf(static_cast<size_t>(n));
+        for (auto& v : xf) v = u(rng);
+        q->act->quantize_row(xf.data(), x.data() + xs * a, n);
+      }
+      std::vector<uint8_t> packed(q->packed_bytes(n_w, n));
+      EXPECT_EQ(packed.size(), 3 * q->packed_bytes(16, n));  // 3 groups of 16 rows
+      q->pack(w.data(), ws, n_w, n, packed.data());
+      for (int v = 0; v < 5; ++v) {
+        if (!q->gemm_act_packed_variants[v] || !quant::gemm_isa_available(static_cast<quant::GemmIsa>(v))) continue;
+        SCOPED_TRACE(std::string(quant::gemm_isa_name(static_cast<quant::GemmIsa>(v))));
+        ++ran;
+        for (const int64_t g0 : {int64_t{0}, int64_t{1}})
+          for (const int64_t nw : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{17}, n_w - 16 * g0}) {
+            if (16 * g0 + nw > n_w) continue;
+            for (int64_t na = 1; na <= n_x; na = na == 17 ? 33 : na + 1) {
+              const int64_t ldo = nw + 3;
+              std::vector<float> out(static_cast<size_t>(na * ldo), -7.0f);
+              q->gemm_act_packed_variants[v](packed.data() + g0 * q->packed_bytes(16, n), nw, x.data(), xs, na, n,
+                                              out.data(), ldo);
+              for (int64_t a = 0; a < na; ++a)
+                for (int64_t i = 0; i < ldo; ++i) {
+                  const float got = out[static_cast<size_t>(a * ldo + i)];
+                  if (i >= nw) {
+                    EXPECT_EQ(got, -7.0f) << "wrote past the tile";
+                    continue;
+                  }
+                  const float want = dot_act_model(q, w.data() + ws * (16 * g0 + i), x.data() + xs * a, n);
+                  if (std::isnan(want)) {
+                    EXPECT_TRUE(std::isnan(got));
+                    continue;
+                  }
+                  EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+                      << "n " << n << " group " << g0 << " rows " << nw << " x " << na << " at (" << i << ", " << a
+                      << "): " << got << " vs " << want;
+                }
+            }
+          }
+      }
+    }
+  }
+  EXPECT_EQ(with_pack, 3);  // q4_0, q4_1, q8_0
+  if (quant::gemm_packed_available()) {
+    EXPECT_GT(ran, 0);
+  }
 }
 
 // gemm_act of each K-quant (every variant this CPU runs) against an f64 product of the dequantized

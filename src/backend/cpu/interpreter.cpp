@@ -89,6 +89,24 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bo
     }
     weights_.push_back(w);
   }
+  // The matmul weights that the 16-row tiles read packed (QuantType::pack): packed once here, the
+  // GGUF rows then untouched by matmuls.
+  if (quant::gemm_packed_available())
+    for (const OpDesc& o : p_.ops) {
+      if (o.opcode != Opcode::matmul) continue;
+      for (const int id : {o.w, o.w_up}) {
+        if (id < 0) continue;
+        WeightRef& w = weights_[static_cast<size_t>(id)];
+        if (!w.act_q8 || !w.quant->pack || w.packed) continue;
+        const int64_t nw = static_cast<int64_t>(w.row_elems > 0 ? model.get(p_.weights[static_cast<size_t>(id)].name).numel() / w.row_elems : 0);
+        auto buf = std::make_unique<std::vector<uint8_t>>(w.quant->packed_bytes(nw, w.row_elems));
+        w.quant->pack(w.data, w.row_bytes, nw, w.row_elems, buf->data());
+        w.packed = buf->data();
+        for (const auto& f : model.files) f->drop_pages(w.data, static_cast<size_t>(nw) * w.row_bytes);  // read from here on only by embedding lookups
+        w.packed_group_bytes = w.quant->packed_bytes(16, w.row_elems);
+        packed_.push_back(std::move(buf));
+      }
+    }
   arena_ = alloc_zeroed(static_cast<size_t>(p_.arena_bytes));
   // An f16 cache keeps every KV buffer at half its offset, in half its bytes (StepMemory::kv_f16).
   kv_alloc_bytes_ = static_cast<size_t>(kv_f16_ ? (p_.kv_bytes / 2 + 63) / 64 * 64 : p_.kv_bytes);

@@ -83,6 +83,7 @@ class Interpreter {
   Program p_;
   std::vector<WeightRef> weights_;
   std::vector<std::unique_ptr<std::vector<float>>> converted_;  // unaligned f32 copies
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> packed_;  // WeightRef::packed
   uint8_t* arena_ = nullptr;
   uint8_t* kv_ = nullptr;
   size_t kv_alloc_bytes_ = 0;  // kv_bytes, or half of it for an f16 cache

@@ -204,7 +204,15 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       if (q->dot_act4) return q->dot_act4(row, xr, K, o4);
       for (int i = 0; i < 4; ++i) o4[i] = q->dot_act(row, xr[i], K);
     };
-    if (W.quant->gemm_act && (o.glu == Act::none || U.quant->gemm_act)) {
+    if (W.packed && (o.glu == Act::none || U.packed) && in.c0 % 16 == 0) {
+      // Packed weights (QuantType::pack): the 16-row tiles with plain loads; the same bits.
+      const size_t g0 = static_cast<size_t>(in.c0 / 16);
+      W.quant->gemm_act_packed(W.packed + g0 * W.packed_group_bytes, T, xw, wrow, R, K, tile, T);
+      if (o.glu != Act::none) {
+        U.quant->gemm_act_packed(U.packed + g0 * U.packed_group_bytes, T, xu, urow, R, K, utile, T);
+        for (int64_t i = 0; i < R * T; ++i) tile[i] = act(o.glu, tile[i]) * utile[i];
+      }
+    } else if (W.quant->gemm_act && (o.glu == Act::none || U.quant->gemm_act)) {
       // Register-blocked tiles (several weight rows x several activation rows per pass, VNNI where
       // the CPU has it): the same bits as dot_act per element.
       W.quant->gemm_act(W.data + static_cast<size_t>(in.c0) * W.row_bytes, W.row_bytes, T, xw, wrow, R, K, tile, T);

@@ -28,6 +28,11 @@ struct WeightRef {
   // quant->dot_act, as llama.cpp's CPU backend does (set for types with an act when the backend's
   // act_quant option is on); otherwise activations stay float32.
   bool act_q8 = false;
+  // act_q8 weights of the types with QuantType::pack, where quant::gemm_packed_available(): the
+  // matrix packed for the 16-row tiles (packed_group_bytes per 16 rows), read by matmul's tiles that
+  // start at a multiple of 16 rows instead of `data` (which embedding lookups still read).
+  const uint8_t* packed = nullptr;
+  size_t packed_group_bytes = 0;
 };
 
 // Memory and symbols one step sees.
