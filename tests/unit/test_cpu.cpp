@@ -1,15 +1,18 @@
 // The CPU interpreter against the reference backend, and its determinism.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 
 #include "archs/arch.h"
 #include "backend/backend.h"
 #include "backend/cpu/interpreter.h"
+#include "backend/cpu/vmath.h"
 #include "passes/pass.h"
 #include "runtime/session.h"
 #include "support/error.h"
@@ -251,4 +254,38 @@ TEST(CpuBackend, TraceSummaryListsWorkersAndOpcodes) {
   EXPECT_NE(s.find("busy"), std::string::npos) << s;
   EXPECT_NE(s.find("attention"), std::string::npos) << s;
   EXPECT_NE(s.find("matmul"), std::string::npos) << s;
+}
+
+// vmath.h's exp (softmax and SiLU of the interpreter): within 1 ulp of exp computed in double and
+// rounded to float over [-87.33, 88] (dense in softmax's [-20, 0], then evenly and randomly spread),
+// 0 below the normal range, +inf above 88.73, NaN kept; a span gives every element the bits of the
+// scalar path wherever it falls (16-lane body or tail), and silu_mul_span those of silu_f32.
+TEST(CpuVmath, ExpWithinOneUlpAndSpansEqualScalar) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> any(-87.33f, 88.0f);
+  int64_t worst = 0;
+  float worst_x = 0;
+  for (int i = 0; i < 3000000; ++i) {
+    const float x = i < 1000000 ? -20.0f * static_cast<float>(i) / 1e6f
+                    : i < 2000000 ? -87.33f + 175.33f * static_cast<float>(i - 1000000) / 1e6f
+                                  : any(rng);
+    const float got = cpu::exp_f32(x), want = static_cast<float>(std::exp(static_cast<double>(x)));
+    const int64_t ulp = std::llabs(static_cast<long long>(std::bit_cast<int32_t>(got)) - std::bit_cast<int32_t>(want));
+    if (ulp > worst) worst = ulp, worst_x = x;
+  }
+  EXPECT_LE(worst, 1) << "at x = " << worst_x;
+  EXPECT_EQ(cpu::exp_f32(-100.0f), 0.0f);
+  EXPECT_EQ(cpu::exp_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(cpu::exp_f32(89.0f), INFINITY);
+  EXPECT_TRUE(std::isnan(cpu::exp_f32(NAN)));
+  EXPECT_EQ(cpu::exp_f32(0.0f), 1.0f);
+  std::vector<float> x(37), y(37), t(37), u(37);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = t[i] = any(rng) / 4, u[i] = any(rng) / 8;
+  cpu::exp_sub_span(x.data(), y.data(), 37, 0.75f);
+  std::vector<float> tv = t;
+  cpu::silu_mul_span(tv.data(), u.data(), 37);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(cpu::exp_f32(x[i] - 0.75f))) << i;
+    EXPECT_EQ(std::bit_cast<uint32_t>(tv[i]), std::bit_cast<uint32_t>(cpu::silu_f32(t[i]) * u[i])) << i;
+  }
 }

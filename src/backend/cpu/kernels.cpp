@@ -7,6 +7,7 @@
 
 #include "backend/cpu/dot_lanes.h"
 #include "backend/cpu/float_gemm.h"
+#include "backend/cpu/vmath.h"
 #include "backend/step_batch.h"
 #include "ir/ops.h"
 #include "support/error.h"
@@ -17,7 +18,7 @@ namespace {
 
 inline float act(Act a, float v) {
   switch (a) {
-    case Act::silu: return silu(v);
+    case Act::silu: return silu_f32(v);  // vmath.h: the same bits as glu_mul's spans
     case Act::gelu: return gelu_erf(v);
     case Act::gelu_tanh: return gelu_tanh_approx(v);
     case Act::none: return v;
@@ -95,6 +96,12 @@ void rope_span(const OpDesc& o, float* v, int64_t n, int64_t r, int64_t pos) {
       x[i1] = static_cast<float>(x0 * s + x1 * c);
     }
   }
+}
+
+// t[i] = act(a, t[i]) * u[i] for i < n (a GLU's gate and up values); SiLU 16 at a time.
+void glu_mul(Act a, float* t, const float* u, int64_t n) {
+  if (a == Act::silu) return silu_mul_span(t, u, n);
+  for (int64_t i = 0; i < n; ++i) t[i] = act(a, t[i]) * u[i];
 }
 
 struct Ctx {
@@ -210,7 +217,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       W.quant->gemm_act_packed(W.packed + g0 * W.packed_group_bytes, T, xw, wrow, R, K, tile, T);
       if (o.glu != Act::none) {
         U.quant->gemm_act_packed(U.packed + g0 * U.packed_group_bytes, T, xu, urow, R, K, utile, T);
-        for (int64_t i = 0; i < R * T; ++i) tile[i] = act(o.glu, tile[i]) * utile[i];
+        glu_mul(o.glu, tile, utile, R * T);
       }
     } else if (W.quant->gemm_act && (o.glu == Act::none || U.quant->gemm_act)) {
       // Register-blocked tiles (several weight rows x several activation rows per pass, VNNI where
@@ -218,7 +225,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       W.quant->gemm_act(W.data + static_cast<size_t>(in.c0) * W.row_bytes, W.row_bytes, T, xw, wrow, R, K, tile, T);
       if (o.glu != Act::none) {
         U.quant->gemm_act(U.data + static_cast<size_t>(in.c0) * U.row_bytes, U.row_bytes, T, xu, urow, R, K, utile, T);
-        for (int64_t i = 0; i < R * T; ++i) tile[i] = act(o.glu, tile[i]) * utile[i];
+        glu_mul(o.glu, tile, utile, R * T);
       }
     } else {  // types without gemm_act (q5_0, q5_1): dot_act4 / dot_act per weight row
       for (int64_t j = in.c0; j < in.c1; ++j) {
@@ -290,7 +297,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     }
     if (glu)
       for (int64_t r = 0; r < R; ++r)
-        for (int64_t j = 0; j < T; ++j) tile[r * T + j] = act(o.glu, tile[r * T + j]) * utile[r * T + j];
+        glu_mul(o.glu, tile + r * T, utile + r * T, T);
   }
   const int64_t oc = c.cols(o.out);
   const int32_t* slot = o.epi == Epi::store || o.epi == Epi::rope_store ? c.ibuf(c.p.kv_slot_buffer) : nullptr;
@@ -493,7 +500,7 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
           sc[j] = sc[j] * scale;
           mx = std::max(mx, sc[j]);
         }
-        for (int64_t j = 0; j < n_kv; ++j) sc[j] = std::exp(sc[j] - mx);
+        exp_sub_span(sc, sc, n_kv, mx);
         float s = 0;
         if (c.m.kv_f16) {  // llama.cpp: softmax (sum in double), then probabilities as f16 against V
           double dsum = 0;
@@ -578,8 +585,8 @@ void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
         mx = std::max(mx, score[j]);
       }
       float sum = 0;
+      exp_sub_span(score, score, n, mx);
       for (int64_t j = 0; j < n; ++j) {
-        score[j] = std::exp(score[j] - mx);
         if (c.m.kv_f16) score[j] = round_f16(score[j]);
         sum += score[j];
       }
@@ -617,7 +624,7 @@ void attention_combine(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
       for (int64_t s = 0; s < S; ++s) {
         const float* ps = base + s * tile;
         if (!(ps[hd + 1] > 0)) continue;
-        const float f = std::exp(ps[hd] - M);
+        const float f = exp_f32(ps[hd] - M);
         L += ps[hd + 1] * f;
         for (int64_t i = 0; i < hd; ++i) acc[i] += ps[i] * f;
       }
@@ -748,7 +755,7 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       for (int64_t r = 0; r < R; ++r)
         for (int64_t j = c0; j < c1; ++j) {
           float v = x[r * o.cols + j];
-          out[r * o.cols + j] = o.opcode == Opcode::scale ? v * s : o.opcode == Opcode::silu ? silu(v)
+          out[r * o.cols + j] = o.opcode == Opcode::scale ? v * s : o.opcode == Opcode::silu ? silu_f32(v)
                                 : o.opcode == Opcode::gelu ? gelu_erf(v) : gelu_tanh_approx(v);
         }
       return;
