@@ -23,7 +23,7 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file or HF directory with a chat template")->required();
   cmd->add_option("--system", o->system, "system message at the start of the conversation");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
-  cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->check(integer_at_least(0));
+  cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->capture_default_str()->check(integer_at_least(0));
   add_generation_options(cmd, o->session, o->gen.sampler);
   cmd->callback([o] {
     Session s(o->session);

@@ -96,10 +96,10 @@ CLI::Validator number_range(double lo, double hi, bool above_lo, bool as_float) 
 }
 
 void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptions& sampler) {
-  cmd->add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)")->check(number_range(0, HUGE_VAL, false, /*as_float=*/true));
-  cmd->add_option("--top-k", sampler.top_k, "top-k sampling (0 = off)")->check(integer_at_least(0));
-  cmd->add_option("--top-p", sampler.top_p, "top-p (nucleus) sampling (1 = off)")->check(number_range(0, 1, /*above_lo=*/true, /*as_float=*/true));
-  cmd->add_option("--seed", sampler.seed, "random seed")->check(unsigned_integer());
+  cmd->add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)")->capture_default_str()->check(number_range(0, HUGE_VAL, false, /*as_float=*/true));
+  cmd->add_option("--top-k", sampler.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(integer_at_least(0));
+  cmd->add_option("--top-p", sampler.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->check(number_range(0, 1, /*above_lo=*/true, /*as_float=*/true));
+  cmd->add_option("--seed", sampler.seed, "random seed")->capture_default_str()->check(unsigned_integer());
   cmd->add_option("-c,--ctx-size", session.n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
   cmd->add_option("--backend", session.backend, "backend: reference, cpu, ... (default: the fastest available)")

@@ -375,3 +375,14 @@ TEST(E2ECliUsage, ServeNamesAnAddressItCannotListenOn) {
 }
 
 }  // namespace
+
+// `run --help` shows the generation defaults the README lists (a new user could not find them).
+TEST(E2ECliUsage, RunHelpShowsGenerationDefaults) {
+  Result r = cli("run --help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* want : {"--n-predict INT:INT>=0=256", "--temp FLOAT:NUMBER>=0=0.8", "--top-k INT:INT>=0=40",
+                           "(0 - 1]=0.95", "=42"})
+    EXPECT_TRUE(has(r.out, want)) << want << "\n" << r.out;
+  Result c = cli("chat --help");
+  EXPECT_TRUE(has(c.out, "--n-predict INT:INT>=0=1024")) << c.out;
+}
