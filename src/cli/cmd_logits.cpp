@@ -9,20 +9,36 @@
 
 namespace mk::cli {
 
-std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag) {
-  std::vector<int32_t> ids;
+std::string token_ids_problem(const std::string& s) {
+  if (s.empty()) return "no token ids given";
   size_t i = 0;
-  while (i < s.size()) {
+  while (i <= s.size()) {
     size_t j = s.find(',', i);
     if (j == std::string::npos) j = s.size();
     int32_t v = 0;
     auto [p, ec] = std::from_chars(s.data() + i, s.data() + j, v);
-    if (ec != std::errc() || p != s.data() + j) fail("{}: '{}' is not a token id", flag, s.substr(i, j - i));
+    if (ec != std::errc() || p != s.data() + j) return fmt::format("'{}' is not a token id", s.substr(i, j - i));
+    i = j + 1;
+  }
+  return {};
+}
+
+std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag) {
+  if (const std::string p = token_ids_problem(s); !p.empty()) fail("{}: {}", flag, p);
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i <= s.size();) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    int32_t v = 0;
+    std::from_chars(s.data() + i, s.data() + j, v);
     ids.push_back(v);
     i = j + 1;
   }
-  if (ids.empty()) fail("{}: no token ids given", flag);
   return ids;
+}
+
+CLI::Validator token_ids() {
+  return CLI::Validator([](std::string& s) { return token_ids_problem(s); }, "ID,ID,...");
 }
 
 void add_logits_command(CLI::App& app) {
@@ -30,7 +46,7 @@ void add_logits_command(CLI::App& app) {
   auto ids = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand("logits", "print the logits of a token sequence as JSON");
   cmd->add_option("-m,--model", o->model_path, "model")->required();
-  cmd->add_option("--ids", *ids, "comma-separated token ids")->required();
+  cmd->add_option("--ids", *ids, "comma-separated token ids")->required()->check(token_ids());
   cmd->add_option("--backend", o->backend, "backend")->check(backend_name());
   cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
       ->check(integer_range(0, 1024));

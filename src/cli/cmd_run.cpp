@@ -23,7 +23,8 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
   auto* prompt = cmd->add_option("-p,--prompt", o->gen.prompt, "prompt text");
   auto* ids = cmd->add_option("--ids", o->ids, "prompt as comma-separated token ids (no BOS added); works without a tokenizer")
-      ->excludes(prompt);
+                  ->excludes(prompt)
+                  ->check(token_ids());
   cmd->add_option("-n,--n-predict", o->gen.n_new, "number of tokens to generate")->capture_default_str()->check(integer_at_least(0));
   add_generation_options(cmd, o->session, o->gen.sampler);
   cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");

@@ -43,5 +43,9 @@ void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptio
 
 // "1,2,3" -> {1, 2, 3}; throws mk::Error naming `flag` for an empty list or a non-integer entry.
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag = "--ids");
+// What is wrong with s as a comma-separated list of token ids ("" when nothing), and the option
+// check that makes it a usage error (exit 2) before anything loads.
+std::string token_ids_problem(const std::string& s);
+CLI::Validator token_ids();
 
 }  // namespace mk::cli
