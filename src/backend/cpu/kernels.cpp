@@ -359,19 +359,18 @@ void attn_kv_rows(const Ctx& c, int64_t r, int64_t lo, int64_t hi, int32_t* kv_r
 // attention's V pass over one chunk of n cached positions: acc[h][i] += p[h * sst + j] * v[j][i] for
 // heads h < HN and i < 16 * HV, positions j in order (a multiply, then an add: the scalar loop's
 // bits), the accumulators held in registers for the chunk.
-using V16f = float __attribute__((vector_size(64)));
-inline V16f ld_v16f(const float* p) {
-  V16f v;
+inline VF16 ld_v16f(const float* p) {  // VF16: vmath.h's 16-float vector
+  VF16 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 template <int HV, int HN>
 void attn_pv_chunk(const float* const* v, int64_t n, const float* p, int64_t sst, float* acc, int64_t acc_stride) {
-  V16f a[HN][HV];
+  VF16 a[HN][HV];
   for (int h = 0; h < HN; ++h)
     for (int k = 0; k < HV; ++k) a[h][k] = ld_v16f(acc + h * acc_stride + 16 * k);
   for (int64_t j = 0; j < n; ++j) {
-    V16f x[HV];
+    VF16 x[HV];
     for (int k = 0; k < HV; ++k) x[k] = ld_v16f(v[j] + 16 * k);
     for (int h = 0; h < HN; ++h) {
       const float pj = p[h * sst + j];
@@ -379,7 +378,7 @@ void attn_pv_chunk(const float* const* v, int64_t n, const float* p, int64_t sst
     }
   }
   for (int h = 0; h < HN; ++h)
-    for (int k = 0; k < HV; ++k) std::memcpy(acc + h * acc_stride + 16 * k, &a[h][k], sizeof(V16f));
+    for (int k = 0; k < HV; ++k) std::memcpy(acc + h * acc_stride + 16 * k, &a[h][k], sizeof(VF16));
 }
 // The same for nh heads (accumulators acc_stride floats apart) and head_dim hd: register passes of
 // up to 16 vectors for hd 64 and 128, else the scalar loop.
