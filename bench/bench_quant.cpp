@@ -115,6 +115,37 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
                                                  benchmark::Counter::kIsRate);
 }
 
+// gemm_act_packed (quant.h: q4_0, q4_1, q8_0 weights packed 16 rows per group at load) on the same
+// shapes as BM_QuantGemm; variant 3 = the AVX-512 VNNI tile, 4 = the AMX tile. N = 1536 here (a
+// SmolLM2 FFN matrix) so the AMX tile runs over many groups as in the product.
+void BM_QuantGemmPacked(benchmark::State& state, DType t, int variant) {
+  const quant::QuantType* q = quant::quant_type(t);
+  const int64_t R = state.range(0);
+  if (!quant::gemm_isa_available(static_cast<quant::GemmIsa>(variant)) || q->gemm_act_packed_variants[variant] == nullptr) {
+    state.SkipWithError("this CPU lacks the instruction set");
+    return;
+  }
+  const int64_t K = 576, N = 1536;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<float> w(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * R));
+  for (auto& v : w) v = nd(rng);
+  for (auto& v : x) v = nd(rng);
+  const size_t row_bytes = dtype_bytes(t, K), xrow = static_cast<size_t>(K / q->act->block_size * q->act->block_bytes);
+  std::vector<uint8_t> qw(row_bytes * N), xq(xrow * static_cast<size_t>(R));
+  for (int64_t r = 0; r < N; ++r) q->quantize_row(w.data() + r * K, qw.data() + static_cast<size_t>(r) * row_bytes, K);
+  for (int64_t r = 0; r < R; ++r) q->act->quantize_row(x.data() + r * K, xq.data() + static_cast<size_t>(r) * xrow, K);
+  std::vector<uint8_t> packed(q->packed_bytes(N, K));
+  q->pack(qw.data(), row_bytes, N, K, packed.data());
+  std::vector<float> out(static_cast<size_t>(N * R));
+  for (auto _ : state) {
+    q->gemm_act_packed_variants[variant](packed.data(), N, xq.data(), xrow, R, K, out.data(), N);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["Gmacs/s"] = benchmark::Counter(static_cast<double>(K * N * R) * static_cast<double>(state.iterations()) / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+
 }  // namespace
 
 #define MK_QUANT_GEMM_BENCH(T)                                                                                        \
@@ -123,6 +154,12 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_avxvnni, DType::T, 2)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();  \
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime(); \
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_amx, DType::T, 4)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();
+#define MK_QUANT_GEMM_PACKED_BENCH(T)                                                                         \
+  BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(16)->MeasureProcessCPUTime(); \
+  BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_amx, DType::T, 4)->Arg(16)->Arg(32)->MeasureProcessCPUTime();
+MK_QUANT_GEMM_PACKED_BENCH(Q4_0)
+MK_QUANT_GEMM_PACKED_BENCH(Q4_1)
+MK_QUANT_GEMM_PACKED_BENCH(Q8_0)
 MK_QUANT_GEMM_BENCH(Q4_0)
 MK_QUANT_GEMM_BENCH(Q4_1)
 MK_QUANT_GEMM_BENCH(Q5_0)

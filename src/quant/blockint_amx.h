@@ -222,7 +222,7 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
   wscale.resize(static_cast<size_t>(2 * nb * 16));
   float* wdw = wscale.data();
   float* wmw = wdw + nb * 16;
-  alignas(64) int32_t cbuf[2][256];
+  alignas(64) int32_t cbuf[4][256];
   amx_configure();
   alignas(64) float acc_t[16 * 16];
   for (int64_t i0 = 0; i0 < nw; i0 += 16) {
@@ -239,6 +239,7 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
     // With one activation tile (decode batches) each block's weight tile is built just before its
     // dot, so the gathers overlap the tile and float work; with more, all blocks first (reused).
     const bool fused = ng == 1;
+    constexpr int64_t kAhead = P && !L::kNib ? 0 : 4;  // fused: block b + kAhead's weight tile is built with block b's dot
     if (!fused)
       for (int64_t b = 0; b < nb; ++b) bi_amx_build<K, P>(g, ix, b, pf, ws, wtiles.data(), wdw, wmw);
     amx_memory_barrier();  // the tiles built above are read by tileloadd below
@@ -255,8 +256,8 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
       // 5 and B tiles 6, 7 alternate), and is stored and scaled two blocks later, in block order.
 #define MK_AMX_TILE(BB, C, A, B)                                  \
   if ((BB) < nb) {                                                \
-    if (fused) {                                                  \
-      bi_amx_build<K, P>(g, ix, BB, pf, ws, wtiles.data(), wdw, wmw); \
+    if (fused && (BB) + kAhead < nb) {                            \
+      bi_amx_build<K, P>(g, ix, (BB) + kAhead, pf, ws, wtiles.data(), wdw, wmw); \
       amx_memory_barrier(); /* read by tileloadd below */         \
     }                                                             \
     _tile_zero(C);                                                \
@@ -265,28 +266,43 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
     if constexpr (kSigned) _tile_dpbssd(C, A, B);                 \
     else _tile_dpbsud(C, A, B);                                   \
   }
-#define MK_AMX_STORE_SCALE(BB, C)                                 \
+#define MK_AMX_STORE(BB, C)                                       \
   if ((BB) < nb) {                                                \
     amx_memory_barrier(); /* cbuf's earlier reads come first */   \
-    _tile_stored(C, cbuf[C % 2], 64);                             \
+    _tile_stored(C, cbuf[(BB) % 4], 64);                          \
+  }
+#define MK_AMX_SCALE(BB)                                          \
+  if ((BB) >= 0 && (BB) < nb) {                                   \
     amx_memory_barrier(); /* cbuf is read below */                \
     const __m512 dwv = _mm512_loadu_ps(wdw + (BB) * 16);          \
-    MK_AMX_SCALE_BLOCK(cbuf[C % 2], dwv, dx + (BB) * 16)          \
+    MK_AMX_SCALE_BLOCK(cbuf[(BB) % 4], dwv, dx + (BB) * 16)       \
   }
+      // Block j: its dot issued two blocks ahead, its C tile stored after the next dot is issued, and
+      // scaled (in block order) one block later still, so the stores are done when cbuf is read.
+      if (fused) {
+        for (int64_t b = 0; b < std::min<int64_t>(kAhead, nb); ++b) bi_amx_build<K, P>(g, ix, b, pf, ws, wtiles.data(), wdw, wmw);
+        amx_memory_barrier();
+      }
       MK_AMX_TILE(0, 0, 4, 6)
       MK_AMX_TILE(1, 1, 5, 7)
       for (int64_t b = 0; b < nb; b += 4) {
         MK_AMX_TILE(b + 2, 2, 4, 6)
+        MK_AMX_STORE(b, 0)
+        MK_AMX_SCALE(b - 1)
         MK_AMX_TILE(b + 3, 3, 5, 7)
-        MK_AMX_STORE_SCALE(b, 0)
-        MK_AMX_STORE_SCALE(b + 1, 1)
+        MK_AMX_STORE(b + 1, 1)
+        MK_AMX_SCALE(b)
         MK_AMX_TILE(b + 4, 0, 4, 6)
+        MK_AMX_STORE(b + 2, 2)
+        MK_AMX_SCALE(b + 1)
         MK_AMX_TILE(b + 5, 1, 5, 7)
-        MK_AMX_STORE_SCALE(b + 2, 2)
-        MK_AMX_STORE_SCALE(b + 3, 3)
+        MK_AMX_STORE(b + 3, 3)
+        MK_AMX_SCALE(b + 2)
       }
+      if ((nb - 1) % 4 == 3) MK_AMX_SCALE(nb - 1)
 #undef MK_AMX_TILE
-#undef MK_AMX_STORE_SCALE
+#undef MK_AMX_STORE
+#undef MK_AMX_SCALE
       const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
       if constexpr (L::kMin) {  // then sum over blocks of fma(m_w, s_x, .), its own block-order chain
 #pragma GCC unroll 16
