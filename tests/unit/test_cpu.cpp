@@ -12,7 +12,9 @@
 #include "archs/arch.h"
 #include "backend/backend.h"
 #include "backend/cpu/interpreter.h"
+#include "backend/cpu/kernels.h"
 #include "backend/cpu/vmath.h"
+#include "model/synth.h"
 #include "passes/pass.h"
 #include "runtime/session.h"
 #include "support/error.h"
@@ -287,5 +289,57 @@ TEST(CpuVmath, ExpWithinOneUlpAndSpansEqualScalar) {
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(cpu::exp_f32(x[i] - 0.75f))) << i;
     EXPECT_EQ(std::bit_cast<uint32_t>(tv[i]), std::bit_cast<uint32_t>(cpu::silu_f32(t[i]) * u[i])) << i;
+  }
+}
+
+// attention over an f16 KV cache on AVX-512 (kernels.cpp attention_f16: scores 16 positions at a
+// time through dot_f32's lane tree, K and V converted in registers) gives the portable path's bits,
+// for head_dim 64 (5 heads per KV group: a pass of 4 heads and one of 1) and 128 (3 per group), over
+// ragged batches whose rows attend to 1 .. 70 positions (tails of 16 and of the prefetch window).
+TEST(CpuAttention, Avx512F16PathEqualsPortable) {
+  if (!cpu::attention_avx512_enabled()) GTEST_SKIP() << "built without AVX-512";
+  for (const SynthSpec& spec : {SynthSpec{"attn64", 96, 640, 2, 10, 2, 128, 128, DType::Q8_0},
+                                SynthSpec{"attn128", 96, 384, 2, 3, 1, 128, 128, DType::Q8_0}}) {
+    const ModelFile m = make_synthetic_model(spec, true);
+    BuildOptions bo{128, false};
+    bo.kv_pool_tokens = 4 * 128;
+    const Graph g = build_graph(m, bo);
+    auto run = [&](bool avx512) {
+      cpu::set_attention_avx512(avx512);
+      auto b = make_backend("cpu", g, m, cpu_opts(2));
+      std::vector<float> all;
+      StepBatch p;  // prefills of 1, 17, 33 and 50 positions in one step
+      const int lens[4] = {1, 17, 33, 50};
+      for (int s = 0; s < 4; ++s) {
+        p.block_tables.push_back({});
+        for (int j = 0; j < 8; ++j) p.block_tables.back().push_back(j * 4 + s);  // blocks interleaved
+        for (int i = 0; i < lens[s]; ++i) {
+          p.tokens.push_back((i * 37 + s * 11 + 1) % 96);
+          p.positions.push_back(i);
+          p.seq.push_back(s);
+        }
+      }
+      for (int32_t i = 0; i < static_cast<int32_t>(p.tokens.size()); ++i) p.logit_rows.push_back(i);
+      all = b->forward(p);
+      for (int step = 0; step < 20; ++step) {  // then decode rows of all four (n_kv up to 70)
+        StepBatch d;
+        d.block_tables = p.block_tables;
+        for (int s = 0; s < 4; ++s) {
+          d.tokens.push_back((step * 31 + s * 7) % 96);
+          d.positions.push_back(lens[s] + step);
+          d.seq.push_back(s);
+          d.logit_rows.push_back(s);
+        }
+        const auto l = b->forward(d);
+        all.insert(all.end(), l.begin(), l.end());
+      }
+      return all;
+    };
+    const std::vector<float> fast = run(true), portable = run(false);
+    cpu::set_attention_avx512(true);
+    ASSERT_EQ(fast.size(), portable.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < fast.size(); ++i) differ += std::bit_cast<uint32_t>(fast[i]) != std::bit_cast<uint32_t>(portable[i]);
+    EXPECT_EQ(differ, 0u) << spec.name << ": " << differ << " of " << fast.size() << " logits differ";
   }
 }

@@ -1,6 +1,7 @@
 #include "backend/cpu/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -419,8 +420,227 @@ int64_t attn_score_stride(const Program& p) { return (p.n_ctx + 16 + 15) / 16 * 
 int64_t attn_pass_heads(const OpDesc& o) { return std::min(kAttnPassHeads, o.n_head / o.n_head_kv); }
 int64_t attn_scratch_floats(const Program& p, const OpDesc& o) {
   const int64_t nh = attn_pass_heads(o), sst = attn_score_stride(p);
-  return nh * sst + sst + 2 * sst + 2 * nh * (o.head_dim + 16) + nh + 64 + (kAttnScoreChunk + 1) * (o.head_dim + 16);
+  // the last part: converted K/V rows, or attention_f16's 16 lane vectors of each head
+  return nh * sst + sst + 2 * sst + 2 * nh * (o.head_dim + 16) + nh + 64 +
+         std::max((kAttnScoreChunk + 1) * (o.head_dim + 16), nh * 256);
 }
+
+#if defined(__AVX512F__)
+std::atomic<bool> g_attention_avx512{true};
+#else
+std::atomic<bool> g_attention_avx512{false};
+#endif
+
+// Sum of x[0, n) in double as the f16 cache's softmax takes it: 16 lanes (element j to lane j mod
+// 16, in order), then lanes l + 8, + 4, + 2, + 1 (attn_sum_tree), the same in every path.
+double attn_sum_tree(double* l) {
+  for (int s = 8; s > 0; s /= 2)
+    for (int i = 0; i < s; ++i) l[i] += l[i + s];
+  return l[0];
+}
+double attn_sum_f64(const float* x, int64_t n) {
+  double l[16] = {};
+  for (int64_t j = 0; j < n; ++j) l[j % 16] += x[j];
+  return attn_sum_tree(l);
+}
+
+#if defined(__AVX512F__)
+// GCC 12's AVX-512 shuffle intrinsics start from _mm512_undefined_ps, which -Wuninitialized
+// reports at every inlined use (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The f16 KV cache on AVX-512, for head_dim a multiple of 16: the same operations in the same order
+// as `attention` below with an f16 cache (so the same bits; tests/unit/test_cpu.cpp compares them),
+// with the K and V rows converted in registers where they are used instead of into a buffer first.
+//
+// Scores, 16 positions at a time: each position's 16 lanes of dot_f32 (dot_lanes.h: lane l sums
+// q[i] * k[i] for i = l mod 16 in index order, from 0) into a lane vector, then dot_f32's tree
+// (lanes l + 8, then + 4, + 2, + 1) for the 16 vectors at once by the usual transposing adds: each
+// add is one of the tree's (a + b is b + a), so every score has dot_f32's bits. Position p's lane
+// vector goes to slot 4 (p % 4) + p / 4, which puts score p in lane p at the end.
+inline int attn_tree_slot(int p) { return 4 * (p % 4) + p / 4; }
+__m512 attn_tree16(const float* lanes) {  // lanes: 16 slots of 16 floats
+  __m512 w[8], x[4], y[2];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 a = _mm512_load_ps(lanes + 32 * i), b = _mm512_load_ps(lanes + 32 * i + 16);
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));  // l + 8
+  }
+  for (int i = 0; i < 4; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));  // l + 4
+  for (int i = 0; i < 2; ++i) {
+    const __m512d a = _mm512_castps_pd(x[2 * i]), b = _mm512_castps_pd(x[2 * i + 1]);
+    y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));  // l + 2
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));  // l + 1
+}
+inline __m512 ld_f16x16(const uint16_t* h) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+}
+inline void prefetch_row_f16(const uint16_t* p, int64_t hd) {
+  for (int64_t i = 0; i < hd; i += 32) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
+// Scores of nh heads (queries q, hd floats apart, already f16 values) against the K rows of
+// positions [0, n) (kr: the row of each position, halves): score[h * sst + j], dot_f32's bits.
+template <int HD>
+void attn_scores_f16(const float* q, int64_t nh, const uint16_t* const* kr, int64_t n, float* score, int64_t sst,
+                     float* lanes) {
+  constexpr int P = HD / 16;
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int m = static_cast<int>(std::min<int64_t>(16, n - j0));
+    for (int64_t j = j0 + 16; j < std::min(n, j0 + 32); ++j) prefetch_row_f16(kr[j], HD);
+    for (int p = 0; p < 16; ++p) {
+      const int slot = attn_tree_slot(p);
+      if (p >= m) {
+        for (int64_t h = 0; h < nh; ++h) _mm512_store_ps(lanes + (h * 16 + slot) * 16, _mm512_setzero_ps());
+        continue;
+      }
+      __m512 k[P];
+      for (int i = 0; i < P; ++i) k[i] = ld_f16x16(kr[j0 + p] + 16 * i);
+      for (int64_t h = 0; h < nh; ++h) {
+        __m512 a = _mm512_setzero_ps();
+        for (int i = 0; i < P; ++i) a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_loadu_ps(q + h * HD + 16 * i), k[i]));
+        _mm512_store_ps(lanes + (h * 16 + slot) * 16, a);
+      }
+    }
+    for (int64_t h = 0; h < nh; ++h) {
+      const __m512 s = attn_tree16(lanes + h * 256);
+      _mm512_mask_storeu_ps(score + h * sst + j0, static_cast<__mmask16>((1u << m) - 1), s);
+    }
+  }
+}
+
+// The V pass of up to 4 heads (HN) over positions [0, n): acc[h][i] += p[h * sst + j] * v_j[i], a
+// multiply then an add per position in order (attn_pv_chunk's operations), V rows converted in
+// registers, the accumulators in registers throughout.
+template <int HD, int HN>
+void attn_pv_f16(const uint16_t* const* vr, int64_t n, const float* p, int64_t sst, float* acc, int64_t acc_stride) {
+  constexpr int P = HD / 16;
+  __m512 a[HN][P];
+  for (int h = 0; h < HN; ++h)
+    for (int i = 0; i < P; ++i) a[h][i] = _mm512_loadu_ps(acc + h * acc_stride + 16 * i);
+  for (int64_t j = 0; j < n; ++j) {
+    if (j % 16 == 0)
+      for (int64_t t = j + 16; t < std::min(n, j + 32); ++t) prefetch_row_f16(vr[t], HD);
+    __m512 x[P];
+    for (int i = 0; i < P; ++i) x[i] = ld_f16x16(vr[j] + 16 * i);
+    for (int h = 0; h < HN; ++h) {
+      const __m512 pj = _mm512_set1_ps(p[h * sst + j]);
+      for (int i = 0; i < P; ++i) a[h][i] = _mm512_add_ps(a[h][i], _mm512_mul_ps(pj, x[i]));
+    }
+  }
+  for (int h = 0; h < HN; ++h)
+    for (int i = 0; i < P; ++i) _mm512_storeu_ps(acc + h * acc_stride + 16 * i, a[h][i]);
+}
+template <int HD>
+void attn_pv_f16_heads(const uint16_t* const* vr, int64_t n, const float* p, int64_t sst, int64_t nh, float* acc,
+                       int64_t acc_stride) {
+  constexpr int kMax = HD <= 64 ? 4 : 2;  // heads per pass: 16 (HD 64) or 16 (HD 128) accumulators
+  for (int64_t h = 0; h < nh;) {
+    const int64_t k = std::min<int64_t>(nh - h, kMax);
+    float* ah = acc + h * acc_stride;
+    const float* ph = p + h * sst;
+    switch (k) {
+      case 1: attn_pv_f16<HD, 1>(vr, n, ph, sst, ah, acc_stride); break;
+      case 2: attn_pv_f16<HD, 2>(vr, n, ph, sst, ah, acc_stride); break;
+      case 3: if constexpr (kMax >= 3) attn_pv_f16<HD, 3>(vr, n, ph, sst, ah, acc_stride); break;
+      default: if constexpr (kMax >= 4) attn_pv_f16<HD, 4>(vr, n, ph, sst, ah, acc_stride); break;
+    }
+    h += k;
+  }
+}
+
+// Softmax of one head's n scores with an f16 cache, in place (attention's operations: scale, max,
+// exp(s - max), sum in double, p = round_f16(e / sum)). The double sum goes 16 lanes at a time, then
+// lane by lane in order.
+void attn_softmax_f16(float* sc, int64_t n, float scale) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(sc + j), vs);
+    _mm512_storeu_ps(sc + j, v);
+    vm = _mm512_max_ps(vm, v);
+  }
+  float mx = _mm512_reduce_max_ps(vm);
+  for (; j < n; ++j) {
+    sc[j] = sc[j] * scale;
+    mx = std::max(mx, sc[j]);
+  }
+  exp_sub_span(sc, sc, n, mx);
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();  // lanes 0-7 and 8-15 of attn_sum_f64
+  for (j = 0; j < n; j += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1), sc + j);
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+  }
+  alignas(64) double l[16];
+  _mm512_store_pd(l, lo);
+  _mm512_store_pd(l + 8, hi);
+  const float inv = static_cast<float>(1.0 / attn_sum_tree(l));
+  const __m512 vi = _mm512_set1_ps(inv);
+  for (j = 0; j + 16 <= n; j += 16)
+    _mm512_storeu_ps(sc + j, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(sc + j), vi),
+                                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+  for (; j < n; ++j) sc[j] = round_f16(sc[j] * inv);
+}
+
+// `attention` for an f16 cache and head_dim 64 or 128 (see above); false: not this case (nothing done).
+template <int HD>
+void attention_f16_hd(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
+  const int64_t hpg = o.n_head / o.n_head_kv;
+  const float* q = c.buf(o.x);
+  const uint16_t* kh = c.hbuf(o.y);
+  const uint16_t* vh = c.hbuf(o.z);
+  float* out = c.buf(o.out);
+  const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
+  const float scale = static_cast<float>(o.scale);
+  const int64_t sst = attn_score_stride(c.p), np = attn_pass_heads(o);
+  // `attention`'s scratch layout; the K/V row pointers are halves here, the last part the lanes
+  float* score = c.scratch;                                              // [np][sst]
+  int32_t* kv_row = reinterpret_cast<int32_t*>(score + np * sst);        // [sst]
+  const uint16_t** kr = reinterpret_cast<const uint16_t**>(kv_row + sst);  // [sst]
+  float* acc = reinterpret_cast<float*>(kr + sst);                       // [np][HD + 16]
+  float* q16 = acc + np * (HD + 16);                                     // [np][HD]
+  float* lanes = q16 + np * (HD + 16) + np + 64 - (np + 64) % 16;        // [np][16][16], 64-byte aligned
+  const int64_t cst = HD + 16;
+  for (int64_t r = 0; r < R; ++r) {
+    const KvRange range = attn_kv_range(c, o, r);
+    const int64_t n_kv = range.end - range.begin;
+    attn_kv_rows(c, r, range.begin, range.end, kv_row);
+    const int64_t h1 = in.c1 / HD;
+    for (int64_t ha = in.c0 / HD; ha < h1;) {
+      const int64_t g = ha / hpg, hb = std::min({h1, (g + 1) * hpg, ha + np}), nh = hb - ha;
+      const float* qg = q + r * qs + ha * HD;
+      for (int64_t i = 0; i < nh * HD; ++i) q16[i] = round_f16(qg[i]);
+      for (int64_t j = 0; j < n_kv; ++j) kr[j] = kh + int64_t{kv_row[j]} * ks + g * HD;
+      for (int64_t j = 0; j < std::min<int64_t>(16, n_kv); ++j) prefetch_row_f16(kr[j], HD);
+      attn_scores_f16<HD>(q16, nh, kr, n_kv, score, sst, lanes);
+      for (int64_t j = 0; j < n_kv; ++j) kr[j] = vh + int64_t{kv_row[j]} * vs + g * HD;
+      for (int64_t j = 0; j < std::min<int64_t>(16, n_kv); ++j) prefetch_row_f16(kr[j], HD);
+      for (int64_t hh = 0; hh < nh; ++hh) attn_softmax_f16(score + hh * sst, n_kv, scale);
+      std::fill(acc, acc + nh * cst, 0.0f);
+      attn_pv_f16_heads<HD>(kr, n_kv, score, sst, nh, acc, cst);
+      for (int64_t hh = 0; hh < nh; ++hh) {  // sum = 1 (the probabilities are normalised)
+        float* oh = out + r * os + (ha + hh) * HD;
+        const float* ah = acc + hh * cst;
+        std::memcpy(oh, ah, HD * sizeof(float));  // ah / 1: the same values
+      }
+      ha = hb;
+    }
+  }
+}
+bool attention_f16(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
+  if (!c.half(o.y) || !c.m.kv_f16) return false;
+  if (o.head_dim == 64) return attention_f16_hd<64>(c, o, in, R), true;
+  if (o.head_dim == 128) return attention_f16_hd<128>(c, o, in, R), true;
+  return false;
+}
+#pragma GCC diagnostic pop
+#endif
 
 // Per row, the heads of the tile a KV group at a time (up to kAttnPassHeads per pass): the heads'
 // scores as gemm_f32 of their queries against the cached K rows, 32 positions per call with the next
@@ -428,6 +648,9 @@ int64_t attn_scratch_floats(const Program& p, const OpDesc& o) {
 // head, then V: each cached V row loaded once for all the pass's heads, every head's accumulator
 // getting the same operations in the same order as alone.
 void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
+#if defined(__AVX512F__)
+  if (g_attention_avx512.load(std::memory_order_relaxed) && attention_f16(c, o, in, R)) return;
+#endif
   const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv;
   const bool half = c.half(o.y);  // K and V rows as IEEE halves (kv_f16)
   const float* q = c.buf(o.x);
@@ -502,9 +725,7 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
         exp_sub_span(sc, sc, n_kv, mx);
         float s = 0;
         if (c.m.kv_f16) {  // llama.cpp: softmax (sum in double), then probabilities as f16 against V
-          double dsum = 0;
-          for (int64_t j = 0; j < n_kv; ++j) dsum += sc[j];
-          const float inv = static_cast<float>(1.0 / dsum);
+          const float inv = static_cast<float>(1.0 / attn_sum_f64(sc, n_kv));
           for (int64_t j = 0; j < n_kv; ++j) sc[j] = round_f16(sc[j] * inv);
           s = 1;
         } else {
@@ -669,6 +890,15 @@ size_t act_cache_floats(const Program& p) {
     }
   return static_cast<size_t>(16 + need);  // 16: the (step, op) tag, keeping the rows 64-byte aligned
 }
+
+void set_attention_avx512(bool on) {
+#if defined(__AVX512F__)
+  g_attention_avx512.store(on);
+#else
+  (void)on;
+#endif
+}
+bool attention_avx512_enabled() { return g_attention_avx512.load(); }
 
 void execute(const Program& p, const Instr& in, const StepMemory& m, float* scratch) {
   const OpDesc& o = p.ops[static_cast<size_t>(in.op)];

@@ -96,4 +96,10 @@ size_t act_cache_floats(const Program& p);
 
 void execute(const Program& p, const Instr& in, const StepMemory& m, float* scratch);
 
+// Whether attention over an f16 KV cache may take its AVX-512 path (kernels.cpp attention_f16: the
+// same bits as the portable one, K and V converted in registers). On by default where the build
+// targets AVX-512; tests turn it off to compare the two. Process-wide; set it between steps.
+void set_attention_avx512(bool on);
+bool attention_avx512_enabled();
+
 }  // namespace mk::cpu
