@@ -107,6 +107,7 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bo
         packed_.push_back(std::move(buf));
       }
     }
+  act_key_ = act_cache_keys(p_, weights_.data());
   arena_ = alloc_zeroed(static_cast<size_t>(p_.arena_bytes));
   // An f16 cache keeps every KV buffer at half its offset, in half its bytes (StepMemory::kv_f16).
   kv_alloc_bytes_ = static_cast<size_t>(kv_f16_ ? (p_.kv_bytes / 2 + 63) / 64 * 64 : p_.kv_bytes);
@@ -305,7 +306,7 @@ bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
 
 void Interpreter::run_step(int w, uint32_t epoch) {
   float* scratch = scratch_[static_cast<size_t>(w)];
-  StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_, scratch + scratch_floats_, epoch, want_topk_};
+  StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_, scratch + scratch_floats_, act_key_.data(), epoch, want_topk_};
   const uint64_t n = p_.instrs.size();
   auto exec = [&](uint64_t idx) -> bool {
     const Instr& in = p_.instrs[idx];

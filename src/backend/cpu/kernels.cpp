@@ -163,7 +163,8 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   // (act_q8) or, on the float path, RMS-normalised (pro_rms).
   uint32_t* cache_tag = c.m.act_cache ? reinterpret_cast<uint32_t*>(c.m.act_cache) : nullptr;
   const bool cache_rows = cache_tag && (act_q8 || o.pro_rms);
-  const bool cached = cache_rows && cache_tag[0] == c.m.step && cache_tag[1] == static_cast<uint32_t>(in.op);
+  const uint32_t key = static_cast<uint32_t>(c.m.act_key ? c.m.act_key[in.op] : in.op);
+  const bool cached = cache_rows && cache_tag[0] == c.m.step && cache_tag[1] == key;
   const MatmulScratch ms = matmul_scratch(R, K, T, o.pro_rms);
   const int64_t stride = MatmulScratch::stride(K);
   float* wtmp = s + ms.wtmp;
@@ -176,7 +177,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       const float* wn = weight_span(c.w(o.norm_w), 0, 0, K, wtmp);
       for (int64_t r = 0; r < R; ++r) rms_norm_span(x + r * xs, wn, o.weight_offset, o.eps, K, rows + r * K);
       cache_tag[0] = c.m.step;
-      cache_tag[1] = static_cast<uint32_t>(in.op);
+      cache_tag[1] = key;
     }
     x = rows;
   } else if (o.pro_rms && !cached) {  // normalise the rows once per tile
@@ -202,7 +203,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
         for (int64_t r = 0; r < R; ++r) au->quantize_row(x + r * ldx, xu + r * urow, K);
       if (cache_tag) {
         cache_tag[0] = c.m.step;
-        cache_tag[1] = static_cast<uint32_t>(in.op);
+        cache_tag[1] = key;
       }
     }
     // dot_act of weight row `row` against activation rows r..r+3 (four rows sharing each weight block).
@@ -212,10 +213,16 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       if (q->dot_act4) return q->dot_act4(row, xr, K, o4);
       for (int i = 0; i < 4; ++i) o4[i] = q->dot_act(row, xr[i], K);
     };
+    // A plain matmul (no GLU, no epilogue, a float output: the logits) writes its rows where they
+    // go instead of through the tile (16 rows of 49152 logits are 3 MB a step).
+    const bool direct = o.glu == Act::none && o.epi == Epi::none && !c.half(o.out);
+    float* dst = direct ? c.buf(o.out) + in.c0 : tile;
+    const int64_t ldd = direct ? c.cols(o.out) : T;
     if (W.packed && (o.glu == Act::none || U.packed) && in.c0 % 16 == 0) {
       // Packed weights (QuantType::pack): the 16-row tiles with plain loads; the same bits.
       const size_t g0 = static_cast<size_t>(in.c0 / 16);
-      W.quant->gemm_act_packed(W.packed + g0 * W.packed_group_bytes, T, xw, wrow, R, K, tile, T);
+      W.quant->gemm_act_packed(W.packed + g0 * W.packed_group_bytes, T, xw, wrow, R, K, dst, ldd);
+      if (direct) return;
       if (o.glu != Act::none) {
         U.quant->gemm_act_packed(U.packed + g0 * U.packed_group_bytes, T, xu, urow, R, K, utile, T);
         glu_mul(o.glu, tile, utile, R * T);
@@ -223,7 +230,8 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     } else if (W.quant->gemm_act && (o.glu == Act::none || U.quant->gemm_act)) {
       // Register-blocked tiles (several weight rows x several activation rows per pass, VNNI where
       // the CPU has it): the same bits as dot_act per element.
-      W.quant->gemm_act(W.data + static_cast<size_t>(in.c0) * W.row_bytes, W.row_bytes, T, xw, wrow, R, K, tile, T);
+      W.quant->gemm_act(W.data + static_cast<size_t>(in.c0) * W.row_bytes, W.row_bytes, T, xw, wrow, R, K, dst, ldd);
+      if (direct) return;
       if (o.glu != Act::none) {
         U.quant->gemm_act(U.data + static_cast<size_t>(in.c0) * U.row_bytes, U.row_bytes, T, xu, urow, R, K, utile, T);
         glu_mul(o.glu, tile, utile, R * T);
@@ -889,6 +897,47 @@ size_t act_cache_floats(const Program& p) {
       need = std::max(need, std::max(act_q8_floats(R, o.k), o.pro_rms ? R * o.k : 0));  // 8-bit rows or float rows
     }
   return static_cast<size_t>(16 + need);  // 16: the (step, op) tag, keeping the rows 64-byte aligned
+}
+
+namespace {
+// What a matmul's act_cache entry holds: act_q8 with the block types of its weight and up weight,
+// or float rows (RMS-normalised) when it has a prologue; `none` when the op caches nothing.
+struct ActPrep {
+  bool cached = false, q8 = false;
+  const void* aw = nullptr;
+  const void* au = nullptr;
+};
+ActPrep act_prep(const OpDesc& o, const WeightRef* weights) {
+  const WeightRef& W = weights[static_cast<size_t>(o.w)];
+  const bool q8 = W.act_q8 && (o.glu == Act::none || weights[static_cast<size_t>(o.w_up)].act_q8);
+  if (!q8 && !o.pro_rms) return {};
+  if (!q8) return {true, false, nullptr, nullptr};
+  const void* aw = W.quant->act;
+  return {true, true, aw, o.glu != Act::none ? weights[static_cast<size_t>(o.w_up)].quant->act : aw};
+}
+}  // namespace
+
+std::vector<int32_t> act_cache_keys(const Program& p, const WeightRef* weights) {
+  const int32_t n = static_cast<int32_t>(p.ops.size());
+  std::vector<int32_t> key(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    key[static_cast<size_t>(i)] = i;
+    const OpDesc& o = p.ops[static_cast<size_t>(i)];
+    if (o.opcode != Opcode::matmul) continue;
+    const ActPrep a = act_prep(o, weights);
+    if (!a.cached) continue;
+    for (int32_t j = i - 1; j >= 0; --j) {
+      const OpDesc& e = p.ops[static_cast<size_t>(j)];
+      if (e.out == o.x) break;  // x rewritten: nothing earlier holds these rows
+      if (e.opcode != Opcode::matmul || e.x != o.x || !(e.rows == o.rows) || e.k != o.k || e.pro_rms != o.pro_rms) continue;
+      if (o.pro_rms && (e.norm_w != o.norm_w || e.eps != o.eps || e.weight_offset != o.weight_offset)) continue;
+      const ActPrep b = act_prep(e, weights);
+      if (!b.cached || b.q8 != a.q8 || b.aw != a.aw || b.au != a.au) continue;
+      key[static_cast<size_t>(i)] = key[static_cast<size_t>(j)];
+      break;
+    }
+  }
+  return key;
 }
 
 void set_attention_avx512(bool on) {

@@ -51,6 +51,10 @@ struct StepMemory {
   // valid for one (step, op): every tile of an op reads the same rows, so the worker that runs several
   // of its tiles quantizes or normalises them once.
   float* act_cache = nullptr;
+  // Per op, the op whose prepared activation rows it shares in act_cache (act_cache_keys(): q, k and
+  // v read the same normalised rows, so a worker prepares them once for the three); nullptr: each
+  // op its own.
+  const int32_t* act_key = nullptr;
   uint32_t step = 0;  // the step's number, > 0 and different for every step of an interpreter
   // false: the step's caller reads no `topk` output (plain logits or greedy ids), so the topk op's
   // tiles only signal (its output is left as it was); saves a pass over every logits row.
@@ -93,6 +97,11 @@ inline void f16_to_f32_span(const uint16_t* h, float* x, int64_t n) {
 size_t scratch_floats(const Program& p);
 // Per-worker floats for StepMemory::act_cache.
 size_t act_cache_floats(const Program& p);
+// StepMemory::act_key for program p over `weights` (the interpreter's): op i shares op j's entry
+// (j < i, both matmuls) when they prepare the same rows: the same x, rows, K, RMS prologue (norm
+// weight, eps, offset) and activation quantization (act_q8 and its block types), and no op between
+// them writes x. Every other op maps to itself.
+std::vector<int32_t> act_cache_keys(const Program& p, const WeightRef* weights);
 
 void execute(const Program& p, const Instr& in, const StepMemory& m, float* scratch);
 
