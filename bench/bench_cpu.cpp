@@ -113,6 +113,8 @@ void BM_CpuBatchedDecode(benchmark::State& state, const std::string& path, int t
   Graph g = build_graph(l.model, bo);
   BackendOptions o;
   o.threads = threads;
+  // MK_BENCH_TRACE=file: a Chrome trace of the run (its summary, time per opcode, goes to stderr)
+  if (const char* t = std::getenv("MK_BENCH_TRACE")) o.trace_path = t;
   auto b = make_backend("cpu", g, l.model, o);
   StepBatch batch;
   for (int s = 0; s < n_seqs; ++s) {  // block j of sequence s is j * n_seqs + s: interleaved

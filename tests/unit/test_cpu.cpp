@@ -343,3 +343,54 @@ TEST(CpuAttention, Avx512F16PathEqualsPortable) {
     EXPECT_EQ(differ, 0u) << spec.name << ": " << differ << " of " << fast.size() << " logits differ";
   }
 }
+
+// Which matmuls share prepared activation rows (kernels.h act_cache_keys, act_shared_slots): in a
+// llama layer k and v take q's rows (same x, norm and block type); the attention output, the FFN
+// and the logits prepare their own; shared slots go round in op order, and a reuse that an
+// instruction could race with (its waits cleared here) gets no slot.
+TEST(CpuActShared, KeysAndSlotsFollowTheLayerChain) {
+  const ModelFile m = make_synthetic_model(synthetic_spec("stories260k"), false);  // 5 layers: 0, 1 are whole
+  const Graph g = build_graph(m, BuildOptions{64, false});
+  CompileOptions co;
+  co.workers = 2;
+  Program p = compile_program(g, co);
+  std::vector<cpu::WeightRef> w(p.weights.size());
+  for (auto& r : w) {
+    r.act_q8 = true;
+    r.quant = quant::quant_type(DType::Q8_0);
+  }
+  const auto op = [&](const std::string& name) {
+    for (size_t i = 0; i < p.ops.size(); ++i)
+      if (p.ops[i].name == name) return static_cast<int32_t>(i);
+    ADD_FAILURE() << "no op " << name;
+    return int32_t{-1};
+  };
+  const std::vector<int32_t> keys = cpu::act_cache_keys(p, w.data());
+  for (const std::string l : {"blk.0.", "blk.1."}) {
+    EXPECT_EQ(keys[op(l + "k_cache")], op(l + "q_rope")) << l;
+    EXPECT_EQ(keys[op(l + "v_cache")], op(l + "q_rope")) << l;
+    EXPECT_EQ(keys[op(l + "q_rope")], op(l + "q_rope")) << l;
+    for (const std::string own : {"attn_residual", "ffn_gated", "ffn_residual"}) EXPECT_EQ(keys[op(l + own)], op(l + own)) << l + own;
+  }
+  const std::vector<int32_t> slots = cpu::act_shared_slots(p, w.data(), keys, 3);
+  // q k v, attn_residual, ffn_gated, ffn_residual of layer 0, then layer 1, then the logits
+  const std::vector<std::string> chain = {"blk.0.q_rope", "blk.0.attn_residual", "blk.0.ffn_gated", "blk.0.ffn_residual",
+                                          "blk.1.q_rope", "blk.1.attn_residual", "blk.1.ffn_gated", "blk.1.ffn_residual"};
+  for (size_t i = 0; i < chain.size(); ++i) EXPECT_EQ(slots[op(chain[i])], static_cast<int32_t>(i % 3)) << chain[i];
+  EXPECT_EQ(slots[op("blk.1.k_cache")], slots[op("blk.1.q_rope")]);
+  // One worker: nothing to share.
+  Program p1 = p;
+  p1.workers = 1;
+  for (const int32_t s : cpu::act_shared_slots(p1, w.data(), keys, 3)) EXPECT_EQ(s, -1);
+  // With one slot every key reuses the previous key's slot. A tile of blk.1.attn_residual that waits
+  // for nothing could run while blk.1.q_rope's rows are still read: it gets none, and the next key
+  // reuses the slot after blk.1.q_rope.
+  Program p2 = p;
+  for (Instr& in : p2.instrs)
+    if (in.op == op("blk.1.attn_residual") && in.tile == 0) in.waits.clear();
+  const std::vector<int32_t> s1 = cpu::act_shared_slots(p2, w.data(), keys, 1);
+  EXPECT_EQ(s1[op("blk.0.attn_residual")], 0);
+  EXPECT_EQ(s1[op("blk.1.q_rope")], 0);
+  EXPECT_EQ(s1[op("blk.1.attn_residual")], -1);
+  EXPECT_EQ(s1[op("blk.1.ffn_gated")], 0);
+}

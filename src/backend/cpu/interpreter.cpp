@@ -26,6 +26,10 @@ inline void cpu_relax() {
 #endif
 }
 
+// Shared activation slots (StepMemory::act_shared): three keys in flight at once is more than a
+// decoder layer's chain of matmuls ever has; act_shared_slots checks each reuse.
+constexpr int kActSharedSlots = 3;
+
 uint8_t* alloc_zeroed(size_t bytes) {
   bytes = (bytes + 63) / 64 * 64;
   if (bytes == 0) bytes = 64;
@@ -108,6 +112,7 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bo
       }
     }
   act_key_ = act_cache_keys(p_, weights_.data());
+  act_slot_ = act_shared_slots(p_, weights_.data(), act_key_, kActSharedSlots);
   arena_ = alloc_zeroed(static_cast<size_t>(p_.arena_bytes));
   // An f16 cache keeps every KV buffer at half its offset, in half its bytes (StepMemory::kv_f16).
   kv_alloc_bytes_ = static_cast<size_t>(kv_f16_ ? (p_.kv_bytes / 2 + 63) / 64 * 64 : p_.kv_bytes);
@@ -117,6 +122,9 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bo
   const size_t sf = scratch_floats_ + act_cache_floats(p_);
   const int W = p_.workers;
   for (int w = 0; w < W; ++w) scratch_.push_back(reinterpret_cast<float*>(alloc_zeroed(sf * sizeof(float))));
+  act_shared_ = std::make_unique<ActShared[]>(kActSharedSlots);
+  for (int i = 0; i < kActSharedSlots; ++i)
+    act_shared_[i].rows = alloc_zeroed(act_cache_floats(p_) * sizeof(float));
   trace_.assign(static_cast<size_t>(W), {});
   // Worker 0 is the calling thread (step() runs its share), so a step wakes no thread for it.
   for (int w = 1; w < W; ++w) threads_.emplace_back([this, w] { worker_main(w); });
@@ -128,6 +136,7 @@ Interpreter::~Interpreter() {
   start_.notify_all();
   for (auto& t : threads_) t.join();
   for (float* s : scratch_) std::free(s);
+  for (int i = 0; act_shared_ && i < kActSharedSlots; ++i) std::free(act_shared_[i].rows);
   std::free(arena_);
   std::free(kv_);
 }
@@ -306,7 +315,8 @@ bool Interpreter::wait_for(int w, const Instr& in, uint32_t epoch) {
 
 void Interpreter::run_step(int w, uint32_t epoch) {
   float* scratch = scratch_[static_cast<size_t>(w)];
-  StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_, scratch + scratch_floats_, act_key_.data(), epoch, want_topk_};
+  StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_, scratch + scratch_floats_, act_key_.data(),
+               act_slot_.data(), act_shared_.get(), epoch, want_topk_};
   const uint64_t n = p_.instrs.size();
   auto exec = [&](uint64_t idx) -> bool {
     const Instr& in = p_.instrs[idx];

@@ -83,6 +83,8 @@ class Interpreter {
   Program p_;
   std::vector<WeightRef> weights_;
   std::vector<int32_t> act_key_;  // StepMemory::act_key (act_cache_keys)
+  std::vector<int32_t> act_slot_;  // StepMemory::act_slot (act_shared_slots)
+  std::unique_ptr<ActShared[]> act_shared_;
   std::vector<std::unique_ptr<std::vector<float>>> converted_;  // unaligned f32 copies
   std::vector<std::unique_ptr<std::vector<uint8_t>>> packed_;  // WeightRef::packed
   uint8_t* arena_ = nullptr;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -152,6 +153,38 @@ MatmulScratch matmul_scratch(int64_t R, int64_t K, int64_t T, bool pro_rms) {
   return m;
 }
 
+// Prepares rows [0, R) into a shared slot (ActShared) with the other workers that run tiles of the
+// same key now: claims chunks of kActChunkRows rows until none is left, prepares each (prep(r) per
+// row), then waits until every chunk is done (acquire: the rows others wrote are visible).
+constexpr int64_t kActChunkRows = 4;
+template <class Prep>
+void act_rows_shared(ActShared& sh, uint64_t tag, int64_t R, Prep prep) {
+  const uint64_t n = static_cast<uint64_t>((R + kActChunkRows - 1) / kActChunkRows);
+  uint64_t cl = sh.claim.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t k = (cl >> 16) != tag ? 0 : (cl & 0xffff);
+    if (k >= n) break;
+    if (!sh.claim.compare_exchange_weak(cl, (tag << 16) | (k + 1), std::memory_order_relaxed)) continue;
+    for (int64_t r = static_cast<int64_t>(k) * kActChunkRows; r < std::min<int64_t>(R, static_cast<int64_t>(k + 1) * kActChunkRows); ++r)
+      prep(r);
+    uint64_t d = sh.done.load(std::memory_order_relaxed);
+    while (!sh.done.compare_exchange_weak(d, ((d >> 16) != tag ? tag << 16 : d) + 1, std::memory_order_release,
+                                          std::memory_order_relaxed)) {
+    }
+    cl = sh.claim.load(std::memory_order_relaxed);
+  }
+  const uint64_t all = (tag << 16) | n;
+  for (int spins = 0; sh.done.load(std::memory_order_acquire) != all; ++spins) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (spins < 4096) {  // another worker is preparing its last chunk
+      _mm_pause();
+      continue;
+    }
+#endif
+    std::this_thread::yield();
+  }
+}
+
 void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int64_t K = o.k, T = in.c1 - in.c0;
   float* s = c.scratch;
@@ -165,6 +198,8 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const bool cache_rows = cache_tag && (act_q8 || o.pro_rms);
   const uint32_t key = static_cast<uint32_t>(c.m.act_key ? c.m.act_key[in.op] : in.op);
   const bool cached = cache_rows && cache_tag[0] == c.m.step && cache_tag[1] == key;
+  // the rows come from a slot that every worker running this key's tiles prepares together
+  const int32_t act_slot = act_q8 && c.m.act_slot && c.m.act_shared ? c.m.act_slot[in.op] : -1;
   const MatmulScratch ms = matmul_scratch(R, K, T, o.pro_rms);
   const int64_t stride = MatmulScratch::stride(K);
   float* wtmp = s + ms.wtmp;
@@ -180,12 +215,12 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       cache_tag[1] = key;
     }
     x = rows;
-  } else if (o.pro_rms && !cached) {  // normalise the rows once per tile
+  } else if (o.pro_rms && !cached && act_slot < 0) {  // normalise the rows once per tile
     const float* wn = weight_span(c.w(o.norm_w), 0, 0, K, wtmp);
     for (int64_t r = 0; r < R; ++r) rms_norm_span(x + r * xs, wn, o.weight_offset, o.eps, K, s + ms.rows + r * K);
     x = s + ms.rows;
   }
-  const int64_t ldx = o.pro_rms ? K : xs;
+  const int64_t ldx = o.pro_rms && act_slot < 0 ? K : xs;
   if (act_q8) {
     // llama.cpp's arithmetic: each activation row quantized to 8-bit blocks, then integer block dots
     // (src/quant/quant.h dot_act); the same for decode and prefill rows. The quantized rows are kept
@@ -195,9 +230,27 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     const quant::ActQuant* au = o.glu != Act::none ? U.quant->act : aw;
     const size_t wrow = static_cast<size_t>(K / aw->block_size * aw->block_bytes);
     const size_t urow = static_cast<size_t>(K / au->block_size * au->block_bytes);
-    uint8_t* xw = cache_tag ? reinterpret_cast<uint8_t*>(c.m.act_cache + 16) : reinterpret_cast<uint8_t*>(s + ms.act);
+    uint8_t* xw = act_slot >= 0  ? c.m.act_shared[act_slot].rows
+                  : cache_tag ? reinterpret_cast<uint8_t*>(c.m.act_cache + 16)
+                              : reinterpret_cast<uint8_t*>(s + ms.act);
     uint8_t* xu = au == aw ? xw : xw + R * wrow;
-    if (!cached) {
+    if (!cached && act_slot >= 0) {
+      const float* wn = o.pro_rms ? weight_span(c.w(o.norm_w), 0, 0, K, wtmp) : nullptr;
+      const uint64_t tag = ((uint64_t{c.m.step} << 20) | key) & ((uint64_t{1} << 48) - 1);
+      act_rows_shared(c.m.act_shared[act_slot], tag, R, [&](int64_t r) {
+        const float* xr = x + r * xs;
+        if (o.pro_rms) {
+          rms_norm_span(xr, wn, o.weight_offset, o.eps, K, s + ms.rows);
+          xr = s + ms.rows;
+        }
+        aw->quantize_row(xr, xw + r * wrow, K);
+        if (au != aw) au->quantize_row(xr, xu + r * urow, K);
+      });
+      if (cache_tag) {  // this worker has seen the slot complete for this step and key
+        cache_tag[0] = c.m.step;
+        cache_tag[1] = key;
+      }
+    } else if (!cached) {
       for (int64_t r = 0; r < R; ++r) aw->quantize_row(x + r * ldx, xw + r * wrow, K);
       if (au != aw)
         for (int64_t r = 0; r < R; ++r) au->quantize_row(x + r * ldx, xu + r * urow, K);
@@ -487,6 +540,7 @@ __m512 attn_tree16(const float* lanes) {  // lanes: 16 slots of 16 floats
 inline __m512 ld_f16x16(const uint16_t* h) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
 }
+constexpr int64_t kAttnPf = 16;  // positions the K and V rows are prefetched ahead
 inline void prefetch_row_f16(const uint16_t* p, int64_t hd) {
   for (int64_t i = 0; i < hd; i += 32) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
 }
@@ -499,7 +553,7 @@ void attn_scores_f16(const float* q, int64_t nh, const uint16_t* const* kr, int6
   constexpr int P = HD / 16;
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int m = static_cast<int>(std::min<int64_t>(16, n - j0));
-    for (int64_t j = j0 + 16; j < std::min(n, j0 + 32); ++j) prefetch_row_f16(kr[j], HD);
+    for (int64_t j = j0 + kAttnPf; j < std::min(n, j0 + kAttnPf + 16); ++j) prefetch_row_f16(kr[j], HD);
     for (int p = 0; p < 16; ++p) {
       const int slot = attn_tree_slot(p);
       if (p >= m) {
@@ -532,7 +586,7 @@ void attn_pv_f16(const uint16_t* const* vr, int64_t n, const float* p, int64_t s
     for (int i = 0; i < P; ++i) a[h][i] = _mm512_loadu_ps(acc + h * acc_stride + 16 * i);
   for (int64_t j = 0; j < n; ++j) {
     if (j % 16 == 0)
-      for (int64_t t = j + 16; t < std::min(n, j + 32); ++t) prefetch_row_f16(vr[t], HD);
+      for (int64_t t = j + kAttnPf; t < std::min(n, j + kAttnPf + 16); ++t) prefetch_row_f16(vr[t], HD);
     __m512 x[P];
     for (int i = 0; i < P; ++i) x[i] = ld_f16x16(vr[j] + 16 * i);
     for (int h = 0; h < HN; ++h) {
@@ -623,12 +677,13 @@ void attention_f16_hd(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R)
     for (int64_t ha = in.c0 / HD; ha < h1;) {
       const int64_t g = ha / hpg, hb = std::min({h1, (g + 1) * hpg, ha + np}), nh = hb - ha;
       const float* qg = q + r * qs + ha * HD;
-      for (int64_t i = 0; i < nh * HD; ++i) q16[i] = round_f16(qg[i]);
+      for (int64_t i = 0; i < nh * HD; i += 16)  // the queries rounded to f16 (round_f16's bits)
+        _mm512_storeu_ps(q16 + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(qg + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
       for (int64_t j = 0; j < n_kv; ++j) kr[j] = kh + int64_t{kv_row[j]} * ks + g * HD;
-      for (int64_t j = 0; j < std::min<int64_t>(16, n_kv); ++j) prefetch_row_f16(kr[j], HD);
+      for (int64_t j = 0; j < std::min<int64_t>(kAttnPf, n_kv); ++j) prefetch_row_f16(kr[j], HD);
       attn_scores_f16<HD>(q16, nh, kr, n_kv, score, sst, lanes);
       for (int64_t j = 0; j < n_kv; ++j) kr[j] = vh + int64_t{kv_row[j]} * vs + g * HD;
-      for (int64_t j = 0; j < std::min<int64_t>(16, n_kv); ++j) prefetch_row_f16(kr[j], HD);
+      for (int64_t j = 0; j < std::min<int64_t>(kAttnPf, n_kv); ++j) prefetch_row_f16(kr[j], HD);
       for (int64_t hh = 0; hh < nh; ++hh) attn_softmax_f16(score + hh * sst, n_kv, scale);
       std::fill(acc, acc + nh * cst, 0.0f);
       attn_pv_f16_heads<HD>(kr, n_kv, score, sst, nh, acc, cst);
@@ -938,6 +993,60 @@ std::vector<int32_t> act_cache_keys(const Program& p, const WeightRef* weights) 
     }
   }
   return key;
+}
+
+std::vector<int32_t> act_shared_slots(const Program& p, const WeightRef* weights, const std::vector<int32_t>& keys,
+                                      int n_slots) {
+  const size_t n_ops = p.ops.size(), n_in = p.instrs.size();
+  std::vector<int32_t> slot(n_ops, -1);
+  if (p.workers < 2 || n_slots < 1) return slot;
+  // pred[i]: the instructions i waits for, directly or not (instructions are in topological order)
+  const size_t words = (n_in + 63) / 64;
+  std::vector<uint64_t> pred(n_in * words, 0);
+  std::vector<std::vector<int32_t>> signalers(p.counters.size());
+  for (size_t i = 0; i < n_in; ++i)
+    if (p.instrs[i].signal >= 0) signalers[static_cast<size_t>(p.instrs[i].signal)].push_back(static_cast<int32_t>(i));
+  for (size_t i = 0; i < n_in; ++i) {
+    uint64_t* pi = pred.data() + i * words;
+    for (const Wait& w : p.instrs[i].waits)
+      for (const int32_t j : signalers[static_cast<size_t>(w.counter)]) {
+        if (static_cast<size_t>(j) >= i) continue;  // not an earlier instruction: no order to rely on
+        const uint64_t* pj = pred.data() + static_cast<size_t>(j) * words;
+        for (size_t k = 0; k < words; ++k) pi[k] |= pj[k];
+        pi[static_cast<size_t>(j) / 64] |= uint64_t{1} << (j % 64);
+      }
+  }
+  std::vector<std::vector<int32_t>> instrs_of(n_ops);
+  for (size_t i = 0; i < n_in; ++i) instrs_of[static_cast<size_t>(p.instrs[i].op)].push_back(static_cast<int32_t>(i));
+  // all instructions of ops with key `a` wait for all instructions of ops with key `b`
+  const auto after = [&](int32_t a, int32_t b) {
+    for (size_t x = 0; x < n_ops; ++x) {
+      if (keys[x] != a) continue;
+      for (const int32_t ix : instrs_of[x])
+        for (size_t y = 0; y < n_ops; ++y) {
+          if (keys[y] != b) continue;
+          for (const int32_t iy : instrs_of[y])
+            if (!(pred[static_cast<size_t>(ix) * words + static_cast<size_t>(iy) / 64] >> (iy % 64) & 1)) return false;
+        }
+    }
+    return true;
+  };
+  std::vector<int32_t> last(static_cast<size_t>(n_slots), -1);  // the key each slot holds
+  int next = 0;
+  for (size_t i = 0; i < n_ops; ++i) {
+    const OpDesc& o = p.ops[i];
+    if (o.opcode != Opcode::matmul || !act_prep(o, weights).q8) continue;
+    if (keys[i] != static_cast<int32_t>(i)) {  // shares an earlier op's key (and its slot)
+      slot[i] = slot[static_cast<size_t>(keys[i])];
+      continue;
+    }
+    const int s = next;
+    if (last[static_cast<size_t>(s)] >= 0 && !after(static_cast<int32_t>(i), last[static_cast<size_t>(s)])) continue;
+    slot[i] = s;
+    last[static_cast<size_t>(s)] = static_cast<int32_t>(i);
+    next = (next + 1) % n_slots;
+  }
+  return slot;
 }
 
 void set_attention_avx512(bool on) {

@@ -4,6 +4,7 @@
 // element (row, column), never on the tile bounds or the worker, so every tiling, worker count and
 // schedule gives the same bits. Reductions use 16 fixed lanes combined in a fixed tree.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -35,6 +36,17 @@ struct WeightRef {
   size_t packed_group_bytes = 0;
 };
 
+// One shared activation slot (StepMemory::act_shared): the quantized rows of a matmul op's act_cache
+// key, prepared once per step by every worker that runs a tile of those ops, each claiming chunks of
+// rows (claim), the last of them completing `done`; then all read the same rows. Both counters hold
+// (tag << 16) | count, tag = the step and the key's number, so a new step or key starts from zero
+// without a reset.
+struct alignas(64) ActShared {
+  std::atomic<uint64_t> claim{0};
+  alignas(64) std::atomic<uint64_t> done{0};
+  uint8_t* rows = nullptr;  // act_cache_floats() floats
+};
+
 // Memory and symbols one step sees.
 struct StepMemory {
   uint8_t* arena = nullptr;
@@ -55,6 +67,10 @@ struct StepMemory {
   // v read the same normalised rows, so a worker prepares them once for the three); nullptr: each
   // op its own.
   const int32_t* act_key = nullptr;
+  // Per op, its act_key's slot in act_shared (act_shared_slots()), or -1: the worker prepares the
+  // rows itself (act_cache). nullptr: no sharing.
+  const int32_t* act_slot = nullptr;
+  ActShared* act_shared = nullptr;
   uint32_t step = 0;  // the step's number, > 0 and different for every step of an interpreter
   // false: the step's caller reads no `topk` output (plain logits or greedy ids), so the topk op's
   // tiles only signal (its output is left as it was); saves a pass over every logits row.
@@ -102,6 +118,12 @@ size_t act_cache_floats(const Program& p);
 // weight, eps, offset) and activation quantization (act_q8 and its block types), and no op between
 // them writes x. Every other op maps to itself.
 std::vector<int32_t> act_cache_keys(const Program& p, const WeightRef* weights);
+// StepMemory::act_slot: the keys of act_q8 matmuls in op order take slots 0, 1, .., n_slots - 1, 0, ..
+// A key reuses a slot only if every instruction of its ops waits, directly or through others, for
+// every instruction of the ops of the slot's previous key (so nobody still reads the old rows);
+// otherwise it gets no slot (-1). All -1 for a one-worker program.
+std::vector<int32_t> act_shared_slots(const Program& p, const WeightRef* weights, const std::vector<int32_t>& keys,
+                                      int n_slots);
 
 void execute(const Program& p, const Instr& in, const StepMemory& m, float* scratch);
 
