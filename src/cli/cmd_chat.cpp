@@ -8,6 +8,7 @@
 #include "runtime/chat.h"
 #include "runtime/session.h"
 #include "support/error.h"
+#include "support/printable.h"
 
 namespace mk::cli {
 
@@ -19,7 +20,7 @@ void add_chat_command(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   o->gen.n_new = 1024;
-  auto* cmd = app.add_subcommand("chat", "talk with the model: one line per user turn, /reset starts a new conversation, /exit (or end of input) ends");
+  auto* cmd = app.add_subcommand("chat", "talk with the model: one line per user turn, /reset starts a new conversation, /exit (or end of input) ends; a line starting with // sends one starting with /");
   cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file or HF directory with a chat template")->required();
   cmd->add_option("--system", o->system, "system message at the start of the conversation");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
@@ -50,6 +51,14 @@ void add_chat_command(CLI::App& app) {
         std::fputs("note: new conversation\n", stderr);
         continue;
       }
+      // Any other "/word" is a mistyped command, not a message; "//..." sends "/...".
+      if (line.size() > 1 && line[0] == '/' && line[1] != '/') {
+        const std::string word = line.substr(0, line.find_first_of(" \t\r"));
+        std::fprintf(stderr, "note: unknown command %s; the commands are /reset and /exit (or /quit); start a message "
+                     "with // to send one that begins with /\n", printable(word).c_str());
+        continue;
+      }
+      if (line.rfind("//", 0) == 0) line.erase(0, 1);
       ++turns;
       // A turn that fails (longer than the context, or the conversation no longer fits) is dropped
       // with its error; the conversation goes on, and /reset starts a new one.

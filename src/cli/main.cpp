@@ -37,6 +37,7 @@ std::string parse_error_message(const CLI::App& app, int argc, char** argv, cons
 
 int main(int argc, char** argv) {
   CLI::App app{"megakernel: compiles a language model into one persistent GPU kernel (CPU interpreter included)"};
+  app.set_version_flag("--version", MK_VERSION_TEXT);
   app.require_subcommand(1);
   mk::cli::add_run_command(app);
   mk::cli::add_info_command(app);
@@ -51,6 +52,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "error: %s (see --help)\n", parse_error_message(app, argc, argv, e).c_str());

@@ -386,3 +386,11 @@ TEST(E2ECliUsage, RunHelpShowsGenerationDefaults) {
   Result c = cli("chat --help");
   EXPECT_TRUE(has(c.out, "--n-predict INT:INT>=0=1024")) << c.out;
 }
+
+// --version prints the version and how the binary was built, exit 0, with or without a command.
+TEST(E2ECliUsage, VersionFlag) {
+  Result r = cli("--version");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "megakernel 0.1.0 (")) << r.out;
+  EXPECT_FALSE(has(r.out, "error")) << r.out;
+}
