@@ -71,6 +71,29 @@ void BM_QuantDecode(benchmark::State& state, std::optional<DType> t) {
   state.counters["weight MB"] = static_cast<double>(bytes) / 1e6;
 }
 
+// N weight rows and R activation rows of K elements, normal(0, 0.02), quantized to type t (rows
+// row_bytes apart) and to its 8-bit activation blocks (xrow apart).
+struct GemmInputs {
+  size_t row_bytes = 0, xrow = 0;
+  std::vector<uint8_t> qw, xq;
+};
+GemmInputs gemm_inputs(DType t, int64_t K, int64_t N, int64_t R) {
+  const quant::QuantType* q = quant::quant_type(t);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<float> w(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * R));
+  for (auto& v : w) v = nd(rng);
+  for (auto& v : x) v = nd(rng);
+  GemmInputs in;
+  in.row_bytes = dtype_bytes(t, K);
+  in.xrow = static_cast<size_t>(K / q->act->block_size * q->act->block_bytes);
+  in.qw.resize(in.row_bytes * static_cast<size_t>(N));
+  in.xq.resize(in.xrow * static_cast<size_t>(R));
+  for (int64_t r = 0; r < N; ++r) q->quantize_row(w.data() + r * K, in.qw.data() + static_cast<size_t>(r) * in.row_bytes, K);
+  for (int64_t r = 0; r < R; ++r) q->act->quantize_row(x.data() + r * K, in.xq.data() + static_cast<size_t>(r) * in.xrow, K);
+  return in;
+}
+
 // Matmul tile with 8-bit activations: N = 256 weight rows of K = 576 (SmolLM2's width, so the tile
 // stays in L2 as an interpreter tile does) against R activation rows. variant -1: what matmul did before
 // gemm_act (dot_act4 per weight row over groups of four activation rows, dot_act for the rest), else
@@ -83,15 +106,10 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
     return;
   }
   const int64_t K = q->block_size == 256 ? 768 : 576, N = 256;  // a small model's n_embd, whole blocks
-  std::mt19937 rng(1);
-  std::normal_distribution<float> nd(0.0f, 0.02f);
-  std::vector<float> w(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * R));
-  for (auto& v : w) v = nd(rng);
-  for (auto& v : x) v = nd(rng);
-  const size_t row_bytes = dtype_bytes(t, K), xrow = static_cast<size_t>(K / q->act->block_size * q->act->block_bytes);
-  std::vector<uint8_t> qw(row_bytes * N), xq(xrow * static_cast<size_t>(R));
-  for (int64_t r = 0; r < N; ++r) q->quantize_row(w.data() + r * K, qw.data() + static_cast<size_t>(r) * row_bytes, K);
-  for (int64_t r = 0; r < R; ++r) q->act->quantize_row(x.data() + r * K, xq.data() + static_cast<size_t>(r) * xrow, K);
+  const GemmInputs in = gemm_inputs(t, K, N, R);
+  const size_t row_bytes = in.row_bytes, xrow = in.xrow;
+  const std::vector<uint8_t>& qw = in.qw;
+  const std::vector<uint8_t>& xq = in.xq;
   std::vector<float> out(static_cast<size_t>(N * R));
   for (auto _ : state) {
     if (variant >= 0) {
@@ -126,15 +144,10 @@ void BM_QuantGemmPacked(benchmark::State& state, DType t, int variant) {
     return;
   }
   const int64_t K = 576, N = 1536;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> nd(0.0f, 0.02f);
-  std::vector<float> w(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * R));
-  for (auto& v : w) v = nd(rng);
-  for (auto& v : x) v = nd(rng);
-  const size_t row_bytes = dtype_bytes(t, K), xrow = static_cast<size_t>(K / q->act->block_size * q->act->block_bytes);
-  std::vector<uint8_t> qw(row_bytes * N), xq(xrow * static_cast<size_t>(R));
-  for (int64_t r = 0; r < N; ++r) q->quantize_row(w.data() + r * K, qw.data() + static_cast<size_t>(r) * row_bytes, K);
-  for (int64_t r = 0; r < R; ++r) q->act->quantize_row(x.data() + r * K, xq.data() + static_cast<size_t>(r) * xrow, K);
+  const GemmInputs in = gemm_inputs(t, K, N, R);
+  const size_t row_bytes = in.row_bytes, xrow = in.xrow;
+  const std::vector<uint8_t>& qw = in.qw;
+  const std::vector<uint8_t>& xq = in.xq;
   std::vector<uint8_t> packed(q->packed_bytes(N, K));
   q->pack(qw.data(), row_bytes, N, K, packed.data());
   std::vector<float> out(static_cast<size_t>(N * R));

@@ -418,6 +418,22 @@ void attn_kv_rows(const Ctx& c, int64_t r, int64_t lo, int64_t hi, int32_t* kv_r
   }
 }
 
+// attention's passes: f(r, n_kv, g, ha, nh) for each row r of the tile (kv_row then holds its
+// n_kv pool rows) and each run of the tile's heads [ha, ha + nh) in one KV group g, at most np heads.
+template <class F>
+void attn_passes(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R, int64_t np, int32_t* kv_row, F f) {
+  const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv, h1 = in.c1 / hd;
+  for (int64_t r = 0; r < R; ++r) {
+    const KvRange range = attn_kv_range(c, o, r);
+    attn_kv_rows(c, r, range.begin, range.end, kv_row);
+    for (int64_t ha = in.c0 / hd; ha < h1;) {
+      const int64_t g = ha / hpg, hb = std::min({h1, (g + 1) * hpg, ha + np});
+      f(r, range.end - range.begin, g, ha, hb - ha);
+      ha = hb;
+    }
+  }
+}
+
 // attention's V pass over one chunk of n cached positions: acc[h][i] += p[h * sst + j] * v[j][i] for
 // heads h < HN and i < 16 * HV, positions j in order (a multiply, then an add: the scalar loop's
 // bits), the accumulators held in registers for the chunk.
@@ -653,7 +669,6 @@ void attn_softmax_f16(float* sc, int64_t n, float scale) {
 // `attention` for an f16 cache and head_dim 64 or 128 (see above); false: not this case (nothing done).
 template <int HD>
 void attention_f16_hd(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
-  const int64_t hpg = o.n_head / o.n_head_kv;
   const float* q = c.buf(o.x);
   const uint16_t* kh = c.hbuf(o.y);
   const uint16_t* vh = c.hbuf(o.z);
@@ -669,32 +684,24 @@ void attention_f16_hd(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R)
   float* q16 = acc + np * (HD + 16);                                     // [np][HD]
   float* lanes = q16 + np * (HD + 16) + np + 64 - (np + 64) % 16;        // [np][16][16], 64-byte aligned
   const int64_t cst = HD + 16;
-  for (int64_t r = 0; r < R; ++r) {
-    const KvRange range = attn_kv_range(c, o, r);
-    const int64_t n_kv = range.end - range.begin;
-    attn_kv_rows(c, r, range.begin, range.end, kv_row);
-    const int64_t h1 = in.c1 / HD;
-    for (int64_t ha = in.c0 / HD; ha < h1;) {
-      const int64_t g = ha / hpg, hb = std::min({h1, (g + 1) * hpg, ha + np}), nh = hb - ha;
-      const float* qg = q + r * qs + ha * HD;
-      for (int64_t i = 0; i < nh * HD; i += 16)  // the queries rounded to f16 (round_f16's bits)
-        _mm512_storeu_ps(q16 + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(qg + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-      for (int64_t j = 0; j < n_kv; ++j) kr[j] = kh + int64_t{kv_row[j]} * ks + g * HD;
-      for (int64_t j = 0; j < std::min<int64_t>(kAttnPf, n_kv); ++j) prefetch_row_f16(kr[j], HD);
-      attn_scores_f16<HD>(q16, nh, kr, n_kv, score, sst, lanes);
-      for (int64_t j = 0; j < n_kv; ++j) kr[j] = vh + int64_t{kv_row[j]} * vs + g * HD;
-      for (int64_t j = 0; j < std::min<int64_t>(kAttnPf, n_kv); ++j) prefetch_row_f16(kr[j], HD);
-      for (int64_t hh = 0; hh < nh; ++hh) attn_softmax_f16(score + hh * sst, n_kv, scale);
-      std::fill(acc, acc + nh * cst, 0.0f);
-      attn_pv_f16_heads<HD>(kr, n_kv, score, sst, nh, acc, cst);
-      for (int64_t hh = 0; hh < nh; ++hh) {  // sum = 1 (the probabilities are normalised)
-        float* oh = out + r * os + (ha + hh) * HD;
-        const float* ah = acc + hh * cst;
-        std::memcpy(oh, ah, HD * sizeof(float));  // ah / 1: the same values
-      }
-      ha = hb;
+  attn_passes(c, o, in, R, np, kv_row, [&](int64_t r, int64_t n_kv, int64_t g, int64_t ha, int64_t nh) {
+    const float* qg = q + r * qs + ha * HD;
+    for (int64_t i = 0; i < nh * HD; i += 16)  // the queries rounded to f16 (round_f16's bits)
+      _mm512_storeu_ps(q16 + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(qg + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    for (int64_t j = 0; j < n_kv; ++j) kr[j] = kh + int64_t{kv_row[j]} * ks + g * HD;
+    for (int64_t j = 0; j < std::min<int64_t>(kAttnPf, n_kv); ++j) prefetch_row_f16(kr[j], HD);
+    attn_scores_f16<HD>(q16, nh, kr, n_kv, score, sst, lanes);
+    for (int64_t j = 0; j < n_kv; ++j) kr[j] = vh + int64_t{kv_row[j]} * vs + g * HD;
+    for (int64_t j = 0; j < std::min<int64_t>(kAttnPf, n_kv); ++j) prefetch_row_f16(kr[j], HD);
+    for (int64_t hh = 0; hh < nh; ++hh) attn_softmax_f16(score + hh * sst, n_kv, scale);
+    std::fill(acc, acc + nh * cst, 0.0f);
+    attn_pv_f16_heads<HD>(kr, n_kv, score, sst, nh, acc, cst);
+    for (int64_t hh = 0; hh < nh; ++hh) {  // sum = 1 (the probabilities are normalised)
+      float* oh = out + r * os + (ha + hh) * HD;
+      const float* ah = acc + hh * cst;
+      std::memcpy(oh, ah, HD * sizeof(float));  // ah / 1: the same values
     }
-  }
+  });
 }
 bool attention_f16(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   if (!c.half(o.y) || !c.m.kv_f16) return false;
@@ -714,7 +721,7 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
 #if defined(__AVX512F__)
   if (g_attention_avx512.load(std::memory_order_relaxed) && attention_f16(c, o, in, R)) return;
 #endif
-  const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv;
+  const int64_t hd = o.head_dim;
   const bool half = c.half(o.y);  // K and V rows as IEEE halves (kv_f16)
   const float* q = c.buf(o.x);
   const float* kc = half ? nullptr : c.buf(o.y);
@@ -757,59 +764,51 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       else prefetch_floats((v ? vc : kc) + kv_row[j] * (v ? vs : ks) + g * hd, hd);
     }
   };
-  for (int64_t r = 0; r < R; ++r) {
-    const KvRange range = attn_kv_range(c, o, r);
-    const int64_t n_kv = range.end - range.begin;
-    attn_kv_rows(c, r, range.begin, range.end, kv_row);
-    const int64_t h1 = in.c1 / hd;
-    for (int64_t ha = in.c0 / hd; ha < h1;) {
-      const int64_t g = ha / hpg, hb = std::min({h1, (g + 1) * hpg, ha + np}), nh = hb - ha;
-      const float* qg = q + r * qs + ha * hd;  // the group's heads are consecutive, hd floats apart
-      if (c.m.kv_f16) {
-        uint16_t* h16 = reinterpret_cast<uint16_t*>(conv);
-        f32_to_f16_span(qg, h16, nh * hd);
-        f16_to_f32_span(h16, q16, nh * hd);
-        qg = q16;
-      }
-      prefetch_first(false, g, n_kv);
-      for (int64_t j0 = 0; j0 < n_kv; j0 += kAttnScoreChunk) {  // any split gives the same bits
-        const int64_t n = std::min(kAttnScoreChunk, n_kv - j0);
-        rows_of(false, g, j0, n, n_kv);
-        gemm_f32(qg, hd, nh, kp + j0, n, hd, score + j0, sst);
-      }
-      prefetch_first(true, g, n_kv);
-      for (int64_t hh = 0; hh < nh; ++hh) {
-        float* sc = score + hh * sst;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n_kv; ++j) {
-          sc[j] = sc[j] * scale;
-          mx = std::max(mx, sc[j]);
-        }
-        exp_sub_span(sc, sc, n_kv, mx);
-        float s = 0;
-        if (c.m.kv_f16) {  // llama.cpp: softmax (sum in double), then probabilities as f16 against V
-          const float inv = static_cast<float>(1.0 / attn_sum_f64(sc, n_kv));
-          for (int64_t j = 0; j < n_kv; ++j) sc[j] = round_f16(sc[j] * inv);
-          s = 1;
-        } else {
-          for (int64_t j = 0; j < n_kv; ++j) s += sc[j];
-        }
-        sum[hh] = s;
-      }
-      std::fill(acc, acc + nh * cst, 0.0f);
-      for (int64_t j0 = 0; j0 < n_kv; j0 += kAttnScoreChunk) {  // positions in order for every element
-        const int64_t n = std::min(kAttnScoreChunk, n_kv - j0);
-        rows_of(true, g, j0, n, n_kv);
-        attn_pv(kp + j0, n, score + j0, sst, nh, hd, acc, cst);
-      }
-      for (int64_t hh = 0; hh < nh; ++hh) {
-        float* oh = out + r * os + (ha + hh) * hd;
-        const float* ah = acc + hh * cst;
-        for (int64_t i = 0; i < hd; ++i) oh[i] = ah[i] / sum[hh];
-      }
-      ha = hb;
+  attn_passes(c, o, in, R, np, kv_row, [&](int64_t r, int64_t n_kv, int64_t g, int64_t ha, int64_t nh) {
+    const float* qg = q + r * qs + ha * hd;  // the group's heads are consecutive, hd floats apart
+    if (c.m.kv_f16) {
+      uint16_t* h16 = reinterpret_cast<uint16_t*>(conv);
+      f32_to_f16_span(qg, h16, nh * hd);
+      f16_to_f32_span(h16, q16, nh * hd);
+      qg = q16;
     }
-  }
+    prefetch_first(false, g, n_kv);
+    for (int64_t j0 = 0; j0 < n_kv; j0 += kAttnScoreChunk) {  // any split gives the same bits
+      const int64_t n = std::min(kAttnScoreChunk, n_kv - j0);
+      rows_of(false, g, j0, n, n_kv);
+      gemm_f32(qg, hd, nh, kp + j0, n, hd, score + j0, sst);
+    }
+    prefetch_first(true, g, n_kv);
+    for (int64_t hh = 0; hh < nh; ++hh) {
+      float* sc = score + hh * sst;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        sc[j] = sc[j] * scale;
+        mx = std::max(mx, sc[j]);
+      }
+      exp_sub_span(sc, sc, n_kv, mx);
+      float s = 0;
+      if (c.m.kv_f16) {  // llama.cpp: softmax (sum in double), then probabilities as f16 against V
+        const float inv = static_cast<float>(1.0 / attn_sum_f64(sc, n_kv));
+        for (int64_t j = 0; j < n_kv; ++j) sc[j] = round_f16(sc[j] * inv);
+        s = 1;
+      } else {
+        for (int64_t j = 0; j < n_kv; ++j) s += sc[j];
+      }
+      sum[hh] = s;
+    }
+    std::fill(acc, acc + nh * cst, 0.0f);
+    for (int64_t j0 = 0; j0 < n_kv; j0 += kAttnScoreChunk) {  // positions in order for every element
+      const int64_t n = std::min(kAttnScoreChunk, n_kv - j0);
+      rows_of(true, g, j0, n, n_kv);
+      attn_pv(kp + j0, n, score + j0, sst, nh, hd, acc, cst);
+    }
+    for (int64_t hh = 0; hh < nh; ++hh) {
+      float* oh = out + r * os + (ha + hh) * hd;
+      const float* ah = acc + hh * cst;
+      for (int64_t i = 0; i < hd; ++i) oh[i] = ah[i] / sum[hh];
+    }
+  });
 }
 
 // Flash-decoding, one (KV group g, split s) tile: for each row, the range s of its positions
