@@ -51,11 +51,14 @@ void add_chat_command(CLI::App& app) {
         std::fputs("note: new conversation\n", stderr);
         continue;
       }
-      // Any other "/word" is a mistyped command, not a message; "//..." sends "/...".
-      if (line.size() > 1 && line[0] == '/' && line[1] != '/') {
+      // Any other line starting with one '/' is a mistyped command, not a message; "//..." sends "/...".
+      if (line[0] == '/' && line.rfind("//", 0) != 0) {
         const std::string word = line.substr(0, line.find_first_of(" \t\r"));
-        std::fprintf(stderr, "note: unknown command %s; the commands are /reset and /exit (or /quit); start a message "
-                     "with // to send one that begins with /\n", printable(word).c_str());
+        if (word == "/reset" || word == "/exit" || word == "/quit")
+          std::fprintf(stderr, "note: %s takes nothing after it; nothing done\n", word.c_str());
+        else
+          std::fprintf(stderr, "note: unknown command %s; the commands are /reset and /exit (or /quit); start a message "
+                       "with // to send one that begins with /\n", printable(word).c_str());
         continue;
       }
       if (line.rfind("//", 0) == 0) line.erase(0, 1);

@@ -262,6 +262,9 @@ class Server {
     p.ignore_eos = get_bool(body, "ignore_eos", false);
     const char* max_name = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     p.max_tokens = get_int(body, max_name, -1, 1, INT64_MAX);
+    if (field(body, "max_completion_tokens") && field(body, "max_tokens") &&
+        get_int(body, "max_tokens", -1, 1, INT64_MAX) != p.max_tokens)
+      bad("max_tokens", "'max_tokens' and 'max_completion_tokens' differ; give one of them");
     if (const json* st = field(body, "stop")) {
       if (st->is_string()) {
         p.stop.push_back(st->get<std::string>());
@@ -835,8 +838,8 @@ void serve(ServeOptions o) {
       stderr,
       "serve: %s on %s backend, context %lld, %d parallel, KV %lld blocks x %lld tokens; listening on http://%s:%d\n",
       o.model_id.c_str(), s.backend->name().c_str(), static_cast<long long>(engine.n_ctx()), engine.parallel(),
-      static_cast<long long>(engine.kv_blocks_total()), static_cast<long long>(engine.kv_block_size()), o.host.c_str(),
-      port);
+      static_cast<long long>(engine.kv_blocks_total()), static_cast<long long>(engine.kv_block_size()),
+      (o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host).c_str(), port);  // IPv6 in brackets
   std::fflush(stderr);
   bool ok = svr.listen_after_bind();
   listen_done = true;
@@ -860,17 +863,23 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
   cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", o->port, "TCP port (0 = any free port; the chosen one is printed)")
+      ->capture_default_str()
       ->check(integer_range(0, 65535));
   cmd->add_option("--parallel", o->parallel, "most requests generating at once (one batch)")
+      ->capture_default_str()
       ->check(integer_range(1, 1 << 16));
   cmd->add_option("--max-queue", o->max_queue, "requests waiting beyond --parallel; more get HTTP 429")
+      ->capture_default_str()
       ->check(integer_at_least(0));
   cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)")
+      ->capture_default_str()
       ->check(integer_range(0, int64_t{1} << 30));
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)");
   cmd->add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its end (0 = none)")
+      ->capture_default_str()
       ->check(number_range(0, kMaxTimeoutS));
   cmd->add_option("--max-body", o->max_body, "largest request body in bytes (larger: HTTP 413)")
+      ->capture_default_str()
       ->check(integer_range(1, kMaxBodyLimit));
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 chat template to use instead of the model's");
   cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)");

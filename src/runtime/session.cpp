@@ -127,7 +127,9 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   } else {
     r.prompt_ids = tok->encode(o.prompt, o.add_bos, /*parse_special=*/true);
   }
-  if (r.prompt_ids.empty()) fail("the prompt encodes to no tokens and the tokenizer adds no BOS token");
+  if (r.prompt_ids.empty())
+    fail("{}", o.prompt.empty() ? "the prompt is empty and the tokenizer adds no BOS token to start from: give one (-p TEXT)"
+                                : "the prompt encodes to no tokens and the tokenizer adds no BOS token");
   if (static_cast<int64_t>(r.prompt_ids.size()) > s.n_ctx - s.n_past)
     fail("prompt is {} tokens but only {} fit the context ({}); use a shorter prompt or a larger -c", r.prompt_ids.size(),
          s.n_ctx - s.n_past, s.n_ctx);

@@ -91,19 +91,22 @@ TEST(E2EChatCli, FailedTurnIsDroppedAndTheChatGoesOn) {
   EXPECT_EQ(prompts, 6u) << out;
 }
 
-// A line starting with an unknown /command is refused with the list of commands and not sent; a
-// line starting with // is sent (as one starting with /). Both carry a text too long for the
+// A line starting with an unknown /command (or a bare /, or a command with words after it) is refused
+// with a note and not sent; a line starting with // is sent (as one starting with /). Both carry a text too long for the
 // context, so a sent one fails its turn: exactly one of the two turns (// and Hello) fails.
 TEST(E2EChatCli, UnknownCommandIsNotSent) {
   std::string long_text;
   for (int i = 0; i < 120; ++i) long_text += "word ";
   int status = 0;
-  const std::string cmd = "printf '/help " + long_text + "\\n//x " + long_text + "\\nHello\\n/exit\\n' | " +
+  const std::string cmd = "printf '/help " + long_text + "\\n/reset " + long_text + "\\n/\\n//x " + long_text +
+                          "\\nHello\\n/exit\\n' | " +
                           std::string(MK_CLI_PATH) + " chat --temp 0 -n 2 -c 128 -m " + kDir + " --chat-template-file " +
                           kTemplate + " 2>&1";
   const std::string out = mk::test::run_shell(cmd, &status);
   EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find("note: unknown command /help; the commands are /reset and /exit"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: /reset takes nothing after it; nothing done"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: unknown command /;"), std::string::npos) << out;
   EXPECT_NE(out.find("error: chat: 1 of 2 turns failed"), std::string::npos) << out;
 }
 

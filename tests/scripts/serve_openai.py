@@ -161,6 +161,8 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt, "max_tokens": 10 ** 9}, 400, "max_tokens", what="huge max_tokens")
     expect_error(srv, {"prompt": prompt, "max_tokens": 10 ** 30}, 400, "max_tokens", what="max_tokens past 64 bits")
     expect_error(srv, {"prompt": prompt, "max_tokens": -5}, 400, "max_tokens", what="negative max_tokens")
+    expect_error(srv, {"prompt": prompt, "max_tokens": 4, "max_completion_tokens": 5}, 400, "max_tokens",
+                 what="max_tokens and max_completion_tokens that differ")
     expect_error(srv, {"prompt": prompt, "top_p": -1}, 400, "top_p", what="negative top_p")
     expect_error(srv, {"prompt": prompt, "top_k": -1}, 400, "top_k", what="negative top_k")
     expect_error(srv, {"prompt": prompt, "stop": [1]}, 400, "stop", what="stop of the wrong type")
