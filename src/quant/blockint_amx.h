@@ -236,8 +236,9 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
     // blockint_x86.h: rows past the matrix are never dereferenced); packed: the next group, whole
     const uintptr_t pf = P ? (i0 + 16 < nw ? reinterpret_cast<uintptr_t>(g + gb) : 0)
                            : (i0 + 32 < nw ? reinterpret_cast<uintptr_t>(g) + 32 * ws : 0);
-    // With one activation tile (decode batches) each block's weight tile is built just before its
-    // dot, so the gathers overlap the tile and float work; with more, all blocks first (reused).
+    // With one activation tile (decode batches) each block's weight tile is built kAhead blocks
+    // before its dot, so the gathers overlap the tile and float work and its stores are done when
+    // tileloadd reads them; with more, all blocks first (reused).
     const bool fused = ng == 1;
     constexpr int64_t kAhead = P && !L::kNib ? 0 : 4;  // fused: block b + kAhead's weight tile is built with block b's dot
     if (!fused)
@@ -253,7 +254,8 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
 #pragma GCC unroll 16
       for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
       // Two blocks in flight ahead of the float work: block bb's dot goes to C tile bb % 4 (A tiles 4,
-      // 5 and B tiles 6, 7 alternate), and is stored and scaled two blocks later, in block order.
+      // 5 and B tiles 6, 7 alternate), is stored into cbuf[bb % 4] two blocks later and scaled one
+      // block after that, in block order.
 #define MK_AMX_TILE(BB, C, A, B)                                  \
   if ((BB) < nb) {                                                \
     if (fused && (BB) + kAhead < nb) {                            \

@@ -20,12 +20,6 @@ namespace mk::cpu {
 
 namespace {
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 // Shared activation slots (StepMemory::act_shared): three keys in flight at once is more than a
 // decoder layer's chain of matmuls ever has; act_shared_slots checks each reuse.
 constexpr int kActSharedSlots = 3;

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <thread>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "backend/cpu/dot_lanes.h"
 #include "backend/cpu/float_gemm.h"
@@ -175,13 +175,8 @@ void act_rows_shared(ActShared& sh, uint64_t tag, int64_t R, Prep prep) {
   }
   const uint64_t all = (tag << 16) | n;
   for (int spins = 0; sh.done.load(std::memory_order_acquire) != all; ++spins) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (spins < 4096) {  // another worker is preparing its last chunk
-      _mm_pause();
-      continue;
-    }
-#endif
-    std::this_thread::yield();
+    if (spins < 4096) cpu_relax();  // another worker is preparing its last chunk
+    else std::this_thread::yield();
   }
 }
 
@@ -632,8 +627,8 @@ void attn_pv_f16_heads(const uint16_t* const* vr, int64_t n, const float* p, int
 }
 
 // Softmax of one head's n scores with an f16 cache, in place (attention's operations: scale, max,
-// exp(s - max), sum in double, p = round_f16(e / sum)). The double sum goes 16 lanes at a time, then
-// lane by lane in order.
+// exp(s - max), sum in double, p = round_f16(e / sum)). The double sum is attn_sum_f64's: 16 lanes,
+// then attn_sum_tree.
 void attn_softmax_f16(float* sc, int64_t n, float scale) {
   const __m512 vs = _mm512_set1_ps(scale);
   __m512 vm = _mm512_set1_ps(-INFINITY);
@@ -955,7 +950,7 @@ size_t act_cache_floats(const Program& p) {
 
 namespace {
 // What a matmul's act_cache entry holds: act_q8 with the block types of its weight and up weight,
-// or float rows (RMS-normalised) when it has a prologue; `none` when the op caches nothing.
+// or float rows (RMS-normalised) when it has a prologue; cached = false when the op caches nothing.
 struct ActPrep {
   bool cached = false, q8 = false;
   const void* aw = nullptr;

@@ -36,6 +36,13 @@ struct WeightRef {
   size_t packed_group_bytes = 0;
 };
 
+// A spin-wait's pause (x86 PAUSE; nothing elsewhere).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 // One shared activation slot (StepMemory::act_shared): the quantized rows of a matmul op's act_cache
 // key, prepared once per step by every worker that runs a tile of those ops, each claiming chunks of
 // rows (claim), the last of them completing `done`; then all read the same rows. Both counters hold
@@ -60,8 +67,8 @@ struct StepMemory {
   bool kv_f16 = false;
   // This worker's cache of a matmul op's activation rows, quantized to 8-bit blocks (act_q8) or, for
   // float32 activations, RMS-normalised (an RMS prologue) (act_cache_floats floats; nullptr: none),
-  // valid for one (step, op): every tile of an op reads the same rows, so the worker that runs several
-  // of its tiles quantizes or normalises them once.
+  // valid for one (step, act_key): every tile of an op reads the same rows, so the worker that runs
+  // several of its tiles (or of ops sharing its key) quantizes or normalises them once.
   float* act_cache = nullptr;
   // Per op, the op whose prepared activation rows it shares in act_cache (act_cache_keys(): q, k and
   // v read the same normalised rows, so a worker prepares them once for the three); nullptr: each
