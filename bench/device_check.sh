@@ -4,11 +4,13 @@
 #   bench/device_check.sh --prepare      here (no GPU needed): builds the CLI for any x86-64-v3 CPU
 #                                        (not -march=native: the device's CPU differs) into
 #                                        build-devcheck/, copies it, the shared libraries the device
-#                                        image lacks (fmt, pcre2), stories260K and the bf16 HF fixtures
+#                                        image may lack (all but glibc, libstdc++ and CUDA's), stories260K and the bf16 HF fixtures
 #                                        with their references into .devcheck/ (git-ignored: name it
 #                                        in the device tool's `carry`, about 12 MB).
 #   bench/device_check.sh part1          on the GPU machine: correctness + the 1B rows (< 5 min)
 #   bench/device_check.sh part2          on the GPU machine: the 8B rows (< 5 min)
+#   bench/device_check.sh tune           on the GPU machine: the megakernel's variants side by side
+#                                        (descriptor preload, one tile per SM, L2 policy, splits)
 #   bench/device_check.sh [all]          both parts in one call (a dry run here reports the driver
 #                                        error on every CUDA row and exits non-zero)
 #   bench/device_check.sh --rehearse [part1|part2|all]
@@ -60,8 +62,11 @@ if [[ "${1:-}" == "--prepare" ]]; then
   cmake --build build-devcheck --target megakernel -j "${JOBS:-2}"
   rm -rf "$DC" && mkdir -p "$DC/lib" "$DC/models" "$DC/hf"
   cp build-devcheck/megakernel "$DC/"
-  # Non-system libraries the binary links (the device image has its own CUDA, so not NVRTC).
-  ldd build-devcheck/megakernel | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2' | xargs -r -I{} cp -L {} "$DC/lib/"
+  # Every library the binary links except glibc's, the compiler runtime's and CUDA's (the device
+  # image has its own NVRTC and driver; a Debian libstdc++ would be older than the one NVRTC needs).
+  ldd build-devcheck/megakernel | awk '/=> \// {print $3}' \
+    | grep -vE '/(libc|libm|libpthread|librt|libdl|ld-linux[^/]*|libstdc\+\+|libgcc_s|libnvrtc[^/]*|libcuda)\.so' \
+    | xargs -r -I{} cp -L {} "$DC/lib/"
   cp "$SHARED"/models/stories260K/{stories260K.gguf,tok512.bin,reference_greedy.json} "$DC/models/"
   for d in "$SHARED"/fixtures/hf/*_bfloat16; do cp -r "$d" "$DC/hf/"; done
   du -sh "$DC"
@@ -73,8 +78,8 @@ PART=all
 for a in "$@"; do
   case "$a" in
     --rehearse) REHEARSE=1 ;;
-    part1 | part2 | all) PART=$a ;;
-    *) echo "error: unknown argument '$a' (usage: $0 [--prepare | [--rehearse] [part1|part2|all]])" >&2; exit 2 ;;
+    part1 | part2 | all | tune) PART=$a ;;
+    *) echo "error: unknown argument '$a' (usage: $0 [--prepare | [--rehearse] [part1|part2|all|tune]])" >&2; exit 2 ;;
   esac
 done
 
@@ -409,6 +414,92 @@ device_compile() {  # device_compile SHAPE: cold and cached NVRTC compile (MK_CU
   done
 }
 
+# part "tune": the megakernel's variants side by side in one call, on the 1B (and the 8B) shape: the
+# loop of the first GPU run (MK_CUDA_PRELOAD=0), the descriptor preload, one matmul tile per SM per op
+# (MK_CUDA_TILES_PER_WORKER=1, large MK_CUDA_TILE_BYTES), the L2 evict-first policy on weight loads,
+# and attention splits. Every variant's greedy ids must equal the first variant's (any tiling and
+# loop give the same bits). Then a trace of the default variant (trace_<shape>.txt: per-SM busy,
+# wait, idle and the per-opcode summary).
+# One matmul tile per SM per op: tiles as wide as the SM count allows (4 MB of weights at most; the
+# rehearsal's emulated blocks have less shared memory for a tile's columns).
+TB=$([[ $REHEARSE == 1 ]] && echo 65536 || echo 4194304)
+tune() {
+  local shape=$1 bytes name envs extra f ref="" ms
+  bytes=$(weight_bytes "$shape")
+  say "== tune on $shape: $N_DECODE greedy tokens after a 4-token prompt"
+  printf "%-24s %-34s %10s %10s %8s\n" model variant ms/token GB/s "%copy" | tee -a "$LOG"
+  local variants=(
+    "loop0|MK_CUDA_PRELOAD=0|"
+    "default||"
+    "1tile|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|"
+    "1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|"
+    "evict|MK_CUDA_EVICT_FIRST=1|"
+    "1tile/s1|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|--attn-splits 1"
+    "1tile/s4|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|--attn-splits 4"
+  )
+  [[ -n "${MK_TUNE_VARIANTS:-}" ]] && IFS=';' read -r -a variants <<<"$MK_TUNE_VARIANTS"
+  for v in "${variants[@]}"; do
+    IFS='|' read -r name envs extra <<<"$v"
+    if [[ -n "$NO_DEVICE" ]]; then fail "tune $shape $name: $NO_DEVICE"; continue; fi
+    have_time "tune $shape $name" || continue
+    f="$WORK/tune_${shape//[:.]/_}_${name//[\/+]/_}.json"
+    # shellcheck disable=SC2086
+    if timeout "$(tmo 120)" env MK_CUDA_VERBOSE=1 $envs "$BIN" run --json --temp 0 --ignore-eos -m "$shape" --ids "$IDS_PROMPT" \
+      -n "$N_DECODE" --backend "$MAIN" $extra >"$f" 2>"$ERR"; then
+      ms=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['ms_per_token'])" "$f")
+      $PY -c "
+import sys; ms=float(sys.argv[1]); b=float(sys.argv[2]); c=float(sys.argv[3]); gbs=b/(ms*1e-3)/1e9 if ms>0 else 0
+print('%-24s %-34s %10.3f %10.1f %7s' % (sys.argv[4], sys.argv[5], ms, gbs, '%.1f%%' % (100*gbs/c) if c>0 else 'n/a'))" \
+        "$ms" "$bytes" "$COPY_GBPS" "$shape" "$name" | tee -a "$LOG"
+      if [[ -z "$ref" ]]; then
+        ref=$f
+      elif ! $PY -c "
+import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); sys.exit(0 if a['generated_ids']==b['generated_ids'] else 1)" "$ref" "$f"; then
+        fail "tune $shape $name: greedy ids differ from $(basename "$ref")"
+      fi
+    else
+      printf "%-24s %-34s %s\n" "$shape" "$name" "failed: $(last_err | cut -c1-160)" | tee -a "$LOG"
+      FAILED=1
+    fi
+    keep_err "tune_${shape//[:.]/_}_${name//[\/+]/_}"
+  done
+}
+trace_default() {  # trace_default SHAPE: per-SM busy / wait / idle and the per-opcode summary
+  local shape=$1 t="$WORK/trace_${1//[:.]/_}"
+  gpu_row "trace $shape" || return
+  if [[ $MAIN == cpu ]]; then skip "trace (rehearsal): cpu"; return; fi
+  if timeout "$(tmo 120)" "$BIN" run --json --temp 0 --ignore-eos -m "$shape" --ids "$IDS_PROMPT" -n 8 --backend "$MAIN" \
+    --trace "$t.json" >/dev/null 2>"$t.txt"; then
+    gzip -f "$t.json"
+    say "trace of $shape: $(grep -m1 '^trace:' "$t.txt")"
+    sed -n '/opcode/,$p' "$t.txt" | tee -a "$LOG"
+  else
+    fail "trace $shape: $(tail -1 "$t.txt")"
+  fi
+}
+
+if [[ $PART == tune ]]; then
+  say "-- stories260K greedy ids vs reference_greedy.json (case 0) on $MAIN, default variant"
+  read -r n prompt_json < <($PY -c "
+import json,sys; c=json.load(open(sys.argv[1]))[0]
+print(c['steps'] - len(c['prompt_ids']) + 1, json.dumps(c['prompt']))" "$REFG")
+  prompt=$($PY -c "import json,sys; print(json.loads(sys.argv[1]))" "$prompt_json")
+  for v in "" "MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1"; do
+    gpu_row "greedy $MAIN ${v:-default}" || continue
+    # shellcheck disable=SC2086
+    if timeout "$(tmo 60)" env $v "$BIN" run --json --temp 0 --backend "$MAIN" -m "$STORIES" -n "$n" -p "$prompt" >"$WORK/g.json" 2>"$ERR" \
+      && $PY -c "
+import json,sys; e=json.load(open(sys.argv[1]))[0]; g=json.load(open(sys.argv[2])); sys.exit(0 if g['generated_ids']==e['generated_ids'] else 1)" "$REFG" "$WORK/g.json"; then
+      pass "greedy $MAIN ${v:-default} equals the reference"
+    else
+      fail "greedy $MAIN ${v:-default}: $(last_err)"
+    fi
+  done
+  tune "$SHAPE1"
+  trace_default "$SHAPE1"
+  MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0|;default||;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE8"
+  MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0|;default||;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE1Q"
+fi
 if [[ $PART == part1 || $PART == all ]]; then
   correctness
   rm -rf "$XDG_CACHE_HOME"  # the 1B rows start cold: the first one's `cuda compile:` line is the cold one

@@ -1,6 +1,7 @@
 #include "backend/cuda/codegen.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <numeric>
 
@@ -95,6 +96,7 @@ class Generator {
                      p_.instrs.size(), p_.ops.size(), p_.counters.size());
     c += fmt::format("#define MK_THREADS {}\n#define MK_NUM_INSTRS {}\n#define MK_STATIC {}\n#define MK_TRACE {}\n", o_.threads,
                      p_.instrs.size(), p_.schedule == ScheduleKind::dynamic ? 0 : 1, o_.trace ? 1 : 0);
+    c += fmt::format("#define MK_PRELOAD {}\n#define MK_WEIGHT_EVICT_FIRST {}\n", o_.preload ? 1 : 0, o_.weight_evict_first ? 1 : 0);
     c += text::abi;
     c += text::ptx;
     c += text::quant;
@@ -382,6 +384,29 @@ class Generator {
 }  // namespace
 
 CudaSource generate_cuda(const Program& p, const CudaCodegenOptions& options) { return Generator(p, options).run(); }
+
+namespace {
+int64_t env_i64(const char* name, int64_t def) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (*end != '\0') fail("{}={}: not an integer", name, v);
+  return x;
+}
+}  // namespace
+
+void apply_env(CompileOptions& co) {
+  co.tile_bytes = env_i64("MK_CUDA_TILE_BYTES", co.tile_bytes);
+  co.tiles_per_worker = static_cast<int>(env_i64("MK_CUDA_TILES_PER_WORKER", co.tiles_per_worker));
+  if (co.tile_bytes < 1 || co.tiles_per_worker < 1)
+    fail("MK_CUDA_TILE_BYTES and MK_CUDA_TILES_PER_WORKER must be >= 1 (got {}, {})", co.tile_bytes, co.tiles_per_worker);
+}
+
+void apply_env(CudaCodegenOptions& cg) {
+  cg.preload = env_i64("MK_CUDA_PRELOAD", cg.preload ? 1 : 0) != 0;
+  cg.weight_evict_first = env_i64("MK_CUDA_EVICT_FIRST", cg.weight_evict_first ? 1 : 0) != 0;
+}
 
 std::vector<DType> device_weight_dtypes(const Program& p) {
   std::vector<DType> r;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "isa/program.h"
+#include "passes/pass.h"
 
 namespace mk::cuda {
 
@@ -77,6 +78,11 @@ struct CudaCodegenOptions {
   // Emit the per-op baseline kernels (cuda-perop, cuda-graph). Off for the megakernel alone: they
   // roughly double NVRTC time, since each inlines its op's function again.
   bool perop_kernels = true;
+  // MK_PRELOAD (interpreter.cuh): the next instruction's descriptor is claimed and copied to shared
+  // memory while this one runs. MK_WEIGHT_EVICT_FIRST (ptx.cuh): weight loads carry an L2
+  // evict-first policy. The backend sets them from MK_CUDA_PRELOAD / MK_CUDA_EVICT_FIRST.
+  bool preload = true;
+  bool weight_evict_first = false;
 };
 
 struct CudaSource {
@@ -107,6 +113,14 @@ DeviceTables build_device_tables(const Program& p, const CudaSource& src);
 // Element type each weight has on the device: the program's (quantized types stay in their ggml
 // blocks). What the backend passes as CudaCodegenOptions::weight_dtypes.
 std::vector<DType> device_weight_dtypes(const Program& p);
+
+// The development knobs of the CUDA backends from the environment, for the backend and for
+// `compile --emit cuda` alike: MK_CUDA_TILE_BYTES / MK_CUDA_TILES_PER_WORKER (CompileOptions'
+// tile_bytes / tiles_per_worker), MK_CUDA_PRELOAD / MK_CUDA_EVICT_FIRST (preload,
+// weight_evict_first). Unset variables keep the options' values; values < 1 for the tile sizes
+// throw mk::Error.
+void apply_env(CompileOptions& co);
+void apply_env(CudaCodegenOptions& cg);
 // Bytes from one row of a weight matrix (rows of row_elems elements, the GGUF ne[0]) to the next on
 // the device: dtype_bytes for f32/f16/bf16; for the ggml block types the row's raw blocks rounded up
 // to a multiple of 16 bytes (so that the device reads whole 16-byte chunks, device/quant.cuh). The

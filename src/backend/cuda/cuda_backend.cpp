@@ -23,6 +23,8 @@
 // Environment (development and benchmarks): MK_CUDA_DEVICE (ordinal), MK_CUDA_WORKERS (blocks,
 // default the SM count), MK_CUDA_MAX_TOKENS (tokens per step, default 256), MK_CUDA_WAIT_TIMEOUT_MS
 // (watchdog bound per wait, default 10000), MK_CUDA_VERBOSE=1 (compile times on stderr),
+// MK_CUDA_TILE_BYTES / MK_CUDA_TILES_PER_WORKER (the tile pass's matmul tile size: CompileOptions),
+// MK_CUDA_PRELOAD=0 / MK_CUDA_EVICT_FIRST=1 (codegen variants: CudaCodegenOptions),
 // MK_DEBUG_BREAK_WAIT=1 (makes one wait unsatisfiable: the watchdog check in bench/device_check.sh);
 // cuda-emu: MK_EMU_BLOCKS / -t (grid), MK_EMU_THREADS (threads per block, default 128),
 // MK_EMU_RACE_CHECK=0, MK_EMU_CXX (host compiler).
@@ -72,6 +74,7 @@ Program compile_for_device(const Graph& graph, int workers, const BackendOptions
   co.schedule = schedule_from_name(options.schedule);
   co.attn_splits = options.attn_splits < 0 ? 0 : options.attn_splits;  // auto: attention tiles cover the SMs
   co.rms_partials = env_int("MK_CUDA_RMS_PARTIALS", 1) != 0;  // RMS statistic once per op (docs/cuda.md)
+  cuda::apply_env(co);
   return compile_program(graph, co);
 }
 
@@ -98,6 +101,7 @@ class CudaBackend final : public Backend {
     cg.max_smem_bytes = std::max(48 * 1024, dev.smem_optin - 1024);
     cg.trace = !trace_path_.empty();
     cg.perop_kernels = mode_ != CudaMode::megakernel;
+    cuda::apply_env(cg);
     std::vector<size_t> woff;
     size_t wbytes = 0;
     for (const ProgramWeight& pw : p.weights) {

@@ -418,6 +418,8 @@ inline unsigned short mk_ldw16bit(const void* p) {
   return v;
 }
 inline void mk_prefetch_l2(const void*) {}
+inline void mk_cp_async16(void* smem_dst, const void* src) { std::memcpy(smem_dst, src, 16); }  // completes at once
+inline void mk_cp_async_wait() {}
 inline mk_u32 mk_ld_acquire(const mk_u32* p) {
   const mk_u32 v = std::atomic_ref<mk_u32>(*const_cast<mk_u32*>(p)).load(std::memory_order_acquire);
   // Spinning waits share the host's cores with the blocks they wait for: let them run.

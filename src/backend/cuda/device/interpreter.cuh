@@ -11,14 +11,27 @@ struct MkTraceRec {
   mk_u64 wait_ns, start_ns, end_ns;
 };
 static_assert(sizeof(MkTraceRec) == 32, "MkTraceRec ABI");
+// MK_PRELOAD 1 (the default): the control warp (the last one) claims the next instruction and
+// copies its descriptor into shared memory (cp.async) while this one waits and runs, so the top of
+// the loop reads it from shared memory instead of a global round trip; the claim's atomic is issued
+// before the counter wait and its result used after it; and thread 0 (warp 0) releases, so the
+// release's wait for the block's writes does not delay the next claim and wait. MK_PRELOAD 0: warp 0
+// does all of it and each instruction's descriptor is loaded at the top (the first GPU run's loop).
+#ifndef MK_PRELOAD
+#define MK_PRELOAD 1
+#endif
 extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const MkParams p) {
   MK_DYNAMIC_SMEM(mk_smem);
   __shared__ int s_next, s_ok;
+  __align__(16) __shared__ MkInstr s_in[2];  // MK_PRELOAD: this instruction's descriptor and the next's
+  constexpr int kCtl = MK_PRELOAD ? MK_WARPS - 1 : 0;  // the control warp
+  const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
   // Dynamic queue: every block makes exactly one failing claim per step, so step e's claims start
   // at (e - 1) * (MK_NUM_INSTRS + gridDim.x) and the counter is never reset.
   const mk_u64 base = (mk_u64)(p.epoch - 1u) * (mk_u64)(MK_NUM_INSTRS + gridDim.x);
-  int pos = 0, end = 0, cur = MK_NUM_INSTRS;
+  int pos = 0, end = 0, cur = MK_NUM_INSTRS, buf = 0;
 #if MK_TRACE
+  __shared__ mk_u64 s_twait, s_tstart;
   mk_u32* trace_count = (mk_u32*)p.trace;
   MkTraceRec* trace_rec = (MkTraceRec*)(p.trace + ((gridDim.x * 4u + 255u) & ~255u)) + (mk_u64)blockIdx.x * MK_NUM_INSTRS;
   mk_u32 n_rec = 0;
@@ -29,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
     end = p.list_offsets[blockIdx.x + 1];
     cur = pos < end ? p.list_items[pos] : MK_NUM_INSTRS;
   } else {
-    if (threadIdx.x == 0) {
+    if (warp == kCtl && lane == 0) {
       const mk_u64 v = atomicAdd(p.queue, 1ull) - base;
       s_next = v < (mk_u64)MK_NUM_INSTRS ? (int)v : MK_NUM_INSTRS;
     }
@@ -37,41 +50,63 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
     cur = s_next;
     __syncthreads();
   }
+  if (MK_PRELOAD) {
+    if (warp == kCtl && lane == 0 && cur < MK_NUM_INSTRS) {
+      mk_cp_async16(&s_in[0], p.instrs + cur);
+      mk_cp_async16((char*)&s_in[0] + 16, (const char*)(p.instrs + cur) + 16);
+      mk_cp_async_wait();
+    }
+    __syncthreads();
+  }
   while (cur < MK_NUM_INSTRS) {
-    const MkInstr in = p.instrs[cur];
+    const MkInstr in = MK_PRELOAD ? s_in[buf] : p.instrs[cur];
     const MkOpArgs& a = p.ops[in.op];
     mk_prefetch(in, a);  // weights are always ready: start pulling them into L2 now
-    if (threadIdx.x < 32) {
-      // Thread 0 claims the next instruction (one atomic per block), then warp 0 waits on this one's
+    if (warp == kCtl) {
+      // Lane 0 claims the next instruction (one atomic per block), then the warp waits on this one's
       // counters in parallel (mk_wait: lane l takes waits l, l+32, ...). Lane k's acquire of a
       // counter, then the block barrier below, order the producers' writes before every thread's
       // reads of the data (the argument is next to mk_wait).
-      if (threadIdx.x == 0) {
+      mk_u64 claimed = 0;
+      int next = MK_NUM_INSTRS;
+      if (lane == 0) {
 #if MK_TRACE
-        t_wait = mk_globaltimer();
+        s_twait = mk_globaltimer();
 #endif
-        int next;
-        if (MK_STATIC) {
-          next = pos + 1 < end ? p.list_items[pos + 1] : MK_NUM_INSTRS;
-        } else {
-          const mk_u64 v = atomicAdd(p.queue, 1ull) - base;  // claim the next while this one waits and runs
+        if (MK_STATIC) next = pos + 1 < end ? p.list_items[pos + 1] : MK_NUM_INSTRS;
+        else claimed = atomicAdd(p.queue, 1ull);  // used after the wait: the round trips overlap
+      }
+      const bool ok = mk_wait(p, in, cur);  // the same in every lane
+      if (lane == 0) {
+        if (!MK_STATIC) {
+          const mk_u64 v = claimed - base;
           next = v < (mk_u64)MK_NUM_INSTRS ? (int)v : MK_NUM_INSTRS;
         }
         s_next = next;
-      }
-      const bool ok = mk_wait(p, in, cur);  // the same in every lane
-      if (threadIdx.x == 0) {
         s_ok = ok ? 1 : 0;
 #if MK_TRACE
-        t_start = mk_globaltimer();
+        s_tstart = mk_globaltimer();
 #endif
+        // s_in[buf ^ 1] held the previous instruction, which every thread read before the barriers
+        // since; mk_cp_async_wait after this one's dispatch completes the copy.
+        if (MK_PRELOAD && ok && next < MK_NUM_INSTRS) {
+          mk_cp_async16(&s_in[buf ^ 1], p.instrs + next);
+          mk_cp_async16((char*)&s_in[buf ^ 1] + 16, (const char*)(p.instrs + next) + 16);
+        }
       }
     }
     __syncthreads();
     if (!s_ok) return;
     const int next = s_next;
+#if MK_TRACE
+    if (threadIdx.x == 0) {  // before the control warp can overwrite them for the next instruction
+      t_wait = s_twait;
+      t_start = s_tstart;
+    }
+#endif
     mk_begin_instr(cur);
     mk_dispatch(in, a, p.sym, mk_smem, p, cur);
+    if (MK_PRELOAD && warp == kCtl && lane == 0) mk_cp_async_wait();  // the next descriptor is in s_in[buf ^ 1]
     __syncthreads();
     if (threadIdx.x == 0) {
 #if MK_TRACE
@@ -88,10 +123,10 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
       if (in.signal >= 0) mk_red_release(p.counters + in.signal, 1u);
     }
     cur = next;
+    buf ^= 1;
     ++pos;
   }
 #if MK_TRACE
   if (threadIdx.x == 0) trace_count[blockIdx.x] = n_rec;
 #endif
 }
-
