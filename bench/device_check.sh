@@ -464,14 +464,15 @@ import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2]));
     keep_err "tune_${shape//[:.]/_}_${name//[\/+]/_}"
   done
 }
-trace_default() {  # trace_default SHAPE: per-SM busy / wait / idle and the per-opcode summary
-  local shape=$1 t="$WORK/trace_${1//[:.]/_}"
+trace_default() {  # trace_default SHAPE [NAME ENV...]: per-SM busy / wait / idle and the per-opcode summary
+  local shape=$1 name=${2:-default} t="$WORK/trace_${1//[:.]/_}_${2:-default}"
+  local envs=("${@:3}")
   gpu_row "trace $shape" || return
   if [[ $MAIN == cpu ]]; then skip "trace (rehearsal): cpu"; return; fi
-  if timeout "$(tmo 120)" "$BIN" run --json --temp 0 --ignore-eos -m "$shape" --ids "$IDS_PROMPT" -n 8 --backend "$MAIN" \
+  if timeout "$(tmo 120)" env "${envs[@]}" "$BIN" run --json --temp 0 --ignore-eos -m "$shape" --ids "$IDS_PROMPT" -n 8 --backend "$MAIN" \
     --trace "$t.json" >/dev/null 2>"$t.txt"; then
-    gzip -f "$t.json"
-    say "trace of $shape: $(grep -m1 '^trace:' "$t.txt")"
+    gzip -c "$t.json" >"$OUT/$(basename "$t").json.gz" && rm -f "$t.json"  # beside the tarball: each file back is <= 16 MB
+    say "trace of $shape ($name): $(grep -m1 '^trace:' "$t.txt")"
     sed -n '/opcode/,$p' "$t.txt" | tee -a "$LOG"
   else
     fail "trace $shape: $(tail -1 "$t.txt")"
@@ -497,6 +498,7 @@ import json,sys; e=json.load(open(sys.argv[1]))[0]; g=json.load(open(sys.argv[2]
   done
   tune "$SHAPE1"
   trace_default "$SHAPE1"
+  trace_default "$SHAPE1" 1tile_evict MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1
   MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0|;default||;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE8"
   MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0|;default||;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE1Q"
 fi
