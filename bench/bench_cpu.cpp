@@ -115,6 +115,8 @@ void BM_CpuBatchedDecode(benchmark::State& state, const std::string& path, int t
   o.threads = threads;
   // MK_BENCH_TRACE=file: a Chrome trace of the run (its summary, time per opcode, goes to stderr)
   if (const char* t = std::getenv("MK_BENCH_TRACE")) o.trace_path = t;
+  // MK_BENCH_ATTN_SPLITS=S: attention as S partials per KV group and a combine (flash-decoding)
+  if (const char* s = std::getenv("MK_BENCH_ATTN_SPLITS")) o.attn_splits = std::atoi(s);
   auto b = make_backend("cpu", g, l.model, o);
   StepBatch batch;
   for (int s = 0; s < n_seqs; ++s) {  // block j of sequence s is j * n_seqs + s: interleaved

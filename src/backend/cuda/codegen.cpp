@@ -96,7 +96,8 @@ class Generator {
                      p_.instrs.size(), p_.ops.size(), p_.counters.size());
     c += fmt::format("#define MK_THREADS {}\n#define MK_NUM_INSTRS {}\n#define MK_STATIC {}\n#define MK_TRACE {}\n", o_.threads,
                      p_.instrs.size(), p_.schedule == ScheduleKind::dynamic ? 0 : 1, o_.trace ? 1 : 0);
-    c += fmt::format("#define MK_PRELOAD {}\n#define MK_WEIGHT_EVICT_FIRST {}\n", o_.preload ? 1 : 0, o_.weight_evict_first ? 1 : 0);
+    c += fmt::format("#define MK_PRELOAD {}\n#define MK_CLAIM_AHEAD {}\n#define MK_WEIGHT_EVICT_FIRST {}\n", o_.preload ? 1 : 0,
+                     o_.claim_ahead ? 1 : 0, o_.weight_evict_first ? 1 : 0);
     c += text::abi;
     c += text::ptx;
     c += text::quant;
@@ -406,6 +407,7 @@ void apply_env(CompileOptions& co) {
 void apply_env(CudaCodegenOptions& cg) {
   cg.preload = env_i64("MK_CUDA_PRELOAD", cg.preload ? 1 : 0) != 0;
   cg.weight_evict_first = env_i64("MK_CUDA_EVICT_FIRST", cg.weight_evict_first ? 1 : 0) != 0;
+  cg.claim_ahead = env_i64("MK_CUDA_CLAIM_AHEAD", cg.claim_ahead ? 1 : 0) != 0;
 }
 
 std::vector<DType> device_weight_dtypes(const Program& p) {

@@ -78,10 +78,13 @@ struct CudaCodegenOptions {
   // Emit the per-op baseline kernels (cuda-perop, cuda-graph). Off for the megakernel alone: they
   // roughly double NVRTC time, since each inlines its op's function again.
   bool perop_kernels = true;
-  // MK_PRELOAD (interpreter.cuh): the next instruction's descriptor is claimed and copied to shared
-  // memory while this one runs. MK_WEIGHT_EVICT_FIRST (ptx.cuh): weight loads carry an L2
-  // evict-first policy. The backend sets them from MK_CUDA_PRELOAD / MK_CUDA_EVICT_FIRST.
+  // MK_PRELOAD (interpreter.cuh): the next instruction's descriptor is copied to shared memory while
+  // this one runs. MK_CLAIM_AHEAD: the dynamic queue's next claim before the current instruction's
+  // wait (the first GPU run's loop) instead of after it. MK_WEIGHT_EVICT_FIRST (ptx.cuh): weight
+  // loads carry an L2 evict-first policy. apply_env sets them from MK_CUDA_PRELOAD,
+  // MK_CUDA_CLAIM_AHEAD and MK_CUDA_EVICT_FIRST.
   bool preload = true;
+  bool claim_ahead = false;
   bool weight_evict_first = false;
 };
 
@@ -116,8 +119,8 @@ std::vector<DType> device_weight_dtypes(const Program& p);
 
 // The development knobs of the CUDA backends from the environment, for the backend and for
 // `compile --emit cuda` alike: MK_CUDA_TILE_BYTES / MK_CUDA_TILES_PER_WORKER (CompileOptions'
-// tile_bytes / tiles_per_worker), MK_CUDA_PRELOAD / MK_CUDA_EVICT_FIRST (preload,
-// weight_evict_first). Unset variables keep the options' values; values < 1 for the tile sizes
+// tile_bytes / tiles_per_worker), MK_CUDA_PRELOAD / MK_CUDA_CLAIM_AHEAD / MK_CUDA_EVICT_FIRST
+// (preload, claim_ahead, weight_evict_first). Unset variables keep the options' values; values < 1 for the tile sizes
 // throw mk::Error.
 void apply_env(CompileOptions& co);
 void apply_env(CudaCodegenOptions& cg);

@@ -24,7 +24,8 @@
 // default the SM count), MK_CUDA_MAX_TOKENS (tokens per step, default 256), MK_CUDA_WAIT_TIMEOUT_MS
 // (watchdog bound per wait, default 10000), MK_CUDA_VERBOSE=1 (compile times on stderr),
 // MK_CUDA_TILE_BYTES / MK_CUDA_TILES_PER_WORKER (the tile pass's matmul tile size: CompileOptions),
-// MK_CUDA_PRELOAD=0 / MK_CUDA_EVICT_FIRST=1 (codegen variants: CudaCodegenOptions),
+// MK_CUDA_PRELOAD=0 / MK_CUDA_CLAIM_AHEAD=1 / MK_CUDA_EVICT_FIRST=1 (codegen variants:
+// CudaCodegenOptions),
 // MK_DEBUG_BREAK_WAIT=1 (makes one wait unsatisfiable: the watchdog check in bench/device_check.sh);
 // cuda-emu: MK_EMU_BLOCKS / -t (grid), MK_EMU_THREADS (threads per block, default 128),
 // MK_EMU_RACE_CHECK=0, MK_EMU_CXX (host compiler).

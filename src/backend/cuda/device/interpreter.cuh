@@ -12,13 +12,22 @@ struct MkTraceRec {
 };
 static_assert(sizeof(MkTraceRec) == 32, "MkTraceRec ABI");
 // MK_PRELOAD 1 (the default): the control warp (the last one) claims the next instruction and
-// copies its descriptor into shared memory (cp.async) while this one waits and runs, so the top of
-// the loop reads it from shared memory instead of a global round trip; the claim's atomic is issued
-// before the counter wait and its result used after it; and thread 0 (warp 0) releases, so the
+// copies its descriptor into shared memory (cp.async) while this one runs, so the top of
+// the loop reads it from shared memory instead of a global round trip; and thread 0 (warp 0) releases, so the
 // release's wait for the block's writes does not delay the next claim and wait. MK_PRELOAD 0: warp 0
 // does all of it and each instruction's descriptor is loaded at the top (the first GPU run's loop).
 #ifndef MK_PRELOAD
 #define MK_PRELOAD 1
+#endif
+// Dynamic queue, MK_CLAIM_AHEAD 0 (the default): a block claims its next instruction when its
+// current one's wait is over, so a block never holds a second instruction while it waits. With
+// MK_CLAIM_AHEAD 1 (the first GPU run's loop) the claim came before the wait: blocks waiting for a
+// slow op took the next op's tiles two at a time (one running, one claimed), while blocks that freed
+// up later found none left: on the H200 trace of 2026-12-04 (1B, 1 tile per block per op) a third of
+// the blocks ran two tiles of each matmul one after the other (bench/trace_sim.py replays the trace:
+// ~2.3 ms under claim-ahead as measured, ~1.5 ms under claim-after-wait).
+#ifndef MK_CLAIM_AHEAD
+#define MK_CLAIM_AHEAD 0
 #endif
 extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const MkParams p) {
   MK_DYNAMIC_SMEM(mk_smem);
@@ -74,10 +83,12 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
         s_twait = mk_globaltimer();
 #endif
         if (MK_STATIC) next = pos + 1 < end ? p.list_items[pos + 1] : MK_NUM_INSTRS;
-        else claimed = atomicAdd(p.queue, 1ull);  // used after the wait: the round trips overlap
+        else if (MK_CLAIM_AHEAD) claimed = atomicAdd(p.queue, 1ull);  // used after the wait: the round trips overlap
       }
       const bool ok = mk_wait(p, in, cur);  // the same in every lane
       if (lane == 0) {
+        // Also after a failed wait: every block makes exactly one failing claim per step.
+        if (!MK_STATIC && !MK_CLAIM_AHEAD) claimed = atomicAdd(p.queue, 1ull);
         if (!MK_STATIC) {
           const mk_u64 v = claimed - base;
           next = v < (mk_u64)MK_NUM_INSTRS ? (int)v : MK_NUM_INSTRS;

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Replays one decode step of a megakernel trace (`run --backend cuda --trace FILE`) under other
+claim policies, with the measured duration of every instruction, to ask "what would the step take if
+blocks took instructions differently?" without a GPU.
+
+Model (calibrated against the measured step; see docs/PERFORMANCE.md, H200 2026-12-04):
+  - ops run in stages (q/k/v together, then each op alone, in program order); an instruction is ready
+    LAT_US after the last instruction of the previous stage ends (release, acquire, barrier);
+  - a block spends GAP_US between the end of one instruction and the wait of the next;
+  - policies: `ahead` (the first GPU run's loop: the next instruction is claimed when the wait for the
+    current one begins), `after_wait` (claimed when the current one starts running), `at_end` (claimed
+    when it ends), `rr` (static: tile i of every op on block i mod blocks, in program order).
+
+Usage: bench/trace_sim.py TRACE.json[.gz] [--step N] [--blocks 132] [--lat 2.0] [--gap 1.2]
+Prints the measured step span, per-op spans of the measured step, and each policy's simulated span.
+"""
+import argparse
+import collections
+import gzip
+import heapq
+import json
+
+
+def load(path, step):
+    op = gzip.open if path.endswith(".gz") else open
+    with op(path, "rt") as f:
+        d = json.load(f)
+    ev = [e for e in d["traceEvents"] if e.get("cat") == "instr" and e["args"]["step"] == step]
+    if not ev:
+        raise SystemExit(f"{path}: no instructions of step {step}")
+    ev.sort(key=lambda e: e["args"]["instr"])
+    return ev
+
+
+def stages_of(ev):
+    """Stage index per instruction: a new stage at every change of op, except that the k and v
+    projections join the q projection's stage (they read the same input)."""
+    st, cur, last_op = [], -1, None
+    for e in ev:
+        o = e["args"]["op"]
+        if o != last_op:
+            joins = (o.endswith("k_cache") or o.endswith("v_cache")) and last_op is not None and (
+                last_op.endswith("q_rope") or last_op.endswith("k_cache") or last_op.endswith("q"))
+            if not joins:
+                cur += 1
+            last_op = o
+        st.append(cur)
+    return st
+
+
+def simulate(ev, stage, policy, blocks, lat, gap):
+    """The step's span (us) under `policy`: event-driven, one running instruction per block."""
+    n = len(ev)
+    dur = [e["dur"] for e in ev]
+    n_stage = max(stage) + 1
+    left = collections.Counter(stage)  # instructions of each stage not yet finished
+    stage_end = [0.0] * n_stage
+    ready_at = [None] * n_stage        # stage s is ready LAT after stage s - 1's last end
+    ready_at[0] = 0.0
+    lists = [[] for _ in range(blocks)]  # policy rr: each block's static list
+    if policy == "rr":
+        tile_in_op = collections.Counter()
+        for i, e in enumerate(ev):
+            o = e["args"]["op"]
+            lists[tile_in_op[o] % blocks].append(i)
+            tile_in_op[o] += 1
+    pos = [0] * blocks
+    head = 0                             # the dynamic queue's next instruction
+    claimed = [[] for _ in range(blocks)]  # claimed, not yet started, per block
+    waiting = collections.defaultdict(list)  # stage -> [(block, wait begin, instruction)]
+    running = []                         # heap of (end, block, instruction)
+    end = [None] * n
+
+    def claim(b):
+        nonlocal head
+        if policy == "rr":
+            if pos[b] < len(lists[b]):
+                claimed[b].append(lists[b][pos[b]])
+                pos[b] += 1
+        elif head < n:
+            claimed[b].append(head)
+            head += 1
+
+    def run(b, t_wait, i):
+        start = max(t_wait, ready_at[stage[i]])
+        claimed[b].pop(0)
+        if policy == "after_wait" and not claimed[b]:
+            claim(b)
+        end[i] = start + dur[i]
+        heapq.heappush(running, (end[i], b, i))
+
+    def next_wait(b, t):
+        """Block b starts waiting for its next instruction at t."""
+        if not claimed[b]:
+            claim(b)
+            if not claimed[b]:
+                return
+        i = claimed[b][0]
+        if policy == "ahead" and len(claimed[b]) == 1:
+            claim(b)  # the next one, while this one waits
+        if ready_at[stage[i]] is None:
+            waiting[stage[i]].append((b, t, i))
+        else:
+            run(b, t, i)
+
+    for b in range(blocks):
+        next_wait(b, 0.0)
+    while running:
+        t, b, i = heapq.heappop(running)
+        s = stage[i]
+        left[s] -= 1
+        stage_end[s] = max(stage_end[s], t)
+        if left[s] == 0 and s + 1 < n_stage:
+            ready_at[s + 1] = stage_end[s] + lat
+            for bb, tw, ii in waiting.pop(s + 1, []):
+                run(bb, tw, ii)
+        if policy == "at_end" and not claimed[b]:
+            claim(b)
+        next_wait(b, t + gap)
+    if any(x is None for x in end):
+        raise SystemExit(f"policy {policy}: {sum(x is None for x in end)} instructions never ran (model bug)")
+    return max(end)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--step", type=int, default=5)
+    ap.add_argument("--blocks", type=int, default=132)
+    ap.add_argument("--lat", type=float, default=2.0)
+    ap.add_argument("--gap", type=float, default=1.2)
+    ap.add_argument("--ops", action="store_true", help="per-op spans of the measured step")
+    a = ap.parse_args()
+    ev = load(a.trace, a.step)
+    t0 = min(e["ts"] for e in ev)
+    span = max(e["ts"] + e["dur"] for e in ev) - t0
+    print(f"measured step {a.step}: {span:.1f} us, {len(ev)} instructions")
+    if a.ops:
+        by = collections.OrderedDict()
+        for e in ev:
+            by.setdefault(e["args"]["op"], []).append(e)
+        for o, l in by.items():
+            s = min(e["ts"] for e in l) - t0
+            en = max(e["ts"] + e["dur"] for e in l) - t0
+            per_sm = collections.Counter(e["tid"] for e in l)
+            print(f"  {o:28s} tiles {len(l):4d}  {s:8.1f} .. {en:8.1f} us  span {en - s:6.1f}  most tiles on one SM {max(per_sm.values())}")
+    st = stages_of(ev)
+    for pol in ("ahead", "after_wait", "at_end", "rr"):
+        print(f"simulated {pol:10s}: {simulate(ev, st, pol, a.blocks, a.lat, a.gap):8.1f} us")
+
+
+if __name__ == "__main__":
+    main()
