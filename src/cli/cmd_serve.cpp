@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -149,14 +151,32 @@ double get_number(const json& body, const char* name, double def, double lo, dou
 int64_t get_int(const json& body, const char* name, int64_t def, int64_t lo, int64_t hi) {
   const json* v = field(body, name);
   if (!v) return def;
-  if (!v->is_number_integer()) bad(name, fmt::format("'{}' must be an integer", name));
-  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-    bad(name, fmt::format("'{}' is too large", name));
-  int64_t x = v->get<int64_t>();
+  int64_t x = 0;
+  if (v->is_number_float()) {  // 4.0 as JSON clients often write a whole number: accepted; 4.5 is not
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d)) bad(name, fmt::format("'{}' must be an integer", name));
+    if (d >= 9223372036854775808.0 || d < -9223372036854775808.0) bad(name, fmt::format("'{}' is too large", name));
+    x = static_cast<int64_t>(d);
+  } else {
+    if (!v->is_number_integer()) bad(name, fmt::format("'{}' must be an integer", name));
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      bad(name, fmt::format("'{}' is too large", name));
+    x = v->get<int64_t>();
+  }
   if (x < lo || x > hi)
     bad(name, lo == hi ? fmt::format("only '{}' = {} is supported, got {}", name, lo, x)
                        : fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
   return x;
+}
+// The token of an "Authorization: Bearer TOKEN" header; the scheme is case-insensitive (RFC 7235
+// section 2.1), "" when the header is absent or of another scheme.
+std::string bearer_token(const std::string& header) {
+  const size_t sp = header.find(' ');
+  if (sp != 6) return "";
+  for (size_t i = 0; i < 6; ++i)
+    if (std::tolower(static_cast<unsigned char>(header[i])) != "bearer"[i]) return "";
+  const size_t t = header.find_first_not_of(' ', sp);
+  return t == std::string::npos ? "" : header.substr(t);
 }
 bool get_bool(const json& body, const char* name, bool def) {
   const json* v = field(body, name);
@@ -256,9 +276,15 @@ class Server {
     p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0, 0, 1));
     if (p.sampler.top_p <= 0) bad("top_p", "'top_p' must be greater than 0");
     p.sampler.top_k = static_cast<int>(get_int(body, "top_k", 0, 0, 1 << 30));
-    // No seed, or -1 (llama.cpp's "random"): a random one.
-    const int64_t seed = field(body, "seed") ? get_int(body, "seed", 0, INT64_MIN, INT64_MAX) : -1;
-    p.sampler.seed = seed == -1 ? (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() : static_cast<uint64_t>(seed);
+    // No seed, or -1 (llama.cpp's "random"): a random one. Seeds above INT64_MAX (up to 2^64 - 1, as
+    // `run --seed` takes) are used as they are.
+    const json* sv = field(body, "seed");
+    if (sv && sv->is_number_unsigned() && sv->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      p.sampler.seed = sv->get<uint64_t>();
+    } else {
+      const int64_t seed = sv ? get_int(body, "seed", 0, INT64_MIN, INT64_MAX) : -1;
+      p.sampler.seed = seed == -1 ? (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() : static_cast<uint64_t>(seed);
+    }
     p.ignore_eos = get_bool(body, "ignore_eos", false);
     const char* max_name = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     p.max_tokens = get_int(body, max_name, -1, 1, INT64_MAX);
@@ -564,7 +590,7 @@ class Server {
         }
       }
       if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-      if (req.get_header_value("Authorization") == "Bearer " + o_.api_key)
+      if (bearer_token(req.get_header_value("Authorization")) == o_.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
       send_error(res, {401, "invalid or missing API key: send 'Authorization: Bearer KEY'", "invalid_request_error", "",
                        "invalid_api_key"});

@@ -161,6 +161,10 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt, "max_tokens": 10 ** 9}, 400, "max_tokens", what="huge max_tokens")
     expect_error(srv, {"prompt": prompt, "max_tokens": 10 ** 30}, 400, "max_tokens", what="max_tokens past 64 bits")
     expect_error(srv, {"prompt": prompt, "max_tokens": -5}, 400, "max_tokens", what="negative max_tokens")
+    expect_error(srv, {"prompt": prompt, "max_tokens": 4.5}, 400, "max_tokens", what="max_tokens 4.5")
+    # A whole number written as 4.0 is that integer (as JSON clients in JavaScript send it).
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 4.0, "temperature": 0, "ignore_eos": True})
+    check(st == 200 and json.loads(text)["usage"]["completion_tokens"] == 4, f"max_tokens 4.0 -> 4 tokens ({st}: {text[:120]})")
     expect_error(srv, {"prompt": prompt, "max_tokens": 4, "max_completion_tokens": 5}, 400, "max_tokens",
                  what="max_tokens and max_completion_tokens that differ")
     expect_error(srv, {"prompt": prompt, "top_p": -1}, 400, "top_p", what="negative top_p")
@@ -211,6 +215,12 @@ def stories_checks():
     r1, r2 = [c.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=1.5, seed=-1).choices[0].text
               for _ in range(2)]
     check(r1 != r2, "seed -1 twice: different texts (a random seed each time)")
+    # Seeds up to 2^64 - 1 (what `run --seed` takes) are seeds, the same text each time.
+    r1, r2 = [srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 20, "temperature": 1.5, "seed": 2 ** 64 - 1})
+              for _ in range(2)]
+    t1, t2 = [json.loads(r[2])["choices"][0]["text"] if r[0] == 200 else None for r in (r1, r2)]
+    check(t1 is not None and t1 == t2, f"seed 2^64 - 1 twice: 200 and the same text ({r1[0]}: {r1[2][:120]})")
+    expect_error(srv, {"prompt": prompt, "seed": 2 ** 64}, 400, "seed", what="seed past 64 bits")
     # Bodies that are not UTF-8: 400 naming the field and the problem (was a 500: the parse error
     # echoed the bytes, and dumping that message threw).
     for path, body, param in [
@@ -367,6 +377,11 @@ def auth_and_queue_checks():
     st, _, _ = srv.raw("POST", "/v1/completions", {"prompt": "Hi"}, {"Authorization": "Bearer wrong"})
     check(st == 401, "--api-key: wrong key -> 401")
     check(srv.raw("GET", "/health")[0] == 200, "--api-key: /health stays open")
+    # The scheme is case-insensitive (RFC 7235); another scheme or a bare key is not a bearer token.
+    for hdr, want in [("bearer sekret", 200), ("BEARER  sekret", 200), ("Basic sekret", 401), ("sekret", 401),
+                      ("Bearer", 401), ("Bearer sekret2", 401)]:
+        st, _, _ = srv.raw("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1}, {"Authorization": hdr})
+        check(st == want, f"--api-key: Authorization {hdr!r} -> {want} (got {st})")
     good = {"Authorization": "Bearer sekret"}
     body = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
     with cf.ThreadPoolExecutor(4) as ex:
