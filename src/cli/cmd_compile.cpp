@@ -32,7 +32,8 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("-o,--output", o->out, "write to this file instead of stdout");
   cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores)")
       ->check(integer_at_least(0));
-  cmd->add_option("--schedule", o->schedule, "dynamic, static-rr or static-cp");
+  cmd->add_option("--schedule", o->schedule, "dynamic, static-rr or static-cp")
+      ->check(schedule_name());
   cmd->add_option("-c,--ctx-size", o->n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
   cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)")

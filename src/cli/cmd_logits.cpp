@@ -61,7 +61,8 @@ void add_logits_command(CLI::App& app) {
                   "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files and synth: models with block-quantized "
                   "weights, else f32)")
       ->check(CLI::IsMember({"auto", "f16", "f32"}));
-  cmd->add_option("--schedule", o->backend_options.schedule, "CPU schedule");
+  cmd->add_option("--schedule", o->backend_options.schedule, "CPU schedule")
+      ->check(schedule_name());
   auto n_ctx = std::make_shared<int64_t>(0);
   cmd->add_option("-c,--ctx-size", *n_ctx,
                   "context length (default: the number of ids); models whose RoPE depends on the context "

@@ -27,7 +27,8 @@ void add_run_command(CLI::App& app) {
                   ->check(token_ids());
   cmd->add_option("-n,--n-predict", o->gen.n_new, "number of tokens to generate")->capture_default_str()->check(integer_at_least(0));
   add_generation_options(cmd, o->session, o->gen.sampler);
-  cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");
+  cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp")
+      ->check(schedule_name());
   cmd->add_option("--attn-splits", o->session.backend_options.attn_splits,
                   "flash-decoding: split each row's cached positions N ways (0 = auto; default 1 on cpu, auto on cuda)")
       ->check(integer_range(0, 64));

@@ -915,7 +915,8 @@ void add_serve_command(CLI::App& app) {
       ->check(backend_name());
   cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
       ->check(integer_range(0, 1024));
-  cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp");
+  cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp")
+      ->check(schedule_name());
   cmd->callback([o] { serve(*o); });
 }
 

@@ -36,6 +36,8 @@ CLI::Validator number_range(double lo, double hi, bool above_lo = false, bool as
 // A --backend value: one of backend_names() ("unknown backend 'x'; available: ..." as a usage
 // error, exit 2, before any model is read).
 CLI::Validator backend_name();
+// --schedule: dynamic, static-rr or static-cp (a usage error, exit 2, like an unknown backend).
+CLI::Validator schedule_name();
 
 // The flags `run` and `chat` share: sampling (--temp, --top-k, --top-p, --seed) into `sampler`, the
 // context and the backend (-c, --backend, -t, --act-quant, --kv-type) into `session`.

@@ -7,6 +7,8 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
+#include "isa/program.h"
+#include "support/error.h"
 
 namespace mk::cli {
 
@@ -67,6 +69,19 @@ CLI::Validator backend_name() {
         return fmt::format("unknown backend '{}'; available: {}", s, fmt::join(names, ", "));
       },
       "BACKEND");
+}
+
+CLI::Validator schedule_name() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          (void)schedule_from_name(s);
+          return {};
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "SCHEDULE");
 }
 
 CLI::Validator number_range(double lo, double hi, bool above_lo, bool as_float) {

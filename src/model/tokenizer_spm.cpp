@@ -10,6 +10,7 @@
 // pair and orders them exactly as run.c's scan does, the merge sequence is identical.
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <queue>
 #include <unordered_map>
 
@@ -268,6 +269,9 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int32
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::shared_ptr<MappedFile> file, int32_t n_vocab) {
   const std::string& path = file->path();
   if (n_vocab <= 0) fail("{}: n_vocab must be positive, got {}", path, n_vocab);
+  if (file->bytes().size() >= 4 && std::memcmp(file->bytes().data(), "GGUF", 4) == 0)
+    fail("{}: this is a GGUF file, not a llama2.c tokenizer (tokenizer.bin); a GGUF model carries its own tokenizer, so "
+         "give it to -m without -z", path);
   ByteReader r(file->bytes(), path);
   const auto max_token_length = r.read<int32_t>("max_token_length");
   if (max_token_length < 0) fail("{}: negative max_token_length {}", path, max_token_length);

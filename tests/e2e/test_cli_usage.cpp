@@ -147,6 +147,16 @@ TEST(E2ECliUsage, UnknownBackendIsAUsageError) {
   }
 }
 
+// So is an unknown --schedule (it was a runtime error, exit 1), in every command that takes one.
+TEST(E2ECliUsage, UnknownScheduleIsAUsageError) {
+  for (const std::string cmd : {"run -m /nonexistent.gguf -p hi", "logits -m /nonexistent.gguf --ids 1", "serve -m /nonexistent.gguf",
+                                "compile -m /nonexistent.gguf"}) {
+    Result r = cli(cmd + " --schedule nosuch");
+    EXPECT_EQ(r.status, 2) << cmd << ": " << r.err;
+    EXPECT_TRUE(has(r.err, "error: --schedule: unknown schedule 'nosuch' (expected dynamic, static-rr or static-cp)")) << cmd << ": " << r.err;
+  }
+}
+
 // serve: a KV pool or buffers too large to allocate name the options that size them.
 TEST(E2ECliUsage, ServeThatCannotAllocateNamesTheOptionsToLower) {
   // 2^30 KV rows of stories260k (5 layers x 2 x 32 floats) are 1.4 TB: no allocation succeeds,

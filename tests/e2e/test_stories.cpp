@@ -94,6 +94,8 @@ TEST(E2EStories, BadInputsExitNonZeroWithAMessage) {
       {"run -m " + kDir + "stories260K.gguf --backend nosuch", "unknown backend 'nosuch'"},
       {"run -m " + kDir + "stories260K.gguf --top-p 0", "top-p"},
       {"run -m " + kDir + "tok512.bin", "error:"},
+      {"run -m " + kDir + "stories260K.bin -z " + kDir + "stories260K.gguf -p hi",
+       "stories260K.gguf: this is a GGUF file, not a llama2.c tokenizer (tokenizer.bin)"},
       {"info -m " + kDir + "README.md", "error:"},
       {"logits -m " + kDir + "stories260K.gguf --ids 1,99999", "outside the vocabulary"},
   };
