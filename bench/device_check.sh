@@ -433,13 +433,13 @@ tune() {
     "loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1|"
     "ahead|MK_CUDA_CLAIM_AHEAD=1|"
     "default||"
-    "static||--schedule static"
+    "static-cp||--schedule static-cp"
     "1tile|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|"
     "1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|"
     "evict|MK_CUDA_EVICT_FIRST=1|"
     "1tile/s1|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|--attn-splits 1"
     "1tile/s4|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|--attn-splits 4"
-    "1tile/static|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|--schedule static"
+    "1tile/static-cp|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|--schedule static-cp"
   )
   [[ -n "${MK_TUNE_VARIANTS:-}" ]] && IFS=';' read -r -a variants <<<"$MK_TUNE_VARIANTS"
   for v in "${variants[@]}"; do

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# ctest DeviceCheck.Rehearsal: bench/device_check.sh --rehearse, both parts, on this machine (cpu,
+# ctest DeviceCheck.Rehearsal: bench/device_check.sh --rehearse, all three parts, on this machine (cpu,
 # and cuda-emu when the binary has it, in place of the GPU backends; small shapes in place of
 # 1B/8B). Each part must pass every row it runs and leave exactly its log and its tarball in $OUT,
 # the tarball holding each row's JSON; the log must hold one timing row per backend and shape (the
 # float shape and the quantized one: q4_1 in part1, q4_K in part2), one for the unsplit attention
-# (<main>/s1) on the float shape, and part1 the flash-decoding greedy rows (--attn-splits 1, 7).
+# (<main>/s1) on the float shape, and part1 the flash-decoding greedy rows (--attn-splits 1, 7); part
+# "tune" one row per variant.
 # Env: MK_BIN (the megakernel binary), MK_SHARED_DIR, MK_DEVCHECK_BUDGET_S (rows' budget per part, 900).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -53,5 +54,27 @@ for part in part1 part2; do
   shape=${shapes%% *}  # the float shape also times the unsplit attention on the backend standing in for cuda
   grep -qE "^$shape +${backends##* }/s1 +[0-9.]+ +[0-9.]+ " "$log" || bad "$part: no unsplit-attention timing row (${backends##* }/s1)"
 done
+# part "tune": every variant row on the 1B stand-in, three on the others, and (with cuda-emu) the two
+# traces beside the log and the tarball.
+out="$tmp/out_tune"
+OUT="$out" MK_DEVCHECK_TMP="$tmp/work" MK_DEVCHECK_BUDGET_S="${MK_DEVCHECK_BUDGET_S:-900}" "$root/bench/device_check.sh" --rehearse tune
+rc=$?
+[[ $rc == 0 ]] || bad "device_check.sh --rehearse tune exited $rc"
+log="$out/device_check_tune.log"
+grep -q "^ALL CHECKS PASSED" "$log" || bad "tune: the log does not end in ALL CHECKS PASSED"
+grep -q "^FAIL" "$log" && bad "tune: the log reports failures"
+for v in loop0 ahead default static-cp 1tile 1tile+evict evict 1tile/s1 1tile/s4 1tile/static-cp; do
+  grep -qE "^synth:stories260k:bf16 +${v//+/\\+} +[0-9.]+ +[0-9.]+ " "$log" || bad "tune: no row for variant $v"
+done
+for shape in synth:stories15m:bf16 synth:stories260k:q4_1; do
+  for v in loop0 default 1tile+evict; do
+    grep -qE "^$shape +${v//+/\\+} +[0-9.]+ +[0-9.]+ " "$log" || bad "tune: no row for $shape $v"
+  done
+done
+files=$(cd "$out" && ls | tr '\n' ' ')
+want="device_check_tune.log device_check_tune.tar.gz "
+grep -q "cuda-emu" <<<"$(sed -n 's/^== rehearsal on .*: \(.*\) in place of cuda.*/\1/p' "$log")" &&
+  want="device_check_tune.log device_check_tune.tar.gz trace_synth_stories260k_bf16_1tile_evict.json.gz trace_synth_stories260k_bf16_default.json.gz "
+[[ "$files" == "$want" ]] || bad "tune: \$OUT holds '$files', not '$want'"
 [[ $status == 0 ]] && echo "rehearsal passed"
 exit $status
