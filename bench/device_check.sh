@@ -475,9 +475,13 @@ trace_default() {  # trace_default SHAPE [NAME ENV...]: per-SM busy / wait / idl
   if [[ $MAIN == cpu ]]; then skip "trace (rehearsal): cpu"; return; fi
   if timeout "$(tmo 120)" env "${envs[@]}" "$BIN" run --json --temp 0 --ignore-eos -m "$shape" --ids "$IDS_PROMPT" -n 8 --backend "$MAIN" \
     --trace "$t.json" >/dev/null 2>"$t.txt"; then
-    gzip -c "$t.json" >"$OUT/$(basename "$t").json.gz" && rm -f "$t.json"  # beside the tarball: each file back is <= 16 MB
     say "trace of $shape ($name): $(grep -m1 '^trace:' "$t.txt")"
     sed -n '/opcode/,$p' "$t.txt" | tee -a "$LOG"
+    # Per-op spans of one step, tiles per block, and the step replayed under the other claim policies.
+    $PY "$ROOT/bench/trace_sim.py" "$t.json" --ops --blocks "$($PY -c "
+import json,sys; print(len({e['tid'] for e in json.load(open(sys.argv[1]))['traceEvents'] if e.get('cat')=='instr'}))" "$t.json")" \
+      2>&1 | awk 'NR <= 14 || /^simulated|measured/' | tee -a "$LOG"
+    gzip -c "$t.json" >"$OUT/$(basename "$t").json.gz" && rm -f "$t.json"  # beside the tarball: each file back is <= 16 MB
   else
     fail "trace $shape: $(tail -1 "$t.txt")"
   fi

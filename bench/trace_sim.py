@@ -32,16 +32,22 @@ def load(path, step):
     return ev
 
 
+QKV = ("q_rope", "q", "k_cache", "v_cache", "k", "v")
+
+
 def stages_of(ev):
-    """Stage index per instruction: a new stage at every change of op, except that the k and v
-    projections join the q projection's stage (they read the same input)."""
+    """Stage index per instruction: a new stage at every change of op, except that the q, k and v
+    projections of one layer, in any order, form one stage (they read the same input)."""
+    def qkv_layer(o):
+        parts = o.split(".")
+        return parts[1] if len(parts) == 3 and parts[0] == "blk" and parts[2] in QKV else None
+
     st, cur, last_op = [], -1, None
     for e in ev:
         o = e["args"]["op"]
         if o != last_op:
-            joins = (o.endswith("k_cache") or o.endswith("v_cache")) and last_op is not None and (
-                last_op.endswith("q_rope") or last_op.endswith("k_cache") or last_op.endswith("q"))
-            if not joins:
+            layer = qkv_layer(o)
+            if not (layer is not None and last_op is not None and qkv_layer(last_op) == layer):
                 cur += 1
             last_op = o
         st.append(cur)
