@@ -4,16 +4,17 @@
 #   bench/device_check.sh --prepare      here (no GPU needed): builds the CLI for any x86-64-v3 CPU
 #                                        (not -march=native: the device's CPU differs) into
 #                                        build-devcheck/, copies it, the shared libraries the device
-#                                        image may lack (all but glibc, libstdc++ and CUDA's), stories260K and the bf16 HF fixtures
-#                                        with their references into .devcheck/ (git-ignored: name it
-#                                        in the device tool's `carry`, about 12 MB).
+#                                        image may lack (all but glibc, libstdc++ and CUDA's),
+#                                        stories260K and the bf16 HF fixtures with their references
+#                                        into .devcheck/ (git-ignored: name it in the device tool's
+#                                        `carry`, about 20 MB).
 #   bench/device_check.sh part1          on the GPU machine: correctness + the 1B rows (< 5 min)
 #   bench/device_check.sh part2          on the GPU machine: the 8B rows (< 5 min)
 #   bench/device_check.sh tune           on the GPU machine: the megakernel's variants side by side
 #                                        (descriptor preload, one tile per SM, L2 policy, splits)
 #   bench/device_check.sh [all]          both parts in one call (a dry run here reports the driver
 #                                        error on every CUDA row and exits non-zero)
-#   bench/device_check.sh --rehearse [part1|part2|all]
+#   bench/device_check.sh --rehearse [part1|part2|all|tune]
 #                                        here, in CI (tests/scripts/device_check_rehearsal.sh): every
 #                                        row with `cpu` (and `cuda-emu` when the binary has it) in place
 #                                        of the GPU backends and small shapes in place of 1B/8B, so the
@@ -78,6 +79,7 @@ PART=all
 for a in "$@"; do
   case "$a" in
     --rehearse) REHEARSE=1 ;;
+    -h | --help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     part1 | part2 | all | tune) PART=$a ;;
     *) echo "error: unknown argument '$a' (usage: $0 [--prepare | [--rehearse] [part1|part2|all|tune]])" >&2; exit 2 ;;
   esac
@@ -478,9 +480,7 @@ trace_default() {  # trace_default SHAPE [NAME ENV...]: per-SM busy / wait / idl
     say "trace of $shape ($name): $(grep -m1 '^trace:' "$t.txt")"
     sed -n '/opcode/,$p' "$t.txt" | tee -a "$LOG"
     # Per-op spans of one step, tiles per block, and the step replayed under the other claim policies.
-    $PY "$ROOT/bench/trace_sim.py" "$t.json" --ops --blocks "$($PY -c "
-import json,sys; print(len({e['tid'] for e in json.load(open(sys.argv[1]))['traceEvents'] if e.get('cat')=='instr'}))" "$t.json")" \
-      2>&1 | awk 'NR <= 14 || /^simulated|measured/' | tee -a "$LOG"
+    $PY "$ROOT/bench/trace_sim.py" "$t.json" --ops 2>&1 | awk 'NR <= 14 || /^simulated|measured/' | tee -a "$LOG"
     gzip -c "$t.json" >"$OUT/$(basename "$t").json.gz" && rm -f "$t.json"  # beside the tarball: each file back is <= 16 MB
   else
     fail "trace $shape: $(tail -1 "$t.txt")"

@@ -11,8 +11,11 @@ Model (calibrated against the measured step; see docs/PERFORMANCE.md, H200 2026-
     current one begins), `after_wait` (claimed when the current one starts running), `at_end` (claimed
     when it ends), `rr` (static: tile i of every op on block i mod blocks, in program order).
 
-Usage: bench/trace_sim.py TRACE.json[.gz] [--step N] [--blocks 132] [--lat 2.0] [--gap 1.2]
-Prints the measured step span, per-op spans of the measured step, and each policy's simulated span.
+Usage: bench/trace_sim.py TRACE.json[.gz] [--step N] [--blocks B] [--lat 2.0] [--gap 1.2] [--ops]
+Steps are numbered from 1 as in the trace; step 1 of a `run` is the prompt, later ones decode one
+token each (`run -n 8` records steps 1..8). --blocks defaults to the trace's number of tracks (the
+SMs or emulated blocks that ran). Prints the measured step span, with --ops each op's span and the
+most tiles one block ran, then each policy's simulated span.
 """
 import argparse
 import collections
@@ -21,13 +24,28 @@ import heapq
 import json
 
 
-def load(path, step):
+def load_all(path):
+    """The trace's instruction events (`run --trace` format); exits with a message on a bad file."""
     op = gzip.open if path.endswith(".gz") else open
-    with op(path, "rt") as f:
-        d = json.load(f)
-    ev = [e for e in d["traceEvents"] if e.get("cat") == "instr" and e["args"]["step"] == step]
+    try:
+        with op(path, "rt") as f:
+            d = json.load(f)
+        ev = [e for e in d["traceEvents"] if e.get("cat") == "instr"]
+        for e in ev:
+            e["args"]["step"], e["args"]["instr"], e["args"]["op"], e["ts"], e["dur"], e["tid"]  # noqa: B018
+    except (OSError, ValueError, EOFError) as e:
+        raise SystemExit(f"error: {path}: {e}")
+    except (KeyError, TypeError, AttributeError):
+        raise SystemExit(f"error: {path}: not a megakernel trace (run --trace FILE: traceEvents with instr events)")
     if not ev:
-        raise SystemExit(f"{path}: no instructions of step {step}")
+        raise SystemExit(f"error: {path}: the trace holds no instructions")
+    return ev
+
+
+def load(path, step, ev=None):
+    ev = [e for e in (ev if ev is not None else load_all(path)) if e["args"]["step"] == step]
+    if not ev:
+        raise SystemExit(f"error: {path}: no instructions of step {step} (steps are numbered from 1)")
     ev.sort(key=lambda e: e["args"]["instr"])
     return ev
 
@@ -129,15 +147,23 @@ def simulate(ev, stage, policy, blocks, lat, gap):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("trace")
-    ap.add_argument("--step", type=int, default=5)
-    ap.add_argument("--blocks", type=int, default=132)
-    ap.add_argument("--lat", type=float, default=2.0)
-    ap.add_argument("--gap", type=float, default=1.2)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", help="a trace written by `run --trace FILE` (.json or .json.gz)")
+    ap.add_argument("--step", type=int, default=5, help="the step to replay, from 1 (default 5: a decode step)")
+    ap.add_argument("--blocks", type=int, default=0, help="blocks to replay on (default: the trace's tracks)")
+    ap.add_argument("--lat", type=float, default=2.0, help="us from an op's last tile to the next op's readiness")
+    ap.add_argument("--gap", type=float, default=1.2, help="us between a block's instructions")
     ap.add_argument("--ops", action="store_true", help="per-op spans of the measured step")
     a = ap.parse_args()
-    ev = load(a.trace, a.step)
+    for name, v in (("--lat", a.lat), ("--gap", a.gap)):
+        if not (v >= 0 and v < 1e9):
+            ap.error(f"{name} must be a number of microseconds >= 0, got {v}")
+    if a.blocks < 0:
+        ap.error(f"--blocks must be >= 1, got {a.blocks}")
+    all_ev = load_all(a.trace)
+    if a.blocks == 0:
+        a.blocks = len({e["tid"] for e in all_ev})
+    ev = load(a.trace, a.step, all_ev)
     t0 = min(e["ts"] for e in ev)
     span = max(e["ts"] + e["dur"] for e in ev) - t0
     print(f"measured step {a.step}: {span:.1f} us, {len(ev)} instructions")

@@ -33,6 +33,7 @@
 #include "runtime/chat.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
+#include "support/env.h"
 #include "support/error.h"
 #include "support/json.h"
 
@@ -119,12 +120,7 @@ size_t first_invalid_utf8(std::string_view s) {
 // heartbeat every heartbeat_every (a write to a closed connection fails by the second one). Tests
 // shorten both with MK_SERVE_HEARTBEAT_AFTER_MS / MK_SERVE_HEARTBEAT_EVERY_MS.
 std::chrono::milliseconds env_ms(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return std::chrono::milliseconds(fallback);
-  char* end = nullptr;
-  const long long ms = std::strtoll(v, &end, 10);
-  if (*end != '\0' || ms < 0) fail("{}={}: expected milliseconds (a whole number >= 0)", name, v);
-  return std::chrono::milliseconds(ms);
+  return std::chrono::milliseconds(env_int(name, fallback, 0, int64_t{1} << 40));
 }
 
 // Collects `req`'s output into `out` for at most `limit`; true when the request has ended.

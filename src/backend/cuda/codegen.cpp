@@ -1,11 +1,11 @@
 #include "backend/cuda/codegen.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <numeric>
 
 #include "quant/quant.h"
+#include "support/env.h"
 #include "support/error.h"
 
 namespace mk::cuda {
@@ -229,7 +229,10 @@ class Generator {
         const int64_t budget = (o_.max_smem_bytes / 4 - T * 8 - static_cast<int64_t>(red) - 64);
         int64_t rb = std::clamp<int64_t>(budget / std::max<int64_t>(XK + T, 1), 1, 8);
         rb = std::max<int64_t>(1, std::min(rb, max_rows));
-        if (rb * (XK + T) > budget) fail("cuda codegen: {}: k = {} does not fit the shared-memory budget", op.name, K);
+        if (rb * (XK + T) > budget)
+          fail("cuda codegen: {}: a tile of {} columns with rows of k = {} needs more than the {} bytes of shared memory per "
+               "block; narrower tiles: more blocks, or a smaller MK_CUDA_TILE_BYTES / larger MK_CUDA_TILES_PER_WORKER",
+               op.name, T, K, o_.max_smem_bytes);
         const bool glu = op.glu != Act::none;
         const bool rope = op.epi == Epi::rope || op.epi == Epi::rope_store;
         b += fmt::format("  using W = {};\n  using NormW = {};\n", wtype(op.w, op), vtype(op.norm_w, op));
@@ -386,28 +389,16 @@ class Generator {
 
 CudaSource generate_cuda(const Program& p, const CudaCodegenOptions& options) { return Generator(p, options).run(); }
 
-namespace {
-int64_t env_i64(const char* name, int64_t def) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return def;
-  char* end = nullptr;
-  const long long x = std::strtoll(v, &end, 10);
-  if (*end != '\0') fail("{}={}: not an integer", name, v);
-  return x;
-}
-}  // namespace
 
 void apply_env(CompileOptions& co) {
-  co.tile_bytes = env_i64("MK_CUDA_TILE_BYTES", co.tile_bytes);
-  co.tiles_per_worker = static_cast<int>(env_i64("MK_CUDA_TILES_PER_WORKER", co.tiles_per_worker));
-  if (co.tile_bytes < 1 || co.tiles_per_worker < 1)
-    fail("MK_CUDA_TILE_BYTES and MK_CUDA_TILES_PER_WORKER must be >= 1 (got {}, {})", co.tile_bytes, co.tiles_per_worker);
+  co.tile_bytes = env_int("MK_CUDA_TILE_BYTES", co.tile_bytes, 1, int64_t{1} << 40);
+  co.tiles_per_worker = static_cast<int>(env_int("MK_CUDA_TILES_PER_WORKER", co.tiles_per_worker, 1, 1024));
 }
 
 void apply_env(CudaCodegenOptions& cg) {
-  cg.preload = env_i64("MK_CUDA_PRELOAD", cg.preload ? 1 : 0) != 0;
-  cg.weight_evict_first = env_i64("MK_CUDA_EVICT_FIRST", cg.weight_evict_first ? 1 : 0) != 0;
-  cg.claim_ahead = env_i64("MK_CUDA_CLAIM_AHEAD", cg.claim_ahead ? 1 : 0) != 0;
+  cg.preload = env_flag("MK_CUDA_PRELOAD", cg.preload);
+  cg.weight_evict_first = env_flag("MK_CUDA_EVICT_FIRST", cg.weight_evict_first);
+  cg.claim_ahead = env_flag("MK_CUDA_CLAIM_AHEAD", cg.claim_ahead);
 }
 
 std::vector<DType> device_weight_dtypes(const Program& p) {

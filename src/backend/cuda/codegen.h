@@ -120,8 +120,9 @@ std::vector<DType> device_weight_dtypes(const Program& p);
 // The development knobs of the CUDA backends from the environment, for the backend and for
 // `compile --emit cuda` alike: MK_CUDA_TILE_BYTES / MK_CUDA_TILES_PER_WORKER (CompileOptions'
 // tile_bytes / tiles_per_worker), MK_CUDA_PRELOAD / MK_CUDA_CLAIM_AHEAD / MK_CUDA_EVICT_FIRST
-// (preload, claim_ahead, weight_evict_first). Unset variables keep the options' values; values < 1 for the tile sizes
-// throw mk::Error.
+// (preload, claim_ahead, weight_evict_first). Unset variables keep the options' values; a value
+// that is not a whole number in range (tile bytes 1..2^40, tiles per worker 1..1024, flags 0 or 1)
+// throws mk::Error naming the variable (support/env.h).
 void apply_env(CompileOptions& co);
 void apply_env(CudaCodegenOptions& cg);
 // Bytes from one row of a weight matrix (rows of row_elems elements, the GGUF ne[0]) to the next on

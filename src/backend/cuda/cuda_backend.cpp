@@ -41,6 +41,7 @@
 #include "backend/cuda/device_runtime.h"
 #include "passes/pass.h"
 #include "quant/quant.h"
+#include "support/env.h"
 #include "support/error.h"
 
 namespace mk {
@@ -49,10 +50,6 @@ namespace {
 
 enum class CudaMode { megakernel, perop, graph };
 
-int64_t env_int(const char* name, int64_t def) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoll(v, nullptr, 10) : def;
-}
 
 // Bytes a weight tensor takes on the device (quantized matrices: rows cuda::device_row_bytes apart).
 size_t device_bytes(const WeightTensor& t) {
@@ -69,12 +66,12 @@ Program compile_for_device(const Graph& graph, int workers, const BackendOptions
   if (options.kv_type == "f16") fail("--kv-type f16: the CUDA backends keep the KV cache in float32 (cpu only)");
   CompileOptions co;
   co.workers = workers;
-  co.max_tokens = env_int("MK_CUDA_MAX_TOKENS", 256);
+  co.max_tokens = env_int("MK_CUDA_MAX_TOKENS", 256, 1, int64_t{1} << 24);
   for (const Node& n : graph.nodes)  // as the cpu backend: no step is longer than the context
     if (n.op == Op::kv_cache) co.max_tokens = std::min<int64_t>(co.max_tokens, kv_geometry(n).n_ctx);
   co.schedule = schedule_from_name(options.schedule);
   co.attn_splits = options.attn_splits < 0 ? 0 : options.attn_splits;  // auto: attention tiles cover the SMs
-  co.rms_partials = env_int("MK_CUDA_RMS_PARTIALS", 1) != 0;  // RMS statistic once per op (docs/cuda.md)
+  co.rms_partials = env_flag("MK_CUDA_RMS_PARTIALS", true);  // RMS statistic once per op (docs/cuda.md)
   cuda::apply_env(co);
   return compile_program(graph, co);
 }
@@ -88,7 +85,7 @@ class CudaBackend final : public Backend {
       fail("--trace: the {} backend has no trace; use --backend cuda (the megakernel)", name_);
     const cuda::DeviceInfo& dev = rt_->info();
     const auto t_compile = std::chrono::steady_clock::now();
-    if (env_int("MK_DEBUG_BREAK_WAIT", 0) != 0 && mode_ == CudaMode::megakernel) {
+    if (env_flag("MK_DEBUG_BREAK_WAIT", false) && mode_ == CudaMode::megakernel) {
       const int i = cuda::break_one_wait(program_);
       std::fprintf(stderr, "MK_DEBUG_BREAK_WAIT: instruction %d now waits for a signal that never comes\n", i);
     }
@@ -117,7 +114,7 @@ class CudaBackend final : public Backend {
     src_ = cuda::generate_cuda(p, cg);
     tables_ = cuda::build_device_tables(p, src_);
     const cuda::ModuleInfo built = rt_->load(src_, p);
-    if (env_int("MK_CUDA_VERBOSE", 0) != 0) {  // bench/device_check.sh reads this line
+    if (env_flag("MK_CUDA_VERBOSE", false)) {  // bench/device_check.sh reads this line
       const double total = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_compile).count();
       std::fprintf(stderr, "%s compile: %zu instructions, %d functions, %zu KB source, %s %.0f ms (%s), total %.0f ms\n",
                    name_.c_str(), p.instrs.size(), src_.n_functions, src_.code.size() / 1024, built.what.c_str(), built.compile_ms,
@@ -230,7 +227,7 @@ class CudaBackend final : public Backend {
       const Buffer& B = p.buffers[static_cast<size_t>(buffer)];
       rows_host_[static_cast<size_t>(kind)] = rt_->host_alloc(static_cast<size_t>(B.max_rows * B.cols) * 4, nullptr);
     }
-    timeout_ns_ = static_cast<uint64_t>(env_int("MK_CUDA_WAIT_TIMEOUT_MS", 10000)) * 1000000ull;
+    timeout_ns_ = static_cast<uint64_t>(env_int("MK_CUDA_WAIT_TIMEOUT_MS", 10000, 1, int64_t{1} << 40)) * 1000000ull;
     n_ctx_ = p.n_ctx;
     limits_.max_rows = p.max_tokens;
     limits_.n_ctx = p.n_ctx;
@@ -542,7 +539,7 @@ std::unique_ptr<Backend> make_on_gpu(const Graph& g, const ModelFile& m, const B
   if (!o.trace_path.empty() && mode != CudaMode::megakernel)
     fail("--trace: the {} backend has no trace; use --backend cuda (the megakernel)", name);
   auto rt = cuda::make_driver_runtime();
-  const int workers = static_cast<int>(env_int("MK_CUDA_WORKERS", rt->info().sms));
+  const int workers = static_cast<int>(env_int("MK_CUDA_WORKERS", rt->info().sms, 1, 1 << 20));
   Program p = compile_for_device(g, workers, o);
   return std::make_unique<CudaBackend>(std::move(rt), std::move(p), m, o, mode, name);
 }

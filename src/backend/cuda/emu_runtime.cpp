@@ -28,6 +28,7 @@
 #include "backend/cuda/device_runtime.h"
 #include "backend/cuda/nvrtc.h"
 #include "isa/program.h"
+#include "support/env.h"
 #include "support/error.h"
 #include "support/hash.h"
 
@@ -63,10 +64,6 @@ struct EmuLaunch {
 };
 using RunFn = void (*)(const EmuLaunch*);
 
-int64_t env_int(const char* name, int64_t def) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoll(v, nullptr, 10) : def;
-}
 
 // Runs a command; returns its exit status and its combined output.
 int run_command(const std::string& cmd, std::string* output) {
@@ -157,7 +154,7 @@ class EmuRuntime final : public DeviceRuntime {
     std::filesystem::create_directories(dir, ec);
     if (ec) fail("cuda-emu: cannot create the cache folder {}: {}", dir, ec.message());
     const std::string so = fmt::format("{}/{:016x}.so", dir, key);
-    if (!std::filesystem::exists(so) || env_int("MK_CUDA_CACHE", 1) == 0) {
+    if (!std::filesystem::exists(so) || !env_flag("MK_CUDA_CACHE", true)) {
       const auto t0 = std::chrono::steady_clock::now();
       const std::string tmp = fmt::format("{}/{:016x}.{}.tmp", dir, key, ::getpid());
       {
@@ -397,9 +394,9 @@ class EmuRuntime final : public DeviceRuntime {
 
 EmuOptions emu_options_from_env(int blocks_default) {
   EmuOptions o;
-  o.blocks = static_cast<int>(env_int("MK_EMU_BLOCKS", blocks_default > 0 ? blocks_default : 4));  // -t overrides both
-  o.threads = static_cast<int>(env_int("MK_EMU_THREADS", 128));
-  o.race_check = env_int("MK_EMU_RACE_CHECK", 1) != 0;
+  o.blocks = static_cast<int>(env_int("MK_EMU_BLOCKS", blocks_default > 0 ? blocks_default : 4, 1, 1024));  // -t overrides both
+  o.threads = static_cast<int>(env_int("MK_EMU_THREADS", 128, 32, 1024));
+  o.race_check = env_flag("MK_EMU_RACE_CHECK", true);
   return o;
 }
 

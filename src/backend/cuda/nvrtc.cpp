@@ -12,6 +12,7 @@
 
 #include <fmt/ranges.h>
 
+#include "support/env.h"
 #include "support/error.h"
 #include "support/hash.h"
 
@@ -79,9 +80,7 @@ bool write_cache(const std::string& dir, const std::string& path, uint64_t key, 
 }
 
 bool cache_enabled(const NvrtcOptions& o) {
-  const char* env = std::getenv("MK_CUDA_CACHE");
-  if (env && std::string(env) == "0") return false;
-  return o.use_cache;
+  return env_flag("MK_CUDA_CACHE", true) && o.use_cache;
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // Deadlock freedom: every block of the grid is co-resident (cooperative launch); instructions are
 // taken in one global topological order (queue) or per-block lists that follow it, so the earliest
 // unfinished taken instruction always has its inputs done.
-// Tracing (MK_TRACE 1): thread 0 records (instruction, SM, wait start, start, end) per instruction
+// Tracing (MK_TRACE 1): the control warp's lane 0 records (instruction, SM, wait start, start, end) per instruction
 // with %globaltimer into the block's slice of p.trace (MK_NUM_INSTRS records per block after a
 // header of per-block counts); the host turns them into a Chrome trace with one track per SM.
 struct MkTraceRec {
@@ -40,7 +40,6 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
   const mk_u64 base = (mk_u64)(p.epoch - 1u) * (mk_u64)(MK_NUM_INSTRS + gridDim.x);
   int pos = 0, end = 0, cur = MK_NUM_INSTRS, buf = 0;
 #if MK_TRACE
-  __shared__ mk_u64 s_twait, s_tstart;
   mk_u32* trace_count = (mk_u32*)p.trace;
   MkTraceRec* trace_rec = (MkTraceRec*)(p.trace + ((gridDim.x * 4u + 255u) & ~255u)) + (mk_u64)blockIdx.x * MK_NUM_INSTRS;
   mk_u32 n_rec = 0;
@@ -80,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
       int next = MK_NUM_INSTRS;
       if (lane == 0) {
 #if MK_TRACE
-        s_twait = mk_globaltimer();
+        t_wait = mk_globaltimer();
 #endif
         if (MK_STATIC) next = pos + 1 < end ? p.list_items[pos + 1] : MK_NUM_INSTRS;
         else if (MK_CLAIM_AHEAD) claimed = atomicAdd(p.queue, 1ull);  // used after the wait: the round trips overlap
@@ -96,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
         s_next = next;
         s_ok = ok ? 1 : 0;
 #if MK_TRACE
-        s_tstart = mk_globaltimer();
+        t_start = mk_globaltimer();
 #endif
         // s_in[buf ^ 1] held the previous instruction, which every thread read before the barriers
         // since; mk_cp_async_wait after this one's dispatch completes the copy.
@@ -109,18 +108,14 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
     __syncthreads();
     if (!s_ok) return;
     const int next = s_next;
-#if MK_TRACE
-    if (threadIdx.x == 0) {  // before the control warp can overwrite them for the next instruction
-      t_wait = s_twait;
-      t_start = s_tstart;
-    }
-#endif
     mk_begin_instr(cur);
     mk_dispatch(in, a, p.sym, mk_smem, p, cur);
     if (MK_PRELOAD && warp == kCtl && lane == 0) mk_cp_async_wait();  // the next descriptor is in s_in[buf ^ 1]
     __syncthreads();
-    if (threadIdx.x == 0) {
 #if MK_TRACE
+    // The control warp's lane 0 takes every timestamp of the record (wait start, start, end), so a
+    // block's records never overlap: the next wait starts after this end in the same thread.
+    if (warp == kCtl && lane == 0) {
       MkTraceRec r;
       r.instr = cur;
       r.smid = mk_smid();
@@ -128,7 +123,9 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
       r.start_ns = t_start;
       r.end_ns = mk_globaltimer();
       trace_rec[n_rec++] = r;
+    }
 #endif
+    if (threadIdx.x == 0) {
       // The block barrier above orders every thread's writes before thread 0's release, which is
       // cumulative at gpu scope: no separate fence (the pattern of CUTLASS's generic barrier).
       if (in.signal >= 0) mk_red_release(p.counters + in.signal, 1u);
@@ -138,6 +135,6 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) mk_megakernel(const 
     ++pos;
   }
 #if MK_TRACE
-  if (threadIdx.x == 0) trace_count[blockIdx.x] = n_rec;
+  if (warp == kCtl && lane == 0) trace_count[blockIdx.x] = n_rec;
 #endif
 }
