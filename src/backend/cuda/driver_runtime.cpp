@@ -9,6 +9,7 @@
 #include "backend/cuda/device_runtime.h"
 #include "backend/cuda/driver.h"
 #include "backend/cuda/nvrtc.h"
+#include "support/env.h"
 #include "support/error.h"
 
 namespace mk::cuda {
@@ -22,8 +23,7 @@ class DriverRuntime final : public DeviceRuntime {
   DriverRuntime() {
     std::string reason;
     if (!cuda_available(&reason)) fail("no CUDA driver: {}", reason);
-    const char* ord = std::getenv("MK_CUDA_DEVICE");
-    MK_CU(cuDeviceGet, &dev_, ord && *ord ? std::atoi(ord) : 0);
+    MK_CU(cuDeviceGet, &dev_, static_cast<int>(env_int("MK_CUDA_DEVICE", 0, 0, 1023)));
     int smem_optin = 0;
     MK_CU(cuDeviceGetAttribute, &info_.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev_);
     MK_CU(cuDeviceGetAttribute, &info_.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev_);
