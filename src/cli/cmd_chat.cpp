@@ -65,17 +65,16 @@ void add_chat_command(CLI::App& app) {
       ++turns;
       // A turn that fails (longer than the context, or the conversation no longer fits) is dropped
       // with its error; the conversation goes on, and /reset starts a new one.
+      StreamOut out;
       try {
-        GenerateResult r = conv.reply(line, o->gen, [](const std::string& t) {
-          std::fputs(t.c_str(), stdout);
-          std::fflush(stdout);
-        });
+        GenerateResult r = conv.reply(line, o->gen, [&](const std::string& t) { out.put(t); });
         std::printf("\n");
         std::fflush(stdout);
         if (r.stop_reason == "context")
           std::fprintf(stderr, "note: the context (%lld tokens) is full; /reset starts a new conversation\n",
                        static_cast<long long>(s.n_ctx));
       } catch (const Error& e) {
+        out.end_line();
         ++failed;
         std::fprintf(stderr, "error: %s (the turn is dropped; /reset starts a new conversation)\n", e.what());
       }

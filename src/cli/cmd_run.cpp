@@ -87,18 +87,19 @@ void add_run_command(CLI::App& app) {
     }
     o->gen.echo_prompt = !chat_mode;  // a chat prints the answer only
     const bool ids_only = !s.tokenizer;  // no tokenizer: print the generated ids, space-separated
-    r = generate(
-        s, o->gen,
-        [](const std::string& t) {
-          std::fputs(t.c_str(), stdout);
-          std::fflush(stdout);
-        },
-        [&, first = true](int32_t id) mutable {
-          if (!ids_only) return;
-          std::printf(first ? "%d" : " %d", id);
-          first = false;
-          std::fflush(stdout);
-        });
+    StreamOut out;
+    try {
+      r = generate(
+          s, o->gen, [&](const std::string& t) { out.put(t); },
+          [&, first = true](int32_t id) mutable {
+            if (!ids_only) return;
+            out.put((first ? "" : " ") + std::to_string(id));
+            first = false;
+          });
+    } catch (...) {
+      out.end_line();  // the error (stderr) then starts a line of its own
+      throw;
+    }
     std::printf("\n");
     std::fflush(stdout);
     s.backend->finish();

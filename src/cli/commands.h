@@ -2,6 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -49,5 +50,24 @@ std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag = "
 // check that makes it a usage error (exit 2) before anything loads.
 std::string token_ids_problem(const std::string& s);
 CLI::Validator token_ids();
+
+// Generated text streamed to stdout as it comes. end_line() ends a line left open, so that an error
+// printed to stderr after a failed step starts a line of its own on a terminal.
+class StreamOut {
+ public:
+  void put(const std::string& t) {
+    std::fputs(t.c_str(), stdout);
+    std::fflush(stdout);
+    if (!t.empty()) open_ = t.back() != '\n';
+  }
+  void end_line() {
+    if (open_) std::fputs("\n", stdout);
+    std::fflush(stdout);
+    open_ = false;
+  }
+
+ private:
+  bool open_ = false;
+};
 
 }  // namespace mk::cli

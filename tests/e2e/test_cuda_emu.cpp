@@ -102,6 +102,8 @@ TEST(E2ECudaEmuErrors, WatchdogNamesTheWait) {
                                   "run --backend cuda-emu -t 2 --temp 0 -n 4 -p 'Once' -m " + kStories + "stories260K.gguf", &st);
   EXPECT_EQ(st, 1) << out;
   EXPECT_NE(out.find("waited more than 300 ms for counter"), std::string::npos) << out;
+  // The prompt was streamed before the step failed: its line is ended, so the error starts a line.
+  EXPECT_NE(out.find("Once\nerror: cuda-emu: instruction"), std::string::npos) << out;
 }
 
 TEST(E2ECudaEmuErrors, BadTokenIdIsReported) {
