@@ -54,12 +54,16 @@ void add_compile_command(CLI::App& app) {
     co.max_tokens = std::min(o->max_tokens, n_ctx);
     co.attn_splits = o->attn_splits >= 0 ? o->attn_splits : o->emit == "cuda" ? 0 : 1;  // the backends' defaults
     co.rms_partials = o->emit == "cuda";
-    if (o->emit == "cuda") cuda::apply_env(co);
+    const int64_t cuda_smem = 227 * 1024 - 1024;  // the backend's budget on an H100/H200 (227 KB opt-in)
+    if (o->emit == "cuda") {
+      cuda::apply_env(co);
+      cuda::apply_device_limits(co, cuda_smem, cuda::CudaCodegenOptions{}.threads);
+    }
     PassContext cx = o->emit == "graph" ? PassContext{g, {}, co, false} : run_pipeline(g, co);
     std::string text = o->emit == "graph" ? g.str() : o->emit == "ir" ? cx.graph.str() : o->emit == "program" ? cx.program.listing() : cx.program.str();
     if (o->emit == "cuda") {  // the backend's settings on an H100/H200: 227 KB of opt-in shared memory
       cuda::CudaCodegenOptions cg;
-      cg.max_smem_bytes = 227 * 1024 - 1024;
+      cg.max_smem_bytes = cuda_smem;
       cg.weight_dtypes = cuda::device_weight_dtypes(cx.program);
       cg.perop_kernels = false;  // what --backend cuda compiles (cuda-perop/cuda-graph add one kernel per function)
       cuda::apply_env(cg);

@@ -1,6 +1,7 @@
 // The compiler: passes over the Graph (dce, fuse) then over the Program (tile, deps, memplan,
 // schedule, validate). default_pipeline() in pipeline.cpp lists them in order, one line each.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ struct CompileOptions {
   // instead of re-reading and squaring the row. Adds buffers, no waits (the matmul already waits for
   // every tile of that op). Backends that ignore the slots (cpu) keep the option off.
   bool rms_partials = false;
+  // The backend's limit on a matmul tile's output columns for rows of k elements of weight type w
+  // (CUDA: what fits its shared memory, cuda::max_matmul_tile_cols); empty = none. Tiles are
+  // narrowed to it (in whole alignment units) whatever tile_bytes and tiles_per_worker ask for.
+  std::function<int64_t(DType w, int64_t k)> max_matmul_cols;
   std::vector<std::string> skip;     // pass names not to run (e.g. {"fuse"} to compare against)
   bool verify = true;                // verify the IR / program after every pass
 };

@@ -242,6 +242,10 @@ class Lowering {
     int64_t want_tiles = static_cast<int64_t>(o_.workers) * o_.tiles_per_worker;
     int64_t for_parallelism = std::max(align, round_up((d.cols + want_tiles - 1) / want_tiles, align));
     tc = std::min(tc, for_parallelism);
+    if (o_.max_matmul_cols) {  // the backend's cap (shared memory); below one alignment unit the backend refuses the op
+      const int64_t cap = o_.max_matmul_cols(p_.weights[static_cast<size_t>(d.w)].dtype, d.k) / align * align;
+      if (cap >= align) tc = std::min(tc, cap);
+    }
     emit(d, tc);
   }
 

@@ -325,6 +325,40 @@ TEST(CudaCodegen, UnsupportedWeightTypeIsAClearError) {
   }
 }
 
+// One tile per block with few blocks (MK_CUDA_TILES_PER_WORKER=1, huge MK_CUDA_TILE_BYTES) makes
+// matmul tiles wider than a block's shared memory: the tile pass narrows them to the backend's cap
+// (max_matmul_tile_cols) instead of the code generator refusing the program.
+TEST(CudaCodegen, WideTilesAreCappedToSharedMemory) {
+  ModelFile m = load_synthetic_model("synth:stories15m", /*with_data=*/false);
+  Graph g = build_graph(m, BuildOptions{64, false});
+  CompileOptions co;
+  co.workers = 2;
+  co.max_tokens = 16;
+  co.tiles_per_worker = 1;
+  co.tile_bytes = int64_t{1} << 40;
+  co.rms_partials = true;
+  cuda::CudaCodegenOptions cg;
+  cg.max_smem_bytes = 100 * 1024;
+  // Without the cap: the logits tile (32000 / 2 columns) cannot be staged.
+  EXPECT_THROW(cuda::generate_cuda(compile_program(g, co), cg), Error);
+  cuda::apply_device_limits(co, cg.max_smem_bytes, cg.threads);
+  Program p = compile_program(g, co);
+  cuda::CudaSource src = cuda::generate_cuda(p, cg);
+  EXPECT_LE(src.smem_bytes, static_cast<size_t>(cg.max_smem_bytes));
+  int capped = 0;
+  for (const OpDesc& op : p.ops) {
+    if (op.opcode != Opcode::matmul) continue;
+    const int64_t cap = cuda::max_matmul_tile_cols(p.weights[static_cast<size_t>(op.w)].dtype, op.k, cg.max_smem_bytes, cg.threads);
+    EXPECT_LE(op.tile_cols, cap) << op.name;
+    EXPECT_GT(op.tile_cols, 0) << op.name;
+    if ((op.cols + 1) / 2 > cap) ++capped;  // one tile per worker would have been wider
+  }
+  EXPECT_GT(capped, 0) << "no matmul needed the cap: the test does not exercise it";
+  // 100 KB = 25600 floats: rows of 288 floats (f32) leave (25600 - 36 - 64 - 288) / 9 columns.
+  EXPECT_EQ(cuda::max_matmul_tile_cols(DType::F32, 288, 100 * 1024, 512), (25600 - 36 - 64 - 288) / 9);
+  EXPECT_EQ(cuda::max_matmul_tile_cols(DType::F32, 1 << 20, 100 * 1024, 512), 0);
+}
+
 // Quantized rows on the device: raw ggml blocks, each row starting at a multiple of 16 bytes.
 TEST(CudaCodegen, DeviceRowBytesPadsQuantizedRowsTo16) {
   EXPECT_EQ(cuda::device_row_bytes(DType::F32, 576), 576 * 4);

@@ -38,6 +38,21 @@ const QuantDev* quant_dev(DType t) {
   return nullptr;
 }
 
+// Floats of one staged activation row of a matmul with rows of k elements of W (mk_matmul: 4 floats
+// of padding after every unit of UB blocks for quantized weights).
+int64_t staged_row_floats(DType w, int64_t k) {
+  const QuantDev* q = quant_dev(w);
+  if (!q) return k;
+  const int64_t uq = static_cast<int64_t>(q->ub) * q->qk;
+  return k + (k + uq - 1) / uq * 4;
+}
+
+// Floats of mk_matmul's shared memory left for RB row blocks of (staged row + output row) once the
+// T-column tile's worst case and the reductions are set aside.
+int64_t matmul_smem_budget(int64_t max_smem_bytes, int64_t T, int warps) {
+  return max_smem_bytes / 4 - T * 8 - static_cast<int64_t>(2 * (warps + 2)) - 64;
+}
+
 const char* weight_type(DType t, const std::string& what) {
   switch (t) {
     case DType::F32: return "MkF32";
@@ -188,12 +203,7 @@ class Generator {
       if (k % q->qk) fail("cuda codegen: {}: rows of {} elements are not whole {} blocks of {}", op.name, k, dtype_name(t), q->qk);
     return device_row_bytes(t, k);
   }
-  int64_t staged_row(int w, int64_t k) const {
-    const QuantDev* q = quant_dev(wdtype(w));
-    if (!q) return k;
-    const int64_t uq = static_cast<int64_t>(q->ub) * q->qk;
-    return k + (k + uq - 1) / uq * 4;
-  }
+  int64_t staged_row(int w, int64_t k) const { return staged_row_floats(wdtype(w), k); }
   int64_t stride(int b) const { return b < 0 ? 0 : p_.buffers[static_cast<size_t>(b)].cols; }
   static std::string rows_fn(const char* name, const SymExpr& e) {
     return fmt::format("  __device__ static __forceinline__ int {}(const MkSym& s) {{ return {} + {} * s.n_tokens + {} * s.n_out; }}\n",
@@ -226,12 +236,13 @@ class Generator {
         if (K <= 0 || T <= 0) fail("cuda codegen: {}: bad matmul shape (k {}, tile {})", op.name, K, T);
         const int64_t max_rows = op.rows.is_const() ? op.rows.c : op.rows.eval({p_.max_tokens, p_.max_tokens});
         const int64_t XK = staged_row(op.w, K);  // staged x row (padded per unit for quantized weights)
-        const int64_t budget = (o_.max_smem_bytes / 4 - T * 8 - static_cast<int64_t>(red) - 64);
+        const int64_t budget = matmul_smem_budget(o_.max_smem_bytes, T, warps_);
         int64_t rb = std::clamp<int64_t>(budget / std::max<int64_t>(XK + T, 1), 1, 8);
         rb = std::max<int64_t>(1, std::min(rb, max_rows));
         if (rb * (XK + T) > budget)
           fail("cuda codegen: {}: a tile of {} columns with rows of k = {} needs more than the {} bytes of shared memory per "
-               "block; narrower tiles: more blocks, or a smaller MK_CUDA_TILE_BYTES / larger MK_CUDA_TILES_PER_WORKER",
+               "block; narrower tiles: more blocks, or a smaller MK_CUDA_TILE_BYTES / larger MK_CUDA_TILES_PER_WORKER (the "
+               "CUDA backends cap tiles with max_matmul_tile_cols; a program compiled without that cap can exceed it)",
                op.name, T, K, o_.max_smem_bytes);
         const bool glu = op.glu != Act::none;
         const bool rope = op.epi == Epi::rope || op.epi == Epi::rope_store;
@@ -386,6 +397,17 @@ class Generator {
 };
 
 }  // namespace
+
+int64_t max_matmul_tile_cols(DType w, int64_t k, int64_t max_smem_bytes, int threads) {
+  // One row block (RB = 1) must fit: staged row + T output floats <= matmul_smem_budget(T).
+  const int warps = threads / 32;
+  const int64_t room = max_smem_bytes / 4 - static_cast<int64_t>(2 * (warps + 2)) - 64 - staged_row_floats(w, k);
+  return std::max<int64_t>(0, room / 9);
+}
+
+void apply_device_limits(CompileOptions& co, int64_t max_smem_bytes, int threads) {
+  co.max_matmul_cols = [max_smem_bytes, threads](DType w, int64_t k) { return max_matmul_tile_cols(w, k, max_smem_bytes, threads); };
+}
 
 CudaSource generate_cuda(const Program& p, const CudaCodegenOptions& options) { return Generator(p, options).run(); }
 

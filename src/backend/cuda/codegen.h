@@ -98,6 +98,15 @@ struct CudaSource {
   // Per-op baseline kernel of function f: fmt::format("mk_perop_{}", f).
 };
 
+// The widest matmul tile (output columns) whose staged activation row and output row fit
+// `max_smem_bytes` of shared memory per block (mk_matmul's layout, one row block) for rows of k
+// elements of weight type w; 0 when not even one column fits. The CUDA backends give it to the tile
+// pass (CompileOptions::max_matmul_cols), so that wide tiles (MK_CUDA_TILES_PER_WORKER=1, few
+// blocks) are split to fit rather than refused by the code generator.
+int64_t max_matmul_tile_cols(DType w, int64_t k, int64_t max_smem_bytes, int threads);
+// Sets co.max_matmul_cols to that cap for blocks of `threads` threads and max_smem_bytes.
+void apply_device_limits(CompileOptions& co, int64_t max_smem_bytes, int threads);
+
 // Generates the source. Throws mk::Error for what the CUDA backend cannot run (an unsupported weight
 // type, a shape the templates do not handle), naming the op.
 CudaSource generate_cuda(const Program& p, const CudaCodegenOptions& options = {});

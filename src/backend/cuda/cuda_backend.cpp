@@ -58,8 +58,11 @@ size_t device_bytes(const WeightTensor& t) {
   return static_cast<size_t>(t.numel() / k * cuda::device_row_bytes(t.dtype, k));
 }
 
+// Dynamic shared memory a block of the generated kernels may use (1 KB below the opt-in limit).
+int64_t device_smem_budget(const cuda::DeviceInfo& dev) { return std::max(48 * 1024, dev.smem_optin - 1024); }
+
 // Compiles the graph into the Program the device runs (one worker per SM or emulated block).
-Program compile_for_device(const Graph& graph, int workers, const BackendOptions& options) {
+Program compile_for_device(const Graph& graph, int workers, const cuda::DeviceInfo& dev, const BackendOptions& options) {
   // The device computes with float32 activations and a float32 KV cache; llama.cpp's numerics
   // (8-bit activation blocks, f16 KV) exist on the cpu backend only. "auto" means float here.
   if (options.act_quant == "on") fail("--act-quant on: the CUDA backends keep activations in float32 (cpu only)");
@@ -73,6 +76,7 @@ Program compile_for_device(const Graph& graph, int workers, const BackendOptions
   co.attn_splits = options.attn_splits < 0 ? 0 : options.attn_splits;  // auto: attention tiles cover the SMs
   co.rms_partials = env_flag("MK_CUDA_RMS_PARTIALS", true);  // RMS statistic once per op (docs/cuda.md)
   cuda::apply_env(co);
+  cuda::apply_device_limits(co, device_smem_budget(dev), dev.threads);
   return compile_program(graph, co);
 }
 
@@ -96,7 +100,7 @@ class CudaBackend final : public Backend {
     // bytes of slack at the end (a matmul lane's last 16-byte window may reach past its row).
     cuda::CudaCodegenOptions cg;
     cg.threads = dev.threads;
-    cg.max_smem_bytes = std::max(48 * 1024, dev.smem_optin - 1024);
+    cg.max_smem_bytes = device_smem_budget(dev);
     cg.trace = !trace_path_.empty();
     cg.perop_kernels = mode_ != CudaMode::megakernel;
     cuda::apply_env(cg);
@@ -540,7 +544,7 @@ std::unique_ptr<Backend> make_on_gpu(const Graph& g, const ModelFile& m, const B
     fail("--trace: the {} backend has no trace; use --backend cuda (the megakernel)", name);
   auto rt = cuda::make_driver_runtime();
   const int workers = static_cast<int>(env_int("MK_CUDA_WORKERS", rt->info().sms, 1, 1 << 20));
-  Program p = compile_for_device(g, workers, o);
+  Program p = compile_for_device(g, workers, rt->info(), o);
   return std::make_unique<CudaBackend>(std::move(rt), std::move(p), m, o, mode, name);
 }
 
@@ -560,7 +564,7 @@ std::unique_ptr<Backend> make_cuda_emu_backend(const Graph& g, const ModelFile& 
   cuda::EmuOptions eo = cuda::emu_options_from_env(4);
   if (o.threads > 0) eo.blocks = o.threads;  // -t: the grid
   auto rt = cuda::make_emu_runtime(eo);
-  Program p = compile_for_device(g, eo.blocks, o);
+  Program p = compile_for_device(g, eo.blocks, rt->info(), o);
   return std::make_unique<CudaBackend>(std::move(rt), std::move(p), m, o, CudaMode::megakernel, "cuda-emu");
 }
 
