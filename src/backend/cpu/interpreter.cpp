@@ -9,6 +9,7 @@
 
 #if defined(__linux__)
 #include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -24,11 +25,21 @@ namespace {
 // decoder layer's chain of matmuls ever has; act_shared_slots checks each reuse.
 constexpr int kActSharedSlots = 3;
 
+// Zeroed memory for the interpreter's large buffers (freed with std::free). From 1 MiB up it is
+// 2 MiB-aligned and asks for transparent huge pages (madvise MADV_HUGEPAGE, the setting most
+// distributions ship: THP only where asked): a step streams every weight and most of the KV cache,
+// and with 4 KiB pages each 4 KiB of it is a TLB miss.
 uint8_t* alloc_zeroed(size_t bytes) {
-  bytes = (bytes + 63) / 64 * 64;
+  constexpr size_t kHuge = size_t{2} << 20;
+  const bool huge = bytes >= (size_t{1} << 20);
+  const size_t align = huge ? kHuge : 64;
+  bytes = (bytes + align - 1) / align * align;
   if (bytes == 0) bytes = 64;
-  void* p = std::aligned_alloc(64, bytes);
+  void* p = std::aligned_alloc(align, bytes);
   if (!p) fail("cpu: cannot allocate {} bytes", bytes);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (huge) ::madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+#endif
   std::memset(p, 0, bytes);
   return static_cast<uint8_t*>(p);
 }
@@ -89,22 +100,34 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bo
   }
   // The matmul weights that the 16-row tiles read packed (QuantType::pack): packed once here, the
   // GGUF rows then untouched by matmuls.
-  if (quant::gemm_packed_available())
+  // All packed matrices share one allocation (huge pages: alloc_zeroed), each 64-byte aligned.
+  if (quant::gemm_packed_available()) {
+    std::vector<std::pair<int, int64_t>> todo;  // (weight, rows)
+    size_t total = 0;
+    std::vector<bool> seen(weights_.size(), false);
     for (const OpDesc& o : p_.ops) {
       if (o.opcode != Opcode::matmul) continue;
       for (const int id : {o.w, o.w_up}) {
-        if (id < 0) continue;
-        WeightRef& w = weights_[static_cast<size_t>(id)];
-        if (!w.act_q8 || !w.quant->pack || w.packed) continue;
+        if (id < 0 || seen[static_cast<size_t>(id)]) continue;
+        seen[static_cast<size_t>(id)] = true;
+        const WeightRef& w = weights_[static_cast<size_t>(id)];
+        if (!w.act_q8 || !w.quant->pack) continue;
         const int64_t nw = static_cast<int64_t>(w.row_elems > 0 ? model.get(p_.weights[static_cast<size_t>(id)].name).numel() / w.row_elems : 0);
-        auto buf = std::make_unique<std::vector<uint8_t>>(w.quant->packed_bytes(nw, w.row_elems));
-        w.quant->pack(w.data, w.row_bytes, nw, w.row_elems, buf->data());
-        w.packed = buf->data();
-        for (const auto& f : model.files) f->drop_pages(w.data, static_cast<size_t>(nw) * w.row_bytes);  // read from here on only by embedding lookups
-        w.packed_group_bytes = w.quant->packed_bytes(16, w.row_elems);
-        packed_.push_back(std::move(buf));
+        todo.emplace_back(id, nw);
+        total += (w.quant->packed_bytes(nw, w.row_elems) + 63) / 64 * 64;
       }
     }
+    if (total > 0) packed_ = alloc_zeroed(total);
+    size_t at = 0;
+    for (const auto& [id, nw] : todo) {
+      WeightRef& w = weights_[static_cast<size_t>(id)];
+      w.quant->pack(w.data, w.row_bytes, nw, w.row_elems, packed_ + at);
+      w.packed = packed_ + at;
+      at += (w.quant->packed_bytes(nw, w.row_elems) + 63) / 64 * 64;
+      for (const auto& f : model.files) f->drop_pages(w.data, static_cast<size_t>(nw) * w.row_bytes);  // read from here on only by embedding lookups
+      w.packed_group_bytes = w.quant->packed_bytes(16, w.row_elems);
+    }
+  }
   act_key_ = act_cache_keys(p_, weights_.data());
   act_slot_ = act_shared_slots(p_, weights_.data(), act_key_, kActSharedSlots);
   arena_ = alloc_zeroed(static_cast<size_t>(p_.arena_bytes));
@@ -133,6 +156,7 @@ Interpreter::~Interpreter() {
   for (int i = 0; act_shared_ && i < kActSharedSlots; ++i) std::free(act_shared_[i].rows);
   std::free(arena_);
   std::free(kv_);
+  std::free(packed_);
 }
 
 int64_t Interpreter::now_ns() const {

@@ -86,7 +86,7 @@ class Interpreter {
   std::vector<int32_t> act_slot_;  // StepMemory::act_slot (act_shared_slots)
   std::unique_ptr<ActShared[]> act_shared_;
   std::vector<std::unique_ptr<std::vector<float>>> converted_;  // unaligned f32 copies
-  std::vector<std::unique_ptr<std::vector<uint8_t>>> packed_;  // WeightRef::packed
+  uint8_t* packed_ = nullptr;  // every WeightRef::packed matrix, one allocation
   uint8_t* arena_ = nullptr;
   uint8_t* kv_ = nullptr;
   size_t kv_alloc_bytes_ = 0;  // kv_bytes, or half of it for an f16 cache
