@@ -568,8 +568,9 @@ class Server {
         return httplib::Server::HandlerResponse::Handled;
       }
       // The length is judged from the header, before any body byte is read: one header, digits only
-      // (RFC 9110 8.6; several differing ones are a request-smuggling vector), at most --max-body.
-      if (req.method == "POST") {
+      // (RFC 9110 8.6; several differing ones are a request-smuggling vector), at most --max-body;
+      // for any method that sends the header (a GET with two Content-Length headers is refused too).
+      if (req.method == "POST" || req.has_header("Content-Length")) {
         const std::string cl = req.get_header_value("Content-Length");
         const bool numeric = !cl.empty() && cl.find_first_not_of("0123456789") == std::string::npos;
         if (req.get_header_value_count("Content-Length") != 1 || !numeric) {

@@ -255,6 +255,11 @@ def stories_checks():
         reply = sock.recv(4096).decode(errors="replace")
         sock.close()
         check(reply.startswith(f"HTTP/1.1 {want}"), f"{what}: {want} at once, got {reply[:40]!r}")
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)  # not only POST: any request with them
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 2\r\n\r\n{}")
+    reply = sock.recv(4096).decode(errors="replace")
+    sock.close()
+    check(reply.startswith("HTTP/1.1 400"), f"a GET with two Content-Length headers: 400, got {reply[:40]!r}")
     sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
     sock.sendall(b"GARBAGE\r\n\r\n")
     reply = b""
