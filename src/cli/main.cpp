@@ -1,4 +1,5 @@
 // megakernel: compile a language model into one persistent kernel and run it.
+#include <algorithm>
 #include <cstdio>
 #include <regex>
 #include <string>
@@ -26,6 +27,23 @@ std::string parse_error_message(const CLI::App& app, int argc, char** argv, cons
         return fmt::format("unknown command '{}'; the commands are: {}", mk::printable(argv[i]), commands);
     if (e.get_name() == "RequiredError") return fmt::format("a command is required: {}", commands);
     return msg;
+  }
+  // Arguments the command does not know come first (CLI11 checks required options before them, and
+  // lists them last to first): "unknown option '--tmp'" rather than "--model is required".
+  std::vector<std::string> extra = app.get_subcommands().front()->remaining();
+  if (!extra.empty()) {
+    auto at = [&](const std::string& a) {
+      for (int i = 1; i < argc; ++i)
+        if (a == argv[i]) return i;
+      return argc;
+    };
+    std::stable_sort(extra.begin(), extra.end(), [&](const std::string& a, const std::string& b) { return at(a) < at(b); });
+    std::string list;
+    for (const std::string& a : extra) list += (list.empty() ? "'" : ", '") + mk::printable(a) + "'";
+    if (extra.front().size() > 1 && extra.front()[0] == '-')
+      return fmt::format("unknown option '{}' for '{}'{}", mk::printable(extra.front()),
+                         app.get_subcommands().front()->get_name(), extra.size() > 1 ? " (unexpected: " + list + ")" : "");
+    return fmt::format("unexpected argument{}: {}", extra.size() > 1 ? "s" : "", list);
   }
   static const std::regex kRepeated("(.*): At Most 1 required but received ([0-9]+)");
   if (std::smatch m; std::regex_match(msg, m, kRepeated))

@@ -133,7 +133,16 @@ TEST(E2ECliUsage, UnknownCommandAndRepeatedOptionAreNamed) {
   // An error inside a command keeps CLI11's words where they name the cause.
   r = cli("run -m synth:tiny --ids 1 extra");
   EXPECT_EQ(r.status, 2);
-  EXPECT_TRUE(has(r.err, "extra")) << r.err;
+  EXPECT_TRUE(has(r.err, "error: unexpected argument: 'extra'")) << r.err;
+  // An unknown option is named first, even when a required option is missing too, and extra
+  // arguments are listed in the order given (CLI11 reported "--model is required" here, and listed
+  // them last to first).
+  r = cli("run --tmp 0");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: unknown option '--tmp' for 'run' (unexpected: '--tmp', '0')")) << r.err;
+  r = cli("chat -m synth:tiny --bogus");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: unknown option '--bogus' for 'chat' (see --help)")) << r.err;
 }
 
 // An unknown --backend is a usage error of every command that takes one, named with the list, before
