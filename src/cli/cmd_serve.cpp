@@ -450,13 +450,16 @@ class Server {
       handed_over = true;
       res.set_chunked_content_provider(
           "application/json",
-          [this, req, out, reply, first = true](size_t, httplib::DataSink& sink) mutable {
-            // A heartbeat right away (the reply is late already), then one per heartbeat_every_.
-            if (std::exchange(first, false) || !wait_until_done(*req, *out, heartbeat_every_)) {
-              if (sink.write(" ", 1)) return true;
-              req->cancel();  // the client went away: its sequence ends at the next step
-              return false;
-            }
+          [this, req, out, reply](size_t, httplib::DataSink& sink) {
+            // A heartbeat right away (the reply is late already), then one per heartbeat_every_, all
+            // within this one call: between calls cpp-httplib ends a chunked body once the server
+            // stops listening (SIGTERM), which cut the reply of a request the drain was finishing.
+            do {
+              if (!sink.write(" ", 1)) {
+                req->cancel();  // the client went away: its sequence ends at the next step
+                return false;
+              }
+            } while (!wait_until_done(*req, *out, heartbeat_every_));
             json j;
             if (failed(*out)) {
               const HttpError e = end_error(*out);

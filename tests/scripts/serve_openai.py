@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import openai
@@ -692,6 +693,35 @@ def drain_checks():
           f"{log.strip().splitlines()[-1]!r})")
 
 
+def nonstream_drain_checks():
+    """SIGTERM while a non-streaming reply is being sent chunked (past the heartbeat delay) and its
+    request still runs: the drain finishes it and the client gets the whole JSON object (the body used
+    to be cut as soon as the listener closed). SmolLM2: slow enough for the signal to come mid-reply."""
+    if not os.path.exists(SMOLLM2):
+        print(f"SKIPPED: non-streaming drain checks: {SMOLLM2} not found (scripts/get-model.sh smollm2)")
+        return
+    srv = Server([SMOLLM2, "-c", "512"], "--parallel", "2",
+                 env={"MK_SERVE_HEARTBEAT_AFTER_MS": "0", "MK_SERVE_HEARTBEAT_EVERY_MS": "20"})
+    result = {}
+
+    def long_request():
+        result["reply"] = srv.raw("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 200,
+                                                              "temperature": 0, "ignore_eos": True})
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.3)
+    srv.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=120)
+    rc = srv.proc.wait(timeout=60)
+    st, _, text = result.get("reply", (0, {}, ""))
+    try:
+        n = json.loads(text)["usage"]["completion_tokens"]
+    except Exception:
+        n = None
+    check(st == 200 and n == 200, f"SIGTERM during a chunked non-streaming reply: the drain finishes it ({st}, {text[-60:]!r})")
+    check(rc == 0, "non-streaming drain: exit code 0")
+
+
 def half_close_checks():
     """A client that half-closes (shutdown(SHUT_WR)) after a complete request, as `nc -N` does, still
     gets its whole reply (the server's write check takes the FIN for a half-close, not a hang-up),
@@ -748,6 +778,7 @@ if __name__ == "__main__":
     template_checks()
     slow_client_checks()
     drain_checks()
+    nonstream_drain_checks()
     chat_checks()
     lifecycle_checks()
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
