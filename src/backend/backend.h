@@ -70,6 +70,8 @@ class Backend {
   virtual int64_t max_batch_rows() const { return 0; }
   // Forgets the KV cache contents (the next forward must start at n_past = 0).
   virtual void reset() {}
+  // True after a device error (CUDA backends): every step fails until reset().
+  virtual bool stopped() const { return false; }
   // Called once after the last step (writes traces, prints summaries).
   virtual void finish() {}
 

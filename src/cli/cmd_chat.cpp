@@ -77,6 +77,10 @@ void add_chat_command(CLI::App& app) {
         out.end_line();
         ++failed;
         std::fprintf(stderr, "error: %s (the turn is dropped; /reset starts a new conversation)\n", e.what());
+        if (s.backend->stopped()) {  // its cache is lost with the failed step: the conversation cannot go on
+          conv.reset();
+          std::fputs("note: the backend stopped after a device error; a new conversation starts\n", stderr);
+        }
       }
     }
     s.backend->finish();

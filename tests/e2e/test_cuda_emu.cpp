@@ -106,6 +106,23 @@ TEST(E2ECudaEmuErrors, WatchdogNamesTheWait) {
   EXPECT_NE(out.find("Once\nerror: cuda-emu: instruction"), std::string::npos) << out;
 }
 
+// chat after a device error: the backend is reset with a new conversation, so the next turn runs
+// (here it fails again on the same broken wait) instead of being refused by the stopped backend.
+TEST(E2ECudaEmuErrors, ChatGoesOnAfterADeviceError) {
+  int st = 0;
+  const std::string out = run_cli("printf 'Once\\nOnce\\n' | MK_DEBUG_BREAK_WAIT=1 MK_CUDA_WAIT_TIMEOUT_MS=300",
+                                  "chat --backend cuda-emu -t 2 --temp 0 -n 4 -m " + kStories + "stories260K.gguf --chat-template-file " +
+                                      std::string(MK_SOURCE_DIR) + "/tests/chat/templates/chatml.jinja",
+                                  &st);
+  EXPECT_NE(st, 0) << out;
+  size_t waits = 0;
+  for (size_t at = out.find("waited more than 300 ms"); at != std::string::npos; at = out.find("waited more than 300 ms", at + 1))
+    ++waits;
+  EXPECT_EQ(waits, 2u) << out;
+  EXPECT_EQ(out.find("stopped after a device error ("), std::string::npos) << out;
+  EXPECT_NE(out.find("note: the backend stopped after a device error; a new conversation starts"), std::string::npos) << out;
+}
+
 TEST(E2ECudaEmuErrors, BadTokenIdIsReported) {
   ModelFile m = load_model(kStories + "stories260K.gguf");
   Graph g = build_graph(m, {32, false});

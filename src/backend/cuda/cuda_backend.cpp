@@ -243,6 +243,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return name_; }
 
+  bool stopped() const override { return !broken_.empty(); }
   void reset() override {
     rt_->synchronize();
     rt_->memset0(kv_, kv_bytes_);
