@@ -4,6 +4,8 @@
 #include <iostream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "cli/commands.h"
 #include "runtime/chat.h"
 #include "runtime/session.h"
@@ -41,9 +43,14 @@ void add_chat_command(CLI::App& app) {
     ChatConversation conv(s, source, o->system);
     std::string line;
     int failed = 0, turns = 0;
+    // The "> " prompt only for a person at a terminal: with piped input it would start the line of
+    // every note and error.
+    const bool prompt = isatty(STDIN_FILENO) != 0;
     for (;;) {
-      std::fputs("> ", stderr);
-      std::fflush(stderr);
+      if (prompt) {
+        std::fputs("> ", stderr);
+        std::fflush(stderr);
+      }
       if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // nothing to say
       if (line == "/reset") {

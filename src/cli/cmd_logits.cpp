@@ -18,6 +18,7 @@ std::string token_ids_problem(const std::string& s) {
     int32_t v = 0;
     auto [p, ec] = std::from_chars(s.data() + i, s.data() + j, v);
     if (ec != std::errc() || p != s.data() + j) return fmt::format("'{}' is not a token id", s.substr(i, j - i));
+    if (v < 0) return fmt::format("'{}' is not a token id (ids are 0 or more)", s.substr(i, j - i));
     i = j + 1;
   }
   return {};

@@ -88,12 +88,15 @@ TEST(E2ECliIds, BadIdsAreErrors) {
   EXPECT_EQ(status, 1);
   EXPECT_NE(err.find("error: prompt token id 512 is outside the vocabulary [0, 512)"), std::string::npos) << err;
   // a malformed list is a usage error (exit 2), as every other malformed option value
-  for (const char* bad : {"1,two", "1,2,", "1,,2", "99999999999"}) {
+  for (const char* bad : {"1,two", "1,2,", "1,,2", "99999999999", "-1", "1,-2"}) {
     cli(std::string("run -m synth:stories260k --ids ") + bad, &status, &err);
     EXPECT_EQ(status, 2) << bad;
     EXPECT_NE(err.find("error: --ids: '"), std::string::npos) << bad << ": " << err;
+    if (std::string(bad) == "99999999999") {
+      EXPECT_NE(err.find("'99999999999' is not a token id"), std::string::npos) << err;
+    }
   }
-  EXPECT_NE(err.find("'99999999999' is not a token id"), std::string::npos) << err;
+  EXPECT_NE(err.find("'-2' is not a token id (ids are 0 or more)"), std::string::npos) << err;
   cli("logits -m synth:stories260k --ids 1,two", &status, &err);
   EXPECT_EQ(status, 2);
   EXPECT_NE(err.find("error: --ids: 'two' is not a token id"), std::string::npos) << err;
