@@ -417,8 +417,9 @@ device_compile() {  # device_compile SHAPE: cold and cached NVRTC compile (MK_CU
 }
 
 # part "tune": the megakernel's variants side by side in one call, on the 1B (and the 8B) shape: the
-# loop of the first GPU run (MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1), the claim before the wait
-# (MK_CUDA_CLAIM_AHEAD=1), the static schedule, one matmul tile per SM per op
+# loop of the first GPU run (MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1, one wait per token:
+# MK_CUDA_DECODE_STEPS=1), the claim before the wait (MK_CUDA_CLAIM_AHEAD=1), one wait per token
+# (steps1; the default issues 8 greedy steps per wait), the static schedule, one matmul tile per SM per op
 # (MK_CUDA_TILES_PER_WORKER=1, large MK_CUDA_TILE_BYTES), the L2 evict-first policy on weight loads,
 # and attention splits. Every variant's greedy ids must equal the first variant's (any tiling and
 # loop give the same bits). Then a trace of the default variant (trace_<shape>.txt: per-SM busy,
@@ -432,9 +433,10 @@ tune() {
   say "== tune on $shape: $N_DECODE greedy tokens after a 4-token prompt"
   printf "%-24s %-34s %10s %10s %8s\n" model variant ms/token GB/s "%copy" | tee -a "$LOG"
   local variants=(
-    "loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1|"
+    "loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1 MK_CUDA_DECODE_STEPS=1|"
     "ahead|MK_CUDA_CLAIM_AHEAD=1|"
     "default||"
+    "steps1|MK_CUDA_DECODE_STEPS=1|"
     "static-cp||--schedule static-cp"
     "1tile|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|"
     "1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|"
@@ -507,8 +509,8 @@ import json,sys; e=json.load(open(sys.argv[1]))[0]; g=json.load(open(sys.argv[2]
   tune "$SHAPE1"
   trace_default "$SHAPE1"
   trace_default "$SHAPE1" 1tile_evict MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1
-  MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1|;default||;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE8"
-  MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1|;default||;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE1Q"
+  MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1 MK_CUDA_DECODE_STEPS=1|;default||;steps1|MK_CUDA_DECODE_STEPS=1|;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE8"
+  MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1 MK_CUDA_DECODE_STEPS=1|;default||;steps1|MK_CUDA_DECODE_STEPS=1|;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE1Q"
 fi
 if [[ $PART == part1 || $PART == all ]]; then
   correctness

@@ -63,6 +63,15 @@ class Backend {
   // longer than max_batch_rows() run in chunks through forward_rows).
   GreedyRow forward_greedy(std::span<const int32_t> tokens, int64_t n_past);
   TopKRow forward_topk(std::span<const int32_t> tokens, int64_t n_past);
+  // Greedy decoding of one sequence `steps` (>= 1) tokens ahead: step j runs the token that step
+  // j - 1 chose (step 0: `token`) at position n_past + j; returns each step's GreedyRow. Steps after
+  // a row with non-finite logits are not run (the rows stop there). The CUDA megakernel issues all
+  // the steps before it waits (each chosen id goes to the next step's input on the device), so the
+  // host's round trip per token goes; the default runs forward_greedy step by step. Positions past
+  // those the caller keeps are cache rows a later step overwrites before it reads them.
+  virtual std::vector<GreedyRow> decode_greedy(int32_t token, int64_t n_past, int steps);
+  // How many steps one decode_greedy call should carry (1: the backend gains nothing from more).
+  virtual int decode_steps() const { return 1; }
   // Paged KV geometry: rows per block and blocks in the pool (0 = the backend has no paged KV).
   virtual int64_t kv_block_size() const { return 0; }
   virtual int64_t kv_pool_blocks() const { return 0; }

@@ -105,6 +105,16 @@ TopKRow Backend::forward_topk(std::span<const int32_t> tokens, int64_t n_past) {
   return decode_rows(last_row(tokens, n_past, OutputKind::topk), 1, decode_topk_row)[0];
 }
 
+std::vector<GreedyRow> Backend::decode_greedy(int32_t token, int64_t n_past, int steps) {
+  std::vector<GreedyRow> rows;
+  for (int j = 0; j < steps; ++j) {
+    const int32_t t[1] = {j == 0 ? token : rows.back().id};
+    rows.push_back(forward_greedy(t, n_past + j));
+    if (rows.back().n_nonfinite > 0) break;
+  }
+  return rows;
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name, const Graph& graph, const ModelFile& model,
                                       const BackendOptions& options) {
   if (options.threads < 0) fail("threads: {} is negative (0 = all cores)", options.threads);

@@ -1,6 +1,8 @@
 #include "runtime/session.h"
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cstdio>
 #include <filesystem>
 
@@ -107,6 +109,19 @@ TopKRow Session::eval_topk(std::span<const int32_t> tokens) {
   return eval_step(*this, tokens, [&](int64_t at) { return backend->forward_topk(tokens, at); });
 }
 
+std::vector<GreedyRow> Session::eval_greedy_steps(int32_t token, int steps) {
+  if (steps < 1) fail("eval_greedy_steps: {} steps", steps);
+  const int32_t t[1] = {token};
+  std::vector<GreedyRow> rows;
+  eval_step(*this, t, [&](int64_t at) {
+    rows = backend->decode_greedy(token, at, static_cast<int>(std::min<int64_t>(steps, n_ctx - at)));
+    return 0;
+  });
+  MK_CHECK(!rows.empty(), "decode_greedy gave no rows");
+  n_past += static_cast<int64_t>(rows.size()) - 1;  // eval_step advanced it by one
+  return rows;
+}
+
 void Session::reset() {
   backend->reset();
   n_past = 0;
@@ -150,6 +165,11 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   const bool greedy = o.sampler.temperature == 0;
   const bool top = !greedy && sampler.covered_by(kTopK, s.hparams.n_vocab);
   GreedyRow g;
+  // Greedy decoding takes backend->decode_steps() rows per call (a GPU issues those steps before it
+  // waits): `ahead` holds the rows not used yet, each with the n_past that using it leaves (the
+  // positions fed up to it); stopping early leaves n_past at the last row used.
+  const int steps = greedy ? std::max(1, s.backend->decode_steps()) : 1;
+  std::deque<std::pair<GreedyRow, int64_t>> ahead;
   TopKRow c;
   std::vector<float> logits;
   auto eval = [&](std::span<const int32_t> t) {
@@ -196,9 +216,20 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
       r.stop_reason = "context";
       break;
     }
+    ++r.n_decode_steps;
+    if (greedy && ahead.empty() && steps > 1) {  // the next rows, up to the last token asked for
+      const int64_t at = s.n_past;
+      const std::vector<GreedyRow> rows = s.eval_greedy_steps(next, static_cast<int>(std::min<int64_t>(steps, o.n_new - 1 - i)));
+      for (size_t j = 0; j < rows.size(); ++j) ahead.emplace_back(rows[j], at + static_cast<int64_t>(j) + 1);
+    }
+    if (!ahead.empty()) {  // a row decoded ahead: n_past as if it had been decoded alone
+      g = ahead.front().first;
+      s.n_past = ahead.front().second;
+      ahead.pop_front();
+      continue;
+    }
     int32_t tok[1] = {next};
     eval(tok);
-    ++r.n_decode_steps;
   }
   r.generation_ms = ms_since(t1);
   std::string tail = utf8.flush();

@@ -48,6 +48,10 @@ class Session {
   GreedyRow eval_greedy(std::span<const int32_t> tokens);
   // The same step, returning the last token's kTopK best candidates (Backend::forward_topk).
   TopKRow eval_topk(std::span<const int32_t> tokens);
+  // Greedy decoding `steps` tokens ahead from `token` at n_past (Backend::decode_greedy; at most
+  // the context's room); advances n_past by the rows returned. The caller sets n_past back to the
+  // positions it keeps when it stops before using every row.
+  std::vector<GreedyRow> eval_greedy_steps(int32_t token, int steps);
   void reset();
 
   ModelFile model;

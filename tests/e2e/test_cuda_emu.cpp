@@ -85,6 +85,86 @@ INSTANTIATE_TEST_SUITE_P(E2ECudaEmu, E2ECudaEmuStories,
                            return s;
                          });
 
+// Greedy decoding several steps per wait (MK_CUDA_DECODE_STEPS, default 8: each step's id goes to the
+// next step's input on the device) gives what one step per wait gives: the same ids, stop reasons
+// and n_past when a generation ends inside a chunk (max tokens not a multiple of 8, an end-of-
+// generation id, the context), and the cache rows computed past the stop change nothing for the
+// next generation on the same session.
+TEST(E2ECudaEmuDecodeSteps, AheadRowsChangeNothing) {
+  struct Out {
+    std::vector<std::vector<int32_t>> ids;
+    std::vector<std::string> stops;
+    std::vector<int64_t> n_past;
+  };
+  auto session_run = [](const char* steps, int32_t eos) {
+    setenv("MK_CUDA_DECODE_STEPS", steps, 1);
+    SessionOptions so;
+    so.model_path = kStories + "stories260K.gguf";
+    so.backend = "cuda-emu";
+    so.backend_options.threads = 2;
+    so.n_ctx = 48;
+    Session s(so);
+    unsetenv("MK_CUDA_DECODE_STEPS");
+    EXPECT_EQ(s.backend->decode_steps(), std::atoi(steps));
+    Out o;
+    auto gen = [&](GenerateOptions go) {
+      go.sampler.temperature = 0;
+      const GenerateResult r = generate(s, go);
+      o.ids.push_back(r.generated_ids);
+      o.stops.push_back(r.stop_reason);
+      o.n_past.push_back(s.n_past);
+    };
+    GenerateOptions go;
+    go.prompt = "Once upon a time";
+    go.n_new = 13;
+    gen(go);  // 13 tokens: chunks of 8 and 4 after the prompt's row
+    go = {};
+    go.prompt_ids = {300, 301, 302};
+    go.add_bos = false;
+    go.n_new = 6;
+    gen(go);  // goes on from there (n_past 17 + 3)
+    go.n_new = 100;
+    gen(go);  // to the end of the 48-token context
+    s.reset();
+    if (eos >= 0) s.tokenizer->extra_eos_ids.push_back(eos);
+    go = {};
+    go.prompt = "Once upon a time";
+    go.n_new = 30;
+    gen(go);  // stops at the end-of-generation id inside a chunk
+    go = {};
+    go.prompt_ids = {300, 301, 302};
+    go.add_bos = false;
+    go.n_new = 5;
+    gen(go);
+    return o;
+  };
+  const Out one = session_run("1", -1);
+  ASSERT_EQ(one.ids.size(), 5u);
+  EXPECT_EQ(one.stops[0], "n_new");
+  EXPECT_EQ(one.n_past[0], 5 + 12);  // the last token is not fed
+  EXPECT_EQ(one.stops[2], "context");
+  EXPECT_EQ(one.n_past[2], 48);
+  // The end-of-generation id: the first id at index >= 10 not generated before it.
+  const std::vector<int32_t>& first = one.ids[3];
+  int eos_at = -1;
+  for (size_t k = 10; k < first.size() && eos_at < 0; ++k)
+    if (std::find(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(k), first[k]) == first.begin() + static_cast<std::ptrdiff_t>(k))
+      eos_at = static_cast<int>(k);
+  ASSERT_GE(eos_at, 10);
+  const Out one_eos = session_run("1", first[static_cast<size_t>(eos_at)]);
+  EXPECT_EQ(one_eos.stops[3], "eos");
+  EXPECT_EQ(one_eos.ids[3].size(), static_cast<size_t>(eos_at));
+  for (const char* steps : {"8", "3"}) {
+    const Out many = session_run(steps, first[static_cast<size_t>(eos_at)]);
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(many.ids[i], one_eos.ids[i]) << steps << " steps, generation " << i;
+      EXPECT_EQ(many.stops[i], one_eos.stops[i]) << steps << " steps, generation " << i;
+      EXPECT_EQ(many.n_past[i], one_eos.n_past[i]) << steps << " steps, generation " << i;
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(one_eos.ids[i], one.ids[i]) << "generation " << i;
+}
+
 class E2ECudaEmuHf : public testing::TestWithParam<std::string> {};
 
 TEST_P(E2ECudaEmuHf, LogitsMatchTransformers) {

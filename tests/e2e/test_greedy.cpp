@@ -142,6 +142,51 @@ TEST_P(E2EGreedy, OpFollowsTheHostRulesForTiesNanAndInf) {
   EXPECT_EQ(got[4].first_value, -inf);
 }
 
+// Backend::decode_greedy on a chain: token r's logits are row r of a table whose largest value sits
+// at next(r), so each step's input is the previous step's choice and the ids show whether the
+// handoff happened (on cuda-emu on the device: the id copied from one step's argmax row to the next
+// step's token input, 8 steps issued before the wait). Row 7 is all NaN: its row ends the rows (id
+// -1; on cuda-emu the step after it stops on token -1, and that error is not the caller's).
+TEST_P(E2EGreedy, DecodeGreedyFollowsTheChosenTokens) {
+  constexpr int kV = 24;
+  auto next = [](int r) { return (r * 5 + 3) % kV; };
+  std::vector<std::vector<float>> rows(kV, std::vector<float>(kV, 0.0f));
+  for (int r = 0; r < kV; ++r) rows[static_cast<size_t>(r)][static_cast<size_t>(next(r))] = 1.0f + 0.01f * static_cast<float>(r);
+  rows[7].assign(kV, std::numeric_limits<float>::quiet_NaN());
+  const test::OpRowsModel om =
+      test::op_rows_model(rows, "greedy", [](Graph& g, int x) { return g.add(Op::argmax, {x}, {}, "greedy"); });
+  auto b = make_backend(GetParam(), om.graph, om.model, opts(GetParam()));
+  EXPECT_EQ(b->decode_steps(), GetParam() == "cuda-emu" ? 8 : 1);
+  // 1 -> 8 -> 19 -> 2 -> 13 -> 20 -> 7 -> (NaN row)
+  const std::vector<int32_t> chain = {8, 19, 2, 13, 20, 7};
+  std::vector<GreedyRow> got = b->decode_greedy(1, 0, 5);
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t j = 0; j < got.size(); ++j) {
+    EXPECT_EQ(got[j].id, chain[j]) << "step " << j;
+    EXPECT_EQ(got[j].n_nonfinite, 0) << "step " << j;
+  }
+  got = b->decode_greedy(13, 5, 12);  // 13 -> 20 -> 7 -> the NaN row: three rows, the last non-finite
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].id, 20);
+  EXPECT_EQ(got[1].id, 7);
+  EXPECT_EQ(got[1].n_nonfinite, 0);
+  EXPECT_EQ(got[2].id, -1);
+  EXPECT_EQ(got[2].n_nonfinite, kV);
+  EXPECT_EQ(got[2].first_nonfinite, 0);
+  // cuda-emu ran the step after the NaN row on token -1: stopped until reset, then as new.
+  EXPECT_EQ(b->stopped(), GetParam() == "cuda-emu");
+  b->reset();
+  got = b->decode_greedy(2, 0, 12);  // 2 -> 13 -> 20 -> 7 -> NaN
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[2].id, 7);
+  EXPECT_EQ(got[3].id, -1);
+  b->reset();
+  got = b->decode_greedy(0, 0, 12);  // a loop of 8, and 12 steps: two chunks on cuda-emu
+  const std::vector<int32_t> loop = {3, 18, 21, 12, 15, 6, 9, 0, 3, 18, 21, 12};
+  ASSERT_EQ(got.size(), loop.size());
+  for (size_t j = 0; j < got.size(); ++j) EXPECT_EQ(got[j].id, loop[j]) << "step " << j;
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, E2EGreedy, ::testing::Values("reference", "cpu", "cuda-emu"), [](const auto& info) {
   std::string n = info.param;
   std::replace(n.begin(), n.end(), '-', '_');

@@ -15,11 +15,14 @@
 
 namespace mk::test {
 
-// Builds the graph with `add_op(graph, rows_value) -> op value` as the output named `output`, runs
-// the step on `backend` and returns `read(backend, batch)`.
-template <class AddOp, class Read>
-auto run_op_rows(const std::string& backend, const BackendOptions& options, const std::vector<std::vector<float>>& rows,
-                 const std::string& output, AddOp add_op, Read read) {
+// The model (one weight, "table": the rows) and the graph with `add_op(graph, rows_value) -> op
+// value` as the output named `output`.
+struct OpRowsModel {
+  ModelFile model;
+  Graph graph;
+};
+template <class AddOp>
+OpRowsModel op_rows_model(const std::vector<std::vector<float>>& rows, const std::string& output, AddOp add_op) {
   const auto n_rows = static_cast<int64_t>(rows.size());
   const auto cols = static_cast<int64_t>(rows[0].size());
   auto data = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(n_rows * cols) * 4);
@@ -40,7 +43,16 @@ auto run_op_rows(const std::string& backend, const BackendOptions& options, cons
   int e = g.add(Op::embed, {g.add_weight("table", DType::F32, {n_rows, cols}), tok}, {}, "rows");
   g.add_output(e, "logits");
   g.add_output(add_op(g, e), output);
-  auto b = make_backend(backend, g, m, options);
+  return {std::move(m), std::move(g)};
+}
+
+// op_rows_model's step over every row on `backend`: returns `read(backend, batch)`.
+template <class AddOp, class Read>
+auto run_op_rows(const std::string& backend, const BackendOptions& options, const std::vector<std::vector<float>>& rows,
+                 const std::string& output, AddOp add_op, Read read) {
+  const auto n_rows = static_cast<int64_t>(rows.size());
+  const OpRowsModel om = op_rows_model(rows, output, add_op);
+  auto b = make_backend(backend, om.graph, om.model, options);
   std::vector<int32_t> order(static_cast<size_t>(n_rows));
   for (int32_t i = 0; i < n_rows; ++i) order[static_cast<size_t>(i)] = i;
   return read(*b, one_sequence_batch(order, 0, b->kv_block_size(), true));

@@ -80,6 +80,10 @@ Program compile_for_device(const Graph& graph, int workers, const cuda::DeviceIn
   return compile_program(graph, co);
 }
 
+// Greedy decode steps one decode_greedy call issues before it waits (MK_CUDA_DECODE_STEPS): the
+// default, and the most (staging slots).
+constexpr int kDefaultDecodeSteps = 8, kMaxDecodeSteps = 16;
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(std::unique_ptr<cuda::DeviceRuntime> rt, Program program, const ModelFile& model, const BackendOptions& options,
@@ -216,7 +220,14 @@ class CudaBackend final : public Backend {
         in_lo_ = std::min(in_lo_, static_cast<size_t>(B.offset));
         in_hi_ = std::max(in_hi_, static_cast<size_t>(B.offset + B.bytes()));
       }
-    in_host_ = rt_->host_alloc(in_hi_ - in_lo_ + sizeof(cuda::MkSym), nullptr);
+    // One staging slot per step in flight (decode_greedy issues up to kMaxDecodeSteps before it
+    // waits; a slot's async copies read it until then).
+    decode_steps_ = mode_ == CudaMode::graph || !trace_path_.empty()
+                        ? 1
+                        : static_cast<int>(env_int("MK_CUDA_DECODE_STEPS", kDefaultDecodeSteps, 1, kMaxDecodeSteps));
+    stage_bytes_ = (in_hi_ - in_lo_ + sizeof(cuda::MkSym) + 63) / 64 * 64;
+    in_host_ = rt_->host_alloc(stage_bytes_ * static_cast<size_t>(decode_steps_), nullptr);
+    steps_host_ = static_cast<int32_t*>(rt_->host_alloc(static_cast<size_t>(kMaxDecodeSteps) * 4 * sizeof(int32_t), nullptr));
     out_buffer_ = -1;
     for (const auto& [oname, b] : p.outputs)
       if (oname == "logits") out_buffer_ = b;
@@ -297,11 +308,57 @@ class CudaBackend final : public Backend {
     return select_logit_rows(std::span<const int32_t>(static_cast<const int32_t*>(host), words),
                              static_cast<int64_t>(words) / cols, cols, batch, in);
   }
+  int decode_steps() const override { return decode_steps_; }
+  // decode_steps_ steps at a time (decode_chunk): one wait per chunk, not per token.
+  std::vector<GreedyRow> decode_greedy(int32_t token, int64_t n_past, int steps) override {
+    const int buffer = rows_buffer_[static_cast<size_t>(OutputKind::greedy)];
+    if (steps <= 1 || decode_steps_ <= 1 || buffer < 0) return Backend::decode_greedy(token, n_past, steps);
+    std::vector<GreedyRow> rows;
+    while (static_cast<int>(rows.size()) < steps) {  // decode_steps_ at a time
+      const int done = static_cast<int>(rows.size());
+      const std::vector<GreedyRow> more =
+          decode_chunk(buffer, done == 0 ? token : rows.back().id, n_past + done, std::min(steps - done, decode_steps_));
+      rows.insert(rows.end(), more.begin(), more.end());
+      if (rows.back().n_nonfinite > 0) break;
+    }
+    return rows;
+  }
   int64_t kv_block_size() const override { return limits_.block_size; }
   int64_t kv_pool_blocks() const override { return limits_.pool_blocks; }
   int64_t max_batch_rows() const override { return limits_.max_rows; }
 
  private:
+  // decode_greedy's steps [n_past, n_past + steps), steps <= decode_steps_: issued back to back,
+  // each one's argmax row copied to its own pinned slot and its id copied on the device into the
+  // next step's token input; one wait at the end.
+  std::vector<GreedyRow> decode_chunk(int buffer, int32_t token, int64_t n_past, int steps) {
+    if (!broken_.empty()) fail("{}: the backend stopped after a device error ({}); reset() first", name_, broken_);
+    const Program& p = program_;
+    const uint64_t chosen = arena_ + static_cast<uint64_t>(p.buffers[static_cast<size_t>(buffer)].offset);  // row 0, word 0
+    const uint64_t next_in = arena_ + static_cast<uint64_t>(p.buffers[static_cast<size_t>(p.tokens_buffer)].offset);
+    const uint32_t first_epoch = epoch_ + 1;
+    for (int j = 0; j < steps; ++j) {
+      const int32_t t[1] = {token};  // step 0's; the others' is replaced on the device
+      const StepInputs in = prepare_step(one_sequence_batch(t, n_past + j, limits_.block_size, false), limits_);
+      MK_CHECK(in.n_out() == 1, "decode step with {} output rows", in.n_out());
+      issue_step(in, buffer, steps_host_ + 4 * j, j, j == 0 ? 0 : chosen, next_in);
+    }
+    const std::string error =
+        finish_steps(first_epoch, fmt::format("steps at positions {}..{}", n_past, n_past + steps - 1));
+    // A row with non-finite logits ends the rows (the session names it). When every logit was NaN
+    // its id is -1, and the next step stopped on that token (error kind 2): that error is this row's
+    // consequence, so the row is returned (the backend stays stopped until reset()).
+    const bool nan_token = !error.empty() && error_host_->kind == 2 && error_host_->counter == -1;
+    std::vector<GreedyRow> rows;
+    if (error.empty() || nan_token)
+      for (int j = 0; j < steps; ++j) {
+        rows.push_back(decode_greedy_row(std::span<const int32_t>(steps_host_ + 4 * j, 4)));
+        if (rows.back().n_nonfinite > 0) return rows;
+      }
+    if (!error.empty()) fail("{}", error);
+    return rows;
+  }
+
   template <class T>
   uint64_t upload(const std::vector<T>& v) {
     const uint64_t p = rt_->alloc(v.size() * sizeof(T));
@@ -345,10 +402,22 @@ class CudaBackend final : public Backend {
   // One step; copies output buffer `out_buffer` (this step's rows) to pinned `out_host` and returns
   // its size in 32-bit words.
   size_t run_step(const StepInputs& si, int out_buffer, void* out_host) {
+    const size_t words = issue_step(si, out_buffer, out_host, 0, 0, 0);
+    const int64_t n_past = si.positions.empty() ? 0 : si.positions[0];  // for error messages
+    if (const std::string error = finish_steps(epoch_, fmt::format("step at position {}", n_past)); !error.empty())
+      fail("{}", error);
+    return words;
+  }
+
+  // Issues one step (nothing waits): its inputs staged in staging slot `slot` and copied, the
+  // launch(es), then the copy of output buffer `out_buffer` (this step's rows) to pinned `out_host`.
+  // token_src != 0: 4 bytes at that device address then replace the first row's token (at
+  // token_dst), after the inputs' copies. Returns the output's size in 32-bit words.
+  size_t issue_step(const StepInputs& si, int out_buffer, void* out_host, int slot, uint64_t token_src, uint64_t token_dst) {
     const Program& p = program_;
     const int64_t m = si.n_rows();
     // Stage inputs exactly as they lie in the arena, then the symbols.
-    auto* in = static_cast<uint8_t*>(in_host_);
+    auto* in = static_cast<uint8_t*>(in_host_) + static_cast<size_t>(slot) * stage_bytes_;
     // The bytes each input uses this step (arena offsets): only those are copied. The block table
     // is sized for max_tokens sequences of n_ctx positions (256 KB for the 1B at 4096 tokens) while
     // a decode step of one sequence uses one row of it.
@@ -366,7 +435,6 @@ class CudaBackend final : public Backend {
     put(p.row_seq_buffer, si.row_seq);
     put(p.block_table_buffer, si.block_table);
     put(p.logit_rows_buffer, si.logit_rows);
-    const int64_t n_past = si.positions.empty() ? 0 : si.positions[0];  // for error messages
     // want_topk: only a top-k step reads the topk op's rows; the others skip its selection.
     cuda::MkSym sym{static_cast<int32_t>(m), static_cast<int32_t>(si.n_out()), out_buffer == rows_buffer_[static_cast<size_t>(OutputKind::topk)] ? 1 : 0, 0};
     std::memcpy(in + (in_hi_ - in_lo_), &sym, sizeof sym);
@@ -391,6 +459,7 @@ class CudaBackend final : public Backend {
         for (const auto& [lo, hi] : ranges) rt_->copy_to_device(arena_ + lo, in + (lo - in_lo_), hi - lo, true);
       }
       rt_->copy_to_device(sym_dev_, in + (in_hi_ - in_lo_), sizeof sym, true);
+      if (token_src != 0) rt_->copy_on_device(token_dst, token_src, 4);
     };
     switch (mode_) {
       case CudaMode::megakernel: {
@@ -423,17 +492,24 @@ class CudaBackend final : public Backend {
         rt_->copy_to_host(out_host, out_dev, out_bytes, true);
         break;
     }
+    return out_bytes / 4;
+  }
+
+  // Waits for the issued steps (the first of them ran at epoch first_epoch; `what` names them);
+  // "" when they all succeeded, else the error message (the backend then stays stopped until
+  // reset()).
+  std::string finish_steps(uint32_t first_epoch, const std::string& what) {
     const std::string sync_error = rt_->synchronize();
     if (!sync_error.empty()) {
       broken_ = sync_error;
-      fail("{}: step at position {} failed: {}{}", name_, n_past, broken_, device_error_text());
+      return fmt::format("{}: {} failed: {}{}", name_, what, broken_, device_error_text());
     }
     if (error_host_->flag) {
       broken_ = device_error_text();
-      fail("{}: {}", name_, broken_);
+      return fmt::format("{}: {}", name_, broken_);
     }
-    if (!trace_path_.empty()) collect_trace(prm.epoch);
-    return out_bytes / 4;
+    if (!trace_path_.empty()) collect_trace(first_epoch);
+    return "";
   }
 
   // Appends this step's records to the per-SM tracks; times in ns from the earliest record of the
@@ -524,7 +600,10 @@ class CudaBackend final : public Backend {
   std::vector<std::pair<int64_t, int64_t>> trace_steps_;
   volatile cuda::MkError* error_host_ = nullptr;
   uint64_t error_dev_ = 0;
-  void* in_host_ = nullptr;
+  void* in_host_ = nullptr;  // decode_steps_ staging slots of stage_bytes_
+  size_t stage_bytes_ = 0;
+  int decode_steps_ = 1;
+  int32_t* steps_host_ = nullptr;  // [kMaxDecodeSteps][4]: decode_greedy's argmax rows
   void* out_host_ = nullptr;
   size_t in_lo_ = 0, in_hi_ = 0;
   int out_buffer_ = -1;

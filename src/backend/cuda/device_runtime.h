@@ -47,6 +47,10 @@ class DeviceRuntime {
   virtual void memset0(uint64_t dst, size_t bytes) = 0;
   virtual void copy_to_device(uint64_t dst, const void* src, size_t bytes, bool async) = 0;
   virtual void copy_to_host(void* dst, uint64_t src, size_t bytes, bool async) = 0;
+  // Device to device, ordered on the stream like the others (several decode steps in flight hand
+  // each step's chosen token to the next step's input this way; the emulator stamps the bytes as a
+  // host-written input).
+  virtual void copy_on_device(uint64_t dst, uint64_t src, size_t bytes) = 0;
   // Compiles (or takes from the disk cache) and loads the generated source.
   virtual ModuleInfo load(const CudaSource& src, const Program& program) = 0;
   // Blocks of `kernel` that can be resident on the whole device at once.

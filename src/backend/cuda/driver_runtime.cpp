@@ -85,6 +85,10 @@ class DriverRuntime final : public DeviceRuntime {
     if (async) MK_CU(cuMemcpyHtoDAsync, dst, src, bytes, stream_);
     else MK_CU(cuMemcpyHtoD, dst, src, bytes);
   }
+  void copy_on_device(uint64_t dst, uint64_t src, size_t bytes) override {
+    current();
+    MK_CU(cuMemcpyDtoDAsync, dst, src, bytes, stream_);
+  }
   void copy_to_host(void* dst, uint64_t src, size_t bytes, bool async) override {
     current();
     if (async) MK_CU(cuMemcpyDtoHAsync, dst, src, bytes, stream_);

@@ -131,6 +131,10 @@ class EmuRuntime final : public DeviceRuntime {
     std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
     for (int r = 0; r < 2; ++r) stamp_range(r, dst, bytes, 0xffffffffull, false);  // host-written inputs
   }
+  void copy_on_device(uint64_t dst, uint64_t src, size_t bytes) override {
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+    for (int r = 0; r < 2; ++r) stamp_range(r, dst, bytes, 0xffffffffull, false);  // an input, as a host copy's
+  }
   void copy_to_host(void* dst, uint64_t src, size_t bytes, bool) override {
     std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
   }
