@@ -592,6 +592,7 @@ class Server {
       if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       if (bearer_token(req.get_header_value("Authorization")) == o_.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
+      res.set_header("Connection", "close");  // its body is not read
       send_error(res, {401, "invalid or missing API key: send 'Authorization: Bearer KEY'", "invalid_request_error", "",
                        "invalid_api_key"});
       return httplib::Server::HandlerResponse::Handled;
@@ -647,12 +648,16 @@ class Server {
       if (auto it = kAllow.find(req.path); res.status == 404 && it != kAllow.end()) {
         res.status = 405;
         res.set_header("Allow", it->second);
+        res.set_header("Connection", "close");  // its body is not read
         res.set_content(
             json_text(error_json(fmt::format("{} takes {}, not {}", req.path, it->second, req.method),
                                  "invalid_request_error", "", "")),
             "application/json");
         return httplib::Server::HandlerResponse::Handled;
       }
+      // cpp-httplib's own refusals (malformed request line or headers, sizes, no route) may leave
+      // request bytes unread: the connection closes after them.
+      res.set_header("Connection", "close");
       std::string msg = res.status == 404   ? "no such endpoint"
                         : res.status == 413 ? "the request body is too large (see --max-body)"
                         : res.status == 405 ? "method not allowed"
@@ -663,8 +668,10 @@ class Server {
       return httplib::Server::HandlerResponse::Handled;
     }));
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      // A response that says Connection: close is the connection's last (HttpServer's loop).
+      if (res.get_header_value("Connection") == "close") HttpServer::close_after_response();
       std::lock_guard lock(codes_mu_);
-      ++codes_[res.status];
+      ++codes_[HttpServer::request_timed_out() ? 408 : res.status];
     });
   }
 

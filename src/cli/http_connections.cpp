@@ -272,16 +272,46 @@ std::chrono::milliseconds HttpServer::write_timeout() const {
 
 // As cpp-httplib's own (keep-alive loop up to keep_alive_max_count_ requests, each waited for up to
 // keep_alive_timeout_sec_, none once the listener is closed), with ConnectionStream.
+namespace {
+// The connection this thread is answering, and whether it closes after the current response.
+thread_local const ConnectionStream* t_stream = nullptr;
+thread_local bool t_close_after = false;
+}  // namespace
+
+void HttpServer::close_after_response() { t_close_after = true; }
+bool HttpServer::request_timed_out() { return t_stream != nullptr && t_stream->timed_out(); }
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
   ConnectionStream strm(sock, *this);
+  t_stream = &strm;
   bool ret = false;
   for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET && !idle_stopped_; --count) {
     if (!strm.wait_for_request(std::chrono::seconds(keep_alive_timeout_sec_))) break;
     strm.start_request();
     bool connection_closed = false;
+    t_close_after = false;
     ret = process_request(strm, count == 1, connection_closed, nullptr);
-    if (!ret || connection_closed || strm.timed_out()) break;
+    if (!ret || connection_closed || strm.timed_out() || t_close_after) break;
   }
+  if (t_close_after) {
+    // A lingering close (as HTTP servers do after refusing a request whose body they did not
+    // read): the reply is sent and our side shut, then what the client still sends is read and
+    // dropped for up to 2 s, so that a client still writing its body gets to read the refusal
+    // instead of a reset. Never parsed: nothing of it can be taken as a request.
+    ::shutdown(sock, SHUT_WR);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    std::array<char, 65536> sink;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+      if (left <= 0 || hard_stopped_) break;
+      pollfd fds[2] = {{sock, POLLIN, 0}, {hard_pipe_[0], POLLIN, 0}};
+      if (::poll(fds, 2, static_cast<int>(left)) <= 0 || fds[1].revents != 0) break;
+      const ssize_t n = ::recv(sock, sink.data(), sink.size(), 0);
+      if (n <= 0) break;
+    }
+  }
+  t_close_after = false;
+  t_stream = nullptr;
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
   return ret;

@@ -68,6 +68,13 @@ class HttpServer : public httplib::Server {
   // Every read and write of every connection fails from now on.
   void hard_stop();
   bool hard_stopped() const { return hard_stopped_; }
+  // From the logger (the thread that answers the request): the connection closes after this
+  // response (one refused before its body was read: the body's bytes must never be parsed as the
+  // next request).
+  static void close_after_response();
+  // From the logger: this request was not read in time (answered 408, not the 400 cpp-httplib
+  // reports for the read that failed).
+  static bool request_timed_out();
   int stop_fd(bool hard) const { return hard ? hard_pipe_[0] : idle_pipe_[0]; }
   std::chrono::milliseconds read_timeout() const;
   std::chrono::milliseconds write_timeout() const;

@@ -272,6 +272,27 @@ def stories_checks():
     sock.close()
     check(reply.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in reply,
           f"a malformed request line: 400 with a message, got {reply[-80:]!r}")
+    # A refused request's unread bytes are never parsed as a next request (request smuggling): the
+    # refusal is the connection's only reply, and the server closes the connection.
+    smuggled = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 35\r\n\r\n{"prompt": "Once", "max_tokens": 2}'
+    post = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    for head, want, what in [(post + b"Content-Length: 99999999\r\n\r\n", 413, "a body over --max-body"),
+                             (post + b"Transfer-Encoding: chunked\r\n\r\n", 411, "a chunked body"),
+                             (post + b"Content-Length: 5\r\nContent-Length: 7\r\n\r\n", 400, "two Content-Length headers"),
+                             (b"GARBAGE\r\n", 400, "a malformed request line"),
+                             (b"GET /v1/nothing HTTP/1.1\r\nHost: x\r\n\r\n", 404, "an unknown endpoint")]:
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        sock.sendall(head + smuggled)
+        reply = b""
+        try:
+            while part := sock.recv(65536):
+                reply += part
+        except socket.timeout:
+            reply += b"(still open)"
+        sock.close()
+        check(reply.startswith(b"HTTP/1.1 %d" % want) and reply.count(b"HTTP/1.1 ") == 1 and b"Connection: close" in reply
+              and not reply.endswith(b"(still open)"),
+              f"{what} followed by a request: one {want} reply, then the connection closed; got {reply[:60]!r} .. {reply[-60:]!r}")
     st, _, _ = srv.raw("GET", "/v1/nothing")
     check(st == 404, "unknown endpoint: 404")
     st, hdr, text = srv.raw("GET", "/v1/completions")
