@@ -174,22 +174,22 @@ void ChatConversation::reset() {
 GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOptions o,
                                        const std::function<void(const std::string&)>& on_text) {
   messages_.push_back({{"role", "user"}, {"content", user_text}});
-  const std::string rendered = render_chat_template(template_, messages_, chat_options_for(*session_.tokenizer));
-  const std::vector<int32_t> ids = session_.tokenizer->encode(rendered, /*add_bos=*/false, /*parse_special=*/true);
-  const bool extends = cached_.size() < ids.size() && std::equal(cached_.begin(), cached_.end(), ids.begin()) &&
-                       static_cast<int64_t>(cached_.size()) == session_.n_past;
-  if (!extends) {
-    session_.reset();
-    cached_.clear();
-  }
-  o.prompt.clear();
-  o.echo_prompt = false;
-  o.prompt_ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(cached_.size()), ids.end());
   GenerateResult r;
-  try {
+  try {  // a turn that fails anywhere (the template, the tokenizer, the step) did not happen
+    const std::string rendered = render_chat_template(template_, messages_, chat_options_for(*session_.tokenizer));
+    const std::vector<int32_t> ids = session_.tokenizer->encode(rendered, /*add_bos=*/false, /*parse_special=*/true);
+    const bool extends = cached_.size() < ids.size() && std::equal(cached_.begin(), cached_.end(), ids.begin()) &&
+                         static_cast<int64_t>(cached_.size()) == session_.n_past;
+    if (!extends) {
+      session_.reset();
+      cached_.clear();
+    }
+    o.prompt.clear();
+    o.echo_prompt = false;
+    o.prompt_ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(cached_.size()), ids.end());
     r = generate(session_, o, on_text);
   } catch (...) {
-    messages_.erase(messages_.size() - 1);  // the turn did not happen
+    messages_.erase(messages_.size() - 1);
     throw;
   }
   cached_.insert(cached_.end(), r.prompt_ids.begin(), r.prompt_ids.end());

@@ -109,6 +109,26 @@ TEST(E2EChatCli, FailedTurnIsDroppedAndTheChatGoesOn) {
   EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 2) << replies << out;
 }
 
+// A turn that fails before its step (here the tokenizer refuses invalid UTF-8) is dropped from the
+// conversation too: the next turn is answered (it failed the same way while the bad turn stayed).
+TEST(E2EChatCli, TurnThatFailsToEncodeIsDropped) {
+  int status = 0;
+  const std::string err_path = (std::filesystem::path(::testing::TempDir()) / "mk_chat_bad_utf8.txt").string();
+  const std::string replies = mk::test::run_shell("printf 'a\\377b\\nHello\\n/exit\\n' | " + std::string(MK_CLI_PATH) +
+                                                      " chat --temp 0 -n 2 -m " + kDir + " --chat-template-file " + kTemplate +
+                                                      " 2>" + err_path,
+                                                  &status);
+  std::stringstream err;
+  err << std::ifstream(err_path).rdbuf();
+  std::filesystem::remove(err_path);
+  EXPECT_EQ(status, 1) << err.str();
+  size_t bad = 0;
+  for (size_t p = err.str().find("not valid UTF-8"); p != std::string::npos; p = err.str().find("not valid UTF-8", p + 1)) ++bad;
+  EXPECT_EQ(bad, 1u) << err.str();
+  EXPECT_NE(err.str().find("error: chat: 1 of 2 turns failed"), std::string::npos) << err.str();
+  EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 1) << replies << err.str();
+}
+
 // A line starting with an unknown /command (or a bare /, or a command with words after it) is refused
 // with a note and not sent; a line starting with // is sent (as one starting with /). Both carry a text too long for the
 // context, so a sent one fails its turn: exactly one of the two turns (// and Hello) fails.
