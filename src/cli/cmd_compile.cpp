@@ -30,8 +30,10 @@ void add_compile_command(CLI::App& app) {
                   "cuda: the megakernel source the cuda backend compiles (for an H100/H200 unless -t says otherwise)")
       ->check(CLI::IsMember({"graph", "ir", "program", "program-full", "cuda"}));
   cmd->add_option("-o,--output", o->out, "write to this file instead of stdout");
-  cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores)")
-      ->check(integer_at_least(0));
+  // At most 65536: a GPU's blocks (132 SMs on an H200) or CPU threads, with room to spare; the
+  // program's tables grow with the workers (2^31 of them took 17 GB before failing).
+  cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores, at most 65536)")
+      ->check(integer_range(0, 65536));
   cmd->add_option("--schedule", o->schedule, "dynamic, static-rr or static-cp")
       ->check(schedule_name());
   cmd->add_option("-c,--ctx-size", o->n_ctx, "context length (0 = the model's, at most 4096)")

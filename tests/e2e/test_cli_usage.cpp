@@ -38,12 +38,15 @@ TEST(E2ECliUsage, IntegerOptionsSayWhatIsWrong) {
                           "chat -m synth:tiny", "serve -m synth:tiny"}) {
     r = cli(std::string(cmd) + " -t -1");
     EXPECT_EQ(r.status, 2) << cmd;
-    // compile's -t is the workers a program is tiled for (0 or more); the others cap at 1024 threads
-    const bool capped = std::string(cmd).rfind("compile", 0) != 0;
-    EXPECT_TRUE(has(r.err, capped ? "error: --threads: -1 is out of range: it must be 0 to 1024"
-                                  : "error: --threads: -1 is out of range: it must be 0 or more"))
+    // compile's -t is the workers a program is tiled for (at most 65536); the others cap at 1024 threads
+    const bool threads = std::string(cmd).rfind("compile", 0) != 0;
+    EXPECT_TRUE(has(r.err, threads ? "error: --threads: -1 is out of range: it must be 0 to 1024"
+                                   : "error: --threads: -1 is out of range: it must be 0 to 65536"))
         << cmd << ": " << r.err;
   }
+  r = cli("compile -m synth:tiny --emit program -t 2147483647");  // refused at once (it ate 17 GB)
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: --threads: 2147483647 is out of range: it must be 0 to 65536")) << r.err;
   r = cli("run -m synth:tiny --ids 1 -n 1.5");
   EXPECT_EQ(r.status, 2);
   EXPECT_TRUE(has(r.err, "--n-predict: '1.5' is not a whole number")) << r.err;
