@@ -382,6 +382,11 @@ TEST(E2ECliUsage, TracePathIsCheckedBeforeGenerating) {
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(has(r.err, "error: --trace: the reference backend has no trace")) << r.err;
   EXPECT_FALSE(std::filesystem::exists(path)) << "the check leaves no file behind";
+  // A trace that opens but cannot be written (a full disk) is an error, not "wrote /dev/full".
+  r = cli("run -m synth:tiny --ids 1,2 -n 4 --temp 0 -t 2 --trace /dev/full");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "error: /dev/full: writing the trace failed (No space left on device)")) << r.err;
+  EXPECT_FALSE(has(r.err, "wrote /dev/full")) << r.err;
 }
 
 // --host that is no address: the error names the host and port and why, before the model loads

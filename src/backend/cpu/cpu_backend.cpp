@@ -94,7 +94,13 @@ class CpuBackend final : public Backend {
     std::fprintf(stderr, "wrote %s\n%s", trace_path_.c_str(), summary.c_str());
   }
 
-  ~CpuBackend() override { finish(); }
+  ~CpuBackend() override {
+    try {  // the callers call finish() first; here only what they did not write yet
+      finish();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+    }
+  }
 
  private:
   std::string trace_path_;

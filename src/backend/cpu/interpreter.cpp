@@ -407,13 +407,13 @@ std::string write_trace(const TraceData& it, const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) fail("{}: cannot open for writing", path);
   std::string out = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
-  bool first = true;
+  bool first = true, written = true;
   auto emit = [&](const std::string& ev) {
     out += first ? "" : ",\n";
     out += ev;
     first = false;
     if (out.size() > (1u << 20)) {
-      std::fwrite(out.data(), 1, out.size(), f);
+      written = written && std::fwrite(out.data(), 1, out.size(), f) == out.size();
       out.clear();
     }
   };
@@ -436,8 +436,9 @@ std::string write_trace(const TraceData& it, const std::string& path) {
     }
   }
   out += "\n]}\n";
-  std::fwrite(out.data(), 1, out.size(), f);
-  std::fclose(f);
+  written = written && std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  written = std::fclose(f) == 0 && written;  // a full disk may show only at the flush
+  if (!written) fail("{}: writing the trace failed ({})", path, std::strerror(errno));
   return trace_summary(it);
 }
 
