@@ -11,6 +11,7 @@
 #include "runtime/session.h"
 #include "support/error.h"
 #include "support/printable.h"
+#include "support/text_file.h"
 
 namespace mk::cli {
 
@@ -32,11 +33,7 @@ void add_chat_command(CLI::App& app) {
     Session s(o->session);
     std::string source;
     if (!o->template_file.empty()) {
-      std::ifstream in(o->template_file, std::ios::binary);
-      if (!in) fail("{}: cannot open", o->template_file);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      source = ss.str();
+      source = read_text_file(o->template_file);
     } else {
       source = model_chat_template(s.model);
     }

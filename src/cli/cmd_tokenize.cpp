@@ -9,6 +9,7 @@
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 #include "support/error.h"
+#include "support/text_file.h"
 
 namespace mk::cli {
 
@@ -32,11 +33,7 @@ void add_tokenize_command(CLI::App& app) {
     if (p->count() == 0 && f->count() == 0) fail("tokenize: give the text with -p TEXT or -f FILE");
     std::string text = o->prompt;
     if (f->count()) {
-      std::ifstream in(o->file, std::ios::binary);
-      if (!in) fail("{}: cannot open", o->file);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      text = ss.str();
+      text = read_text_file(o->file);
     }
     ModelFile m = load_model_vocab(o->model);
     auto tok = load_model_tokenizer(m);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "support/error.h"
+#include "support/text_file.h"
 #include "support/json.h"
 
 namespace mk {
@@ -18,13 +19,7 @@ namespace {
 
 constexpr size_t kMaxTemplateErrorBytes = 2000;
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot open", p.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::filesystem::path& p) { return read_text_file(p.string()); }
 
 // tokenizer_config.json "chat_template": a string, or a list of {"name", "template"} of which
 // "default" is the one apply_chat_template uses without a name.

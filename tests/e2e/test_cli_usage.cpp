@@ -360,6 +360,19 @@ TEST(E2ECliUsage, FileStringsInMessagesAreEscaped) {
   std::filesystem::remove(arch);
 }
 
+// A directory where a text file is expected (tokenize -f, --chat-template-file, --messages) is named
+// as such (it was read as an empty file: "1 -> <s>", or an error about an empty prompt).
+TEST(E2ECliUsage, DirectoryGivenForATextFileIsNamed) {
+  const std::string model = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
+  const std::string dir = ::testing::TempDir();
+  for (const std::string& args : {"tokenize -m " + model + " -f " + dir, "run -m " + model + " --chat -p hi --chat-template-file " + dir,
+                                  "run -m " + model + " --messages " + dir, "chat -m " + model + " --chat-template-file " + dir}) {
+    Result r = cli(args);
+    EXPECT_EQ(r.status, 1) << args;
+    EXPECT_TRUE(has(r.err, dir + ": is a directory, expected a file")) << args << ": " << r.err;
+  }
+}
+
 // --trace is written after the last step: a path that cannot be written is refused before the
 // first step (nothing is generated), naming the path; a path that can gets the trace. The reference
 // backend has no trace and says so instead of ignoring the flag.
