@@ -44,10 +44,10 @@ void add_run_command(CLI::App& app) {
   messages->excludes(ids);
   chat->excludes(ids);
   cmd->callback([o, ids] {
-    if (o->chat && o->gen.prompt.empty()) fail("--chat needs the user's text with -p");
-    if (!o->messages_file.empty() && !o->gen.prompt.empty()) fail("--messages and -p cannot be combined");
+    if (o->chat && o->gen.prompt.empty()) usage_error("--chat needs the user's text with -p");
+    if (!o->messages_file.empty() && !o->gen.prompt.empty()) usage_error("--messages and -p cannot be combined");
     if (!o->template_file.empty() && !o->chat && o->messages_file.empty())
-      fail("--chat-template-file needs --chat or --messages");
+      usage_error("--chat-template-file needs --chat or --messages");
     if (ids->count() > 0) {  // a tokenizer only decodes the output: synthetic models have none
       o->gen.prompt_ids = parse_ids(o->ids);
       o->session.need_tokenizer = false;

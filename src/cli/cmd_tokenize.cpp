@@ -30,7 +30,7 @@ void add_tokenize_command(CLI::App& app) {
   cmd->callback([o, p, f] {
     if (o->model.rfind("synth:", 0) == 0)  // random weights only: there is no vocabulary to read
       fail("{}: synthetic models carry no tokenizer; tokenize needs a GGUF file or an HF directory", o->model);
-    if (p->count() == 0 && f->count() == 0) fail("tokenize: give the text with -p TEXT or -f FILE");
+    if (p->count() == 0 && f->count() == 0) usage_error("tokenize: give the text with -p TEXT or -f FILE");
     std::string text = o->prompt;
     if (f->count()) {
       text = read_text_file(o->file);

@@ -50,6 +50,9 @@ std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag = "
 // check that makes it a usage error (exit 2) before anything loads.
 std::string token_ids_problem(const std::string& s);
 CLI::Validator token_ids();
+// A usage error found in a command's callback (options that need or exclude each other beyond what
+// CLI11 states): "error: MSG (see --help)", exit status 2, as CLI11's own.
+[[noreturn]] inline void usage_error(const std::string& msg) { throw CLI::ValidationError(msg); }
 
 // Generated text streamed to stdout as it comes. end_line() ends a line left open, so that an error
 // printed to stderr after a failed step starts a line of its own on a terminal.

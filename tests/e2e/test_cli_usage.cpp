@@ -360,6 +360,24 @@ TEST(E2ECliUsage, FileStringsInMessagesAreEscaped) {
   std::filesystem::remove(arch);
 }
 
+// Options that need or exclude each other beyond what CLI11 states are usage errors too (exit 2, as
+// `--ids 1 -p x`), found before the model loads.
+TEST(E2ECliUsage, OptionCombinationsAreUsageErrors) {
+  const std::string model = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
+  const std::string messages = (std::filesystem::path(::testing::TempDir()) / "mk_usage_messages.json").string();
+  std::ofstream(messages) << R"([{"role": "user", "content": "hi"}])";
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"run -m " + model + " --chat", "error: --chat needs the user's text with -p (see --help)"},
+           {"run -m " + model + " --messages " + messages + " -p x", "error: --messages and -p cannot be combined (see --help)"},
+           {"run -m " + model + " -p x --chat-template-file " + messages, "error: --chat-template-file needs --chat or --messages"},
+           {"tokenize -m " + model, "error: tokenize: give the text with -p TEXT or -f FILE (see --help)"}}) {
+    Result r = cli(args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.err;
+    EXPECT_TRUE(has(r.err, want)) << args << ": " << r.err;
+  }
+  std::filesystem::remove(messages);
+}
+
 // A directory where a text file is expected (tokenize -f, --chat-template-file, --messages) is named
 // as such (it was read as an empty file: "1 -> <s>", or an error about an empty prompt).
 TEST(E2ECliUsage, DirectoryGivenForATextFileIsNamed) {
