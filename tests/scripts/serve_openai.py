@@ -672,6 +672,9 @@ def slow_client_checks():
     check(elapsed < 9, f"tricklers ended by the whole-request limit, not the 10 s read timeout ({elapsed:.1f} s)")
     st, _, _ = srv.raw("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2})
     check(st == 200, "served after the tricklers")
+    m = srv.metrics()
+    n408 = m.get('megakernel_http_responses_total{code="408"}', 0)
+    check(n408 >= len(tricklers), f"/metrics counts the tricklers' replies as 408 ({n408} for {len(tricklers)} tricklers)")
     for sock in silent:
         sock.close()
     srv.blocks_free_at_end("after the slow clients")
