@@ -894,7 +894,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")
       ->required();
   cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
-  cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)");
+  // An empty value is refused rather than taken as "the default" or "any" (it listened on [::1]
+  // and printed "http://:PORT").
+  const CLI::Validator not_empty([](std::string& s) { return s.empty() ? std::string("must not be empty") : std::string(); },
+                                 "TEXT");
+  cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)")->check(not_empty);
   cmd->add_option("--port", o->port, "TCP port (0 = any free port; the chosen one is printed)")
       ->capture_default_str()
       ->check(integer_range(0, 65535));
@@ -915,7 +919,8 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(integer_range(1, kMaxBodyLimit));
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 chat template to use instead of the model's");
-  cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)");
+  cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)")
+      ->check(not_empty);
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length per request (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
   cmd->add_option("--backend", o->session.backend, "backend: cpu, cuda, ... (default: the fastest available)")

@@ -422,6 +422,14 @@ TEST(E2ECliUsage, TracePathIsCheckedBeforeGenerating) {
 
 // --host that is no address: the error names the host and port and why, before the model loads
 // (cpp-httplib alone says only that binding failed; this once read "no free port").
+TEST(E2ECliUsage, ServeRefusesAnEmptyHostOrAlias) {
+  for (const char* opt : {"--host", "--alias"}) {
+    Result r = cli(std::string("serve -m synth:tiny --port 0 ") + opt + " ''");
+    EXPECT_EQ(r.status, 2) << opt << ": " << r.err;
+    EXPECT_TRUE(has(r.err, "must not be empty")) << opt << ": " << r.err;
+  }
+}
+
 TEST(E2ECliUsage, ServeNamesAnAddressItCannotListenOn) {
   Result r = cli("serve -m synth:tiny --host 999.1.1.1 --port 0");
   EXPECT_EQ(r.status, 1);
