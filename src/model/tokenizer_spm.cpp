@@ -272,6 +272,12 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::shared_ptr<MappedFile> fi
   if (file->bytes().size() >= 4 && std::memcmp(file->bytes().data(), "GGUF", 4) == 0)
     fail("{}: this is a GGUF file, not a llama2.c tokenizer (tokenizer.bin); a GGUF model carries its own tokenizer, so "
          "give it to -m without -z", path);
+  // A SentencePiece .model (protobuf ModelProto: field 1 `pieces`, each a message whose field 1 is
+  // the piece: bytes 0a LEN 0a) where tokenizer.bin's int32 max_token_length would have zero high bytes.
+  if (file->bytes().size() >= 3 && file->bytes()[0] == 0x0a && file->bytes()[1] != 0 && file->bytes()[2] == 0x0a)
+    fail("{}: this looks like a SentencePiece .model file (protobuf), not a llama2.c tokenizer (tokenizer.bin); "
+         "llama2.c's tokenizer.py --export writes the .bin from it",
+         path);
   ByteReader r(file->bytes(), path);
   const auto max_token_length = r.read<int32_t>("max_token_length");
   if (max_token_length < 0) fail("{}: negative max_token_length {}", path, max_token_length);

@@ -96,6 +96,8 @@ TEST(E2EStories, BadInputsExitNonZeroWithAMessage) {
       {"run -m " + kDir + "tok512.bin", "error:"},
       {"run -m " + kDir + "stories260K.bin -z " + kDir + "stories260K.gguf -p hi",
        "stories260K.gguf: this is a GGUF file, not a llama2.c tokenizer (tokenizer.bin)"},
+      {"run -m " + kDir + "stories260K.bin -z " + kDir + "tok512.model -p hi",
+       "tok512.model: this looks like a SentencePiece .model file (protobuf), not a llama2.c tokenizer"},
       {"info -m " + kDir + "README.md", "error:"},
       {"logits -m " + kDir + "stories260K.gguf --ids 1,99999", "outside the vocabulary"},
   };
