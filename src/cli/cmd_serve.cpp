@@ -628,7 +628,7 @@ class Server {
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       std::string text = prometheus_text(e_.stats());
       text +=
-          "# HELP megakernel_http_responses_total HTTP responses by status code.\n# TYPE "
+          "# HELP megakernel_http_responses_total HTTP responses by status code (0: the client left before its request was complete).\n# TYPE "
           "megakernel_http_responses_total counter\n";
       {
         std::lock_guard lock(codes_mu_);
@@ -671,7 +671,9 @@ class Server {
       // A response that says Connection: close is the connection's last (HttpServer's loop).
       if (res.get_header_value("Connection") == "close") HttpServer::close_after_response();
       std::lock_guard lock(codes_mu_);
-      ++codes_[HttpServer::request_timed_out() ? 408 : res.status];
+      // Code 0: the client left before its request was complete (cpp-httplib reports the failed
+      // read as 400); a timed-out read was answered 408 by the connection layer.
+      ++codes_[HttpServer::request_timed_out() ? 408 : HttpServer::client_left() ? 0 : res.status];
     });
   }
 

@@ -124,6 +124,7 @@ class ConnectionStream : public httplib::Stream {
   // bounds the reading of this request (the next one sets its own).
   void start_request() {
     timed_out_ = false;
+    eof_ = false;
     const auto limit = server_.request_read_limit;
     deadline_ = limit.count() > 0 ? Clock::now() + limit : Clock::time_point::max();
   }
@@ -159,6 +160,7 @@ class ConnectionStream : public httplib::Stream {
     ssize_t n;
     do n = ::recv(sock_, buf_.data(), buf_.size(), 0);
     while (n < 0 && errno == EINTR);
+    if (n == 0) eof_ = true;
     if (n <= 0) return n;
     const size_t give = std::min(size, static_cast<size_t>(n));
     std::memcpy(ptr, buf_.data(), give);
@@ -173,6 +175,8 @@ class ConnectionStream : public httplib::Stream {
     while (n < 0 && errno == EINTR);
     return n;
   }
+  // The client closed its side while this request was being read (the request is incomplete).
+  bool eof() const { return eof_; }
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
@@ -240,6 +244,7 @@ class ConnectionStream : public httplib::Stream {
   size_t off_ = 0, len_ = 0;
   Clock::time_point deadline_ = Clock::time_point::max();
   bool timed_out_ = false;
+  bool eof_ = false;
 };
 
 }  // namespace
@@ -280,6 +285,7 @@ thread_local bool t_close_after = false;
 
 void HttpServer::close_after_response() { t_close_after = true; }
 bool HttpServer::request_timed_out() { return t_stream != nullptr && t_stream->timed_out(); }
+bool HttpServer::client_left() { return t_stream != nullptr && t_stream->eof(); }
 
 bool HttpServer::process_and_close_socket(socket_t sock) {
   ConnectionStream strm(sock, *this);

@@ -75,6 +75,9 @@ class HttpServer : public httplib::Server {
   // From the logger: this request was not read in time (answered 408, not the 400 cpp-httplib
   // reports for the read that failed).
   static bool request_timed_out();
+  // From the logger: the client closed its side before its request was complete (cpp-httplib
+  // reports that read as a malformed request, 400).
+  static bool client_left();
   int stop_fd(bool hard) const { return hard ? hard_pipe_[0] : idle_pipe_[0]; }
   std::chrono::milliseconds read_timeout() const;
   std::chrono::milliseconds write_timeout() const;

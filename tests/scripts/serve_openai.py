@@ -672,7 +672,14 @@ def slow_client_checks():
     check(elapsed < 9, f"tricklers ended by the whole-request limit, not the 10 s read timeout ({elapsed:.1f} s)")
     st, _, _ = srv.raw("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2})
     check(st == 200, "served after the tricklers")
+    gone = socket.create_connection(("127.0.0.1", srv.port))  # half a request, then the client leaves
+    gone.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+    gone.close()
+    time.sleep(0.3)
     m = srv.metrics()
+    check(m.get('megakernel_http_responses_total{code="0"}', 0) >= 1 and 'megakernel_http_responses_total{code="400"}' not in m,
+          f"a client that left mid-request counts as code 0 (an incomplete request), not 400: "
+          f"{ {k: v for k, v in m.items() if 'responses_total' in k} }")
     n408 = m.get('megakernel_http_responses_total{code="408"}', 0)
     check(n408 >= len(tricklers), f"/metrics counts the tricklers' replies as 408 ({n408} for {len(tricklers)} tricklers)")
     for sock in silent:
