@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <unistd.h>
+
 #include "model/synth.h"
 #include "ir/topk.h"
 #include "support/error.h"
@@ -50,12 +52,42 @@ bool carries_tokenizer(const ModelFile& m, int64_t n_vocab) {
 }
 }  // namespace
 
-Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
+namespace {
+// Refuses a KV cache that cannot fit in this machine's memory before any weight is read or
+// synthesised (serve --parallel 65536 on synth:llama3.1-8b used to build 16 GB of weights first):
+// the rows x n_layer x (K and V) x n_head_kv x head_dim at 2 bytes an element, a lower bound of
+// every KV type, against the physical memory. CUDA backends keep the cache in device memory and
+// find out there.
+void check_kv_fits_memory(const Hparams& hp, int64_t rows, const std::string& backend) {
+  if (backend.rfind("cuda", 0) == 0 && backend != "cuda-emu") return;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double bytes = 2.0 * 2.0 * static_cast<double>(rows) * static_cast<double>(hp.n_layer) *
+                       static_cast<double>(hp.n_head_kv) * static_cast<double>(hp.head_dim);
+  const double phys = static_cast<double>(pages) * static_cast<double>(page);
+  if (bytes > phys)
+    fail("cannot allocate the KV cache: {} rows x {} layers x {} KV heads x {} need at least {:.1f} GiB, more than "
+         "this machine's {:.1f} GiB of memory",
+         rows, hp.n_layer, hp.n_head_kv, hp.head_dim, bytes / (1 << 30), phys / (1 << 30));
+}
+}  // namespace
+
+// The model is opened for its shapes first (a synthetic model's weights are built only once the
+// KV cache is known to fit); files are mapped either way.
+Session::Session(const SessionOptions& o) : model(open_model(o.model_path, /*with_data=*/false)) {
   hparams = read_hparams(model);
   if (o.n_ctx < 0) fail("context length must be positive, got {}", o.n_ctx);
   if (hparams.n_ctx_train > 0 && o.n_ctx > hparams.n_ctx_train)
     fail("context length {} exceeds the model's training context {}", o.n_ctx, hparams.n_ctx_train);
   n_ctx = o.n_ctx > 0 ? o.n_ctx : std::min(hparams.n_ctx_train > 0 ? hparams.n_ctx_train : kDefaultMaxCtx, kDefaultMaxCtx);
+  BuildOptions build{n_ctx, o.all_logits};
+  if (o.kv_pool_tokens < 0) fail("KV pool size must be >= 0 tokens, got {}", o.kv_pool_tokens);
+  if (o.kv_pool_seqs < 1) fail("KV pool must hold at least one sequence, got {}", o.kv_pool_seqs);
+  build.kv_pool_tokens = o.kv_pool_tokens > 0 ? o.kv_pool_tokens : (o.kv_pool_seqs > 1 ? o.kv_pool_seqs * n_ctx : 0);
+  build.kv_block_size = o.kv_block_size;
+  check_kv_fits_memory(hparams, build.kv_pool_tokens > 0 ? build.kv_pool_tokens : n_ctx,
+                       o.backend.empty() ? default_backend_name() : o.backend);
+  if (o.model_path.rfind("synth:", 0) == 0) model = open_model(o.model_path);  // now its weights
   if (o.need_tokenizer || !o.tokenizer_path.empty()) {
     tokenizer = open_tokenizer(model, o.tokenizer_path, hparams.n_vocab);
   } else if (o.tokenizer_if_available && model.path.rfind("synth:", 0) != 0) {
@@ -73,11 +105,6 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path)) {
   if (tokenizer && tokenizer->n_vocab() > hparams.n_vocab)
     fail("tokenizer has {} tokens but the model's vocabulary is {}", tokenizer->n_vocab(), hparams.n_vocab);
   stop_at_bos = model.format == "llama2c";
-  BuildOptions build{n_ctx, o.all_logits};
-  if (o.kv_pool_tokens < 0) fail("KV pool size must be >= 0 tokens, got {}", o.kv_pool_tokens);
-  if (o.kv_pool_seqs < 1) fail("KV pool must hold at least one sequence, got {}", o.kv_pool_seqs);
-  build.kv_pool_tokens = o.kv_pool_tokens > 0 ? o.kv_pool_tokens : (o.kv_pool_seqs > 1 ? o.kv_pool_seqs * n_ctx : 0);
-  build.kv_block_size = o.kv_block_size;
   graph = build_graph(model, build);
   backend = make_backend(o.backend.empty() ? default_backend_name() : o.backend, graph, model, o.backend_options);
 }

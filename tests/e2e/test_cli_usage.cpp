@@ -169,17 +169,24 @@ TEST(E2ECliUsage, UnknownScheduleIsAUsageError) {
   }
 }
 
-// serve: a KV pool or buffers too large to allocate name the options that size them.
+// serve: a KV pool or buffers too large to allocate name the options that size them. A KV cache
+// larger than the machine's memory is refused from the model's shapes, before any weight is built:
+// 2^30 rows of stories260k (5 layers x 2 x 4 KV heads x 8) are at least 640 GiB at 2 bytes; 65536 x
+// 4096 rows of the 8B shape (32 layers x 2 x 8 x 128) 32 TiB, whose 16 GB of synthetic weights took
+// 49 s to build before the allocation failed (new-user trial).
 TEST(E2ECliUsage, ServeThatCannotAllocateNamesTheOptionsToLower) {
-  // 2^30 KV rows of stories260k (5 layers x 2 x 32 floats) are 1.4 TB: no allocation succeeds,
-  // unless the kernel grants any size (vm.overcommit_memory = 1), when zeroing it would exhaust memory.
-  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
-  int mode = 0;
-  if (overcommit >> mode && mode == 1) GTEST_SKIP() << "vm.overcommit_memory = 1: a 1.4 TB allocation would succeed";
   Result r = cli("serve -m synth:stories260k --port 0 --parallel 65536 --kv-tokens 1073741824");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_TRUE(has(r.err, "lower --parallel, -c or --kv-tokens")) << r.err;
   EXPECT_TRUE(has(r.err, "--parallel 65536")) << r.err;
+  EXPECT_TRUE(has(r.err, "cannot allocate the KV cache: 1073741824 rows x 5 layers x 4 KV heads x 8 need at least 640.0 GiB"))
+      << r.err;
+  r = cli("serve -m synth:llama3.1-8b --backend cpu --port 0 --parallel 65536");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "cannot allocate the KV cache: 268435456 rows x 32 layers x 8 KV heads x 128 need at least "
+                         "32768.0 GiB"))
+      << r.err;
+  EXPECT_TRUE(has(r.err, "--parallel 65536, -c 0")) << r.err;
 }
 
 // synth: models are random weights with no vocabulary: `tokenize` says so (as `run -p` does).
