@@ -5,6 +5,11 @@
 // Run: build/bench/mk_bench --benchmark_filter='QuantDot|QuantGemm|QuantDecode'
 #include <benchmark/benchmark.h>
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <random>
 
 #include "archs/arch.h"
@@ -159,6 +164,39 @@ void BM_QuantGemmPacked(benchmark::State& state, DType t, int variant) {
                                                  benchmark::Counter::kIsRate);
 }
 
+// The same call with the weights streamed from memory, as in a decode step: copies of the packed
+// matrix filling 64 MiB (past a 32 MiB L3) are used in turn, one per call.
+void BM_QuantGemmPackedStreamed(benchmark::State& state, DType t, int variant) {
+  const quant::QuantType* q = quant::quant_type(t);
+  const int64_t R = state.range(0);
+  if (!quant::gemm_isa_available(static_cast<quant::GemmIsa>(variant)) || q->gemm_act_packed_variants[variant] == nullptr) {
+    state.SkipWithError("this CPU lacks the instruction set");
+    return;
+  }
+  const int64_t K = 576, N = 1536;
+  const GemmInputs in = gemm_inputs(t, K, N, R);
+  const size_t bytes = q->packed_bytes(N, K), copies = (size_t{64} << 20) / bytes + 1;
+  // on 2 MiB pages where the kernel gives them, as the cpu backend's packed weights
+  constexpr size_t kHuge = size_t{2} << 20;
+  std::unique_ptr<uint8_t, decltype(&std::free)> mem(
+      static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes * copies + kHuge - 1) / kHuge * kHuge)), &std::free);
+  uint8_t* packed = mem.get();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  ::madvise(packed, (bytes * copies + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+#endif
+  q->pack(in.qw.data(), in.row_bytes, N, K, packed);
+  for (size_t c = 1; c < copies; ++c) std::copy_n(packed, bytes, packed + c * bytes);
+  std::vector<float> out(static_cast<size_t>(N * R));
+  size_t c = 0;
+  for (auto _ : state) {
+    q->gemm_act_packed_variants[variant](packed + c * bytes, N, in.xq.data(), in.xrow, R, K, out.data(), N);
+    benchmark::DoNotOptimize(out.data());
+    c = c + 1 == copies ? 0 : c + 1;
+  }
+  state.counters["Gmacs/s"] = benchmark::Counter(static_cast<double>(K * N * R) * static_cast<double>(state.iterations()) / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+
 }  // namespace
 
 #define MK_QUANT_GEMM_BENCH(T)                                                                                        \
@@ -169,7 +207,8 @@ void BM_QuantGemmPacked(benchmark::State& state, DType t, int variant) {
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_amx, DType::T, 4)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();
 #define MK_QUANT_GEMM_PACKED_BENCH(T)                                                                         \
   BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(16)->MeasureProcessCPUTime(); \
-  BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_amx, DType::T, 4)->Arg(16)->Arg(32)->MeasureProcessCPUTime();
+  BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_amx, DType::T, 4)->Arg(16)->Arg(32)->MeasureProcessCPUTime(); \
+  BENCHMARK_CAPTURE(BM_QuantGemmPackedStreamed, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(16)->UseRealTime();
 MK_QUANT_GEMM_PACKED_BENCH(Q4_0)
 MK_QUANT_GEMM_PACKED_BENCH(Q4_1)
 MK_QUANT_GEMM_PACKED_BENCH(Q8_0)
