@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -183,20 +184,24 @@ const std::string kSynth110M = "synth:stories110m";
 
 
 // The float32 many-row tile alone (src/backend/cpu/float_gemm.h), one thread: R activation rows x
-// 2048 weight rows of K = 768 (6 MiB of weights, past L2: streamed like a model's), 64 weight rows
-// per call as matmul() passes float32 weights. isa -1: dot_f32 per (row, column), as the one-row
-// path computes. GFLOP/s counts a multiply and an add per element; on a loaded machine read the
-// CPU column.
-void BM_FloatGemm(benchmark::State& state, int isa, int64_t R) {
+// 2048 weight rows of K = 768 (6 MiB of weights, past L2), 64 weight rows per call as matmul()
+// passes float32 weights. isa -1: dot_f32 per (row, column), as the one-row path computes. GFLOP/s
+// counts a multiply and an add per element; on a loaded machine read the CPU column. copies > 1:
+// that many copies of the weights (11: 66 MiB, past a 32 MiB L3), one per iteration in turn, so
+// that they stream from memory as a model's do.
+void BM_FloatGemm(benchmark::State& state, int isa, int64_t R, int64_t copies = 1) {
   const int64_t K = 768, C = 2048;
   const auto fisa = static_cast<cpu::FloatIsa>(isa);
   if (isa >= 0 && !cpu::float_isa_runs(fisa)) return state.SkipWithError("ISA not run by this CPU");
-  std::vector<float> x(static_cast<size_t>(R * K)), w(static_cast<size_t>(C * K)), out(static_cast<size_t>(R * C));
+  std::vector<float> x(static_cast<size_t>(R * K)), w(static_cast<size_t>(copies * C * K)), out(static_cast<size_t>(R * C));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.01f;
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 89) * 0.01f;
-  std::vector<const float*> rows(static_cast<size_t>(C));
-  for (int64_t j = 0; j < C; ++j) rows[static_cast<size_t>(j)] = &w[static_cast<size_t>(j * K)];
+  std::vector<const float*> all_rows(static_cast<size_t>(copies * C));
+  for (int64_t j = 0; j < copies * C; ++j) all_rows[static_cast<size_t>(j)] = &w[static_cast<size_t>(j * K)];
+  int64_t copy = 0;
   for (auto _ : state) {
+    const std::span<const float*> rows(all_rows.data() + copy * C, static_cast<size_t>(C));
+    copy = copy + 1 == copies ? 0 : copy + 1;
     for (int64_t j = 0; j < C; j += 64) {
       if (isa < 0) {
         for (int64_t q = j; q < j + 64; ++q)
@@ -217,6 +222,9 @@ BENCHMARK_CAPTURE(BM_FloatGemm, portable_rows16, 0, 16)->Unit(benchmark::kMillis
 BENCHMARK_CAPTURE(BM_FloatGemm, avx2_rows16, 1, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FloatGemm, avx512_rows16, 2, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FloatGemm, dot_rows1, -1, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FloatGemm, avx512_rows16_streamed, 2, 16, 11)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FloatGemm, avx512_rows4_streamed, 2, 4, 11)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FloatGemm, dot_rows1_streamed, -1, 1, 11)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
