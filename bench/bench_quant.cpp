@@ -164,6 +164,36 @@ void BM_QuantGemmPacked(benchmark::State& state, DType t, int variant) {
                                                  benchmark::Counter::kIsRate);
 }
 
+// gemm_act_variants[variant] (unpacked GGUF rows, as the K-quants run) with the weights streamed
+// from memory: BM_QuantGemm's shape, copies filling 64 MiB on huge pages used in turn.
+void BM_QuantGemmStreamed(benchmark::State& state, DType t, int variant) {
+  const quant::QuantType* q = quant::quant_type(t);
+  const int64_t R = state.range(0);
+  if (!quant::gemm_isa_available(static_cast<quant::GemmIsa>(variant))) {
+    state.SkipWithError("this CPU lacks the instruction set");
+    return;
+  }
+  const int64_t K = q->block_size == 256 ? 768 : 576, N = 256;
+  const GemmInputs in = gemm_inputs(t, K, N, R);
+  const size_t bytes = in.qw.size(), copies = (size_t{64} << 20) / bytes + 1;
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t total = (bytes * copies + kHuge - 1) / kHuge * kHuge;
+  std::unique_ptr<uint8_t, decltype(&std::free)> mem(static_cast<uint8_t*>(std::aligned_alloc(kHuge, total)), &std::free);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  ::madvise(mem.get(), total, MADV_HUGEPAGE);
+#endif
+  for (size_t c = 0; c < copies; ++c) std::copy_n(in.qw.data(), bytes, mem.get() + c * bytes);
+  std::vector<float> out(static_cast<size_t>(N * R));
+  size_t c = 0;
+  for (auto _ : state) {
+    q->gemm_act_variants[variant](mem.get() + c * bytes, in.row_bytes, N, in.xq.data(), in.xrow, R, K, out.data(), N);
+    benchmark::DoNotOptimize(out.data());
+    c = c + 1 == copies ? 0 : c + 1;
+  }
+  state.counters["Gmacs/s"] = benchmark::Counter(static_cast<double>(K * N * R) * static_cast<double>(state.iterations()) / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+
 // The same call with the weights streamed from memory, as in a decode step: copies of the packed
 // matrix filling 64 MiB (past a 32 MiB L3) are used in turn, one per call.
 void BM_QuantGemmPackedStreamed(benchmark::State& state, DType t, int variant) {
@@ -220,6 +250,9 @@ MK_QUANT_GEMM_BENCH(Q8_0)
 MK_QUANT_GEMM_BENCH(Q2_K)
 MK_QUANT_GEMM_BENCH(Q3_K)
 MK_QUANT_GEMM_BENCH(Q4_K)
+BENCHMARK_CAPTURE(BM_QuantGemmStreamed, Q4_K_avx512vnni, DType::Q4_K, 3)->Arg(1)->Arg(4)->Arg(16)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantGemmStreamed, Q6_K_avx512vnni, DType::Q6_K, 3)->Arg(1)->Arg(4)->Arg(16)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantGemmStreamed, Q4_1_avx512vnni, DType::Q4_1, 3)->Arg(1)->Arg(4)->Arg(16)->UseRealTime();
 MK_QUANT_GEMM_BENCH(Q5_K)
 MK_QUANT_GEMM_BENCH(Q6_K)
 
