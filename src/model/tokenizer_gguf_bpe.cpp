@@ -171,7 +171,11 @@ std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model) {
 
   auto tok = make_hf_tokenizer(doc, path + ": tokenizer.ggml", eog);
   tok->bos_id = bos;
-  tok->unk_id = unk;
+  // unknown_token_id is read (and range-checked) but never emitted: a byte the vocabulary has no
+  // token for is dropped, as llama.cpp's BPE tokenizer and the tokenizers library (without an
+  // unk_token) do. SmolLM2's vocabulary lacks 21 of the 256 bytes and names id 0, <|endoftext|>, as
+  // its unknown token: emitting it put a document separator into user text (new-user trial).
+  (void)unk;
   tok->add_bos = bool_key(model, "tokenizer.ggml.add_bos_token", pre->add_bos);
   tok->add_eos = bool_key(model, "tokenizer.ggml.add_eos_token", false);
   if (tok->add_bos && bos < 0) {

@@ -2,6 +2,7 @@
 // end-of-generation ids, and the `tokenize` command on a vocab-only file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <unistd.h>
 #include <array>
@@ -49,6 +50,7 @@ struct VocabSpec {
   std::vector<std::pair<std::string, int>> specials;         // text, GGUF token type
   std::string pre = "gpt-2";
   OJson extra = OJson::object();                             // more metadata keys
+  std::vector<int> drop_bytes;                               // bytes without a token
 };
 
 ModelFile vocab_model(const VocabSpec& spec) {
@@ -56,7 +58,9 @@ ModelFile vocab_model(const VocabSpec& spec) {
   m.path = "vocab.gguf";
   m.format = "gguf";
   OJson tokens = OJson::array(), types = OJson::array(), merges = OJson::array();
-  for (int b = 0; b < 256; ++b) tokens.push_back(byte_char(b)), types.push_back(1);
+  for (int b = 0; b < 256; ++b)
+    if (std::find(spec.drop_bytes.begin(), spec.drop_bytes.end(), b) == spec.drop_bytes.end())
+      tokens.push_back(byte_char(b)), types.push_back(1);
   for (const auto& [l, r] : spec.merges) {
     tokens.push_back(l + r);
     types.push_back(1);
@@ -210,6 +214,24 @@ TEST(TokenizerGgufBpe, ControlAndUserDefinedTokens) {
   // <|im_end|> ends generation (llama.cpp's end-of-generation names) even without an EOT key.
   EXPECT_TRUE(tok->is_eos(end));
   EXPECT_FALSE(tok->is_eos(start));
+}
+
+// A byte the vocabulary has no token for is dropped, never encoded as unknown_token_id (SmolLM2's
+// is id 0, <|endoftext|>, and its vocabulary lacks 21 bytes, 0x04 among them): llama.cpp and the
+// tokenizers library drop it.
+TEST(TokenizerGgufBpe, ByteWithoutATokenIsDroppedNotUnknown) {
+  VocabSpec spec;
+  spec.pre = "smollm";
+  spec.drop_bytes = {0x04, 0xff};
+  spec.specials = {{"<|endoftext|>", 3}};
+  spec.extra["tokenizer.ggml.unknown_token_id"] = 254;  // 254 byte tokens, then <|endoftext|>
+  const ModelFile m = vocab_model(spec);
+  ASSERT_EQ(id_of(m, "<|endoftext|>"), 254);
+  const auto tok = load_model_tokenizer(m);
+  const int32_t a = id_of(m, "a"), b = id_of(m, "b");
+  EXPECT_EQ(tok->encode("a\x04" "b", false, false), (std::vector<int32_t>{a, b}));
+  EXPECT_EQ(tok->encode("\x04", false, true), (std::vector<int32_t>{}));
+  EXPECT_EQ(tok->encode("\x04\x04" "a", false, true), (std::vector<int32_t>{a}));
 }
 
 TEST(TokenizerGgufBpe, BosEosFlagsAndIds) {
