@@ -212,7 +212,7 @@ void add_gpt2_transposes(ModelFile& m, const nlohmann::ordered_json& c, std::vec
 
 }  // namespace
 
-ModelFile load_hf_dir(const std::string& dir_str) {
+ModelFile load_hf_dir(const std::string& dir_str, bool with_weights) {
   fs::path dir(dir_str);
   if (!fs::is_directory(dir)) fail("{}: not a directory", dir_str);
   ModelFile model;
@@ -237,6 +237,7 @@ ModelFile load_hf_dir(const std::string& dir_str) {
     if (!gen.is_object()) fail("{}: not a JSON object", gen_path.string());
     model.metadata["hf.generation_config"] = gen;
   }
+  if (!with_weights) return model;  // the configs only: what the tokenizer reads (load_model_vocab)
 
   const fs::path single = dir / "model.safetensors";
   const fs::path index = dir / "model.safetensors.index.json";

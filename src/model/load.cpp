@@ -60,7 +60,7 @@ void add_gguf_phi3_views(ModelFile& m) {
 
 ModelFile load_model_vocab(const std::string& path) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return load_hf_dir(path);
+  if (std::filesystem::is_directory(path, ec)) return load_hf_dir(path, /*with_weights=*/false);
   {
     auto file = MappedFile::open(path);
     if (file->size() < 4 || std::memcmp(file->data(), "GGUF", 4) != 0)

@@ -88,7 +88,8 @@ ModelFile load_gguf_metadata(const std::string& path);
 ModelFile load_model_vocab(const std::string& path);
 ModelFile load_llama2c(const std::string& path);
 ModelFile load_llama2c(std::shared_ptr<MappedFile> file);
-// A Hugging Face model directory (config.json + safetensors weights); see model/hf.h.
-ModelFile load_hf_dir(const std::string& dir);
+// A Hugging Face model directory (config.json + safetensors weights); see model/hf.h. with_weights
+// false: config.json and generation_config.json only (no tensors; the safetensors are not opened).
+ModelFile load_hf_dir(const std::string& dir, bool with_weights = true);
 
 }  // namespace mk

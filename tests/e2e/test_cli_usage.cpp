@@ -467,3 +467,30 @@ TEST(E2ECliUsage, VersionFlag) {
   EXPECT_TRUE(has(r.out, "megakernel 0.1.0 (")) << r.out;
   EXPECT_FALSE(has(r.out, "error")) << r.out;
 }
+
+// tokenize reads only the vocabulary of an HF directory too: config.json and tokenizer.json without
+// weights, or beside weights it cannot load, give the ids of the whole checkpoint (new-user trial:
+// it opened model.safetensors and failed on a missing, empty or I8 one).
+TEST(E2ECliUsage, TokenizeAnHfDirectoryReadsNoWeights) {
+  const std::filesystem::path fixture = MK_SHARED_DIR "/fixtures/hf/llama_gqa_float32";
+  const std::string text = " Hello, world! 123";
+  Result whole = cli("tokenize --json -m " + fixture.string() + " -p '" + text + "'");
+  ASSERT_EQ(whole.status, 0) << whole.err;
+  ASSERT_NE(whole.out.find("\"ids\""), std::string::npos) << whole.out;
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "mk_hf_vocab_only";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json"})
+    std::filesystem::copy_file(fixture / f, dir / f);
+  Result r = cli("tokenize --json -m " + dir.string() + " -p '" + text + "'");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, whole.out);
+  std::ofstream(dir / "model.safetensors", std::ios::binary) << "";  // empty: no model, still a vocabulary
+  r = cli("tokenize --json -m " + dir.string() + " -p '" + text + "'");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, whole.out);
+  r = cli("run -m " + dir.string() + " -p hi -n 1");  // run needs the weights: the error says so
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
+  std::filesystem::remove_all(dir);
+}
