@@ -79,7 +79,8 @@ void add_compile_command(CLI::App& app) {
     if (!f) fail("{}: cannot open for writing", o->out);
     f << text;
     if (!f) fail("{}: write failed", o->out);
-    std::fprintf(stderr, "wrote %s\n%s", o->out.c_str(), cx.program.summary().c_str());
+    // graph is the architecture's graph before any pass: no program was built, so no summary of one
+    std::fprintf(stderr, "wrote %s\n%s", o->out.c_str(), o->emit == "graph" ? "" : cx.program.summary().c_str());
   });
 }
 

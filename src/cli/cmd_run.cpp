@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -104,9 +106,13 @@ void add_run_command(CLI::App& app) {
     std::fflush(stdout);
     s.backend->finish();
     if (r.stop_reason == "context") std::fprintf(stderr, "note: stopped: the context (%lld tokens) is full\n", static_cast<long long>(s.n_ctx));
-    std::fprintf(stderr, "[%s] prompt: %zu tokens, %.3f ms/token | generation: %zu tokens, %.3f ms/token (%.1f tokens/s)\n",
-                 s.backend->name().c_str(), r.prompt_ids.size(), r.prompt_ms_per_token(), r.generated_ids.size(),
-                 r.ms_per_token(), r.ms_per_token() > 0 ? 1000.0 / r.ms_per_token() : 0.0);
+    // The first generated token comes from the prompt's step: with none after it there is no decode
+    // rate to give (it printed "0.000 ms/token (0.0 tokens/s)").
+    const std::string rate = r.n_decode_steps > 0 ? fmt::format("{:.3f} ms/token ({:.1f} tokens/s)", r.ms_per_token(),
+                                                                r.ms_per_token() > 0 ? 1000.0 / r.ms_per_token() : 0.0)
+                                                  : std::string("no decode step");
+    std::fprintf(stderr, "[%s] prompt: %zu tokens, %.3f ms/token | generation: %zu tokens, %s\n", s.backend->name().c_str(),
+                 r.prompt_ids.size(), r.prompt_ms_per_token(), r.generated_ids.size(), rate.c_str());
   });
 }
 

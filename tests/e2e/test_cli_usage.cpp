@@ -494,3 +494,29 @@ TEST(E2ECliUsage, TokenizeAnHfDirectoryReadsNoWeights) {
   EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
   std::filesystem::remove_all(dir);
 }
+
+// compile -o prints the program's summary, except for --emit graph, which builds no program (it
+// printed "0 instructions per step ... workers 1" whatever -t said).
+TEST(E2ECliUsage, CompileToAFileSummarisesTheProgramItBuilt) {
+  const std::string out = (std::filesystem::path(::testing::TempDir()) / "mk_compile_summary.txt").string();
+  Result r = cli("compile -m synth:tiny --emit program -t 3 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("wrote " + out + "\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("workers 3"), std::string::npos) << r.err;
+  r = cli("compile -m synth:tiny --emit graph -t 3 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "wrote " + out + "\n");
+  std::filesystem::remove(out);
+}
+
+// run's timing line: with one new token (it comes from the prompt's step) there is no decode rate.
+TEST(E2ECliUsage, RunTimingLineWithoutADecodeStep) {
+  Result r = cli("run -m synth:tiny --ids 1,2 -n 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("| generation: 1 tokens, no decode step\n"), std::string::npos) << r.err;
+  r = cli("run -m synth:tiny --ids 1,2 -n 3");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("| generation: 3 tokens, "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" tokens/s)\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("no decode step"), std::string::npos) << r.err;
+}
