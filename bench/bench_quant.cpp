@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "archs/arch.h"
@@ -138,10 +139,37 @@ void BM_QuantGemm(benchmark::State& state, DType t, int variant) {
                                                  benchmark::Counter::kIsRate);
 }
 
+// Copies of one matrix's bytes filling 64 MiB (past a 32 MiB L3), on 2 MiB pages where the kernel
+// gives them (as the cpu backend's weights), handed out in turn: each call then streams its weights
+// from memory as a decode step does.
+class WeightCopies {
+ public:
+  WeightCopies(const uint8_t* src, size_t bytes)
+      : bytes_(bytes), copies_((size_t{64} << 20) / bytes + 1), mem_(nullptr, &std::free) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t total = (bytes_ * copies_ + kHuge - 1) / kHuge * kHuge;
+    mem_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHuge, total)));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    ::madvise(mem_.get(), total, MADV_HUGEPAGE);
+#endif
+    for (size_t c = 0; c < copies_; ++c) std::copy_n(src, bytes_, mem_.get() + c * bytes_);
+  }
+  const uint8_t* next() {
+    const uint8_t* p = mem_.get() + next_ * bytes_;
+    next_ = next_ + 1 == copies_ ? 0 : next_ + 1;
+    return p;
+  }
+
+ private:
+  size_t bytes_, copies_, next_ = 0;
+  std::unique_ptr<uint8_t, decltype(&std::free)> mem_;
+};
+
 // gemm_act_packed (quant.h: q4_0, q4_1, q8_0 weights packed 16 rows per group at load) on the same
 // shapes as BM_QuantGemm; variant 3 = the AVX-512 VNNI tile, 4 = the AMX tile. N = 1536 here (a
-// SmolLM2 FFN matrix) so the AMX tile runs over many groups as in the product.
-void BM_QuantGemmPacked(benchmark::State& state, DType t, int variant) {
+// SmolLM2 FFN matrix) so the AMX tile runs over many groups as in the product. streamed: the
+// weights come from memory (WeightCopies), as in a decode step, instead of L2.
+void BM_QuantGemmPacked(benchmark::State& state, DType t, int variant, bool streamed = false) {
   const quant::QuantType* q = quant::quant_type(t);
   const int64_t R = state.range(0);
   if (!quant::gemm_isa_available(static_cast<quant::GemmIsa>(variant)) || q->gemm_act_packed_variants[variant] == nullptr) {
@@ -150,22 +178,22 @@ void BM_QuantGemmPacked(benchmark::State& state, DType t, int variant) {
   }
   const int64_t K = 576, N = 1536;
   const GemmInputs in = gemm_inputs(t, K, N, R);
-  const size_t row_bytes = in.row_bytes, xrow = in.xrow;
-  const std::vector<uint8_t>& qw = in.qw;
-  const std::vector<uint8_t>& xq = in.xq;
   std::vector<uint8_t> packed(q->packed_bytes(N, K));
-  q->pack(qw.data(), row_bytes, N, K, packed.data());
+  q->pack(in.qw.data(), in.row_bytes, N, K, packed.data());
+  std::optional<WeightCopies> copies;
+  if (streamed) copies.emplace(packed.data(), packed.size());
   std::vector<float> out(static_cast<size_t>(N * R));
   for (auto _ : state) {
-    q->gemm_act_packed_variants[variant](packed.data(), N, xq.data(), xrow, R, K, out.data(), N);
+    q->gemm_act_packed_variants[variant](copies ? copies->next() : packed.data(), N, in.xq.data(), in.xrow, R, K,
+                                         out.data(), N);
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["Gmacs/s"] = benchmark::Counter(static_cast<double>(K * N * R) * static_cast<double>(state.iterations()) / 1e9,
                                                  benchmark::Counter::kIsRate);
 }
 
-// gemm_act_variants[variant] (unpacked GGUF rows, as the K-quants run) with the weights streamed
-// from memory: BM_QuantGemm's shape, copies filling 64 MiB on huge pages used in turn.
+// gemm_act_variants[variant] (unpacked GGUF rows, as the K-quants run; BM_QuantGemm's shape) with the
+// weights streamed from memory (WeightCopies).
 void BM_QuantGemmStreamed(benchmark::State& state, DType t, int variant) {
   const quant::QuantType* q = quant::quant_type(t);
   const int64_t R = state.range(0);
@@ -175,53 +203,11 @@ void BM_QuantGemmStreamed(benchmark::State& state, DType t, int variant) {
   }
   const int64_t K = q->block_size == 256 ? 768 : 576, N = 256;
   const GemmInputs in = gemm_inputs(t, K, N, R);
-  const size_t bytes = in.qw.size(), copies = (size_t{64} << 20) / bytes + 1;
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t total = (bytes * copies + kHuge - 1) / kHuge * kHuge;
-  std::unique_ptr<uint8_t, decltype(&std::free)> mem(static_cast<uint8_t*>(std::aligned_alloc(kHuge, total)), &std::free);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  ::madvise(mem.get(), total, MADV_HUGEPAGE);
-#endif
-  for (size_t c = 0; c < copies; ++c) std::copy_n(in.qw.data(), bytes, mem.get() + c * bytes);
+  WeightCopies w(in.qw.data(), in.qw.size());
   std::vector<float> out(static_cast<size_t>(N * R));
-  size_t c = 0;
   for (auto _ : state) {
-    q->gemm_act_variants[variant](mem.get() + c * bytes, in.row_bytes, N, in.xq.data(), in.xrow, R, K, out.data(), N);
+    q->gemm_act_variants[variant](w.next(), in.row_bytes, N, in.xq.data(), in.xrow, R, K, out.data(), N);
     benchmark::DoNotOptimize(out.data());
-    c = c + 1 == copies ? 0 : c + 1;
-  }
-  state.counters["Gmacs/s"] = benchmark::Counter(static_cast<double>(K * N * R) * static_cast<double>(state.iterations()) / 1e9,
-                                                 benchmark::Counter::kIsRate);
-}
-
-// The same call with the weights streamed from memory, as in a decode step: copies of the packed
-// matrix filling 64 MiB (past a 32 MiB L3) are used in turn, one per call.
-void BM_QuantGemmPackedStreamed(benchmark::State& state, DType t, int variant) {
-  const quant::QuantType* q = quant::quant_type(t);
-  const int64_t R = state.range(0);
-  if (!quant::gemm_isa_available(static_cast<quant::GemmIsa>(variant)) || q->gemm_act_packed_variants[variant] == nullptr) {
-    state.SkipWithError("this CPU lacks the instruction set");
-    return;
-  }
-  const int64_t K = 576, N = 1536;
-  const GemmInputs in = gemm_inputs(t, K, N, R);
-  const size_t bytes = q->packed_bytes(N, K), copies = (size_t{64} << 20) / bytes + 1;
-  // on 2 MiB pages where the kernel gives them, as the cpu backend's packed weights
-  constexpr size_t kHuge = size_t{2} << 20;
-  std::unique_ptr<uint8_t, decltype(&std::free)> mem(
-      static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes * copies + kHuge - 1) / kHuge * kHuge)), &std::free);
-  uint8_t* packed = mem.get();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  ::madvise(packed, (bytes * copies + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
-#endif
-  q->pack(in.qw.data(), in.row_bytes, N, K, packed);
-  for (size_t c = 1; c < copies; ++c) std::copy_n(packed, bytes, packed + c * bytes);
-  std::vector<float> out(static_cast<size_t>(N * R));
-  size_t c = 0;
-  for (auto _ : state) {
-    q->gemm_act_packed_variants[variant](packed + c * bytes, N, in.xq.data(), in.xrow, R, K, out.data(), N);
-    benchmark::DoNotOptimize(out.data());
-    c = c + 1 == copies ? 0 : c + 1;
   }
   state.counters["Gmacs/s"] = benchmark::Counter(static_cast<double>(K * N * R) * static_cast<double>(state.iterations()) / 1e9,
                                                  benchmark::Counter::kIsRate);
@@ -238,7 +224,7 @@ void BM_QuantGemmPackedStreamed(benchmark::State& state, DType t, int variant) {
 #define MK_QUANT_GEMM_PACKED_BENCH(T)                                                                         \
   BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(16)->MeasureProcessCPUTime(); \
   BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_amx, DType::T, 4)->Arg(16)->Arg(32)->MeasureProcessCPUTime(); \
-  BENCHMARK_CAPTURE(BM_QuantGemmPackedStreamed, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(16)->UseRealTime();
+  BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_avx512vnni_streamed, DType::T, 3, true)->Arg(1)->Arg(16)->UseRealTime();
 MK_QUANT_GEMM_PACKED_BENCH(Q4_0)
 MK_QUANT_GEMM_PACKED_BENCH(Q4_1)
 MK_QUANT_GEMM_PACKED_BENCH(Q8_0)
