@@ -167,9 +167,13 @@ struct PpActTile {
 };
 
 // The tile: out[r * na + a] = dot_act(w_r, activation row a) for r < 2, a < t.na <= kPpMaxRows; w0, w1
-// the two weight rows.
+// the two weight rows. pf0, pf1 (0: none): the rows of a later pair, as integers (a prefetch never
+// faults, and rows past the matrix would be pointers past the array), prefetched super-block by
+// super-block: into L2 from 4 activation rows on, into L1 below (BM_QuantGemmStreamed; as the packed
+// q4/q8 tile, blockint_x86.h; docs/PERFORMANCE.md 2026-12-05).
 template <KGemmKind K>
-MK_AVX512VNNI_FN inline void kgemm_pp_tile(const uint8_t* w0, const uint8_t* w1, const PpActTile& t, float* out) {
+MK_AVX512VNNI_FN inline void kgemm_pp_tile(const uint8_t* w0, const uint8_t* w1, const PpActTile& t, float* out,
+                                           uintptr_t pf0 = 0, uintptr_t pf1 = 0) {
   static_assert(KGemmLayout<K>::kPp);
   using L = KGemmLayout<K>;
   const int na = t.na;
@@ -180,6 +184,19 @@ MK_AVX512VNNI_FN inline void kgemm_pp_tile(const uint8_t* w0, const uint8_t* w1,
     acc_m[a] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < t.nb; ++b) {
+    if (pf0 != 0) {
+      const uintptr_t o = static_cast<uintptr_t>(b * L::kBytes);
+      for (int64_t l = 0; l < L::kBytes + 63; l += 64) {  // every line the super-block touches
+        const uintptr_t at = o + static_cast<uintptr_t>(std::min<int64_t>(l, L::kBytes - 1));
+        if (na >= 4) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf0 + at), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(pf1 + at), _MM_HINT_T1);
+        } else {
+          _mm_prefetch(reinterpret_cast<const char*>(pf0 + at), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(pf1 + at), _MM_HINT_T0);
+        }
+      }
+    }
     KPpBlock k;
     pp_unpack<K>(w0 + b * L::kBytes, w1 + b * L::kBytes, k);
     const uint8_t* yq = t.qs + b * t.qs_b;
@@ -267,7 +284,9 @@ void kgemm_pp_rows(const void* w, size_t w_stride, int64_t nw, const void* xq, s
     for (int64_t i0 = 0; i0 < nw; i0 += 2) {
       const int rows = static_cast<int>(std::min<int64_t>(2, nw - i0));
       float r[2 * kPpMaxRows];
-      kgemm_pp_tile<K>(wb + static_cast<size_t>(i0) * w_stride, wb + static_cast<size_t>(i0 + rows - 1) * w_stride, at, r);
+      const uintptr_t pf = i0 + 4 < nw ? reinterpret_cast<uintptr_t>(wb) + static_cast<uintptr_t>(i0 + 4) * w_stride : 0;
+      kgemm_pp_tile<K>(wb + static_cast<size_t>(i0) * w_stride, wb + static_cast<size_t>(i0 + rows - 1) * w_stride, at, r,
+                       pf, pf != 0 && i0 + 5 < nw ? pf + w_stride : pf);  // the pair after next
       for (int i = 0; i < rows; ++i)
         for (int a = 0; a < cols; ++a) out[(a0 + a) * ldo + i0 + i] = r[i * cols + a];
     }
