@@ -90,7 +90,8 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
       /* never faults) */                                                                                            \
       if (MODE != 2 && pf != 0 && b % (64 / L::kBytes) == 0)                                                         \
         for (int r = 0; r < LANES; ++r)                                                                              \
-          _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + static_cast<uintptr_t>(b * L::kBytes)), _MM_HINT_T0); \
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + static_cast<uintptr_t>(b * L::kBytes)),            \
+                       NA >= 4 ? _MM_HINT_T1 : _MM_HINT_T0);                                                         \
       /* MODE 2 with pf: block b of a later group laid out as buf (packed weights, QuantType::pack); into L2 */     \
       /* when 4 or more activation rows share each weight vector (BM_QuantGemmPacked *_streamed, Zen 4: q8_0 at 16 */   \
       /* rows 107 -> 159 Gmacs/s, near its 171 from L2; into L1 the line fills queue up behind the misses), into */  \
