@@ -34,6 +34,9 @@ struct BackendOptions {
   // (cpu: 1, one attention op, llama.cpp-like numerics; cuda, cuda-perop, cuda-graph, cuda-emu: 0 =
   // auto, ceil(blocks / n_head_kv) so that the attention tiles cover the SMs), 0 = auto, S >= 1.
   int attn_splits = -1;
+  // Row parts of attention tiles (CompileOptions::attn_row_parts): 0 = auto (the default), P >= 1.
+  // Any value gives the same bits.
+  int attn_row_parts = 0;
 };
 
 class Backend {

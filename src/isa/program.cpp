@@ -115,8 +115,9 @@ std::string Program::instr_str(int i) const {
   const Instr& in = instrs.at(static_cast<size_t>(i));
   std::string w;
   for (const Wait& x : in.waits) w += fmt::format("{}c{}:{}", w.empty() ? "" : " ", x.counter, x.count);
-  return fmt::format("{} {} L{} op{} t{} [{}:{}) wait {{{}}} signal c{}", i, opcode_name(in.opcode), in.layer, in.op,
-                     in.tile, in.c0, in.c1, w, in.signal);
+  const std::string rows = in.row_parts > 1 ? fmt::format(" rows {}/{}", in.row_part, in.row_parts) : "";
+  return fmt::format("{} {} L{} op{} t{} [{}:{}){} wait {{{}}} signal c{}", i, opcode_name(in.opcode), in.layer, in.op,
+                     in.tile, in.c0, in.c1, rows, w, in.signal);
 }
 
 std::string Program::summary() const {
@@ -189,6 +190,8 @@ bool sym_provably_le(const SymExpr& a, const SymExpr& b) {
 bool accesses_may_overlap(const Access& a, const Access& b) {
   if (a.c1 <= b.c0 || b.c1 <= a.c0) return false;
   if (sym_provably_le(a.row_hi, b.row_lo) || sym_provably_le(b.row_hi, a.row_lo)) return false;
+  // different parts of the same row range (instr_rows): disjoint rows
+  if (a.parts > 1 && a.parts == b.parts && a.part != b.part && a.row_lo == b.row_lo && a.row_hi == b.row_hi) return false;
   return true;
 }
 
@@ -225,13 +228,15 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       else
         write(o.out, zero, R, in.c0, in.c1);
       break;
-    case Opcode::attention: {
+    case Opcode::attention: {  // rows: part row_part of row_parts of the R rows
       int64_t hpg = o.n_head / o.n_head_kv;
       int64_t g0 = in.c0 / o.head_dim / hpg, g1 = (in.c1 / o.head_dim - 1) / hpg + 1;
       read(o.x, zero, R, in.c0, in.c1);
+      a.at(n_a - 1).part = in.row_part, a.at(n_a - 1).parts = in.row_parts;
       read(o.y, zero, pool, g0 * o.head_dim, g1 * o.head_dim);
       read(o.z, zero, pool, g0 * o.head_dim, g1 * o.head_dim);
       write(o.out, zero, R, in.c0, in.c1);
+      a.at(n_a - 1).part = in.row_part, a.at(n_a - 1).parts = in.row_parts;
       break;
     }
     case Opcode::attention_partial: {  // one (group, split) tile: columns of scratch [g * S + s] * tile width

@@ -125,9 +125,20 @@ struct Instr {
   int32_t layer = -1;  // copy of the op's layer (for traces and listings)
   int32_t tile = 0;    // tile coordinate in the op's 1-D grid
   int64_t c0 = 0, c1 = 0;  // output columns of the tile
+  // Rows of the tile: part row_part of row_parts of the op's R rows (instr_rows). Only attention
+  // tiles take more than one part (the tile pass, CompileOptions::attn_row_parts): each row's
+  // attention is independent of the others, so any split gives the same bits.
+  int32_t row_part = 0, row_parts = 1;
   std::vector<Wait> waits;
   int32_t signal = -1;  // counter incremented (release) when the tile is done
 };
+
+// Rows [lo, hi) of part `part` of `parts` of an op's R rows: near-equal contiguous ranges (empty
+// when R < parts for some parts). Every backend cuts them this way.
+inline void instr_rows(int64_t R, int64_t part, int64_t parts, int64_t* lo, int64_t* hi) {
+  *lo = R * part / parts;
+  *hi = R * (part + 1) / parts;
+}
 
 struct Counter {
   std::string name;  // "blk.3.q[0:4]": op and tile range that signal it
@@ -171,12 +182,15 @@ struct Program {
   std::string op_str(int index) const;
 };
 
-// A memory region one instruction touches: rows [row_lo, row_hi) (symbolic), cols [c0, c1).
+// A memory region one instruction touches: rows [row_lo, row_hi) (symbolic), cols [c0, c1); with
+// parts > 1 only the rows of part `part` of that range (instr_rows), so two accesses of one range
+// with the same parts and different parts are disjoint.
 struct Access {
   int buffer = -1;
   bool write = false;
   SymExpr row_lo, row_hi;
   int64_t c0 = 0, c1 = 0;
+  int32_t part = 0, parts = 1;
 };
 
 // Regions an instruction reads and writes, derived from its opcode, op slots and tile. The deps

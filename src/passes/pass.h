@@ -20,6 +20,13 @@ struct CompileOptions {
   // tiles = n_head_kv x attn_splits, then attention_combine). 1 = one attention op (no split);
   // 0 = auto: ceil(workers / n_head_kv), so the tiles cover the workers. Capped at 64 and n_ctx.
   int64_t attn_splits = 1;
+  // Attention tiles over a part of the rows too (Instr::row_parts; each row's attention is
+  // independent, so the bits do not change): >= 1 = that many parts; 0 = auto: 1, unless the KV-group
+  // tiles keep under 90% of the workers busy (tiles / (workers x rounds of tiles): SmolLM2's 3 KV
+  // groups on 2 workers, 75%) and are fewer than 4 per worker, then the fewest parts (at most 8 and
+  // max_tokens) that reach 90% (SmolLM2, 2 workers: 2). Tiles are emitted part-major (every column
+  // tile of part 0, then of part 1, ...), so that a one-row step's work sits in the last part.
+  int64_t attn_row_parts = 0;
   // RMS statistic once per op (GPU backends): the op writing a pro_rms matmul's x also writes its
   // tiles' per-row sums of squares (OpDesc::ss_out), and the matmul's tiles sum those partials
   // instead of re-reading and squaring the row. Adds buffers, no waits (the matmul already waits for

@@ -1,5 +1,6 @@
 // Pass "tile": lowers every op of the (fused) graph to an OpDesc and a 1-D grid of instructions,
-// each computing a range of output columns for all rows. Inputs and KV caches become buffers;
+// each computing a range of output columns for all rows (attention: of a part of the rows).
+// Inputs and KV caches become buffers;
 // views (kv_store results) alias their cache.
 //
 // Tile widths are chosen per op from its shape, its weight bytes and the worker count:
@@ -7,7 +8,8 @@
 //              when the width allows, aligned to 16 columns (to head_dim when RoPE or attention
 //              needs whole heads)
 //   attention  one KV-head group (the query heads sharing a KV head) per tile, split into single
-//              heads when there are fewer groups than workers; with attn_splits S > 1
+//              heads when there are fewer groups than workers, and cut into row parts when
+//              those tiles do not divide evenly among the workers (attn_row_parts); with attn_splits S > 1
 //              (flash-decoding) attention_partial tiles = KV group x split, then attention_combine
 //              over whole heads, cheap
 //   others     cheap: about one tile per worker, aligned to 16 columns / the op's natural unit
@@ -43,6 +45,7 @@ double weight_bytes_per_element(DType t) {
 int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 constexpr int64_t kMaxAttnSplits = 64;
+constexpr int64_t kMaxAttnRowParts = 1024;  // Instr::row_parts (the CUDA instruction table keeps it in 15 bits)
 
 class Lowering {
  public:
@@ -165,22 +168,40 @@ class Lowering {
   }
 
   // Tiles of width `tc` (the last may be narrower) over d.cols.
-  void emit(OpDesc d, int64_t tc) {
+  // The op's tiles: columns [c0, c0 + tc) for every c0, for each of `row_parts` parts of the rows
+  // (part-major: every column tile of part 0, then of part 1, ...).
+  void emit(OpDesc d, int64_t tc, int64_t row_parts = 1) {
     tc = std::clamp<int64_t>(tc, 1, d.cols);
     d.tile_cols = tc;
     int op = static_cast<int>(p_.ops.size());
     p_.ops.push_back(d);
     int t = 0;
-    for (int64_t c0 = 0; c0 < d.cols; c0 += tc, ++t) {
-      Instr in;
-      in.opcode = d.opcode;
-      in.op = op;
-      in.layer = d.layer;
-      in.tile = t;
-      in.c0 = c0;
-      in.c1 = std::min(d.cols, c0 + tc);
-      p_.instrs.push_back(in);
-    }
+    for (int64_t part = 0; part < row_parts; ++part)
+      for (int64_t c0 = 0; c0 < d.cols; c0 += tc, ++t) {
+        Instr in;
+        in.opcode = d.opcode;
+        in.op = op;
+        in.layer = d.layer;
+        in.tile = t;
+        in.c0 = c0;
+        in.c1 = std::min(d.cols, c0 + tc);
+        in.row_part = static_cast<int32_t>(part);
+        in.row_parts = static_cast<int32_t>(row_parts);
+        p_.instrs.push_back(in);
+      }
+  }
+
+  // Row parts of attention's `tiles` column tiles (CompileOptions::attn_row_parts).
+  int64_t attn_row_parts(int64_t tiles) const {
+    const int64_t w = o_.workers, asked = o_.attn_row_parts;
+    if (asked < 0 || asked > kMaxAttnRowParts) fail("tile: attn_row_parts must be 0 (auto) to {}, got {}", kMaxAttnRowParts, asked);
+    if (asked > 0) return asked;
+    // share of the workers' time busy when every tile takes as long: tiles / (workers x rounds)
+    const auto busy = [&](int64_t n) { return static_cast<double>(n) / static_cast<double>(w * ((n + w - 1) / w)); };
+    if (tiles >= 4 * w || busy(tiles) >= 0.9) return 1;
+    for (int64_t parts = 2; parts <= std::min<int64_t>(8, o_.max_tokens); ++parts)
+      if (busy(tiles * parts) >= 0.9) return parts;
+    return 1;
   }
 
   // Width for cheap ops: about one tile per worker, a multiple of `align`.
@@ -350,7 +371,7 @@ class Lowering {
         }
         int64_t heads = d.n_head / d.n_head_kv;
         while (heads > 1 && heads % 2 == 0 && d.n_head / heads < o_.workers) heads /= 2;
-        emit(d, heads * d.head_dim);
+        emit(d, heads * d.head_dim, attn_row_parts(d.n_head / heads));
         return;
       }
       case Op::rms_norm:

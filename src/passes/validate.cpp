@@ -15,6 +15,8 @@
 //   usefulness  every instruction writes something that is read, a graph output or a KV cache
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "passes/order.h"
 #include "passes/pass.h"
@@ -60,7 +62,8 @@ class Validator {
       if (o.out < 0) issue("op{} {}: no output buffer", i, o.name);
     }
     if (!issues_.empty()) return false;
-    std::vector<std::vector<std::pair<int64_t, int64_t>>> cover(static_cast<size_t>(nops));
+    // per op, per row part: the column ranges of its tiles (every part must cover the columns once)
+    std::vector<std::map<std::pair<int32_t, int32_t>, std::vector<std::pair<int64_t, int64_t>>>> cover(static_cast<size_t>(nops));
     for (int i = 0; i < n(); ++i) {
       const Instr& in = p_.instrs[static_cast<size_t>(i)];
       if (in.op < 0 || in.op >= nops) {
@@ -70,7 +73,11 @@ class Validator {
       const OpDesc& o = p_.ops[static_cast<size_t>(in.op)];
       if (in.opcode != o.opcode) issue("instruction {}: opcode {} but op{} is {}", i, opcode_name(in.opcode), in.op, opcode_name(o.opcode));
       if (in.c0 < 0 || in.c1 > o.cols || in.c0 >= in.c1) issue("instruction {}: columns [{}, {}) outside op{} ({} columns)", i, in.c0, in.c1, in.op, o.cols);
-      cover[static_cast<size_t>(in.op)].push_back({in.c0, in.c1});
+      if (in.row_parts < 1 || in.row_part < 0 || in.row_part >= in.row_parts)
+        issue("instruction {}: row part {} of {}", i, in.row_part, in.row_parts);
+      else if (in.row_parts > 1 && in.opcode != Opcode::attention)
+        issue("instruction {}: {} takes whole rows, not part {} of {}", i, opcode_name(in.opcode), in.row_part, in.row_parts);
+      cover[static_cast<size_t>(in.op)][{in.row_parts, in.row_part}].push_back({in.c0, in.c1});
       if (in.signal < 0 || in.signal >= static_cast<int>(p_.counters.size()))
         issue("instruction {} ({}): signals no valid counter (c{})", i, o.name, in.signal);
       for (const Wait& w : in.waits)
@@ -78,14 +85,26 @@ class Validator {
           issue("instruction {} ({}): waits on nonexistent counter c{}", i, o.name, w.counter);
     }
     for (int i = 0; i < nops; ++i) {
-      auto& c = cover[static_cast<size_t>(i)];
-      std::sort(c.begin(), c.end());
-      int64_t at = 0;
-      for (auto [a, b] : c) {
-        if (a != at) issue("op{} {}: columns [{}, {}) {}", i, p_.ops[static_cast<size_t>(i)].name, std::min(a, at), std::max(a, at), a > at ? "computed by no instruction" : "computed twice");
-        at = std::max(at, b);
+      const OpDesc& o = p_.ops[static_cast<size_t>(i)];
+      auto& parts = cover[static_cast<size_t>(i)];
+      if (parts.empty()) parts[{1, 0}];  // no instruction: reported as uncovered columns
+      const int32_t np = parts.begin()->first.first;
+      if (parts.rbegin()->first.first != np) {
+        issue("op{} {}: tiles cut the rows into {} and into {} parts", i, o.name, np, parts.rbegin()->first.first);
+        continue;
       }
-      if (at != p_.ops[static_cast<size_t>(i)].cols) issue("op{} {}: columns [{}, {}) computed by no instruction", i, p_.ops[static_cast<size_t>(i)].name, at, p_.ops[static_cast<size_t>(i)].cols);
+      for (int32_t part = 0; part < np; ++part)
+        if (!parts.count({np, part})) parts[{np, part}];
+      for (auto& [key, c] : parts) {
+        const std::string rows = np > 1 ? fmt::format(" of row part {}/{}", key.second, np) : "";
+        std::sort(c.begin(), c.end());
+        int64_t at = 0;
+        for (auto [a, b] : c) {
+          if (a != at) issue("op{} {}: columns [{}, {}){} {}", i, o.name, std::min(a, at), std::max(a, at), rows, a > at ? "computed by no instruction" : "computed twice");
+          at = std::max(at, b);
+        }
+        if (at != o.cols) issue("op{} {}: columns [{}, {}){} computed by no instruction", i, o.name, at, o.cols, rows);
+      }
     }
     signals_ = count_signals(p_);
     for (size_t c = 0; c < p_.counters.size(); ++c)
@@ -286,6 +305,7 @@ void verify_program_structure(const Program& p) {
     MK_CHECK(in.op >= 0 && in.op < static_cast<int>(p.ops.size()), "instruction {}: bad op {}", i, in.op);
     const OpDesc& o = p.ops[static_cast<size_t>(in.op)];
     MK_CHECK(in.opcode == o.opcode && in.c0 < in.c1 && in.c1 <= o.cols, "instruction {}: bad tile", i);
+    MK_CHECK(in.row_parts >= 1 && in.row_part >= 0 && in.row_part < in.row_parts, "instruction {}: bad row part", i);
     MK_CHECK(in.signal < static_cast<int>(p.counters.size()), "instruction {}: bad signal", i);
     for (const Wait& w : in.waits) MK_CHECK(w.counter >= 0 && w.counter < static_cast<int>(p.counters.size()), "instruction {}: bad wait", i);
   }

@@ -6,7 +6,9 @@
 //   - stories260K reproduces llama2.c's greedy reference token for token with S = 1, 2, 4, 7 on cpu
 //     and cuda-emu (prompt rows shorter than S included);
 //   - the HF fixtures stay within their tolerances with 3 splits (all on cpu, float32 on cuda-emu);
-//   - the program has the expected instructions, and the race check on cuda-emu finds no race.
+//   - the program has the expected instructions, and the race check on cuda-emu finds no race;
+//   - attention tiles over parts of the rows (CompileOptions::attn_row_parts) give the same bits as
+//     whole rows on cpu and cuda-emu, and auto picks them where the KV groups leave workers idle.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -86,11 +88,13 @@ Graph attn_graph(const AttnModel& c) {
 // Three ragged steps over scattered blocks: sequence 0 prefills 9 rows (row 0 has one position,
 // fewer than every S > 1) then decodes; sequence 1 has 1 row, then 30; sequence 2 arrives late
 // with 2 rows. Returns every row's output of every step, concatenated.
-std::vector<float> run_attn(const std::string& backend, int splits, int threads, const AttnModel& c, const ModelFile& m) {
+std::vector<float> run_attn(const std::string& backend, int splits, int threads, const AttnModel& c, const ModelFile& m,
+                            int row_parts = 0) {
   Graph g = attn_graph(c);
   BackendOptions bo;
   bo.threads = threads;
   bo.attn_splits = splits;
+  bo.attn_row_parts = row_parts;
   auto b = make_backend(backend, g, m, bo);
   std::vector<std::vector<int32_t>> blocks = {{7, 30, 2, 11, 19, 40}, {1, 44, 5, 9, 33, 21, 16, 27, 3}, {12, 6}};
   struct Rows {
@@ -223,6 +227,69 @@ TEST(FlashAttentionRaceCheck, SplitProgramHasNoRaceAndCombineWaitsForItsPartials
     msg = e.what();
   }
   EXPECT_NE(msg.find("race:"), std::string::npos) << msg;
+}
+
+// Row parts: every row's attention is computed alone, so cutting the rows among tiles changes no
+// bit (the steps have 10, 33 and 3 rows: 8 parts leave some parts empty in the last step).
+class AttnRowParts : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AttnRowParts, AnyCutOfTheRowsGivesTheSameBits) {
+  AttnModel c;
+  c.n_head = 9;
+  c.n_head_kv = 3;  // SmolLM2's grouping: 3 KV groups of 3 heads
+  ModelFile m = attn_model(c, 11);
+  const std::vector<float> whole = run_attn(GetParam(), 1, 2, c, m, 1);
+  ASSERT_EQ(whole.size(), size_t{46} * static_cast<size_t>(c.n_head * c.head_dim));
+  EXPECT_LT(test::rel_l2(whole, run_attn("reference", -1, 1, c, m)), 1e-6);
+  for (int parts : {2, 3, 8}) EXPECT_EQ(run_attn(GetParam(), 1, 2, c, m, parts), whole) << GetParam() << " row parts " << parts;
+  EXPECT_EQ(run_attn(GetParam(), 1, 3, c, m, 4), whole) << GetParam() << " 3 workers, 4 row parts";
+  EXPECT_EQ(run_attn(GetParam(), 1, 2, c, m, 0), whole) << GetParam() << " auto (2 parts for 3 groups on 2 workers)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, AttnRowParts, ::testing::Values("cpu", "cuda-emu"),
+                         [](const auto& info) { return info.param == "cpu" ? std::string("cpu") : std::string("cuda_emu"); });
+
+TEST(AttnRowPartsProgram, AutoCutsTheRowsWhenTheGroupsLeaveWorkersIdle) {
+  AttnModel c;
+  c.n_head = 9;
+  c.n_head_kv = 3;
+  Graph g = attn_graph(c);
+  CompileOptions co;
+  co.max_tokens = 16;
+  // (tiles, row parts) of the attention op: 3 KV groups of 3 heads (odd: never cut into heads)
+  auto tiles = [&](int workers, int64_t asked) {
+    co.workers = workers;
+    co.attn_row_parts = asked;
+    Program p = compile_program(g, co);
+    EXPECT_TRUE(check_program(p).empty()) << workers << " workers";
+    std::vector<const Instr*> a;
+    for (const Instr& in : p.instrs)
+      if (in.opcode == Opcode::attention) a.push_back(&in);
+    EXPECT_FALSE(a.empty());
+    for (const Instr* in : a) {  // tiles part-major: every column tile of part 0, then of part 1 ...
+      EXPECT_EQ(in->row_parts, a[0]->row_parts);
+      EXPECT_EQ(in->row_part, in->tile / 3) << "tile " << in->tile;
+      EXPECT_EQ(in->c0, (in->tile % 3) * 3 * c.head_dim) << "tile " << in->tile;
+    }
+    return std::pair<size_t, int32_t>{a.size(), a.empty() ? 0 : a[0]->row_parts};
+  };
+  EXPECT_EQ(tiles(1, 0), (std::pair<size_t, int32_t>{3, 1}));  // one worker: nothing to balance
+  EXPECT_EQ(tiles(2, 0), (std::pair<size_t, int32_t>{6, 2}));  // 3 tiles keep 2 workers 75% busy; 6: 100%
+  EXPECT_EQ(tiles(3, 0), (std::pair<size_t, int32_t>{3, 1}));
+  EXPECT_EQ(tiles(4, 0), (std::pair<size_t, int32_t>{12, 4}));
+  EXPECT_EQ(tiles(16, 0), (std::pair<size_t, int32_t>{15, 5}));  // 15 of 16 workers: >= 90%
+  EXPECT_EQ(tiles(2, 1), (std::pair<size_t, int32_t>{3, 1}));
+  EXPECT_EQ(tiles(3, 5), (std::pair<size_t, int32_t>{15, 5}));
+  co.max_tokens = 1;  // one row per step: nothing to cut
+  EXPECT_EQ(tiles(2, 0), (std::pair<size_t, int32_t>{3, 1}));
+  co.attn_row_parts = -1;
+  EXPECT_THROW(compile_program(g, co), Error);
+  // the listing names the part of a cut tile
+  co.max_tokens = 16;
+  co.workers = 2;
+  co.attn_row_parts = 0;
+  const std::string listing = compile_program(g, co).listing();
+  EXPECT_NE(listing.find("[0:60) rows 1/2 wait"), std::string::npos) << listing;
 }
 
 nlohmann::json greedy_cases() {

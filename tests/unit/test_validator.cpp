@@ -85,7 +85,9 @@ bool oracle_safe(const Program& p, std::string* why) {
       for (const Access& a : instr_accesses(p, p.instrs[static_cast<size_t>(j)])) {
         const Buffer& B = p.buffers[static_cast<size_t>(a.buffer)];
         const int st = B.kind == BufferKind::kv ? 1 : 0;
-        for (int64_t r = a.row_lo.eval(s); r < a.row_hi.eval(s); ++r)
+        // the rows of the access's part (instr_rows) of [row_lo, row_hi)
+        const int64_t lo = a.row_lo.eval(s), n_rows = a.row_hi.eval(s) - lo;
+        for (int64_t r = lo + n_rows * a.part / a.parts; r < lo + n_rows * (a.part + 1) / a.parts; ++r)
           for (int64_t c = a.c0; c < a.c1; ++c) {
             int64_t byte = B.offset + (r * B.cols + c) * 4;
             if (B.offset < 0 || byte < 0 || static_cast<size_t>(byte / 4) >= words[st]) return *why = "access outside storage", false;
@@ -153,6 +155,43 @@ TEST(Validator, AcceptsEveryRealProgram) {
     std::string why;
     EXPECT_TRUE(oracle_safe(r.program, &why)) << r.what << ": oracle says " << why;
   }
+}
+
+// Attention tiles over row parts (stories260K's 4 KV groups on 3 workers: 3 parts): each part must
+// cover the columns once, parts exist only for attention, and a part index lies inside its count.
+TEST(Validator, RowPartsCoverEveryColumnOfEveryPart) {
+  ModelFile stories = load_model(kStories + "stories260K.bin");
+  CompileOptions co;
+  co.workers = 3;
+  co.max_tokens = 8;
+  const Program p = compile_program(build_graph(stories, BuildOptions{32, false}), co);
+  ASSERT_TRUE(check_program(p).empty());
+  size_t cut = p.instrs.size(), mm = p.instrs.size();
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    if (p.instrs[i].row_parts > 1 && cut == p.instrs.size()) cut = i;
+    if (p.instrs[i].opcode == Opcode::matmul && mm == p.instrs.size()) mm = i;
+  }
+  ASSERT_LT(cut, p.instrs.size()) << "no attention tile over a part of the rows";
+  ASSERT_EQ(p.instrs[cut].row_parts, 3);
+  auto first_issue = [](const Program& q, const std::string& has) {
+    for (const std::string& s : check_program(q))
+      if (s.find(has) != std::string::npos) return s;
+    return std::string("<none with '") + has + "'>";
+  };
+  Program twice = p;  // part 0's first tile computes part 1's columns instead: part 1 twice, part 0 short
+  twice.instrs[cut].row_part = 1;
+  EXPECT_EQ(first_issue(twice, "row part 0/3"), "op4 blk.0.attn: columns [0, 16) of row part 0/3 computed by no instruction");
+  EXPECT_EQ(first_issue(twice, "row part 1/3"), "op4 blk.0.attn: columns [0, 16) of row part 1/3 computed twice");
+  Program mixed = p;
+  mixed.instrs[cut].row_parts = 2;
+  mixed.instrs[cut].row_part = 0;
+  EXPECT_EQ(first_issue(mixed, "parts"), "op4 blk.0.attn: tiles cut the rows into 2 and into 3 parts");
+  Program outside = p;
+  outside.instrs[cut].row_part = 3;
+  EXPECT_EQ(first_issue(outside, "row part"), fmt::format("instruction {}: row part 3 of 3", cut));
+  Program matmul = p;
+  matmul.instrs[mm].row_parts = 2;
+  EXPECT_EQ(first_issue(matmul, "whole rows"), fmt::format("instruction {}: matmul takes whole rows, not part 0 of 2", mm));
 }
 
 // happens_before() works over counters (passes/order.h); it must agree with plain reachability over

@@ -22,6 +22,7 @@ class CpuBackend final : public Backend {
     // One attention op by default: on a CPU the groups x heads already cover the cores of a step,
     // and the unsplit op keeps llama.cpp's f16-KV softmax numerics (kernels.h).
     co.attn_splits = o.attn_splits < 0 ? 1 : o.attn_splits;
+    co.attn_row_parts = o.attn_row_parts;
     int64_t n_ctx = 0;
     for (const Node& n : g.nodes)
       if (n.op == Op::kv_cache) n_ctx = kv_geometry(n).n_ctx;

@@ -413,12 +413,15 @@ void attn_kv_rows(const Ctx& c, int64_t r, int64_t lo, int64_t hi, int32_t* kv_r
   }
 }
 
-// attention's passes: f(r, n_kv, g, ha, nh) for each row r of the tile (kv_row then holds its
-// n_kv pool rows) and each run of the tile's heads [ha, ha + nh) in one KV group g, at most np heads.
+// attention's passes: f(r, n_kv, g, ha, nh) for each row r of the tile (its part of the R rows,
+// instr_rows; kv_row then holds the row's n_kv pool rows) and each run of the tile's heads
+// [ha, ha + nh) in one KV group g, at most np heads.
 template <class F>
 void attn_passes(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R, int64_t np, int32_t* kv_row, F f) {
   const int64_t hd = o.head_dim, hpg = o.n_head / o.n_head_kv, h1 = in.c1 / hd;
-  for (int64_t r = 0; r < R; ++r) {
+  int64_t r0 = 0, r1 = R;
+  instr_rows(R, in.row_part, in.row_parts, &r0, &r1);
+  for (int64_t r = r0; r < r1; ++r) {
     const KvRange range = attn_kv_range(c, o, r);
     attn_kv_rows(c, r, range.begin, range.end, kv_row);
     for (int64_t ha = in.c0 / hd; ha < h1;) {

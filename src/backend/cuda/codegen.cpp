@@ -386,6 +386,10 @@ class Generator {
                                                      op.tile_cols != attn_partial_tile_cols(op)))
         fail("cuda codegen: {} tile {}: columns [{}, {}) are not one (KV group, split) of {}", op.name, in.tile, in.c0,
              in.c1, attn_partial_tile_cols(op));
+      if (in.row_parts < 1 || in.row_parts > 0x7fff || in.row_part < 0 || in.row_part >= in.row_parts ||
+          (in.row_parts > 1 && op.opcode != Opcode::attention))
+        fail("cuda codegen: {} tile {}: row part {} of {} (only attention tiles take a part of the rows)", op.name, in.tile,
+             in.row_part, in.row_parts);
       if (op.opcode == Opcode::rms_norm && op.group < op.k && (in.c0 % op.group || (in.c1 - in.c0) % op.group))
         fail("cuda codegen: {} tile {}: columns [{}, {}) are not whole groups of {}", op.name, in.tile, in.c0, in.c1, op.group);
     }
@@ -454,6 +458,7 @@ DeviceTables build_device_tables(const Program& p, const CudaSource& src) {
     m.fn = src.op_function.at(static_cast<size_t>(in.op));
     m.c0 = static_cast<int32_t>(in.c0);
     m.c1 = static_cast<int32_t>(in.c1);
+    m.rows = in.row_part | (in.row_parts << 16);
     m.signal = in.signal;
     m.wait_begin = static_cast<int32_t>(t.waits.size());
     m.n_waits = static_cast<int32_t>(in.waits.size());

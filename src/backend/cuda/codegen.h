@@ -30,7 +30,7 @@ namespace mk::cuda {
 
 // Host mirrors of the device ABI (layouts asserted equal in codegen.cpp and in the device source).
 struct MkInstr {
-  int32_t op, fn, c0, c1, signal, wait_begin, n_waits, pad;
+  int32_t op, fn, c0, c1, signal, wait_begin, n_waits, rows;  // rows: row part | row parts << 16
 };
 struct MkWait {
   int32_t counter;

@@ -74,6 +74,7 @@ Program compile_for_device(const Graph& graph, int workers, const cuda::DeviceIn
     if (n.op == Op::kv_cache) co.max_tokens = std::min<int64_t>(co.max_tokens, kv_geometry(n).n_ctx);
   co.schedule = schedule_from_name(options.schedule);
   co.attn_splits = options.attn_splits < 0 ? 0 : options.attn_splits;  // auto: attention tiles cover the SMs
+  co.attn_row_parts = options.attn_row_parts;
   co.rms_partials = env_flag("MK_CUDA_RMS_PARTIALS", true);  // RMS statistic once per op (docs/cuda.md)
   cuda::apply_env(co);
   cuda::apply_device_limits(co, device_smem_budget(dev), dev.threads);

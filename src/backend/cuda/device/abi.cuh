@@ -13,7 +13,7 @@ struct MkInstr {   // one tile of one op
   int signal;      // counter to increment when done, -1 = none
   int wait_begin;  // first MkWait of this instruction
   int n_waits;
-  int pad;
+  int rows;        // row part | row parts << 16 (isa/program.h instr_rows; attention only, else 0 | 1 << 16)
 };
 struct MkWait {
   int counter;

@@ -796,8 +796,9 @@ __device__ void mk_attend_group(const MkOpArgs& a, int r, int g, const int* bt, 
 }
 template <class C>
 __device__ void mk_attention(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
-  const int R = C::rows(s);
-  for (int r = 0; r < R; ++r) {
+  // rows: part in.rows & 0xffff of in.rows >> 16 (instr_rows in isa/program.h)
+  const mk_i64 R = C::rows(s), part = in.rows & 0xffff, parts = in.rows >> 16;
+  for (int r = (int)(R * part / parts); r < (int)(R * (part + 1) / parts); ++r) {
     int lo, hi;
     mk_kv_range<C>(a, r, &lo, &hi);
     const int* bt = a.tab + (mk_i64)mk_ld_i32(a.ids + r) * C::MB;  // the row's block table
