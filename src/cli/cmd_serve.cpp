@@ -244,8 +244,19 @@ class Server {
              (v.is_string() && v.get<std::string>().empty()) || ((v.is_object() || v.is_array()) && v.empty());
     };
     for (const char* name : {"echo", "suffix", "logit_bias", "presence_penalty", "frequency_penalty", "top_logprobs",
-                             "tools", "functions"})
+                             "tools", "functions", "prediction", "audio",
+                             // llama.cpp server's samplers (0 = off)
+                             "min_p", "mirostat", "dry_multiplier", "xtc_probability", "n_probs", "grammar", "json_schema"})
       if (const json* v = field(body, name); v && !neutral(*v)) bad(name, fmt::format("'{}' is not supported", name));
+    for (const char* name : {"repeat_penalty", "typical_p", "tfs_z"})  // llama.cpp's, 1 = off
+      if (const json* v = field(body, name); v && !(v->is_number() && v->get<double>() == 1.0))
+        bad(name, fmt::format("'{}' is not supported (only 1, off)", name));
+    if (const json* v = field(body, "function_call"); v && !(v->is_string() && v->get<std::string>() == "none"))
+      bad("function_call", fmt::format("'function_call' {} is not supported: only \"none\" (functions are not supported)",
+                                       clip_json(*v)));
+    if (const json* v = field(body, "modalities");
+        v && !(v->is_array() && std::all_of(v->begin(), v->end(), [](const json& m) { return m == "text"; })))
+      bad("modalities", fmt::format("'modalities' {} is not supported: only [\"text\"]", clip_json(*v)));
     // The values that ask for what the server does anyway: plain text, no tool calls.
     if (const json* v = field(body, "response_format")) {
       const json* type = v->is_object() ? field(*v, "type") : nullptr;
@@ -261,6 +272,7 @@ class Server {
     r.stream = get_bool(body, "stream", false);
     if (const json* so = field(body, "stream_options")) {
       if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
+      if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
       if (const json* iu = field(*so, "include_usage")) {
         if (!iu->is_boolean()) bad("stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
         r.include_usage = iu->get<bool>();
@@ -269,8 +281,10 @@ class Server {
     r.return_token_ids = get_bool(body, "return_token_ids", false);
     auto& p = r.params;
     p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0, 0, 2));
-    p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0, 0, 1));
-    if (p.sampler.top_p <= 0) bad("top_p", "'top_p' must be greater than 0");
+    const double top_p = get_number(body, "top_p", 1.0, 0, 1);
+    p.sampler.top_p = static_cast<float>(top_p);
+    if (top_p <= 0) bad("top_p", "'top_p' must be greater than 0");
+    if (p.sampler.top_p <= 0) bad("top_p", fmt::format("'top_p' {} rounds to 0 as a 32-bit float", top_p));
     p.sampler.top_k = static_cast<int>(get_int(body, "top_k", 0, 0, 1 << 30));
     // No seed, or -1 (llama.cpp's "random"): a random one. Seeds above INT64_MAX (up to 2^64 - 1, as
     // `run --seed` takes) are used as they are.
@@ -279,6 +293,7 @@ class Server {
       p.sampler.seed = sv->get<uint64_t>();
     } else {
       const int64_t seed = sv ? get_int(body, "seed", 0, INT64_MIN, INT64_MAX) : -1;
+      if (seed < -1) bad("seed", fmt::format("'seed' must be -1 (random) or between 0 and 2^64 - 1, got {}", seed));
       p.sampler.seed = seed == -1 ? (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() : static_cast<uint64_t>(seed);
     }
     p.ignore_eos = get_bool(body, "ignore_eos", false);
@@ -331,6 +346,8 @@ class Server {
       } else if (pr->is_array()) {
         for (const auto& x : *pr) {
           if (!x.is_number_integer()) bad("prompt", "'prompt' must be a string, or an array of token ids (one prompt)");
+          if (x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+            bad("prompt", fmt::format("prompt token id {} is outside the vocabulary [0, {})", x.get<uint64_t>(), s_.hparams.n_vocab));
           int64_t id = x.get<int64_t>();
           if (id < 0 || id >= s_.hparams.n_vocab)
             bad("prompt", fmt::format("prompt token id {} is outside the vocabulary [0, {})", id, s_.hparams.n_vocab));
@@ -495,7 +512,17 @@ class Server {
           RequestOutput all;
           for (;;) {
             RequestOutput out;
-            if (!req->wait(out, std::chrono::milliseconds(250))) continue;
+            if (!req->wait(out, heartbeat_every_)) {
+              // Nothing for heartbeat_every_ (queued, a long prefill, a slow step): an SSE comment line,
+              // which clients ignore, so that a client that went away fails a write and its request
+              // leaves the queue (or the batch) now rather than when its first piece is written.
+              static constexpr char kPing[] = ": ping\n\n";
+              if (!sink.write(kPing, sizeof kPing - 1)) {
+                req->cancel();
+                return false;
+              }
+              continue;
+            }
             all.token_ids.insert(all.token_ids.end(), out.token_ids.begin(), out.token_ids.end());
             if (!out.text.empty() || (!out.token_ids.empty() && pr.return_token_ids)) {
               json c = {{"index", 0}};
@@ -552,7 +579,7 @@ class Server {
     };
   }
 
-  void install(httplib::Server& svr) {
+  void install(HttpServer& svr) {
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       // Runs before the body is read. cpp-httplib 0.11 does not apply the payload limit to chunked
       // bodies, so those are refused (411, as servers that need the length up front answer).
@@ -625,14 +652,16 @@ class Server {
              guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); }));
     svr.Post("/v1/chat/completions",
              guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, true); }));
-    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    svr.Get("/metrics", [this, &svr](const httplib::Request&, httplib::Response& res) {
       std::string text = prometheus_text(e_.stats());
       text +=
           "# HELP megakernel_http_responses_total HTTP responses by status code (0: the client left before its request was complete).\n# TYPE "
           "megakernel_http_responses_total counter\n";
       {
         std::lock_guard lock(codes_mu_);
-        for (const auto& [code, n] : codes_)
+        std::map<int, uint64_t> codes = codes_;
+        if (const uint64_t t = svr.timeouts_sent()) codes[408] += t;  // the connection layer's 408s
+        for (const auto& [code, n] : codes)
           text += fmt::format("megakernel_http_responses_total{{code=\"{}\"}} {}\n", code, n);
       }
       res.set_content(text, "text/plain; version=0.0.4");
@@ -672,8 +701,8 @@ class Server {
       if (res.get_header_value("Connection") == "close") HttpServer::close_after_response();
       std::lock_guard lock(codes_mu_);
       // Code 0: the client left before its request was complete (cpp-httplib reports the failed
-      // read as 400); a timed-out read was answered 408 by the connection layer.
-      ++codes_[HttpServer::request_timed_out() ? 408 : HttpServer::client_left() ? 0 : res.status];
+      // read as 400); a timed-out read was answered 408 by the connection layer, which counts it.
+      if (!HttpServer::request_timed_out()) ++codes_[HttpServer::client_left() ? 0 : res.status];
     });
   }
 

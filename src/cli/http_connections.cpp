@@ -234,6 +234,7 @@ class ConnectionStream : public httplib::Stream {
         "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: "
         "close\r\n\r\n{}",
         body.size(), body);
+    server_.count_timeout();
     if (wait(POLLOUT, std::chrono::milliseconds(1000), false) == Ready::yes)
       (void)::send(sock_, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   }

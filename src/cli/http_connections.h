@@ -75,6 +75,10 @@ class HttpServer : public httplib::Server {
   // From the logger: this request was not read in time (answered 408, not the 400 cpp-httplib
   // reports for the read that failed).
   static bool request_timed_out();
+  // 408 replies sent for requests not read in time: also those whose request line never completed,
+  // which cpp-httplib does not log.
+  uint64_t timeouts_sent() const { return timeouts_sent_.load(); }
+  void count_timeout() { ++timeouts_sent_; }
   // From the logger: the client closed its side before its request was complete (cpp-httplib
   // reports that read as a malformed request, 400).
   static bool client_left();
@@ -86,6 +90,7 @@ class HttpServer : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override;
   int idle_pipe_[2] = {-1, -1}, hard_pipe_[2] = {-1, -1};
   std::atomic<bool> idle_stopped_{false}, hard_stopped_{false};
+  std::atomic<uint64_t> timeouts_sent_{0};
 };
 
 }  // namespace mk::cli

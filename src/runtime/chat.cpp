@@ -96,7 +96,9 @@ nlohmann::ordered_json check_chat_messages(const nlohmann::ordered_json& message
         text += part["text"].get_ref<const std::string&>();
       }
       c = std::move(text);
-    } else if (!c.is_string() && !c.is_null()) {
+    } else if (c.is_null()) {
+      c = "";  // as llama.cpp's server and the OpenAI API take it (Jinja would print "None")
+    } else if (!c.is_string()) {
       throw bad(path + ".content", "must be a string, null or an array of parts");
     }
   }
@@ -110,8 +112,14 @@ std::string render_chat_template(const std::string& source, const nlohmann::orde
     const minja::CycleCollector collector;
     auto root = minja::Parser::parse(source, minja::Options{/*trim_blocks=*/true, /*lstrip_blocks=*/true,
                                                             /*keep_trailing_newline=*/false});
+    // The OpenAI API's "developer" role is its newer name for "system": a template that does not
+    // know it (it never names the role) gets a system message instead.
+    nlohmann::ordered_json msgs = messages;
+    if (source.find("developer") == std::string::npos)
+      for (auto& m : msgs)
+        if (m.is_object() && m.contains("role") && m["role"] == "developer") m["role"] = "system";
     auto ctx = minja::Context::make(minja::Value(nlohmann::ordered_json{
-        {"messages", messages},
+        {"messages", msgs},
         {"add_generation_prompt", o.add_generation_prompt},
         {"bos_token", o.bos_token},
         {"eos_token", o.eos_token},

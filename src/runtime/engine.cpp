@@ -164,6 +164,9 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   seq->max_tokens = seq->params.max_tokens < 0 ? o_.n_ctx - n_prompt : seq->params.max_tokens;
   // Reserve blocks for every row the sequence can write: the prompt and all but the last token.
   int64_t need = blocks_.blocks_for(n_prompt + std::max<int64_t>(seq->max_tokens - 1, 0));
+  if (const int64_t prompt_blocks = blocks_.blocks_for(n_prompt); prompt_blocks > blocks_.n_blocks())
+    invalid("prompt", "the prompt is {} tokens: {} KV blocks of {}, but the pool has {}; shorten the prompt or raise --kv-tokens",
+            n_prompt, prompt_blocks, blocks_.block_size(), blocks_.n_blocks());
   if (need > blocks_.n_blocks())
     invalid("max_tokens", "the request needs {} KV blocks ({} tokens{}) but the pool has {}; {} or raise --kv-tokens", need,
             need * blocks_.block_size(), seq->params.max_tokens < 0 ? ": no max_tokens, so up to the context" : "",
@@ -265,6 +268,11 @@ bool Engine::sample_and_emit(Seq& s, std::span<const float> logits, const Greedy
     finish(s, FinishReason::error, e.what());
     return false;
   }
+  // An end-of-generation token is not a generated token: no first-token or inter-token time for it.
+  if (tok_ && !s.params.ignore_eos && (tok_->is_eos(next) || (o_.stop_at_bos && next == tok_->bos_id))) {
+    finish(s, FinishReason::stop);
+    return false;
+  }
   {
     std::lock_guard lock(mu_);
     if (s.n_generated == 0) {
@@ -275,10 +283,6 @@ bool Engine::sample_and_emit(Seq& s, std::span<const float> logits, const Greedy
     }
   }
   s.last_token = now;
-  if (tok_ && !s.params.ignore_eos && (tok_->is_eos(next) || (o_.stop_at_bos && next == tok_->bos_id))) {
-    finish(s, FinishReason::stop);
-    return false;
-  }
   int32_t prev = s.tokens.back();
   s.tokens.push_back(next);
   ++s.n_generated;

@@ -94,7 +94,7 @@ TEST(ChatTemplate, MessagePartsAndRoles) {
       "");
   EXPECT_EQ(ok[0]["content"], "a\nb");
   EXPECT_EQ(ok[1]["content"], "");
-  EXPECT_TRUE(ok[2]["content"].is_null());
+  EXPECT_EQ(ok[2]["content"], "");  // null: empty, as llama.cpp's server and OpenAI take it (not Jinja's "None")
   EXPECT_EQ(ok[3]["content"], "t");
   auto param_of = [](const std::string& text, std::string* message = nullptr) -> std::string {
     try {
@@ -119,6 +119,22 @@ TEST(ChatTemplate, MessagePartsAndRoles) {
   EXPECT_EQ(param_of(R"([3])"), "messages[0]");
   EXPECT_EQ(param_of(R"({"role": "user"})"), "messages");
   EXPECT_EQ(param_of(R"([])"), "messages");
+}
+
+// "developer" is rendered as "system" by a template that never names it (ChatML here: no default
+// system prompt plus an unknown developer turn), and kept for one that does.
+TEST(ChatTemplate, DeveloperRoleIsSystemUnlessTheTemplateKnowsIt) {
+  using J = nlohmann::ordered_json;
+  const std::string chatml =
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if messages[0].role != 'system' %}(default system){% endif %}";
+  const J msgs = check_chat_messages(
+      J::parse(R"([{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": null}])"), "");
+  ChatRenderOptions o;
+  EXPECT_EQ(render_chat_template(chatml, msgs, o),
+            "<|im_start|>system\nAnswer in French.<|im_end|>\n<|im_start|>user\n<|im_end|>\n");
+  const std::string knows = "{% for m in messages %}{% if m.role == 'developer' %}D:{% endif %}{{ m.content }};{% endfor %}";
+  EXPECT_EQ(render_chat_template(knows, msgs, o), "D:Answer in French.;;");
 }
 
 // A messages file nested deeper than kMaxJsonDepth is refused while parsing (nlohmann copies and
