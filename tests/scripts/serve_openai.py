@@ -9,7 +9,8 @@ blocks all free in /metrics after every part, and SIGTERM (in-flight request fin
 (robustness): JSON nested 100000 deep, message shapes, seed -1, response_format/tool_choice, replies
 always valid UTF-8 JSON, hostile chat templates (400 naming the limit, or refused at start), `run
 --messages` errors, slow clients (more than the kept threads; tricklers get 408), SIGTERM past the
-drain limit (listener closed at once, stream cancelled, exit 0, KV blocks free).
+drain limit (listener closed at once, stream cancelled, exit 0, KV blocks free), a queued streaming
+client that leaves (cancelled at the next `: ping` heartbeat, its queue slot freed).
 Env: MK_BIN (the binary), MK_SHARED_DIR.
 """
 import concurrent.futures as cf
@@ -798,6 +799,57 @@ def half_close_checks():
     check(srv.stop() == 0, "half-close server: exit code 0")
 
 
+def queued_ghost_checks():
+    """A streaming client that gives up while its request waits in the queue: the server writes an
+    SSE comment (`: ping`) every heartbeat while a stream has nothing to send, the write fails, and
+    the queued request leaves the queue (cancelled) while the running stream goes on, rather than
+    holding its queue slot until it is admitted. --parallel 1 keeps the second request queued."""
+    slow = os.path.exists(SMOLLM2)
+    model = [SMOLLM2, "-c", "512"] if slow else STORIES
+    n = 200 if slow else 480
+    every = os.environ.get("MK_TEST_GHOST_HEARTBEAT_MS", "20")  # 100000: no heartbeat, the check must fail
+    srv = Server(model, "--parallel", "1", "--max-queue", "1", env={"MK_SERVE_HEARTBEAT_EVERY_MS": every})
+    before = srv.metrics().get('megakernel_requests_finished_total{reason="cancelled"}', 0)
+    body = {"prompt": "Once upon a time", "max_tokens": n, "ignore_eos": True, "temperature": 0, "stream": True}
+    running = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    running.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = running.getresponse()
+    first = resp.readline()
+    while first in (b": ping\n", b"\n"):  # heartbeats while the prompt runs
+        first = resp.readline()
+    check(first.startswith(b"data: "), f"queued ghost: the first stream runs ({first[:40]!r})")
+    ghost = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    ghost.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    gresp = ghost.getresponse()  # headers come at once; the events wait for admission
+    queued = False
+    for _ in range(100):
+        if srv.metrics()["megakernel_queue_depth"] == 1:
+            queued = True
+            break
+        time.sleep(0.01)
+    check(gresp.status == 200 and queued, f"queued ghost: the second stream waits in the queue ({gresp.status})")
+    ghost.sock.shutdown(socket.SHUT_RDWR)
+    ghost.close()
+    m = {}
+    for _ in range(200):  # 2 s: many heartbeats
+        m = srv.metrics()
+        if m['megakernel_requests_finished_total{reason="cancelled"}'] > before:
+            break
+        time.sleep(0.01)
+    cancelled = m['megakernel_requests_finished_total{reason="cancelled"}'] - before
+    running_now = m.get("megakernel_requests_running", 0) == 1
+    check(cancelled == 1 and m["megakernel_queue_depth"] == 0 and running_now,
+          f"queued ghost: cancelled and out of the queue while the first stream still runs (cancelled {cancelled}, "
+          f"queue {m['megakernel_queue_depth']}, running {m.get('megakernel_requests_running')})")
+    for _ in resp:  # the first stream to its end
+        pass
+    running.close()
+    m = srv.metrics()
+    check(m['megakernel_requests_finished_total{reason="length"}'] == 1, "queued ghost: the first stream ran to its end")
+    srv.blocks_free_at_end("after the queued ghost")
+    check(srv.stop() == 0, "queued ghost server: exit code 0")
+
+
 if __name__ == "__main__":
     t0 = time.time()
     stories_checks()
@@ -812,5 +864,6 @@ if __name__ == "__main__":
     nonstream_drain_checks()
     chat_checks()
     lifecycle_checks()
+    queued_ghost_checks()
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
     sys.exit(1 if failures else 0)
