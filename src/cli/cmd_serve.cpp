@@ -465,8 +465,7 @@ class Server {
         return;
       }
       handed_over = true;
-      res.set_chunked_content_provider(
-          "application/json",
+      set_streamed_content(http_req, res, "application/json",
           [this, req, out, reply](size_t, httplib::DataSink& sink) {
             // A heartbeat right away (the reply is late already), then one per heartbeat_every_, all
             // within this one call: between calls cpp-httplib ends a chunked body once the server
@@ -494,8 +493,7 @@ class Server {
     }
     res.set_header("Cache-Control", "no-cache");
     handed_over = true;
-    res.set_chunked_content_provider(
-        "text/event-stream",
+    set_streamed_content(http_req, res, "text/event-stream",
         [this, req, pr, id, created, chat](size_t, httplib::DataSink& sink) {
           auto send = [&](const json& j) {
             std::string s = "data: " + json_text(j) + "\n\n";
@@ -572,6 +570,19 @@ class Server {
 
   // A chunked response's resource releaser: runs when it ends or the client is gone; the request
   // stops counting in flight.
+  // A body written as it is made: chunked for HTTP/1.1; an HTTP/1.0 client does not know chunked
+  // framing (RFC 9112 7.1), so its body goes unframed and ends when the connection closes.
+  static void set_streamed_content(const httplib::Request& http_req, httplib::Response& res, const char* type,
+                                   httplib::ContentProviderWithoutLength provider,
+                                   httplib::ContentProviderResourceReleaser release) {
+    if (http_req.version == "HTTP/1.0") {
+      res.set_header("Connection", "close");
+      res.set_content_provider(type, std::move(provider), std::move(release));
+    } else {
+      res.set_chunked_content_provider(type, std::move(provider), std::move(release));
+    }
+  }
+
   std::function<void(bool)> releaser(std::shared_ptr<Request> req) {
     return [this, req](bool) {
       req->cancel();  // no-op when it already ended
@@ -640,13 +651,22 @@ class Server {
       res.status = draining ? 503 : 200;
       res.set_content(json_text(json{{"status", draining ? "shutting down" : "ok"}}), "application/json");
     });
-    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      json m = {{"id", o_.model_id},
-                {"object", "model"},
-                {"created", 0},
-                {"owned_by", "megakernel"},
-                {"meta", {{"n_ctx", e_.n_ctx()}, {"n_vocab", s_.hparams.n_vocab}, {"backend", s_.backend->name()}}}};
-      res.set_content(json_text(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    auto model_object = [this] {
+      return json{{"id", o_.model_id},
+                  {"object", "model"},
+                  {"created", 0},
+                  {"owned_by", "megakernel"},
+                  {"meta", {{"n_ctx", e_.n_ctx()}, {"n_vocab", s_.hparams.n_vocab}, {"backend", s_.backend->name()}}}};
+    };
+    svr.Get("/v1/models", [model_object](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json_text(json{{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
+    });
+    // Retrieve one model (OpenAI's GET /v1/models/{model}): the served one, or 404 model_not_found.
+    svr.Get(R"(/v1/models/(.+))", [this, model_object](const httplib::Request& req, httplib::Response& res) {
+      if (req.matches[1] == o_.model_id) return res.set_content(json_text(model_object()), "application/json");
+      send_error(res, {404, fmt::format("the model '{}' does not exist; this server serves '{}'", req.matches[1].str(),
+                                        o_.model_id),
+                       "invalid_request_error", "model", "model_not_found"});
     });
     svr.Post("/v1/completions",
              guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); }));

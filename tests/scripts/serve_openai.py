@@ -303,6 +303,22 @@ def stories_checks():
     check(st == 405 and hdr.get("Allow") == "GET", f"POST /v1/models: 405 + Allow: GET, got {st}")
     st, _, text = srv.raw("GET", "/v1/models")
     check(st == 200 and json.loads(text)["data"][0]["id"] == "stories260K", "/v1/models lists the model")
+    m = c.models.retrieve("stories260K")
+    check(m.id == "stories260K" and m.object == "model", f"models.retrieve (GET /v1/models/{{id}}): {m.id}")
+    st, _, text = srv.raw("GET", "/v1/models/gpt-4")
+    check(st == 404 and json.loads(text)["error"]["code"] == "model_not_found", f"GET /v1/models/gpt-4: 404 model_not_found ({st})")
+    # HTTP/1.0 knows no chunked framing: a stream goes unframed and ends when the connection closes.
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    got = b""
+    while chunk := sock.recv(65536):
+        got += chunk
+    sock.close()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    check(head.startswith(b"HTTP/1.1 200") and b"chunked" not in head.lower() and rest.startswith(b"data: {")
+          and rest.endswith(b"data: [DONE]\n\n"), f"HTTP/1.0 stream: not chunked, events up to [DONE], then close ({head[:80]!r})")
     check(srv.raw("GET", "/health")[0] == 200, "/health")
     srv.blocks_free_at_end("after the malformed requests")
 
