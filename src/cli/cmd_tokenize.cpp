@@ -1,5 +1,7 @@
 // `tokenize`: text -> token ids with the model's vocabulary only (no weights are read), like
 // llama.cpp's llama-tokenize.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -8,10 +10,41 @@
 #include "cli/commands.h"
 #include "model/model_file.h"
 #include "model/tokenizer.h"
+#include "model/utf8.h"
 #include "support/error.h"
 #include "support/text_file.h"
 
 namespace mk::cli {
+namespace {
+
+// A piece for the terminal: JSON string quoting for the UTF-8 text, and \xNN for each byte that is
+// not part of a complete UTF-8 sequence (a byte token such as <0xE6>, or a piece holding part of a
+// character), so that the bytes of every token can be read off ("\xe6\x97" then "\xa5").
+std::string shown_piece(const std::string& piece) {
+  std::string out = "\"";
+  size_t i = 0;
+  while (i < piece.size()) {
+    size_t j = i;
+    while (j < piece.size()) {
+      const utf8::SequenceScan sc = utf8::scan_sequence(piece, j);
+      if (!sc.complete) break;
+      j += sc.length;
+    }
+    if (j > i) {
+      const std::string quoted = nlohmann::json(piece.substr(i, j - i)).dump();
+      out.append(quoted, 1, quoted.size() - 2);
+      i = j;
+      continue;
+    }
+    const utf8::SequenceScan sc = utf8::scan_sequence(piece, i);
+    for (size_t k = 0; k < sc.length; ++k)
+      out += fmt::format("\\x{:02x}", static_cast<uint8_t>(piece[i + k]));
+    i += sc.length;
+  }
+  return out + "\"";
+}
+
+}  // namespace
 
 void add_tokenize_command(CLI::App& app) {
   struct Opts {
@@ -26,7 +59,9 @@ void add_tokenize_command(CLI::App& app) {
   p->excludes(f);
   cmd->add_flag("--no-bos", o->no_bos, "do not add the vocabulary's BOS/EOS tokens");
   cmd->add_flag("--parse-special", o->parse_special, "control tokens written in the text (<|im_start|>) become their ids");
-  cmd->add_flag("--json", o->json, "print {\"ids\": [...], \"pieces\": [...]}");
+  cmd->add_flag("--json", o->json,
+                "print {\"ids\": [...], \"pieces\": [...], \"piece_bytes\": [[...], ...]} (pieces with U+FFFD for bytes "
+                "that are not whole UTF-8 characters; piece_bytes: each piece's bytes)");
   cmd->callback([o, p, f] {
     if (o->model.rfind("synth:", 0) == 0)  // random weights only: there is no vocabulary to read
       fail("{}: synthetic models carry no tokenizer; tokenize needs a GGUF file or an HF directory", o->model);
@@ -41,17 +76,19 @@ void add_tokenize_command(CLI::App& app) {
     if (o->json) {
       nlohmann::json j;
       j["ids"] = ids;
-      nlohmann::json pieces = nlohmann::json::array();
-      for (int32_t id : ids) pieces.push_back(tok->token_text(id));
+      nlohmann::json pieces = nlohmann::json::array(), bytes = nlohmann::json::array();
+      for (int32_t id : ids) {
+        const std::string piece = tok->token_text(id);
+        pieces.push_back(piece);
+        bytes.push_back(std::vector<uint8_t>(piece.begin(), piece.end()));
+      }
       j["pieces"] = std::move(pieces);
-      // A piece can be part of a UTF-8 character (a byte token): such bytes print as U+FFFD.
+      j["piece_bytes"] = std::move(bytes);
+      // A piece can be part of a UTF-8 character (a byte token): in "pieces" such bytes are U+FFFD.
       std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       return;
     }
-    for (int32_t id : ids) {
-      nlohmann::json piece = tok->token_text(id);
-      std::printf("%6d -> %s\n", id, piece.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    }
+    for (int32_t id : ids) std::printf("%6d -> %s\n", id, shown_piece(tok->token_text(id)).c_str());
   });
 }
 

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -187,6 +188,25 @@ TEST(E2ECliUsage, ServeThatCannotAllocateNamesTheOptionsToLower) {
                          "32768.0 GiB"))
       << r.err;
   EXPECT_TRUE(has(r.err, "--parallel 65536, -c 0")) << r.err;
+}
+
+// Byte tokens (stories260K's SentencePiece vocabulary spells "日本" as six <0xNN> tokens) are parts of
+// characters: `tokenize` shows their bytes as \xNN, and --json gives every piece's bytes, which
+// concatenate to the text (the "pieces" strings carry U+FFFD there).
+TEST(E2ECliUsage, TokenizeShowsTheBytesOfPartialCharacters) {
+  Result r = cli("tokenize -m " MK_SHARED_DIR "/models/stories260K/stories260K.gguf --no-bos -p \"日本 a\\\\\"");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "-> \"\\xe6\"\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "-> \"\\xac\"\n")) << r.out;
+  EXPECT_FALSE(has(r.out, "\xef\xbf\xbd")) << r.out;  // no U+FFFD in the listing
+  r = cli("tokenize -m " MK_SHARED_DIR "/models/stories260K/stories260K.gguf --no-bos --json -p \"日本 a\\\\\"");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  std::string text;
+  for (const auto& piece : j.at("piece_bytes"))
+    for (int b : piece) text += static_cast<char>(b);
+  EXPECT_EQ(j.at("ids").size(), j.at("piece_bytes").size());
+  EXPECT_EQ(text, " 日本 a\\");  // SentencePiece's leading space
 }
 
 // synth: models are random weights with no vocabulary: `tokenize` says so (as `run -p` does).
