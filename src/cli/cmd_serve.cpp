@@ -187,10 +187,15 @@ struct ParsedRequest {
 };
 
 // Why text cannot be tokenized: the model has no tokenizer, or the one it carries is damaged (named
-// as `run -p` names it).
-std::string no_tokenizer(const Session& s) {
+// as `run -p` names it). For a client (`served_as` non-empty) the model file's path, which is the
+// server's business, is replaced by the id the model is served as.
+std::string no_tokenizer(const Session& s, const std::string& model_path = "", const std::string& served_as = "") {
   if (s.tokenizer_error.empty()) return "this model has no tokenizer";
-  return "the model's tokenizer cannot be used (" + s.tokenizer_error + ")";
+  std::string why = s.tokenizer_error;
+  if (!served_as.empty() && !model_path.empty())
+    for (size_t at = why.find(model_path); at != std::string::npos; at = why.find(model_path, at + served_as.size()))
+      why.replace(at, model_path.size(), served_as);
+  return "the model's tokenizer cannot be used (" + why + ")";
 }
 
 class Server {
@@ -322,7 +327,7 @@ class Server {
       const json* msgs = field(body, "messages");
       if (!msgs) bad("messages", "'messages' is required");
       if (!tok)
-        throw HttpError{400, no_tokenizer(s_) + ", so it cannot chat", "invalid_request_error", "messages", ""};
+        throw HttpError{400, no_tokenizer(s_, o_.session.model_path, o_.model_id) + ", so it cannot chat", "invalid_request_error", "messages", ""};
       std::string prompt;
       json messages;
       try {
@@ -341,7 +346,7 @@ class Server {
       if (!pr) bad("prompt", "'prompt' is required");
       if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) pr = &(*pr)[0];
       if (pr->is_string()) {
-        if (!tok) bad("prompt", no_tokenizer(s_) + ": send the prompt as an array of token ids");
+        if (!tok) bad("prompt", no_tokenizer(s_, o_.session.model_path, o_.model_id) + ": send the prompt as an array of token ids");
         p.prompt_ids = tok->encode(pr->get<std::string>(), /*add_bos=*/true, /*parse_special=*/true);
       } else if (pr->is_array()) {
         for (const auto& x : *pr) {

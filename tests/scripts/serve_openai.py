@@ -517,7 +517,7 @@ def chat_checks():
 def damaged_tokenizer_checks():
     """stories260K.gguf with tokenizer.ggml.model "llamx": the tokenizer is there but unusable. The
     server starts for prompts of token ids and says so; a text prompt and a chat get 400 naming the
-    damage in the words `run -p` uses (not "no tokenizer")."""
+    damage in the words `run -p` uses (not "no tokenizer"), the file named by the served model id."""
     data = open(f"{SHARED}/models/stories260K/stories260K.gguf", "rb").read()
     key = data.find(b"tokenizer.ggml.model")
     at = data.find(b"llama", key + 20)
@@ -535,8 +535,9 @@ def damaged_tokenizer_checks():
         st, _, text = srv.raw("POST", route, body)
         err = json.loads(text).get("error", {}) if st == 400 else {}
         msg = err.get("message", "")
-        check(st == 400 and err.get("param") == param and why in msg and "no tokenizer" not in msg,
-              f"{route} with text: 400 naming the damaged tokenizer ({st}: {msg[:160]})")
+        served = why.replace(path, os.path.basename(path)[:-len(".gguf")])  # the model id, not the server's path
+        check(st == 400 and err.get("param") == param and served in msg and path not in msg and "no tokenizer" not in msg,
+              f"{route} with text: 400 naming the damaged tokenizer by the model id, not its path ({st}: {msg[:160]})")
     st, _, text = srv.raw("POST", "/v1/completions", {"prompt": [1, 403], "max_tokens": 2, "temperature": 0,
                                                       "return_token_ids": True})
     check(st == 200 and len(json.loads(text)["choices"][0]["token_ids"]) == 2, f"a prompt of ids is served ({st})")
