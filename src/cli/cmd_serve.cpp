@@ -435,6 +435,11 @@ class Server {
         if (!handed_over) --n;
       }
     } release{in_flight_, handed_over};
+    // cpp-httplib takes a multipart/form-data body apart into fields (curl -F) and leaves the body
+    // empty: say what to send rather than "not valid JSON" about an empty body.
+    if (http_req.is_multipart_form_data())
+      throw HttpError{415, "the request body is multipart/form-data (curl -F); send a JSON object (Content-Type: application/json, curl -d)",
+                      "invalid_request_error", "", ""};
     ParsedRequest pr = parse(http_req.body, chat);
     auto req = submit(pr.params);
     const int64_t created =

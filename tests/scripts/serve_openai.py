@@ -157,6 +157,14 @@ def stories_checks():
 
     # Malformed and hostile requests.
     expect_error(srv, b"{not json", 400, what="bad JSON")
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    form = b'--XyZ\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nOnce\r\n--XyZ--\r\n'
+    c.request("POST", "/v1/completions", body=form, headers={"Content-Type": "multipart/form-data; boundary=XyZ"})
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    check(r.status == 415 and "multipart/form-data" in json.loads(text)["error"]["message"],
+          f"a multipart/form-data body (curl -F): 415 saying to send JSON ({r.status}: {text[:100]})")
     expect_error(srv, b"[1, 2]", 400, what="a JSON array body")
     expect_error(srv, {"prompt": prompt, "temperature": "hot"}, 400, "temperature")
     expect_error(srv, {"prompt": prompt, "max_tokens": "9"}, 400, "max_tokens")
