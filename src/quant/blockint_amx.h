@@ -381,10 +381,21 @@ MK_AMX_FN void bi_amx_rows(const void* w, size_t ws, int64_t nw, const void* xq,
                          int64_t ldo) {                                                                         \
     ::mk::quant::detail::bi_amx_rows<KIND, true>(wp, 0, nw, x, xs, na, n, out, ldo);                            \
   }                                                                                                             \
+  void NAME##_packed_avx2(const void* wp, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, float* out, \
+                          int64_t ldo) {                                                                        \
+    ::mk::quant::detail::bi_tile256_avx2_packed_rows<KIND>(wp, nw, x, xs, na, n, out, ldo);                     \
+  }                                                                                                             \
+  void NAME##_packed_avxvnni(const void* wp, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n,       \
+                             float* out, int64_t ldo) {                                                         \
+    ::mk::quant::detail::bi_tile256_avxvnni_packed_rows<KIND>(wp, nw, x, xs, na, n, out, ldo);                  \
+  }                                                                                                             \
   void NAME##_packed(const void* wp, int64_t nw, const void* x, size_t xs, int64_t na, int64_t n, float* out,   \
                      int64_t ldo) {                                                                             \
-    static const bool amx = ::mk::quant::gemm_isa() == ::mk::quant::GemmIsa::amx;                               \
-    if (amx && na >= ::mk::quant::detail::kAmxMinRows) return NAME##_packed_amx(wp, nw, x, xs, na, n, out, ldo); \
+    static const ::mk::quant::GemmIsa isa = ::mk::quant::gemm_isa();                                            \
+    if (isa == ::mk::quant::GemmIsa::avx2) return NAME##_packed_avx2(wp, nw, x, xs, na, n, out, ldo);          \
+    if (isa == ::mk::quant::GemmIsa::avxvnni) return NAME##_packed_avxvnni(wp, nw, x, xs, na, n, out, ldo);    \
+    if (isa == ::mk::quant::GemmIsa::amx && na >= ::mk::quant::detail::kAmxMinRows)                              \
+      return NAME##_packed_amx(wp, nw, x, xs, na, n, out, ldo);                                                 \
     NAME##_packed_avx512vnni(wp, nw, x, xs, na, n, out, ldo);                                                   \
   }
 

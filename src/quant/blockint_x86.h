@@ -68,7 +68,9 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
 // MODE 0: the weights come from the gathers; 1: from the gathers, and are kept in buf ([b][kWV + 1]
 // vectors: the quant dwords, then the first dword) for the group's next activation chunks; 2: from
 // buf (plain loads: the gathers are paid once per weight group, not once per chunk), prefetching
-// the blocks of pf, a later group in buf's layout (packed weights), when pf is not 0.
+// the blocks of pf, a later group in buf's layout (packed weights), when pf is not 0; 3: as 2 from
+// a packed group of 16 rows (QuantType::pack, 64-byte vectors) read by 8-lane tiles, buf the group's
+// start plus 32 bytes for its rows 8..15, pf (all 16 rows) prefetched as in 2.
 #define MK_BI_TILE(FN, ATTR, V, VI, LANES, SETZ_PS, SETZ_SI, SET1_PS, SET1_EPI8, SET1_EPI32, AND, XOR, SRLI16, ABS8, \
                    SIGN8, CVT, MUL, FMA, ADD, STORE, IDX, GATHER, GATHER2, DP, SCALES, LDV, STV, SIGN_TRICK)                           \
   template <BiKind K, int NA, int MODE>                                                                              \
@@ -76,6 +78,7 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
                       const int32_t* corr, int64_t nb, uintptr_t pf, size_t ws, uint8_t* buf, float* out) {          \
     using L = BiLayout<K>;                                                                                           \
     constexpr int kVB = LANES * 4; /* bytes per vector */                                                            \
+    constexpr int kPV = MODE == 3 ? 64 : kVB; /* bytes per vector in buf */                                          \
     constexpr bool kSign = K == BiKind::q8_0 && SIGN_TRICK; /* AVX2 q8_0: |x| times y with x's sign */               \
     constexpr bool kCorr = L::kCorr != 0 && !kSign;                                                                  \
     V acc[NA], summs[NA];                                                                                            \
@@ -84,11 +87,11 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
     const auto ix = IDX(off);                                                                                        \
     for (int64_t b = 0; b < nb; ++b) {                                                                               \
       const uint8_t* blk = g + b * L::kBytes;                                                                        \
-      uint8_t* bb = MODE != 0 ? buf + b * (L::kWV + 1) * kVB : nullptr; /* buf is null in MODE 0 */             \
+      uint8_t* bb = MODE != 0 ? buf + b * (L::kWV + 1) * kPV : nullptr; /* buf is null in MODE 0 */             \
       /* the rows of a later group: a line per row every 3 blocks or less (no line skipped); the addresses */         \
       /* are formed as integers (rows of that group past the matrix would be pointers past the array; a prefetch */  \
       /* never faults) */                                                                                            \
-      if (MODE != 2 && pf != 0 && b % (64 / L::kBytes) == 0)                                                         \
+      if (MODE < 2 && pf != 0 && b % (64 / L::kBytes) == 0)                                                          \
         for (int r = 0; r < LANES; ++r)                                                                              \
           _mm_prefetch(reinterpret_cast<const char*>(pf + r * ws + static_cast<uintptr_t>(b * L::kBytes)),            \
                        NA >= 4 ? _MM_HINT_T1 : _MM_HINT_T0);                                                         \
@@ -96,16 +99,16 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
       /* when 4 or more activation rows share each weight vector (BM_QuantGemmPacked *_streamed, Zen 4: q8_0 at 16 */   \
       /* rows 107 -> 159 Gmacs/s, near its 171 from L2; into L1 the line fills queue up behind the misses), into */  \
       /* L1 for fewer (one row: q4_1 43 Gmacs/s, 34 with L2, at the memory's bandwidth) */                           \
-      if (MODE == 2 && pf != 0)                                                                                      \
-        for (int q = 0; q < (L::kWV + 1) * kVB; q += 64)                                                             \
-          _mm_prefetch(reinterpret_cast<const char*>(pf + static_cast<uintptr_t>(b * (L::kWV + 1) * kVB + q)),        \
+      if (MODE >= 2 && pf != 0)                                                                                      \
+        for (int q = 0; q < (L::kWV + 1) * kPV; q += 64)                                                             \
+          _mm_prefetch(reinterpret_cast<const char*>(pf + static_cast<uintptr_t>(b * (L::kWV + 1) * kPV + q)),        \
                        NA >= 4 ? _MM_HINT_T1 : _MM_HINT_T0);                                                         \
       VI is[NA], c_next;                                                                                             \
       for (int a = 0; a < NA; ++a) is[a] = kCorr ? SET1_EPI32(corr[b * NA + a]) : SETZ_SI();                         \
       for (int k = 0; k < L::kWV; ++k) {                                                                             \
         VI c;                                                                                                        \
-        if constexpr (MODE == 2) {                                                                                   \
-          c = LDV(bb + k * kVB);                                                                                     \
+        if constexpr (MODE >= 2) {                                                                                   \
+          c = LDV(bb + k * kPV);                                                                                     \
         } else if (k % 2 == 0) { /* quant dwords k and k + 1 of every row: two qword gathers */                      \
           GATHER2(blk + L::kQs + 4 * k, ix, c, c_next);                                                              \
           if constexpr (MODE == 1) {                                                                                 \
@@ -134,8 +137,8 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
         }                                                                                                            \
       }                                                                                                              \
       VI dm;                                                                                                         \
-      if constexpr (MODE == 2) {                                                                                     \
-        dm = LDV(bb + L::kWV * kVB);                                                                                 \
+      if constexpr (MODE >= 2) {                                                                                     \
+        dm = LDV(bb + L::kWV * kPV);                                                                                 \
       } else {                                                                                                       \
         dm = GATHER(blk, ix);                                                                                        \
         if constexpr (MODE == 1) STV(bb + L::kWV * kVB, dm);                                                         \
@@ -257,8 +260,62 @@ MK_AVX2_FN inline void bi_st256(void* p, __m256i v) { _mm256_storeu_si256(static
              _mm256_set1_epi32, _mm256_and_si256, _mm256_xor_si256, _mm256_srli_epi16, _mm256_abs_epi8,                 \
              _mm256_sign_epi8, _mm256_cvtepi32_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_store_ps,      \
              bi_idx256, bi_gather256, bi_gather2_256, DP, bi_scales256, bi_ld256, bi_st256, SIGN_TRICK)
+// gemm_act on packed weights (QuantType::pack: groups of 16 rows, 64-byte vectors) with a 256-bit
+// tile: each group as two 8-lane halves (MODE 3: rows 0..7 from the vectors' first 32 bytes, then
+// rows 8..15 from their last 32, which the first half brought into cache), plain loads instead of
+// the gathers, which AMD's cores before Zen 4 run as microcode (~9-20 cycles each: half the q4_1
+// tile's time on a Zen 1). The same bits as FN##_rows. wp: the group of the tile's first row.
+#define MK_BI_PACKED256(FN, ATTR)                                                                                    \
+  template <BiKind K>                                                                                                \
+  ATTR void FN##_packed_rows(const void* wp, int64_t nw, const void* xq, size_t xs, int64_t na, int64_t n,           \
+                             float* out, int64_t ldo) {                                                              \
+    using L = BiLayout<K>;                                                                                           \
+    const uint8_t* xb = static_cast<const uint8_t*>(xq);                                                             \
+    const int64_t nb = n / 32;                                                                                       \
+    const size_t gb = static_cast<size_t>(nb) * (L::kWV + 1) * 64; /* a packed group's bytes */                     \
+    thread_local std::vector<float> scales;                                                                          \
+    thread_local std::vector<int32_t> corrs;                                                                         \
+    scales.resize(static_cast<size_t>(2 * na * nb));                                                                 \
+    if (L::kCorr != 0) corrs.resize(static_cast<size_t>(na * nb));                                                   \
+    float* dx = scales.data();                                                                                       \
+    float* sx = dx + na * nb;                                                                                        \
+    int32_t* corr = corrs.data();                                                                                    \
+    for (int64_t a0 = 0; a0 < na; a0 += 8) {                                                                         \
+      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));                                              \
+      const uint8_t* y[8];                                                                                           \
+      for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;                                   \
+      bi_act_tables<K>(y, cols, nb, dx + a0 * nb, sx + a0 * nb, L::kCorr != 0 ? corr + a0 * nb : nullptr);          \
+    }                                                                                                                \
+    alignas(32) static const int32_t off[8] = {};                                                                    \
+    for (int64_t i0 = 0; i0 < nw; i0 += 16) {                                                                        \
+      uint8_t* g = const_cast<uint8_t*>(static_cast<const uint8_t*>(wp)) + static_cast<size_t>(i0 / 16) * gb; /* read only */ \
+      for (int64_t a0 = 0; a0 < na; a0 += 8) {                                                                       \
+        const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));                                            \
+        const uint8_t* y[8];                                                                                         \
+        for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;                                 \
+        for (int h = 0; h < 2; ++h) {                                                                                \
+          const int rows = static_cast<int>(std::min<int64_t>(8, nw - i0 - 8 * h));                                  \
+          if (rows <= 0) break;                                                                                      \
+          alignas(32) float t[8 * 8];                                                                                \
+          /* the group after next, prefetched block by block by the first half of the first chunk */                \
+          const uintptr_t pf = a0 == 0 && h == 0 && i0 + 32 < nw ? reinterpret_cast<uintptr_t>(g + 2 * gb) : 0;      \
+          FN##_na<K, 3>(cols, g, off, y, dx + a0 * nb, sx + a0 * nb, L::kCorr != 0 ? corr + a0 * nb : nullptr, nb,   \
+                        pf, 0, g + 32 * h, t);                                                                       \
+          for (int a = 0; a < cols; ++a) {                                                                           \
+            float* o = out + (a0 + a) * ldo + i0 + 8 * h;                                                            \
+            if (rows == 8)                                                                                           \
+              _mm256_storeu_ps(o, _mm256_load_ps(t + a * 8));                                                        \
+            else                                                                                                     \
+              for (int r = 0; r < rows; ++r) o[r] = t[a * 8 + r];                                                    \
+          }                                                                                                          \
+        }                                                                                                            \
+      }                                                                                                              \
+    }                                                                                                                \
+  }
 MK_BI_TILE256(bi_tile256_avx2, MK_AVX2_FN, bi_dp256_avx2, true)
 MK_BI_TILE256(bi_tile256_avxvnni, MK_AVXVNNI_FN, bi_dp256_avxvnni, false)
+MK_BI_PACKED256(bi_tile256_avx2, MK_AVX2_FN)
+MK_BI_PACKED256(bi_tile256_avxvnni, MK_AVXVNNI_FN)
 
 // ---- 512 bits (AVX-512 VNNI): 16 rows per register.
 struct BiIdx512 {

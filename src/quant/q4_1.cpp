@@ -80,5 +80,6 @@ extern const QuantType kQ4_1 = {DType::Q4_1, "q4_1", 3, kQK, kBytes, dequantize_
                                 &kQ8_1Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
                                 nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni,
                                                      gemm_act_amx},
-    gemm_act_packed_bytes, gemm_act_pack, gemm_act_packed, {nullptr, nullptr, nullptr, gemm_act_packed_avx512vnni, gemm_act_packed_amx}};
+    gemm_act_packed_bytes, gemm_act_pack, gemm_act_packed, {nullptr, gemm_act_packed_avx2, gemm_act_packed_avxvnni, gemm_act_packed_avx512vnni,
+                                                                gemm_act_packed_amx}};
 }  // namespace mk::quant

@@ -58,5 +58,6 @@ extern const QuantType kQ8_0 = {DType::Q8_0, "q8_0", 8, kQK, kBytes, dequantize_
                                 &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512},
                                 nullptr, gemm_act, {gemm_act_generic, gemm_act_avx2, gemm_act_avxvnni, gemm_act_avx512vnni,
                                                      gemm_act_amx},
-    gemm_act_packed_bytes, gemm_act_pack, gemm_act_packed, {nullptr, nullptr, nullptr, gemm_act_packed_avx512vnni, gemm_act_packed_amx}};
+    gemm_act_packed_bytes, gemm_act_pack, gemm_act_packed, {nullptr, gemm_act_packed_avx2, gemm_act_packed_avxvnni, gemm_act_packed_avx512vnni,
+                                                                gemm_act_packed_amx}};
 }  // namespace mk::quant

@@ -66,7 +66,11 @@ bool gemm_isa_available(GemmIsa isa) {
 }
 
 bool gemm_packed_available() {
-  return gemm_isa() == GemmIsa::avx512vnni || gemm_isa() == GemmIsa::amx;
+  static const bool off = [] {
+    const char* e = std::getenv("MK_GEMM_PACK");
+    return e != nullptr && std::string_view(e) == "0";
+  }();
+  return gemm_isa() != GemmIsa::generic && !off;
 }
 
 GemmIsa gemm_isa() {

@@ -125,7 +125,8 @@ struct QuantType {
   // the 16-row tiles read them with plain loads instead of gathers (AMX: q8_0's weight tile is loaded
   // as it lies). gemm_act_packed(wp, nw, ...) is gemm_act over the nw rows from the group at wp (a
   // tile that starts a whole number of groups into the matrix) with the same bits. Only where
-  // gemm_packed_available(); gemm_act_packed_variants has the avx512vnni and amx slots (tests).
+  // gemm_packed_available(); gemm_act_packed_variants has the avx2, avxvnni, avx512vnni and amx
+  // slots (tests).
   size_t (*packed_bytes)(int64_t nw, int64_t n) = nullptr;
   void (*pack)(const void* w, size_t w_stride, int64_t nw, int64_t n, void* dst) = nullptr;
   using GemmActPackedFn = void (*)(const void* wp, int64_t nw, const void* xq, size_t xq_stride, int64_t na, int64_t n,
@@ -159,8 +160,8 @@ enum class GemmIsa { generic = 0, avx2 = 1, avxvnni = 2, avx512vnni = 3, amx = 4
 // picks a lower one, for benchmarks), whether the CPU can run one, and its name.
 GemmIsa gemm_isa();
 bool gemm_isa_available(GemmIsa isa);
-// Whether gemm_act_packed runs here: gemm_isa() is avx512vnni or amx (MK_GEMM_ISA set lower turns
-// packing off, for A/B runs).
+// Whether gemm_act_packed runs here: gemm_isa() is not generic, and MK_GEMM_PACK=0 (A/B runs: the
+// tiles then gather from the GGUF rows) is not set.
 bool gemm_packed_available();
 std::string_view gemm_isa_name(GemmIsa isa);
 
