@@ -61,7 +61,8 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
 // One tile body, stamped under each instruction set's target attribute (a function's target cannot
 // depend on a template argument). V: register type; LANES rows per register; GATHER(base, ix) the
 // dwords at base + each row's offset (IDX(off) makes the index vectors), GATHER2 two of them; DP(acc, u, y) acc + the exact 4-byte dots of unsigned u with signed y
-// per lane; SCALES(dm, &d, &m) the f32 d (low half) and m (high half) of the first dword of each
+// per lane; DP16(acc, u, y) / WIDEN16(acc, s): acc + the int16 pair sums of u times y, acc + s's int16 pairs as
+// int32 (AVX2's nibble types, SIGN_TRICK); SCALES(dm, &d, &m) the f32 d (low half) and m (high half) of the first dword of each
 // block; LDV / STV an unaligned vector load / store at a void pointer; SIGN_TRICK: q8_0 as |x| times
 // y with x's sign (AVX2, whose int16 steps would saturate on x + 128) instead of x + 128 with a
 // correction.
@@ -72,7 +73,7 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
 // a packed group of 16 rows (QuantType::pack, 64-byte vectors) read by 8-lane tiles, buf the group's
 // start plus 32 bytes for its rows 8..15, pf (all 16 rows) prefetched as in 2.
 #define MK_BI_TILE(FN, ATTR, V, VI, LANES, SETZ_PS, SETZ_SI, SET1_PS, SET1_EPI8, SET1_EPI32, AND, XOR, SRLI16, ABS8, \
-                   SIGN8, CVT, MUL, FMA, ADD, STORE, IDX, GATHER, GATHER2, DP, SCALES, LDV, STV, SIGN_TRICK)                           \
+                   SIGN8, CVT, MUL, FMA, ADD, STORE, IDX, GATHER, GATHER2, DP, DP16, WIDEN16, SCALES, LDV, STV, SIGN_TRICK)                           \
   template <BiKind K, int NA, int MODE>                                                                              \
   ATTR inline void FN(const uint8_t* g, const int32_t* off, const uint8_t* const* y, const float* dx, const float* sx, \
                       const int32_t* corr, int64_t nb, uintptr_t pf, size_t ws, uint8_t* buf, float* out) {          \
@@ -104,6 +105,12 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
           _mm_prefetch(reinterpret_cast<const char*>(pf + static_cast<uintptr_t>(b * (L::kWV + 1) * kPV + q)),        \
                        NA >= 4 ? _MM_HINT_T1 : _MM_HINT_T0);                                                         \
       VI is[NA], c_next;                                                                                             \
+      /* AVX2 nibbles: the block's 8 vpmaddubsw pair sums added as int16 (each at most 2 x 15 x 128 = 3840 */         \
+      /* in magnitude, 8 of them 30720 < 32768: exact), then one vpmaddwd: 9 multiplies per block instead of 16 */    \
+      constexpr bool kI16 = SIGN_TRICK && L::kNib;                                                                   \
+      VI s16[NA];                                                                                                    \
+      if constexpr (kI16)                                                                                            \
+        for (int a = 0; a < NA; ++a) s16[a] = SETZ_SI();                                                             \
       for (int a = 0; a < NA; ++a) is[a] = kCorr ? SET1_EPI32(corr[b * NA + a]) : SETZ_SI();                         \
       for (int k = 0; k < L::kWV; ++k) {                                                                             \
         VI c;                                                                                                        \
@@ -125,7 +132,10 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
             int32_t y0, y1;                                                                                          \
             std::memcpy(&y0, q + 4 * k, 4);                                                                          \
             std::memcpy(&y1, q + 16 + 4 * k, 4);                                                                     \
-            is[a] = DP(DP(is[a], lo, SET1_EPI32(y0)), hi, SET1_EPI32(y1));                                           \
+            if constexpr (kI16)                                                                                      \
+              s16[a] = DP16(DP16(s16[a], lo, SET1_EPI32(y0)), hi, SET1_EPI32(y1));                                   \
+            else                                                                                                     \
+              is[a] = DP(DP(is[a], lo, SET1_EPI32(y0)), hi, SET1_EPI32(y1));                                         \
           }                                                                                                          \
         } else {                                                                                                     \
           const VI u = kSign ? ABS8(c) : XOR(c, x80);                                                                \
@@ -136,6 +146,8 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
           }                                                                                                          \
         }                                                                                                            \
       }                                                                                                              \
+      if constexpr (kI16)                                                                                            \
+        for (int a = 0; a < NA; ++a) is[a] = WIDEN16(is[a], s16[a]);                                                 \
       VI dm;                                                                                                         \
       if constexpr (MODE >= 2) {                                                                                     \
         dm = LDV(bb + L::kWV * kPV);                                                                                 \
@@ -250,6 +262,13 @@ MK_AVX2_FN inline void bi_scales256(__m256i dm, __m256& d, __m256& m) {
 MK_AVX2_FN inline __m256i bi_dp256_avx2(__m256i acc, __m256i u, __m256i y) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1)));
 }
+// acc + the int16 pair sums of unsigned u times signed y (vpmaddubsw), and acc + s's int16 pairs as int32.
+MK_AVX2_FN inline __m256i bi_dp16_256(__m256i acc, __m256i u, __m256i y) {
+  return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, y));
+}
+MK_AVX2_FN inline __m256i bi_widen16_256(__m256i acc, __m256i s) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
+}
 MK_AVXVNNI_FN inline __m256i bi_dp256_avxvnni(__m256i acc, __m256i u, __m256i y) {
   return _mm256_dpbusd_avx_epi32(acc, u, y);
 }
@@ -259,7 +278,8 @@ MK_AVX2_FN inline void bi_st256(void* p, __m256i v) { _mm256_storeu_si256(static
   MK_BI_TILE(FN, ATTR, __m256, __m256i, 8, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_set1_ps, _mm256_set1_epi8,   \
              _mm256_set1_epi32, _mm256_and_si256, _mm256_xor_si256, _mm256_srli_epi16, _mm256_abs_epi8,                 \
              _mm256_sign_epi8, _mm256_cvtepi32_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_store_ps,      \
-             bi_idx256, bi_gather256, bi_gather2_256, DP, bi_scales256, bi_ld256, bi_st256, SIGN_TRICK)
+             bi_idx256, bi_gather256, bi_gather2_256, DP, bi_dp16_256, bi_widen16_256, bi_scales256, bi_ld256, bi_st256, \
+             SIGN_TRICK)
 // gemm_act on packed weights (QuantType::pack: groups of 16 rows, 64-byte vectors) with a 256-bit
 // tile: each group as two 8-lane halves (MODE 3: rows 0..7 from the vectors' first 32 bytes, then
 // rows 8..15 from their last 32, which the first half brought into cache), plain loads instead of
@@ -345,10 +365,13 @@ MK_AVX512VNNI_FN inline __m512i bi_sign512(__m512i y, __m512i) { return y; }  //
 MK_AVX512VNNI_FN inline __m512i bi_ld512(const void* p) { return _mm512_loadu_si512(p); }
 MK_AVX512VNNI_FN inline void bi_st512(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
 MK_AVX512VNNI_FN inline __m512i bi_srli512(__m512i v, int s) { return _mm512_srli_epi16(v, static_cast<unsigned>(s)); }
+// unused (no int16 step with VNNI), for the macro's discarded branches
+MK_AVX512VNNI_FN inline __m512i bi_dp16_512(__m512i acc, __m512i, __m512i) { return acc; }
+MK_AVX512VNNI_FN inline __m512i bi_widen16_512(__m512i acc, __m512i) { return acc; }
 MK_BI_TILE(bi_tile512, MK_AVX512VNNI_FN, __m512, __m512i, 16, _mm512_setzero_ps, _mm512_setzero_si512, _mm512_set1_ps,
            _mm512_set1_epi8, _mm512_set1_epi32, _mm512_and_si512, _mm512_xor_si512, bi_srli512, bi_abs512, bi_sign512,
            _mm512_cvtepi32_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_store_ps, bi_idx512, bi_gather512,
-           bi_gather2_512, bi_dp512,
+           bi_gather2_512, bi_dp512, bi_dp16_512, bi_widen16_512,
            bi_scales512, bi_ld512, bi_st512, false)
 
 }  // namespace mk::quant::detail
