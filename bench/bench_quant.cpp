@@ -222,6 +222,8 @@ void BM_QuantGemmStreamed(benchmark::State& state, DType t, int variant) {
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime(); \
   BENCHMARK_CAPTURE(BM_QuantGemm, T##_amx, DType::T, 4)->Arg(1)->Arg(4)->Arg(16)->Arg(150)->MeasureProcessCPUTime();
 #define MK_QUANT_GEMM_PACKED_BENCH(T)                                                                         \
+  BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_avx2, DType::T, 1)->Arg(1)->Arg(16)->MeasureProcessCPUTime(); \
+  BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_avx2_streamed, DType::T, 1, true)->Arg(1)->Arg(16)->UseRealTime(); \
   BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_avx512vnni, DType::T, 3)->Arg(1)->Arg(16)->MeasureProcessCPUTime(); \
   BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_amx, DType::T, 4)->Arg(16)->Arg(32)->MeasureProcessCPUTime(); \
   BENCHMARK_CAPTURE(BM_QuantGemmPacked, T##_avx512vnni_streamed, DType::T, 3, true)->Arg(1)->Arg(16)->UseRealTime();
