@@ -93,7 +93,7 @@ void add_logits_command(CLI::App& app) {
     j["argmax_all"] = am;
     j["logits_last"] = std::vector<float>(logits.end() - n_vocab, logits.end());
     j["backend"] = s.backend->name();
-    std::puts(j.dump().c_str());
+    std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());  // never throws on text
   });
 }
 

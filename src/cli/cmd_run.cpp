@@ -84,7 +84,7 @@ void add_run_command(CLI::App& app) {
       j["prompt_ms_per_token"] = r.prompt_ms_per_token();
       j["backend"] = s.backend->name();
       j["stop_reason"] = r.stop_reason;
-      std::puts(j.dump().c_str());
+      std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());  // bytes of a prompt that is not UTF-8: U+FFFD
       return;
     }
     o->gen.echo_prompt = !chat_mode;  // a chat prints the answer only

@@ -209,6 +209,17 @@ TEST(E2ECliUsage, TokenizeShowsTheBytesOfPartialCharacters) {
   EXPECT_EQ(text, " 日本 a\\");  // SentencePiece's leading space
 }
 
+// A SentencePiece vocabulary takes a prompt that is not UTF-8 (its bytes become byte tokens); `run
+// --json` then writes the prompt's bytes as U+FFFD in "rendered" (it aborted on an uncaught
+// nlohmann type_error, exit 134).
+TEST(E2ECliUsage, RunJsonWithAPromptThatIsNotUtf8) {
+  Result r = cli("run -m " MK_SHARED_DIR "/models/stories260K/stories260K.gguf -p \"$(printf 'caf\\351 \\377')\" -n 3 --temp 0 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("rendered").get<std::string>(), "caf\xef\xbf\xbd \xef\xbf\xbd");
+  EXPECT_EQ(j.at("generated_ids").size(), 3u);
+}
+
 // synth: models are random weights with no vocabulary: `tokenize` says so (as `run -p` does).
 TEST(E2ECliUsage, TokenizeRefusesSyntheticModels) {
   Result r = cli("tokenize -m synth:stories260k -p hi");
