@@ -38,22 +38,25 @@ void add_compile_command(CLI::App& app) {
       ->check(schedule_name());
   cmd->add_option("-c,--ctx-size", o->n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
-  cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)")
+  auto* max_tokens_opt = cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)")
       ->check(integer_at_least(1));
   cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
   cmd->add_option("--attn-splits", o->attn_splits,
                   "flash-decoding splits of attention (0 = auto; default: auto for --emit cuda, else 1)")
       ->check(integer_range(0, 64));
-  cmd->callback([o] {
+  cmd->callback([o, max_tokens_opt] {
     ModelFile model = open_model(o->model, /*with_data=*/false);  // shapes are all compile needs
     Hparams hp = read_hparams(model);
-    int64_t n_ctx = o->n_ctx > 0 ? o->n_ctx : std::min(hp.n_ctx_train > 0 ? hp.n_ctx_train : kDefaultMaxCtx, kDefaultMaxCtx);
+    const int64_t n_ctx = resolve_n_ctx(hp, o->n_ctx);  // as run and serve: not past the training context
     Graph g = build_graph(model, BuildOptions{n_ctx, o->all_logits});
     CompileOptions co;
     co.workers = o->threads > 0 ? o->threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     if (o->emit == "cuda" && o->threads <= 0) co.workers = kCudaDefaultBlocks;
     co.schedule = schedule_from_name(o->schedule);
     co.max_tokens = std::min(o->max_tokens, n_ctx);
+    if (max_tokens_opt->count() > 0 && o->max_tokens > n_ctx)  // the default 256 is cut silently
+      std::fprintf(stderr, "note: --max-tokens %lld is more than the context: %lld rows per step\n",
+                   static_cast<long long>(o->max_tokens), static_cast<long long>(n_ctx));
     co.attn_splits = o->attn_splits >= 0 ? o->attn_splits : o->emit == "cuda" ? 0 : 1;  // the backends' defaults
     co.rms_partials = o->emit == "cuda";
     const int64_t cuda_smem = 227 * 1024 - 1024;  // the backend's budget on an H100/H200 (227 KB opt-in)

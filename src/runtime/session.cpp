@@ -72,14 +72,18 @@ void check_kv_fits_memory(const Hparams& hp, int64_t rows, const std::string& ba
 }
 }  // namespace
 
+int64_t resolve_n_ctx(const Hparams& hp, int64_t n_ctx) {
+  if (n_ctx < 0) fail("context length must be positive, got {}", n_ctx);
+  if (hp.n_ctx_train > 0 && n_ctx > hp.n_ctx_train)
+    fail("context length {} exceeds the model's training context {}", n_ctx, hp.n_ctx_train);
+  return n_ctx > 0 ? n_ctx : std::min(hp.n_ctx_train > 0 ? hp.n_ctx_train : kDefaultMaxCtx, kDefaultMaxCtx);
+}
+
 // The model is opened for its shapes first (a synthetic model's weights are built only once the
 // KV cache is known to fit); files are mapped either way.
 Session::Session(const SessionOptions& o) : model(open_model(o.model_path, /*with_data=*/false)) {
   hparams = read_hparams(model);
-  if (o.n_ctx < 0) fail("context length must be positive, got {}", o.n_ctx);
-  if (hparams.n_ctx_train > 0 && o.n_ctx > hparams.n_ctx_train)
-    fail("context length {} exceeds the model's training context {}", o.n_ctx, hparams.n_ctx_train);
-  n_ctx = o.n_ctx > 0 ? o.n_ctx : std::min(hparams.n_ctx_train > 0 ? hparams.n_ctx_train : kDefaultMaxCtx, kDefaultMaxCtx);
+  n_ctx = resolve_n_ctx(hparams, o.n_ctx);
   BuildOptions build{n_ctx, o.all_logits};
   if (o.kv_pool_tokens < 0) fail("KV pool size must be >= 0 tokens, got {}", o.kv_pool_tokens);
   if (o.kv_pool_seqs < 1) fail("KV pool must hold at least one sequence, got {}", o.kv_pool_seqs);

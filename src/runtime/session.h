@@ -33,6 +33,11 @@ struct SessionOptions {
 };
 inline constexpr int64_t kDefaultMaxCtx = 4096;
 
+// The context length a request of n_ctx gives (0: the model's training context, capped at
+// kDefaultMaxCtx; 4096 without one). Throws mk::Error for a negative n_ctx or one above the
+// model's training context.
+int64_t resolve_n_ctx(const Hparams& hp, int64_t n_ctx);
+
 // Loads a model by path: files and directories via load_model, "synth:<name>" via the synthetic
 // model table when available. with_data = false is enough for anything that needs names, dtypes and
 // shapes only (building the graph, compiling the program, `info`): synthetic models then carry no

@@ -104,6 +104,10 @@ TEST(E2ECliUsage, NumericOptionsRefuseWhatTheyCannotHold) {
     EXPECT_TRUE(has(r.err, want)) << args << ": " << r.err;
     EXPECT_FALSE(has(r.err, "Could not convert")) << args << ": " << r.err;
   }
+  // compile refuses a context past the model's training context, as run and serve do (it accepted it)
+  Result ctx = cli("compile -m " MK_SHARED_DIR "/models/stories260K/stories260K.gguf --emit program -c 99999");
+  EXPECT_EQ(ctx.status, 1) << ctx.err;
+  EXPECT_TRUE(has(ctx.err, "error: context length 99999 exceeds the model's training context 2048")) << ctx.err;
   // The limits themselves are accepted: a seed of 2^64-1, top-p 1, temp 0.
   Result a = cli(run + "--seed 18446744073709551615 --top-p 1 --temp 0");
   EXPECT_EQ(a.status, 0) << a.err;
