@@ -46,7 +46,7 @@ void add_run_command(CLI::App& app) {
   messages->excludes(ids);
   chat->excludes(ids);
   cmd->callback([o, ids] {
-    if (o->chat && o->gen.prompt.empty()) usage_error("--chat needs the user's text with -p");
+    if (o->chat && o->gen.prompt.empty()) usage_error("--chat needs the user's text with -p TEXT (not empty)");
     if (!o->messages_file.empty() && !o->gen.prompt.empty()) usage_error("--messages and -p cannot be combined");
     if (!o->template_file.empty() && !o->chat && o->messages_file.empty())
       usage_error("--chat-template-file needs --chat or --messages");

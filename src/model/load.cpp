@@ -10,6 +10,7 @@
 namespace mk {
 
 ModelFile load_model(const std::string& path) {
+  if (path.empty()) fail("the model path is empty (-m PATH)");
   std::error_code ec;
   auto status = std::filesystem::status(path, ec);
   if (status.type() == std::filesystem::file_type::not_found) fail("{}: no such file or directory", path);
