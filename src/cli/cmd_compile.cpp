@@ -1,4 +1,6 @@
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
@@ -79,7 +81,7 @@ void add_compile_command(CLI::App& app) {
       return;
     }
     std::ofstream f(o->out, std::ios::binary);
-    if (!f) fail("{}: cannot open for writing", o->out);
+    if (!f) fail("{}: cannot open for writing: {}", o->out, std::strerror(errno));
     f << text;
     if (!f) fail("{}: write failed", o->out);
     // graph is the architecture's graph before any pass: no program was built, so no summary of one

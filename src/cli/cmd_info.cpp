@@ -38,8 +38,8 @@ void add_info_command(CLI::App& app) {
           ++count;
         }
       if (count > 0)
-        std::printf("  %-5s %zu tensors, %zu elements, %zu bytes (%.2f bits per weight)\n",
-                    std::string(dtype_name(dt)).c_str(), count, elements, bytes,
+        std::printf("  %-5s %zu %s, %zu elements, %zu bytes (%.2f bits per weight)\n",
+                    std::string(dtype_name(dt)).c_str(), count, count == 1 ? "tensor" : "tensors", elements, bytes,
                     8.0 * static_cast<double>(bytes) / static_cast<double>(elements));
     }
   });

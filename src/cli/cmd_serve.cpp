@@ -930,9 +930,10 @@ void serve(ServeOptions o) {
   });
   std::fprintf(
       stderr,
-      "serve: %s on %s backend, context %lld, %d parallel, KV %lld blocks x %lld tokens; listening on http://%s:%d\n",
+      "serve: %s on %s backend, context %lld, %d parallel, KV %lld %s x %lld tokens; listening on http://%s:%d\n",
       o.model_id.c_str(), s.backend->name().c_str(), static_cast<long long>(engine.n_ctx()), engine.parallel(),
-      static_cast<long long>(engine.kv_blocks_total()), static_cast<long long>(engine.kv_block_size()),
+      static_cast<long long>(engine.kv_blocks_total()), engine.kv_blocks_total() == 1 ? "block" : "blocks",
+      static_cast<long long>(engine.kv_block_size()),
       (o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host).c_str(), port);  // IPv6 in brackets
   std::fflush(stderr);
   bool ok = svr.listen_after_bind();

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iomanip>
 #include <minja/minja.hpp>
+#include <regex>
 #include <sstream>
 
 #include "support/error.h"
@@ -141,6 +142,9 @@ std::string render_chat_template(const std::string& source, const nlohmann::orde
   } catch (const std::exception& e) {
     // The location minja adds quotes the source line, which may be long: the message is bounded.
     std::string what = e.what();
+    // minja indexes lists with std::vector::at, whose message names libstdc++'s internals
+    static const std::regex kRange(R"(vector::_M_range_check: __n \(which is (\d+)\) >= this->size\(\) \(which is (\d+)\))");
+    what = std::regex_replace(what, kRange, "list index $1 is past the end of a list of $2");
     if (what.size() > kMaxTemplateErrorBytes)
       what = what.substr(0, kMaxTemplateErrorBytes) + fmt::format("... ({} bytes)", what.size());
     fail("chat template: {}", what);

@@ -409,7 +409,7 @@ TEST(E2ECliUsage, OptionCombinationsAreUsageErrors) {
   const std::string messages = (std::filesystem::path(::testing::TempDir()) / "mk_usage_messages.json").string();
   std::ofstream(messages) << R"([{"role": "user", "content": "hi"}])";
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
-           {"run -m " + model + " --chat", "error: --chat needs the user's text with -p (see --help)"},
+           {"run -m " + model + " --chat", "error: --chat needs the user's text with -p TEXT (not empty) (see --help)"},
            {"run -m " + model + " --messages " + messages + " -p x", "error: --messages and -p cannot be combined (see --help)"},
            {"run -m " + model + " -p x --chat-template-file " + messages, "error: --chat-template-file needs --chat or --messages"},
            {"tokenize -m " + model, "error: tokenize: give the text with -p TEXT or -f FILE (see --help)"}}) {

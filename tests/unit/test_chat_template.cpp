@@ -69,6 +69,9 @@ TEST(ChatTemplate, ErrorsAreClear) {
   EXPECT_NE(error_of([&] { render_chat_template("{{ raise_exception('no system role') }}", msgs, o); })
                 .find("no system role"),
             std::string::npos);
+  // an index past the messages: minja's std::vector::at message is not shown as it is
+  EXPECT_EQ(error_of([&] { render_chat_template("{{ messages[5].content }}", msgs, o); }),
+            "chat template: list index 5 is past the end of a list of 1 at row 1, column 3:\n{{ messages[5].content }}\n  ^\n");
   EXPECT_EQ(error_of([&] { check_chat_messages(nlohmann::ordered_json::object(), "m.json"); }),
             "m.json: messages must be a JSON array of {\"role\", \"content\"} objects");
   EXPECT_EQ(error_of([&] { check_chat_messages(nlohmann::ordered_json::parse(R"([{"content": "x"}])"), "m.json"); }),

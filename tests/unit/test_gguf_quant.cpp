@@ -199,7 +199,7 @@ TEST(GgufQuantCli, InfoShowsBytesPerType) {
   EXPECT_EQ(status, 0) << out;
   // q4_K: 8*256 + 256*256 elements in (8 + 256) rows of one 144-byte block per 256.
   EXPECT_NE(out.find("q4_K  2 tensors, 67584 elements, 38016 bytes (4.50 bits per weight)"), std::string::npos) << out;
-  EXPECT_NE(out.find("q6_K  1 tensors, 4096 elements, 3360 bytes (6.56 bits per weight)"), std::string::npos) << out;
-  EXPECT_NE(out.find("f32   1 tensors, 256 elements, 1024 bytes (32.00 bits per weight)"), std::string::npos) << out;
+  EXPECT_NE(out.find("q6_K  1 tensor, 4096 elements, 3360 bytes (6.56 bits per weight)"), std::string::npos) << out;
+  EXPECT_NE(out.find("f32   1 tensor, 256 elements, 1024 bytes (32.00 bits per weight)"), std::string::npos) << out;
   EXPECT_NE(out.find("blk.0.attn_q.weight"), std::string::npos) << out;
 }
