@@ -101,19 +101,10 @@ MK_AVX512VNNI_FN void bi_tile512_packed_rows(const void* wp, int64_t nw, const v
   const uint8_t* xb = static_cast<const uint8_t*>(xq);
   const int64_t nb = n / 32;
   const size_t gb = static_cast<size_t>(nb) * kBiPackedBlock<K>;
-  thread_local std::vector<float> scales;
-  thread_local std::vector<int32_t> corrs;
-  scales.resize(static_cast<size_t>(2 * na * nb));
-  if (L::kCorr != 0) corrs.resize(static_cast<size_t>(na * nb));
-  float* dx = scales.data();
-  float* sx = dx + na * nb;
-  int32_t* corr = corrs.data();
-  for (int64_t a0 = 0; a0 < na; a0 += 8) {
-    const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
-    const uint8_t* y[8];
-    for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;
-    bi_act_tables<K>(y, cols, nb, dx + a0 * nb, sx + a0 * nb, L::kCorr != 0 ? corr + a0 * nb : nullptr);
-  }
+  const BiActTables tab = bi_act_tables_all<K>(xb, xs, na, nb);
+  float* dx = tab.dx;
+  float* sx = tab.sx;
+  int32_t* corr = tab.corr;
   alignas(64) static const int32_t off[16] = {};
   for (int64_t i0 = 0; i0 < nw; i0 += 16) {
     const int rows = static_cast<int>(std::min<int64_t>(16, nw - i0));

@@ -58,6 +58,30 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
     }
 }
 
+// The tables of all na activation rows, in chunks of 8 ([chunk][b][row]), in thread-local storage
+// that the next call on this thread reuses (tiles do not nest).
+struct BiActTables {
+  float* dx;
+  float* sx;
+  int32_t* corr;
+};
+template <BiKind K>
+MK_AVX2_FN inline BiActTables bi_act_tables_all(const uint8_t* xb, size_t xs, int64_t na, int64_t nb) {
+  using L = BiLayout<K>;
+  thread_local std::vector<float> scales;
+  thread_local std::vector<int32_t> corrs;
+  scales.resize(static_cast<size_t>(2 * na * nb));
+  if (L::kCorr != 0) corrs.resize(static_cast<size_t>(na * nb));
+  const BiActTables t{scales.data(), scales.data() + na * nb, corrs.data()};
+  for (int64_t a0 = 0; a0 < na; a0 += 8) {
+    const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));
+    const uint8_t* y[8];
+    for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;
+    bi_act_tables<K>(y, cols, nb, t.dx + a0 * nb, t.sx + a0 * nb, L::kCorr != 0 ? t.corr + a0 * nb : nullptr);
+  }
+  return t;
+}
+
 // One tile body, stamped under each instruction set's target attribute (a function's target cannot
 // depend on a template argument). V: register type; LANES rows per register; GATHER(base, ix) the
 // dwords at base + each row's offset (IDX(off) makes the index vectors), GATHER2 two of them; DP(acc, u, y) acc + the exact 4-byte dots of unsigned u with signed y
@@ -189,21 +213,12 @@ MK_AVX2_FN inline void bi_act_tables(const uint8_t* const* y, int na, int64_t nb
     const uint8_t* wb = static_cast<const uint8_t*>(w);                                                              \
     const uint8_t* xb = static_cast<const uint8_t*>(xq);                                                             \
     const int64_t nb = n / 32;                                                                                       \
-    thread_local std::vector<float> scales;                                                                          \
-    thread_local std::vector<int32_t> corrs;                                                                         \
     thread_local std::vector<uint8_t> buf;                                                                           \
-    scales.resize(static_cast<size_t>(2 * na * nb));                                                                 \
-    if (L::kCorr != 0) corrs.resize(static_cast<size_t>(na * nb));                                                   \
     if (na > 8) buf.resize(static_cast<size_t>(nb * (L::kWV + 1) * LANES * 4));                                      \
-    float* dx = scales.data();                                                                                       \
-    float* sx = dx + na * nb;                                                                                        \
-    int32_t* corr = corrs.data();                                                                                    \
-    for (int64_t a0 = 0; a0 < na; a0 += 8) {                                                                         \
-      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));                                              \
-      const uint8_t* y[8];                                                                                           \
-      for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;                                   \
-      bi_act_tables<K>(y, cols, nb, dx + a0 * nb, sx + a0 * nb, L::kCorr != 0 ? corr + a0 * nb : nullptr);          \
-    }                                                                                                                \
+    const BiActTables tab = bi_act_tables_all<K>(xb, xs, na, nb);                                                    \
+    float* dx = tab.dx;                                                                                              \
+    float* sx = tab.sx;                                                                                              \
+    int32_t* corr = tab.corr;                                                                                        \
     for (int64_t i0 = 0; i0 < nw; i0 += LANES) {                                                                     \
       const int rows = static_cast<int>(std::min<int64_t>(LANES, nw - i0));                                          \
       alignas(64) int32_t off[LANES];                                                                                \
@@ -293,19 +308,10 @@ MK_AVX2_FN inline void bi_st256(void* p, __m256i v) { _mm256_storeu_si256(static
     const uint8_t* xb = static_cast<const uint8_t*>(xq);                                                             \
     const int64_t nb = n / 32;                                                                                       \
     const size_t gb = static_cast<size_t>(nb) * (L::kWV + 1) * 64; /* a packed group's bytes */                     \
-    thread_local std::vector<float> scales;                                                                          \
-    thread_local std::vector<int32_t> corrs;                                                                         \
-    scales.resize(static_cast<size_t>(2 * na * nb));                                                                 \
-    if (L::kCorr != 0) corrs.resize(static_cast<size_t>(na * nb));                                                   \
-    float* dx = scales.data();                                                                                       \
-    float* sx = dx + na * nb;                                                                                        \
-    int32_t* corr = corrs.data();                                                                                    \
-    for (int64_t a0 = 0; a0 < na; a0 += 8) {                                                                         \
-      const int cols = static_cast<int>(std::min<int64_t>(8, na - a0));                                              \
-      const uint8_t* y[8];                                                                                           \
-      for (int a = 0; a < cols; ++a) y[a] = xb + static_cast<size_t>(a0 + a) * xs;                                   \
-      bi_act_tables<K>(y, cols, nb, dx + a0 * nb, sx + a0 * nb, L::kCorr != 0 ? corr + a0 * nb : nullptr);          \
-    }                                                                                                                \
+    const BiActTables tab = bi_act_tables_all<K>(xb, xs, na, nb);                                                    \
+    float* dx = tab.dx;                                                                                              \
+    float* sx = tab.sx;                                                                                              \
+    int32_t* corr = tab.corr;                                                                                        \
     alignas(32) static const int32_t off[8] = {};                                                                    \
     for (int64_t i0 = 0; i0 < nw; i0 += 16) {                                                                        \
       uint8_t* g = const_cast<uint8_t*>(static_cast<const uint8_t*>(wp)) + static_cast<size_t>(i0 / 16) * gb; /* read only */ \
