@@ -5,11 +5,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 jobs=$(nproc)
+# ctest, and on a failure the failed checks again at the very end (a CI log is often read from its tail;
+# ctest prints a failing test's output where it ended, among hundreds of others).
+run_ctest() {  # build dir, ctest args
+  local dir=$1 rc=0
+  shift
+  ctest "$@" || rc=$?
+  if [[ $rc != 0 ]]; then
+    echo "== failed checks (from $dir/Testing/Temporary/LastTest.log) =="
+    grep -hE '^(FAIL: |\[  FAILED  \] [A-Za-z]|.*: Failure$)' "$dir/Testing/Temporary/LastTest.log" | tail -n 40 || true
+    exit "$rc"
+  fi
+}
 scripts/build.sh release
-ctest --preset release -j "$jobs"
+run_ctest build --preset release -j "$jobs"
 if [[ "${MK_SKIP_SANITIZERS:-0}" != 1 ]]; then
   scripts/build.sh asan mk_tests_san
-  ctest --preset asan -j "$jobs" -L asan
+  run_ctest build-asan --preset asan -j "$jobs" -L asan
   scripts/build.sh tsan mk_tests_san
-  ctest --preset tsan -j "$jobs" -L tsan
+  run_ctest build-tsan --preset tsan -j "$jobs" -L tsan
 fi

@@ -232,6 +232,8 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
     std::lock_guard lock(mu_);
     blocks_.release(s.blocks);
     update_gauges_locked();
+    ++stats_.finished[finish_reason_name(why)];  // before the client learns of the end: /metrics read
+                                                 // after a reply's last byte counts its request
   }
   {
     std::lock_guard lock(s.req->mu_);
@@ -244,8 +246,6 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
     p.ttft_ms = s.ttft_ms;
   }
   s.req->cv_.notify_all();
-  std::lock_guard lock(mu_);
-  ++stats_.finished[finish_reason_name(why)];
 }
 
 // Samples the next token from the sequence's logits row; returns true when the sequence goes on.

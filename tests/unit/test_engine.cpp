@@ -2,6 +2,7 @@
 // fake backend: a deterministic toy whose logits are a hash of the tokens of the row's sequence,
 // read through the block table from the KV pool it writes. A wrong block table, a block shared by
 // two live sequences or a stale block changes the logits, so "batched == alone" checks the tables.
+#include <atomic>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -251,8 +252,18 @@ TEST(Engine, ThreadedSchedulerMatchesAlone) {
   e.start();
   std::vector<RequestOutput> outs(n);
   std::vector<std::thread> clients;
-  for (int i = 0; i < n; ++i) clients.emplace_back([&, i] { outs[i] = collect(*e.submit(make_request(i))); });
+  std::atomic<int> done{0};
+  std::atomic<int> uncounted{0};
+  for (int i = 0; i < n; ++i)
+    clients.emplace_back([&, i] {
+      outs[i] = collect(*e.submit(make_request(i)));
+      // A request is counted as finished before its client learns of the end (a /metrics scrape
+      // after a reply's last byte counts it; the count used to come after the client was woken).
+      const int d = ++done;
+      if (e.stats().finished["length"] < static_cast<uint64_t>(d)) ++uncounted;
+    });
   for (auto& t : clients) t.join();
+  EXPECT_EQ(uncounted.load(), 0);
   e.shutdown(false);
   for (int i = 0; i < n; ++i)
     EXPECT_EQ(outs[i].token_ids, alone[i]) << i << " " << finish_reason_name(outs[i].finish) << " " << outs[i].error;
