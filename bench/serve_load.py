@@ -2,7 +2,7 @@
 """Load benchmark for `megakernel serve` (standard library only).
 
 For each concurrency level C (default 1, 4, 16) it runs C client threads, each sending streaming
-completions back to back (greedy, ignore_eos, fixed max_tokens), and reports the aggregate generated
+completions back to back (greedy unless --temperature, ignore_eos, fixed max_tokens), and reports the aggregate generated
 tokens/s (all tokens of all requests / wall time of the level), and time-to-first-token (median and
 p90 over the level's requests). The server is started on a free loopback port with --parallel equal
 to the largest level and stopped by its PID at the end.
@@ -52,10 +52,12 @@ def start_server(args, parallel):
     sys.exit("server did not start:\n" + open(log.name).read())
 
 
-def one_request(port, prompt, max_tokens):
+def one_request(port, prompt, max_tokens, temperature=0.0, seed=0):
     """Streams one completion; returns (ttft_s, n_tokens, total_s)."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True}
+    if temperature > 0:
+        body["seed"] = seed
     t0 = time.perf_counter()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -85,7 +87,8 @@ def run_level(port, streams, args, prompts):
     def client(k):
         for i in range(args.requests_per_stream):
             try:
-                r = one_request(port, prompts[(k * args.requests_per_stream + i) % len(prompts)], args.max_tokens)
+                r = one_request(port, prompts[(k * args.requests_per_stream + i) % len(prompts)], args.max_tokens,
+                                args.temperature, k * args.requests_per_stream + i)
                 with lock:
                     results.append(r)
             except Exception as e:  # reported below; the level fails
@@ -117,6 +120,9 @@ def main():
     ap.add_argument("-c", "--ctx", type=int, default=0)
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy (default); > 0: sampled as an OpenAI client's default request (top_p 1, no "
+                         "top_k), a seed per request")
     ap.add_argument("--requests-per-stream", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=16, help="prompt length in tokens (as ids)")
     ap.add_argument("--json", help="write the figures here")
@@ -139,7 +145,8 @@ def main():
               f"{r['tokens_per_s'] / base:>10.2f} {r['ttft_median_ms']:>11.1f} {r['ttft_p90_ms']:>11.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "threads": args.threads, "max_tokens": args.max_tokens, "levels": rows}, f, indent=1)
+            json.dump({"model": args.model, "threads": args.threads, "max_tokens": args.max_tokens,
+                       "temperature": args.temperature, "levels": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

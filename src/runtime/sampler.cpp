@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -43,16 +44,75 @@ Sampler::Sampler(SamplerOptions o) : o_(o), rng_(o.seed) {
 int32_t Sampler::sample(std::span<const float> logits) {
   check_finite_logits(logits, "the row being sampled");
   if (o_.temperature == 0) return argmax(logits);
+  if (o_.top_k <= 0 || static_cast<size_t>(o_.top_k) >= logits.size()) return sample_row(logits);
   std::vector<int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
-  size_t k = logits.size();
-  if (o_.top_k > 0 && static_cast<size_t>(o_.top_k) < k) k = static_cast<size_t>(o_.top_k);
+  const size_t k = static_cast<size_t>(o_.top_k);
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(k), idx.end(), by_logit);
   idx.resize(k);
   std::vector<float> top(k);
   for (size_t i = 0; i < k; ++i) top[i] = logits[static_cast<size_t>(idx[i])];
   return pick(idx, top);
+}
+
+int32_t Sampler::sample_row(std::span<const float> logits) {
+  // Without a top-k cut a full sort of the vocabulary cost ~21 ms a row at 49152 tokens (~70 ms at
+  // 128256) on a 2-core Zen 1 VM, twice a SmolLM2 decode step. Here O(n): the weights and their sum
+  // in one pass; the nucleus (top_p < 1) from a histogram of the logits, sorting one bucket; the
+  // draw walks the kept tokens in id order.
+  const size_t n = logits.size();
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  const double inv_t = 1.0 / o_.temperature;
+  std::vector<double> w(n);
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += (w[i] = std::exp((static_cast<double>(logits[i]) - mx) * inv_t));
+  std::vector<uint8_t> kept;  // empty: every token
+  double total = sum;
+  if (o_.top_p < 1) {
+    // The nucleus without sorting the row: the tokens in 4096 buckets of equal logit width from the
+    // best down (a bucket holds a run of the by-logit order), the weight of each bucket; the bucket
+    // where the running weight reaches top_p is the only one sorted.
+    constexpr int kBuckets = 4096;
+    const float mn = *std::min_element(logits.begin(), logits.end());
+    const double scale = mx > mn ? kBuckets / (static_cast<double>(mx) - mn) : 0.0;
+    std::vector<uint16_t> bucket(n);
+    std::vector<double> bw(kBuckets, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      const int b = std::min(kBuckets - 1, static_cast<int>((static_cast<double>(mx) - logits[i]) * scale));
+      bucket[i] = static_cast<uint16_t>(b);
+      bw[static_cast<size_t>(b)] += w[i];
+    }
+    const double target = o_.top_p * sum;
+    double above = 0;
+    int cut = 0;
+    while (cut < kBuckets - 1 && above + bw[static_cast<size_t>(cut)] < target) above += bw[static_cast<size_t>(cut++)];
+    std::vector<int32_t> in_cut;
+    for (size_t i = 0; i < n; ++i)
+      if (bucket[i] == cut) in_cut.push_back(static_cast<int32_t>(i));
+    std::sort(in_cut.begin(), in_cut.end(),
+              [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    kept.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) kept[i] = bucket[i] < cut;
+    for (int32_t id : in_cut) {  // the cut's bucket up to the token that reaches top_p
+      kept[static_cast<size_t>(id)] = 1;
+      if ((above += w[static_cast<size_t>(id)]) >= target) break;
+    }
+    total = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (kept[i]) total += w[i];
+  }
+  // Token i owns [c_i, c_i + w_i) of [0, total), the kept tokens in id order.
+  const double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  double c = 0;
+  size_t last = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (w[i] == 0 || (!kept.empty() && !kept[i])) continue;
+    c += w[i];
+    last = i;
+    if (r < c) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(last);  // r rounded up to the total
 }
 
 bool Sampler::covered_by(int64_t n_candidates, int64_t n_vocab) const {
@@ -67,7 +127,15 @@ int32_t Sampler::sample_top(std::span<const int32_t> ids, std::span<const float>
     fail("sampling with top-k {} over {} tokens needs that many candidates, the backend gave {}", o_.top_k, n_vocab,
          ids.size());
   if (o_.temperature == 0) return ids[0];
-  const size_t k = static_cast<size_t>(o_.top_k > 0 && o_.top_k < n_vocab ? o_.top_k : n_vocab);
+  if (o_.top_k <= 0 || o_.top_k >= n_vocab) {  // every token is a candidate: the row, by id
+    std::vector<float> row(static_cast<size_t>(n_vocab), -std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < n_vocab; ++i) {
+      MK_CHECK(ids[static_cast<size_t>(i)] >= 0 && ids[static_cast<size_t>(i)] < n_vocab);
+      row[static_cast<size_t>(ids[static_cast<size_t>(i)])] = logits[static_cast<size_t>(i)];
+    }
+    return sample_row(row);
+  }
+  const size_t k = static_cast<size_t>(o_.top_k);
   return pick(ids.first(k), logits.first(k));
 }
 

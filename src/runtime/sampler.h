@@ -34,6 +34,11 @@ class Sampler {
  private:
   // Temperature, top-p and the draw over the top-k candidates (sorted, k >= 1).
   int32_t pick(std::span<const int32_t> ids, std::span<const float> logits);
+  // No top-k cut (top_k 0 or >= the row), O(n): weights exp((l - max) / T); top_p < 1 keeps the
+  // shortest prefix of the by-logit order (ties to the lower id) whose weight reaches top_p of the
+  // sum; the draw walks the kept tokens in id order. A function of the row (sample_top scatters the
+  // candidates of a small vocabulary back into a row first).
+  int32_t sample_row(std::span<const float> logits);
   SamplerOptions o_;
   std::mt19937_64 rng_;
 };

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 
 #include "archs/arch.h"
@@ -304,6 +305,17 @@ TEST(TopKSampler, SampleTopEqualsSampleOnTheFullRow) {
       }
     }
   }
+  // top_k 0 (no cut) over a vocabulary within the candidates: sample_top gives sample()'s tokens too.
+  for (int64_t n_vocab : {50, 7})
+    for (float top_p : {1.0f, 0.9f, 0.3f}) {
+      std::vector<float> row(static_cast<size_t>(n_vocab));
+      for (auto& v : row) v = std::round(normal(rng));  // ties
+      const TopKRow c = topk_row(row, kTopK);
+      Sampler full({1.1f, 0, top_p, 9}), top({1.1f, 0, top_p, 9});
+      ASSERT_TRUE(top.covered_by(static_cast<int64_t>(c.ids.size()), n_vocab));
+      for (int draw = 0; draw < 40; ++draw)
+        EXPECT_EQ(top.sample_top(c.ids, c.logits, n_vocab), full.sample(row)) << n_vocab << " " << top_p;
+    }
   Sampler off({0.8f, 0, 1.0f, 1});
   EXPECT_FALSE(off.covered_by(kTopK, 512));
   EXPECT_TRUE(off.covered_by(kTopK, kTopK));  // the whole vocabulary is in the candidates
@@ -312,6 +324,52 @@ TEST(TopKSampler, SampleTopEqualsSampleOnTheFullRow) {
   std::vector<int32_t> ids = {1, 2};
   std::vector<float> lg = {1.0f, 0.5f};
   EXPECT_THROW(big.sample_top(ids, lg, 512), Error);
+}
+
+// Sampling without a top-k cut (the server's default: top_k 0) draws each token with its softmax
+// probability, and with top_p < 1 only from the nucleus: the fewest best tokens whose probability
+// reaches top_p, ties to the lower id. 30000 draws on a 1000-token row (a peaked head, a long flat
+// tail, ties across the nucleus edge) against probabilities computed here with a full sort; every
+// token's count within 5 standard deviations, and no token outside the nucleus drawn.
+TEST(Sampler, WithoutTopKDrawsTheSoftmaxOfTheNucleus) {
+  const size_t n = 1000;
+  std::vector<float> row(n);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t i = 0; i < n; ++i) row[i] = i % 97 == 5 ? 4.0f + 0.25f * static_cast<float>(i % 5) : normal(rng);
+  for (float temp : {1.0f, 0.6f})
+    for (float top_p : {1.0f, 0.9f, 0.5f}) {
+      std::vector<int32_t> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(),
+                [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      std::vector<double> p(n);
+      double sum = 0;
+      for (size_t i = 0; i < n; ++i) sum += (p[i] = std::exp((row[i] - row[order[0]]) / temp));
+      std::vector<double> want(n, 0.0);
+      double cum = 0, kept = 0;
+      for (int32_t id : order) {
+        want[id] = p[id];
+        kept += p[id];
+        if ((cum += p[id] / sum) >= top_p) break;
+      }
+      for (auto& x : want) x /= kept;
+      Sampler s({temp, 0, top_p, 77});
+      const int draws = 30000;
+      std::vector<int> got(n, 0);
+      for (int d = 0; d < draws; ++d) ++got[static_cast<size_t>(s.sample(row))];
+      int outside = 0, off = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (want[i] == 0) {
+          outside += got[i];
+          continue;
+        }
+        const double mean = draws * want[i], sd = std::sqrt(draws * want[i] * (1 - want[i]));
+        if (std::abs(got[i] - mean) > 5 * sd + 1) ++off;
+      }
+      EXPECT_EQ(outside, 0) << "temp " << temp << " top_p " << top_p;
+      EXPECT_EQ(off, 0) << "temp " << temp << " top_p " << top_p;
+    }
 }
 
 }  // namespace
