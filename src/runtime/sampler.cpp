@@ -80,7 +80,8 @@ int32_t Sampler::sample_row(std::span<const float> logits) {
     std::vector<uint16_t> bucket(n);
     std::vector<double> bw(kBuckets, 0.0);
     for (size_t i = 0; i < n; ++i) {
-      const int b = std::min(kBuckets - 1, static_cast<int>((static_cast<double>(mx) - logits[i]) * scale));
+      const double d = (static_cast<double>(mx) - logits[i]) * scale;  // NaN for -inf (a missing candidate)
+      const int b = d < kBuckets - 1 ? static_cast<int>(d) : kBuckets - 1;
       bucket[i] = static_cast<uint16_t>(b);
       bw[static_cast<size_t>(b)] += w[i];
     }
