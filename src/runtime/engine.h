@@ -162,10 +162,17 @@ class Engine {
   struct Seq;
   void finish(Seq& s, FinishReason why, const std::string& error = {});
   void publish(Seq& s, bool final);
-  // `greedy`: the backend's choice for a greedy request (forward_greedy), `top`: the row's best
-  // candidates (forward_topk) for a request Sampler::covered_by them; either in place of the logits.
-  bool sample_and_emit(Seq& s, std::span<const float> logits, const GreedyRow* greedy = nullptr,
-                       const TopKRow* top = nullptr);
+  // The next token of a sequence, or why there is none (non-finite logits). `greedy`: the backend's
+  // choice for a greedy request (forward_greedy), `top`: the row's best candidates (forward_topk) for
+  // a request Sampler::covered_by them; either in place of the logits. Touches only s.sampler: rows
+  // of different sequences may be chosen on different threads.
+  struct Choice {
+    int32_t id = -1;
+    std::string error;
+  };
+  Choice choose(Seq& s, std::span<const float> logits, const GreedyRow* greedy, const TopKRow* top);
+  // The chosen token through EOS, the detokenizer, stop strings and limits; false when s ended.
+  bool emit(Seq& s, const Choice& c, std::chrono::steady_clock::time_point now);
   void run_batch(std::vector<Seq*>& batch_seqs, const std::vector<int64_t>& n_rows_of);
   void update_gauges_locked();
 

@@ -230,6 +230,40 @@ TEST(Engine, BatchedEqualsAloneAndFreesEveryBlock) {
   EXPECT_NE(prom.find("megakernel_time_to_first_token_seconds_count 12\n"), std::string::npos);
 }
 
+// Rows drawn from whole logits rows of a large vocabulary (top_k 0) are chosen on several threads
+// (Engine::choose): each request still gets the tokens it gets alone, its seed's draws in order.
+TEST(Engine, SampledRowsOfALargeVocabularyOnSeveralThreadsMatchAlone) {
+  const int n = 8;
+  const int64_t n_vocab = 8192;
+  auto request = [](int i) {
+    RequestParams p = make_request(i);
+    p.sampler.temperature = 0.9f;
+    p.sampler.top_k = 0;
+    p.sampler.top_p = i % 2 ? 1.0f : 0.9f;
+    p.max_tokens = 12;
+    return p;
+  };
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < n; ++i) {
+    FakeBackend b(n_vocab, 4, 64, 64);
+    Engine e(b, nullptr, engine_options(1, 128, n_vocab));
+    auto req = e.submit(request(i));
+    run_until_idle(e);
+    alone.push_back(collect(*req).token_ids);
+  }
+  FakeBackend b(n_vocab, 4, 128, 64);
+  Engine e(b, nullptr, engine_options(n, 128, n_vocab));
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < n; ++i) reqs.push_back(e.submit(request(i)));
+  run_until_idle(e);
+  for (int i = 0; i < n; ++i) {
+    RequestOutput out = collect(*reqs[i]);
+    EXPECT_EQ(out.finish, FinishReason::length) << out.error;
+    EXPECT_EQ(out.token_ids, alone[i]) << "request " << i;
+  }
+  EXPECT_EQ(b.max_seqs_seen, n);  // every request in one step: rows chosen on several threads
+}
+
 TEST(Engine, SerialBackendWithoutPagedKvGivesTheSameTokens) {
   const int n = 6;
   auto paged = run_alone(n, true);
