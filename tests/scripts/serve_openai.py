@@ -559,6 +559,10 @@ def damaged_tokenizer_checks():
     st, _, text = srv.raw("POST", "/v1/completions", {"prompt": [1, 403], "max_tokens": 2, "temperature": 0,
                                                       "return_token_ids": True})
     check(st == 200 and len(json.loads(text)["choices"][0]["token_ids"]) == 2, f"a prompt of ids is served ({st})")
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": [1, 403], "max_tokens": 2, "stop": "x"})
+    err = json.loads(text).get("error", {}) if st == 400 else {}
+    check(st == 400 and err.get("param") == "stop" and "stop strings cannot match" in err.get("message", ""),
+          f"'stop' without a usable tokenizer (the reply has no text): 400 naming stop ({st}: {text[:160]})")
     check(srv.stop() == 0, "damaged-tokenizer server: exit code 0")
     os.unlink(path)
 
