@@ -6,7 +6,6 @@
 #include <numeric>
 #include <vector>
 
-#include "backend/cpu/vmath.h"
 #include "support/error.h"
 
 namespace mk {
@@ -60,14 +59,14 @@ int32_t Sampler::sample(std::span<const float> logits) {
 int32_t Sampler::sample_row(std::span<const float> logits) {
   // Without a top-k cut a full sort of the vocabulary cost 16-22 ms a row at 49152 tokens (38-70 ms
   // at 128256) on a 2-core Zen 1 VM (BM_Sampler), more than a SmolLM2 decode step. Here O(n): the
-  // weights (vectorised exp) and their sum; the nucleus (top_p < 1) from a histogram of the logits,
+  // weights and their sum; the nucleus (top_p < 1) from a histogram of the logits,
   // sorting one bucket; the draw walks the kept tokens in id order.
   const size_t n = logits.size();
   const float mx = *std::max_element(logits.begin(), logits.end());
-  std::vector<float> w(n);  // float weights (the vectorised exp of the CPU backend, within 2 ulp)
-  cpu::exp_scaled_span(logits.data(), w.data(), static_cast<int64_t>(n), mx, 1.0f / o_.temperature);
+  const double inv_t = 1.0 / o_.temperature;
+  std::vector<double> w(n);
   double sum = 0;
-  for (float x : w) sum += x;
+  for (size_t i = 0; i < n; ++i) sum += (w[i] = std::exp((static_cast<double>(logits[i]) - mx) * inv_t));
   std::vector<uint8_t> kept;  // empty: every token
   double total = sum;
   if (o_.top_p < 1) {

@@ -73,18 +73,6 @@ inline void exp_sub_span(const float* x, float* y, int64_t n, float sub) {
   for (; j < n; ++j) y[j] = exp_f32(x[j] - sub);
 }
 
-// y[j] = exp((x[j] - sub) * scale) for j < n (x == y allowed): softmax weights at a temperature.
-inline void exp_scaled_span(const float* x, float* y, int64_t n, float sub, float scale) {
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    VF16 v;
-    std::memcpy(&v, x + j, sizeof v);
-    v = exp_v16((v - sub) * scale);
-    std::memcpy(y + j, &v, sizeof v);
-  }
-  for (; j < n; ++j) y[j] = exp_f32((x[j] - sub) * scale);
-}
-
 // SiLU with exp_f32: v / (1 + exp(-v)).
 inline float silu_f32(float v) { return v / (1.0f + exp_f32(-v)); }
 // t[j] = silu(t[j]) * u[j] for j < n: a SwiGLU's gate and up values.
