@@ -932,6 +932,10 @@ void serve(ServeOptions o) {
       }
     }
   });
+  if (const int64_t pool = engine.kv_blocks_total() * engine.kv_block_size(); o.kv_tokens > 0 && pool != o.kv_tokens)
+    std::fprintf(stderr, "note: --kv-tokens %lld is %lld KV rows: whole blocks of %lld tokens\n",
+                 static_cast<long long>(o.kv_tokens), static_cast<long long>(pool),
+                 static_cast<long long>(engine.kv_block_size()));
   std::fprintf(
       stderr,
       "serve: %s on %s backend, context %lld, %d parallel, KV %lld %s x %lld tokens; listening on http://%s:%d\n",
