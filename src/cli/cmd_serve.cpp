@@ -323,7 +323,8 @@ class Server {
         if (x.empty()) bad("stop", "stop strings must not be empty");
     }
     const Tokenizer* tok = s_.tokenizer.get();
-    if (!tok && !p.stop.empty())  // the reply has no text a stop string could be found in
+    if (!tok && !chat && !p.stop.empty())  // the reply has no text a stop string could be found in
+                                            // (a chat is refused below, naming messages)
       throw HttpError{400, no_tokenizer(s_, o_.session.model_path, o_.model_id) + ", so replies have no text and "
                                "stop strings cannot match; leave 'stop' out",
                       "invalid_request_error", "stop", ""};

@@ -250,7 +250,6 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
   s.req->cv_.notify_all();
 }
 
-// Samples the next token from the sequence's logits row; returns true when the sequence goes on.
 Engine::Choice Engine::choose(Seq& s, std::span<const float> logits, const GreedyRow* greedy, const TopKRow* top) {
   Choice c;
   try {
