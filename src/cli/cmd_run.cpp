@@ -76,7 +76,8 @@ void add_run_command(CLI::App& app) {
       r = generate(s, o->gen);
       s.backend->finish();  // traces and summaries go to files and stderr, stdout stays one JSON object
       nlohmann::ordered_json j;
-      j["rendered"] = o->gen.prompt;
+      if (ids->count() > 0) j["rendered"] = nullptr;  // the prompt came as ids: there is no text
+      else j["rendered"] = o->gen.prompt;
       j["prompt_ids"] = r.prompt_ids;
       j["generated_ids"] = r.generated_ids;
       j["text"] = r.text;

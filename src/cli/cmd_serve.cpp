@@ -731,13 +731,21 @@ class Server {
       res.set_content(json_text(error_json(msg, "invalid_request_error", "", "")), "application/json");
       return httplib::Server::HandlerResponse::Handled;
     }));
-    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      // A response that says Connection: close is the connection's last (HttpServer's loop).
-      if (res.get_header_value("Connection") == "close") HttpServer::close_after_response();
+    // Counted once the status is final (after the error handler) and before the first byte is
+    // written, so a scrape made after a reply has ended always includes it (cpp-httplib's logger
+    // runs after the write: a scrape could miss a reply its client had already read).
+    svr.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+      // cpp-httplib adds Keep-Alive unless it closes the connection itself; a reply that closes it
+      // (HTTP/1.0, an error whose body was not read) must not offer it too.
+      if (res.get_header_value("Connection") == "close") res.headers.erase("Keep-Alive");
       std::lock_guard lock(codes_mu_);
       // Code 0: the client left before its request was complete (cpp-httplib reports the failed
       // read as 400); a timed-out read was answered 408 by the connection layer, which counts it.
       if (!HttpServer::request_timed_out()) ++codes_[HttpServer::client_left() ? 0 : res.status];
+    });
+    svr.set_logger([](const httplib::Request&, const httplib::Response& res) {
+      // A response that says Connection: close is the connection's last (HttpServer's loop).
+      if (res.get_header_value("Connection") == "close") HttpServer::close_after_response();
     });
   }
 

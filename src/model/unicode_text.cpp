@@ -35,6 +35,19 @@ void append(std::string& out, char32_t c) {
 
 }  // namespace
 
+size_t utf8_invalid_offset(std::string_view s) {
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(s.data());
+  const auto n = static_cast<utf8proc_ssize_t>(s.size());
+  utf8proc_ssize_t i = 0;
+  while (i < n) {
+    utf8proc_int32_t cp;
+    const utf8proc_ssize_t len = utf8proc_iterate(p + i, n - i, &cp);
+    if (len <= 0) break;
+    i += len;
+  }
+  return static_cast<size_t>(i);
+}
+
 std::string unicode_normalize(std::string_view s, UnicodeForm form) {
   int options = UTF8PROC_STABLE;
   switch (form) {

@@ -20,5 +20,8 @@ std::string unicode_strip(std::string_view s, bool left, bool right);
 std::string unicode_strip_accents(std::string_view s);
 // The Unicode White_Space property (PropList.txt), as Rust's char::is_whitespace.
 bool unicode_is_whitespace(char32_t c);
+// The byte offset of the first byte that does not start a valid UTF-8 character in s (an invalid or
+// truncated sequence, a surrogate, past U+10FFFF); s.size() when all of s is valid.
+size_t utf8_invalid_offset(std::string_view s);
 
 }  // namespace mk

@@ -10,6 +10,7 @@
 #include <regex>
 #include <sstream>
 
+#include "model/unicode_text.h"
 #include "support/error.h"
 #include "support/text_file.h"
 #include "support/json.h"
@@ -108,6 +109,18 @@ nlohmann::ordered_json check_chat_messages(const nlohmann::ordered_json& message
 
 std::string render_chat_template(const std::string& source, const nlohmann::ordered_json& messages,
                                  const ChatRenderOptions& o) {
+  // Text typed at the terminal (run --chat -p, chat's lines) is not checked by a JSON parser as a
+  // messages file and a request body are: invalid UTF-8 is named here, at its offset in the message
+  // (the tokenizer's error gave the offset in the rendered template).
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object() || !m.contains("content") || !m["content"].is_string()) continue;
+    const auto& text = m["content"].get_ref<const std::string&>();
+    if (const size_t at = utf8_invalid_offset(text); at < text.size())
+      fail("chat message {} ({}): the text is not valid UTF-8 (byte 0x{:02x} at offset {})", i + 1,
+           m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : "?",
+           static_cast<unsigned char>(text[at]), at);
+  }
   try {
     // declared first, destroyed last: frees the reference cycles the template made (l.append(l))
     const minja::CycleCollector collector;
@@ -136,7 +149,11 @@ std::string render_chat_template(const std::string& source, const nlohmann::orde
       ss << std::put_time(&local, format.c_str());
       return ss.str();
     }));
-    return root->render(ctx);
+    std::string text = root->render(ctx);
+    // An empty template (or one that writes nothing for these messages) would reach the tokenizer as
+    // an empty prompt, whose error blamed -p.
+    if (text.empty()) fail("chat template: the conversation renders as empty text (is the template empty?)");
+    return text;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

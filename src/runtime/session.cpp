@@ -108,6 +108,14 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path, /*wit
   }
   if (tokenizer && tokenizer->n_vocab() > hparams.n_vocab)
     fail("tokenizer has {} tokens but the model's vocabulary is {}", tokenizer->n_vocab(), hparams.n_vocab);
+  // A smaller vocabulary is allowed (a model's embedding rows are often padded past its tokenizer's),
+  // but one given with -z may belong to another model: say so, since its text would be nonsense.
+  if (tokenizer && !o.tokenizer_path.empty() && tokenizer->n_vocab() < hparams.n_vocab)
+    std::fprintf(stderr,
+                 "warning: -z %s: the tokenizer has %d tokens, the model's vocabulary %lld; ids from %d on print as "
+                 "nothing (is it this model's tokenizer?)\n",
+                 o.tokenizer_path.c_str(), tokenizer->n_vocab(), static_cast<long long>(hparams.n_vocab),
+                 tokenizer->n_vocab());
   stop_at_bos = model.format == "llama2c";
   graph = build_graph(model, build);
   backend = make_backend(o.backend.empty() ? default_backend_name() : o.backend, graph, model, o.backend_options);
@@ -177,8 +185,10 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     fail("{}", o.prompt.empty() ? "the prompt is empty and the tokenizer adds no BOS token to start from: give one (-p TEXT)"
                                 : "the prompt encodes to no tokens and the tokenizer adds no BOS token");
   if (static_cast<int64_t>(r.prompt_ids.size()) > s.n_ctx - s.n_past)
-    fail("prompt is {} tokens but only {} fit the context ({}); use a shorter prompt or a larger -c", r.prompt_ids.size(),
-         s.n_ctx - s.n_past, s.n_ctx);
+    fail("prompt is {} tokens but only {} fit the context ({}); {}", r.prompt_ids.size(), s.n_ctx - s.n_past, s.n_ctx,
+         s.hparams.n_ctx_train > 0 && s.n_ctx >= s.hparams.n_ctx_train
+             ? "use a shorter prompt (the context is already the model's training context, the largest -c)"
+             : "use a shorter prompt or a larger -c");
   Sampler sampler(o.sampler);
   Utf8Stream utf8;
   auto emit = [&](const std::string& bytes) {

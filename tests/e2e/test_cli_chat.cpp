@@ -109,8 +109,9 @@ TEST(E2EChatCli, FailedTurnIsDroppedAndTheChatGoesOn) {
   EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 2) << replies << out;
 }
 
-// A turn that fails before its step (here the tokenizer refuses invalid UTF-8) is dropped from the
-// conversation too: the next turn is answered (it failed the same way while the bad turn stayed).
+// A turn that fails before its step (here: invalid UTF-8 in the line, named at its offset in the line)
+// is dropped from the conversation too: the next turn is answered (it failed the same way while the
+// bad turn stayed).
 TEST(E2EChatCli, TurnThatFailsToEncodeIsDropped) {
   int status = 0;
   const std::string err_path = (std::filesystem::path(::testing::TempDir()) / "mk_chat_bad_utf8.txt").string();
@@ -125,6 +126,8 @@ TEST(E2EChatCli, TurnThatFailsToEncodeIsDropped) {
   size_t bad = 0;
   for (size_t p = err.str().find("not valid UTF-8"); p != std::string::npos; p = err.str().find("not valid UTF-8", p + 1)) ++bad;
   EXPECT_EQ(bad, 1u) << err.str();
+  EXPECT_NE(err.str().find("chat message 1 (user): the text is not valid UTF-8 (byte 0xff at offset 1)"), std::string::npos)
+      << err.str();
   EXPECT_NE(err.str().find("error: chat: 1 of 2 turns failed"), std::string::npos) << err.str();
   EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 1) << replies << err.str();
 }

@@ -233,6 +233,21 @@ TEST(E2ECliUsage, TokenizeRefusesSyntheticModels) {
   EXPECT_TRUE(r.out.empty()) << r.out;
 }
 
+// A -z tokenizer with fewer tokens than the model's vocabulary is allowed (padded embeddings), but named
+// in a warning: it may belong to another model (it was taken without a word).
+TEST(E2ECliUsage, SmallerTokenizerGivenWithZIsNamed) {
+  const std::string tok = MK_SHARED_DIR "/fixtures/bugs/tokenizer_nfc.json";
+  Result r = cli("run -m synth:stories15m -z " + tok + " --ids 1,2 -n 2 --temp 0 -t 2");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "warning: -z " + tok + ": the tokenizer has 512 tokens, the model's vocabulary 32000; ids "
+                         "from 512 on print as nothing")) << r.err;
+  // Its own tokenizer, the same size as the model's vocabulary: no warning.
+  r = cli("run -m " MK_SHARED_DIR "/models/stories260K/stories260K.bin -z " MK_SHARED_DIR
+          "/models/stories260K/tok512.bin -p Once -n 2 --temp 0");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_FALSE(has(r.err, "warning")) << r.err;
+}
+
 // The oracle computes attention in one pass: a split count other than 1 is refused, not ignored.
 TEST(E2ECliUsage, ReferenceBackendRefusesAttnSplits) {
   Result r = cli("logits -m synth:tiny --ids 1,2,3 --backend reference --attn-splits 4");
@@ -242,6 +257,12 @@ TEST(E2ECliUsage, ReferenceBackendRefusesAttnSplits) {
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(has(r.err, "--attn-splits 0: the reference backend")) << r.err;
   r = cli("logits -m synth:tiny --ids 1,2,3 --backend reference --attn-splits 1");
+  EXPECT_EQ(r.status, 0) << r.err;
+  // Nor does it have a megakernel schedule (a static one was accepted and ignored).
+  r = cli("run -m synth:tiny --ids 1,2 -n 1 --backend reference --schedule static-rr");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "error: --schedule static-rr: the reference backend runs op by op")) << r.err;
+  r = cli("run -m synth:tiny --ids 1,2 -n 1 --backend reference --schedule dynamic");
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
@@ -355,6 +376,8 @@ TEST(E2ECliUsage, DamagedTokenizerIsAnErrorForTextAndAWarningForIds) {
   const auto j = nlohmann::json::parse(intact.out);
   const auto gen = j["generated_ids"].get<std::vector<int>>();
   ASSERT_EQ(gen.size(), 2u);
+  EXPECT_TRUE(j.at("rendered").is_null()) << j.dump();  // a prompt of ids has no text (it said "")
+  EXPECT_EQ(j.at("prompt_ids"), nlohmann::json({1, 403}));
   EXPECT_EQ(r.out, std::to_string(gen[0]) + " " + std::to_string(gen[1]) + "\n");
   std::filesystem::remove(path);
 }

@@ -75,7 +75,16 @@ TEST(E2EStories, CliRunJsonMatchesReference) {
 TEST(E2EStories, PromptLongerThanContextIsAClearError) {
   CmdResult r = run_cli("run --backend reference -c 8 -m " + kDir + "stories260K.gguf -p 'Once upon a time there was a little girl named Lily'");
   EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.out.find("only 8 fit the context"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("only 8 fit the context (8); use a shorter prompt or a larger -c"), std::string::npos) << r.out;
+  // At the training context a larger -c is refused: the message does not offer it.
+  std::string ids = "1";
+  for (int i = 0; i < 2100; ++i) ids += ",403";
+  r = run_cli("run --backend reference -n 1 -m " + kDir + "stories260K.gguf --ids " + ids);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("prompt is 2101 tokens but only 2048 fit the context (2048); use a shorter prompt (the context is "
+                       "already the model's training context"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(E2EStories, GenerationStopsWhenTheContextIsFull) {

@@ -72,6 +72,16 @@ TEST(ChatTemplate, ErrorsAreClear) {
   // an index past the messages: minja's std::vector::at message is not shown as it is
   EXPECT_EQ(error_of([&] { render_chat_template("{{ messages[5].content }}", msgs, o); }),
             "chat template: list index 5 is past the end of a list of 1 at row 1, column 3:\n{{ messages[5].content }}\n  ^\n");
+  // invalid UTF-8 typed in a message is named at its offset in that message, not in the rendered text
+  const nlohmann::ordered_json bad = {{{"role", "system"}, {"content", "Be brief."}},
+                                      {{"role", "user"}, {"content", std::string("caf\xff!")}}};
+  EXPECT_EQ(error_of([&] { render_chat_template("{{ messages[1].content }}", bad, o); }),
+            "chat message 2 (user): the text is not valid UTF-8 (byte 0xff at offset 3)");
+  // an empty template renders nothing: named here, not as an empty prompt (whose error blamed -p)
+  EXPECT_EQ(error_of([&] { render_chat_template("", msgs, o); }),
+            "chat template: the conversation renders as empty text (is the template empty?)");
+  EXPECT_EQ(error_of([&] { render_chat_template("{% if false %}x{% endif %}", msgs, o); }),
+            "chat template: the conversation renders as empty text (is the template empty?)");
   EXPECT_EQ(error_of([&] { check_chat_messages(nlohmann::ordered_json::object(), "m.json"); }),
             "m.json: messages must be a JSON array of {\"role\", \"content\"} objects");
   EXPECT_EQ(error_of([&] { check_chat_messages(nlohmann::ordered_json::parse(R"([{"content": "x"}])"), "m.json"); }),

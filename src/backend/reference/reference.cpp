@@ -343,6 +343,11 @@ std::unique_ptr<Backend> make_reference_backend(const Graph& g, const ModelFile&
     fail("--attn-splits {}: the reference backend computes attention in one pass (1 split); flash-decoding splits "
          "run on the cpu, cuda and cuda-emu backends",
          o.attn_splits);
+  // The schedule distributes the megakernel's instructions over workers; the oracle runs op by op.
+  if (o.schedule != "dynamic")
+    fail("--schedule {}: the reference backend runs op by op, without a megakernel schedule; schedules apply to the "
+         "cpu and CUDA backends",
+         o.schedule);
   // The trace is a per-worker timeline of the megakernel's instructions; the oracle has neither.
   if (!o.trace_path.empty())
     fail("--trace: the reference backend has no trace (a timeline of the megakernel's workers); use --backend cpu or cuda");
