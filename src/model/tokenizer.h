@@ -25,7 +25,9 @@ class Tokenizer {
   // tokenizer has one and its `add_bos` is set) and EOS at the end (when `add_eos` is set).
   // parse_special: control/special tokens written in the text (e.g. "<|im_start|>") become their
   // ids, as llama.cpp's parse_special; without it they are encoded as plain text. User-defined
-  // (non-special) added tokens always match. SentencePiece vocabs match none.
+  // (non-special) added tokens always match. SentencePiece: GGUF vocabularies match their control and
+  // unknown pieces (parse_special) and user-defined ones (always) as llama.cpp does, each run of text
+  // between them with its own dummy prefix; a llama2.c tokenizer.bin (no token types) matches none.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special = true) const = 0;
   // Raw bytes of one token in context: `prev` is the token before it (-1 at the start); SentencePiece
   // drops the dummy-prefix space of the first piece after BOS (and, when the vocab adds a dummy

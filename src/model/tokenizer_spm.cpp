@@ -8,6 +8,7 @@
 // candidate is stale when either side has since been merged into something else; its recorded
 // length then no longer matches and it is dropped. Because the queue holds every live adjacent
 // pair and orders them exactly as run.c's scan does, the merge sequence is identical.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -91,6 +92,18 @@ class SpmTokenizer final : public Tokenizer {
     eos_id = vocab_.eos_id;
     unk_id = vocab_.unk_id;
 
+    // Pieces that match in text before any merge (llama.cpp's tokenizer_st_partition): control and
+    // unknown ones with parse_special, user-defined ones always; by their text as stored, longest
+    // first (ties: lower id first). Only vocabularies with token types have them (GGUF "llama";
+    // a llama2.c tokenizer.bin has none, as run.c matches none).
+    for (size_t i = 0; i < vocab_.types.size(); ++i) {
+      const int32_t type = vocab_.types[i];
+      if ((type == kTypeControl || type == kTypeUnknown || type == kTypeUserDefined) && !vocab_.pieces[i].empty())
+        specials_.push_back({vocab_.pieces[i], static_cast<int32_t>(i), type == kTypeUserDefined});
+    }
+    std::stable_sort(specials_.begin(), specials_.end(),
+                     [](const SpecialPiece& a, const SpecialPiece& b) { return a.text.size() > b.text.size(); });
+
     kinds_.resize(n);
     byte_values_.assign(n, 0);
     byte_ids_.fill(-1);
@@ -129,13 +142,91 @@ class SpmTokenizer final : public Tokenizer {
 
   int32_t n_vocab() const override { return static_cast<int32_t>(vocab_.pieces.size()); }
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool /*parse_special*/) const override {
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const override {
     std::vector<int32_t> ids;
     if (add_bos && this->add_bos && bos_id >= 0) ids.push_back(bos_id);
-    if (text.empty()) {
-      if (add_bos && add_eos && eos_id >= 0) ids.push_back(eos_id);
-      return ids;
+    // Special pieces written in the text split it first; each run of text between them is encoded
+    // on its own, with the dummy prefix (llama.cpp prefixes a run at the start or after a special
+    // token, which is every run).
+    for (const Fragment& f : partition(text, parse_special)) {
+      if (f.id >= 0) ids.push_back(f.id);
+      else encode_text(f.text, ids);
     }
+    if (add_bos && add_eos && eos_id >= 0) ids.push_back(eos_id);
+    return ids;
+  }
+
+  // Control pieces show their text; others their bytes as in mid-text (with the leading space).
+  std::string token_text(int32_t id) const override {
+    if (id >= 0 && id < n_vocab() && kinds_[id] == PieceKind::kSpecial) return vocab_.pieces[id];
+    return token_bytes(/*prev=*/n_vocab(), id);  // a `prev` that is neither the start nor BOS
+  }
+
+  std::string token_bytes(int32_t prev, int32_t id) const override {
+    if (id < 0 || id >= n_vocab()) fail("tokenizer: token id {} is outside the vocab [0, {})", id, n_vocab());
+    switch (kinds_[id]) {
+      case PieceKind::kSpecial:
+        return {};
+      case PieceKind::kByte:
+        return std::string(1, static_cast<char>(byte_values_[id]));
+      case PieceKind::kNormal:
+      case PieceKind::kUnused:
+        break;
+    }
+    std::string_view piece = vocab_.pieces[id];
+    // The dummy prefix added by encode() is not part of the text.
+    if (vocab_.add_dummy_prefix && (prev < 0 || (prev == bos_id && bos_id >= 0)) && !piece.empty() &&
+        piece[0] == ' ')
+      piece.remove_prefix(1);
+    return std::string(piece);
+  }
+
+ private:
+  // A piece matched in text before merging: control/unknown (only with parse_special) or user-defined.
+  struct SpecialPiece {
+    std::string text;  // as stored in the vocabulary (U+2581, not spaces)
+    int32_t id;
+    bool user_defined;
+  };
+  // A run of text to encode (id < 0) or a special piece's id.
+  struct Fragment {
+    std::string_view text;
+    int32_t id;
+  };
+
+  // llama.cpp's partition: each special piece in turn (longest first) splits every text fragment
+  // at its occurrences, left to right; empty fragments are dropped.
+  std::vector<Fragment> partition(std::string_view text, bool parse_special) const {
+    std::vector<Fragment> frags;
+    if (!text.empty()) frags.push_back({text, -1});
+    if (specials_.empty()) return frags;
+    std::array<bool, 256> present{};
+    for (char c : text) present[static_cast<uint8_t>(c)] = true;
+    for (const SpecialPiece& sp : specials_) {
+      if (!parse_special && !sp.user_defined) continue;
+      if (!present[static_cast<uint8_t>(sp.text[0])]) continue;
+      std::vector<Fragment> next;
+      bool split = false;
+      for (const Fragment& f : frags) {
+        if (f.id >= 0 || f.text.size() < sp.text.size()) {
+          next.push_back(f);
+          continue;
+        }
+        size_t from = 0;
+        for (size_t at; (at = f.text.find(sp.text, from)) != std::string_view::npos; from = at + sp.text.size()) {
+          if (at > from) next.push_back({f.text.substr(from, at - from), -1});
+          next.push_back({{}, sp.id});
+          split = true;
+        }
+        if (from < f.text.size()) next.push_back({f.text.substr(from), -1});
+      }
+      if (split) frags = std::move(next);
+    }
+    return frags;
+  }
+
+  // One run of text (no special pieces in it): the dummy prefix, then SentencePiece BPE merges.
+  void encode_text(std::string_view text, std::vector<int32_t>& ids) const {
     std::string prefixed(vocab_.add_dummy_prefix ? 1 : 0, ' ');
     prefixed += text;
     const std::string normalized = spaces_from_markers(prefixed);
@@ -199,36 +290,8 @@ class SpmTokenizer final : public Tokenizer {
         ids.push_back(unk_id);
       }
     }
-    if (add_bos && add_eos && eos_id >= 0) ids.push_back(eos_id);
-    return ids;
   }
 
-  // Control pieces show their text; others their bytes as in mid-text (with the leading space).
-  std::string token_text(int32_t id) const override {
-    if (id >= 0 && id < n_vocab() && kinds_[id] == PieceKind::kSpecial) return vocab_.pieces[id];
-    return token_bytes(/*prev=*/n_vocab(), id);  // a `prev` that is neither the start nor BOS
-  }
-
-  std::string token_bytes(int32_t prev, int32_t id) const override {
-    if (id < 0 || id >= n_vocab()) fail("tokenizer: token id {} is outside the vocab [0, {})", id, n_vocab());
-    switch (kinds_[id]) {
-      case PieceKind::kSpecial:
-        return {};
-      case PieceKind::kByte:
-        return std::string(1, static_cast<char>(byte_values_[id]));
-      case PieceKind::kNormal:
-      case PieceKind::kUnused:
-        break;
-    }
-    std::string_view piece = vocab_.pieces[id];
-    // The dummy prefix added by encode() is not part of the text.
-    if (vocab_.add_dummy_prefix && (prev < 0 || (prev == bos_id && bos_id >= 0)) && !piece.empty() &&
-        piece[0] == ' ')
-      piece.remove_prefix(1);
-    return std::string(piece);
-  }
-
- private:
   // A span of the normalized text in the doubly linked list of current symbols; len 0 = merged away.
   struct Symbol {
     uint32_t start, len;
@@ -256,6 +319,7 @@ class SpmTokenizer final : public Tokenizer {
   std::vector<uint8_t> byte_values_;  // for kByte pieces
   std::array<int32_t, 256> byte_ids_{};
   std::unordered_map<std::string_view, int32_t> piece_ids_;  // mergeable pieces only
+  std::vector<SpecialPiece> specials_;  // longest first
 };
 
 }  // namespace

@@ -340,6 +340,49 @@ TEST(TokenizerGguf, AddSpacePrefixFalse) {
   EXPECT_EQ(tok->decode(tok->encode("Once upon", true)), "Once upon");
 }
 
+// Control and unknown pieces written in the text are their ids with parse_special, user-defined ones
+// always (llama.cpp's tokenizer_st_partition); each run of text between them gets the dummy prefix.
+// Until 2026-12-06 the SentencePiece tokenizer matched none: a Llama 2 template's "<s>" reached the
+// model as "<", "s", ">" and Gemma's "<start_of_turn>" as a dozen pieces.
+TEST(TokenizerGguf, SpecialPiecesInTextAreTheirIds) {
+  ModelFile m = tok512_as_gguf();
+  auto& tokens = m.metadata["tokenizer.ggml.tokens"];
+  auto& types = m.metadata["tokenizer.ggml.token_type"];
+  tokens[500] = "<start_of_turn>";  // control, as in Gemma's vocabulary
+  types[500] = 3;
+  tokens[501] = "<start>";  // control, a prefix of the one above: the longer piece matches first
+  types[501] = 3;
+  tokens[502] = "<mine>";  // user-defined
+  types[502] = 4;
+  const auto tok = load_model_tokenizer(m);
+  const auto plain = load_model_tokenizer(tok512_as_gguf());
+  auto cat = [](std::vector<std::vector<int32_t>> parts) {
+    std::vector<int32_t> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  // "<s>" and "</s>" are control pieces: their ids, and the text after each has its own dummy prefix.
+  EXPECT_EQ(tok->encode("<s>hi</s>", false, true), cat({{1}, plain->encode("hi", false), {2}}));
+  EXPECT_EQ(tok->encode("<s>[INST] Once [/INST]", false, true),
+            cat({{1}, plain->encode("[INST] Once [/INST]", false)}));
+  // Without parse_special they are text (tokenize without --parse-special), and so is an unknown piece.
+  EXPECT_EQ(tok->encode("<s>hi</s>", false, false), plain->encode("<s>hi</s>", false, false));
+  EXPECT_EQ(tok->encode("a<unk>b", false, true), cat({plain->encode("a", false), {0}, plain->encode("b", false)}));
+  EXPECT_EQ(tok->encode("a<unk>b", false, false), plain->encode("a<unk>b", false, false));
+  // The longest piece first: "<start_of_turn>" is not "<start>" + "_of_turn>".
+  EXPECT_EQ(tok->encode("<start_of_turn>user\nhi<start>", true, true),
+            cat({{1, 500}, plain->encode("user\nhi", false), {501}}));
+  // A user-defined piece matches without parse_special too; adjacent pieces give no empty runs.
+  EXPECT_EQ(tok->encode("x<mine><mine>y", false, false),
+            cat({plain->encode("x", false), {502, 502}, plain->encode("y", false)}));
+  // Text without special pieces encodes as before.
+  EXPECT_EQ(tok->encode("Once upon a time", true, true), plain->encode("Once upon a time", true, true));
+  // A llama2.c tokenizer.bin has no token types: its "<s>" is text, as in run.c.
+  const auto bin = load_llama2c_tokenizer(kTok512, 512);
+  EXPECT_EQ(bin->encode("<s>hi", false, true).size(), plain->encode("<s>hi", false, false).size());
+  EXPECT_NE(bin->encode("<s>hi", false, true)[0], 1);
+}
+
 TEST(TokenizerGguf, EndOfTurnNamesEndGeneration) {
   ModelFile m = tok512_as_gguf();
   m.metadata["tokenizer.ggml.tokens"][300] = "<end_of_turn>";  // as in Gemma's vocabulary
