@@ -48,7 +48,9 @@ void add_chat_command(CLI::App& app) {
         std::fputs("> ", stderr);
         std::fflush(stderr);
       }
-      if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
+      if (!std::getline(std::cin, line)) break;
+      if (!line.empty() && line.back() == '\r') line.pop_back();  // a Windows line end: "/exit\r" is /exit
+      if (line == "/exit" || line == "/quit") break;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // nothing to say
       if (line == "/reset") {
         conv.reset();

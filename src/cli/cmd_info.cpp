@@ -20,19 +20,26 @@ void add_info_command(CLI::App& app) {
     std::printf("n_vocab %lld, n_embd %lld, n_layer %lld, n_head %lld, n_head_kv %lld, head_dim %lld, n_ff %lld, n_ctx_train %lld, norm_eps %g\n",
                 (long long)hp.n_vocab, (long long)hp.n_embd, (long long)hp.n_layer, (long long)hp.n_head,
                 (long long)hp.n_head_kv, (long long)hp.head_dim, (long long)hp.n_ff, (long long)hp.n_ctx_train, hp.norm_eps);
-    size_t total = 0;
-    std::printf("%zu tensors:\n", m.tensors().size());
+    // The file's tensors; those made at load (Phi-3's q/k/v row views, GPT-2's transposed copies,
+    // Gemma 3's aliases) are not in the file and would count its bytes twice.
+    size_t total = 0, n_file = 0, n_derived = 0;
+    for (const auto& t : m.tensors()) (t.derived ? n_derived : n_file) += 1;
+    std::printf("%zu %s:\n", n_file, n_file == 1 ? "tensor" : "tensors");
     for (const auto& t : m.tensors()) {
+      if (t.derived) continue;
       std::printf("  %-40s %-5s %-20s %zu bytes\n", t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
                   shape_str(t.shape).c_str(), t.nbytes);
       total += t.nbytes;
     }
+    if (n_derived > 0)
+      std::printf("  (and %zu %s made from these at load, not listed or counted: row views, aliases, transposed copies)\n",
+                  n_derived, n_derived == 1 ? "tensor" : "tensors");
     std::printf("total: %zu bytes of weights\n", total);
     // Per element type (a Q4_K_M file mixes q4_K, q6_K, q5_0, q8_0 and f32), in DType order.
     for (DType dt : kAllDTypes) {
       size_t bytes = 0, count = 0, elements = 0;
       for (const auto& t : m.tensors())
-        if (t.dtype == dt) {
+        if (t.dtype == dt && !t.derived) {
           bytes += t.nbytes;
           elements += static_cast<size_t>(t.numel());
           ++count;

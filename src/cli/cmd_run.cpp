@@ -112,8 +112,10 @@ void add_run_command(CLI::App& app) {
     const std::string rate = r.n_decode_steps > 0 ? fmt::format("{:.3f} ms/token ({:.1f} tokens/s)", r.ms_per_token(),
                                                                 r.ms_per_token() > 0 ? 1000.0 / r.ms_per_token() : 0.0)
                                                   : std::string("no decode step");
-    std::fprintf(stderr, "[%s] prompt: %zu tokens, %.3f ms/token | generation: %zu tokens, %s\n", s.backend->name().c_str(),
-                 r.prompt_ids.size(), r.prompt_ms_per_token(), r.generated_ids.size(), rate.c_str());
+    auto tokens = [](size_t n) { return fmt::format("{} {}", n, n == 1 ? "token" : "tokens"); };
+    std::fprintf(stderr, "[%s] prompt: %s, %.3f ms/token | generation: %s, %s\n", s.backend->name().c_str(),
+                 tokens(r.prompt_ids.size()).c_str(), r.prompt_ms_per_token(), tokens(r.generated_ids.size()).c_str(),
+                 rate.c_str());
   });
 }
 

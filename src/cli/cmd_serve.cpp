@@ -288,7 +288,7 @@ class Server {
     p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0, 0, 2));
     const double top_p = get_number(body, "top_p", 1.0, 0, 1);
     p.sampler.top_p = static_cast<float>(top_p);
-    if (top_p <= 0) bad("top_p", "'top_p' must be greater than 0");
+    if (top_p <= 0) bad("top_p", "'top_p' must be above 0 and at most 1, got 0");
     if (p.sampler.top_p <= 0) bad("top_p", fmt::format("'top_p' {} rounds to 0 as a 32-bit float", top_p));
     p.sampler.top_k = static_cast<int>(get_int(body, "top_k", 0, 0, 1 << 30));
     // No seed, or -1 (llama.cpp's "random"): a random one. Seeds above INT64_MAX (up to 2^64 - 1, as
@@ -837,6 +837,8 @@ void serve(ServeOptions o) {
     memory_hint(m);
   }
   Session& s = *session;
+  // A request needs its prompt (at least one token) and room for one more position.
+  if (s.n_ctx < 2) fail("-c {}: a context of one position leaves no room to serve a request (a prompt and a token after it)", s.n_ctx);
   if (!s.tokenizer_error.empty())
     std::fprintf(stderr, "warning: the model's tokenizer cannot be used (%s); only prompts of token ids can be served\n",
                  s.tokenizer_error.c_str());
@@ -860,6 +862,9 @@ void serve(ServeOptions o) {
   if (!engine.paged() && o.parallel > 1)
     std::fprintf(stderr, "note: backend '%s' has no paged KV cache: requests run one at a time\n",
                  s.backend->name().c_str());
+  else if (engine.parallel() < o.parallel)  // the KV pool was sized for the lower count too (Session::kv_pool_seqs)
+    std::fprintf(stderr, "note: --parallel %d is more than the %d rows a step takes (the backend's batch, at most the context): %d requests run at once\n",
+                 o.parallel, engine.parallel(), engine.parallel());
   engine.start();
 
   Server server(o, s, engine);
@@ -990,7 +995,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)")
       ->capture_default_str()
       ->check(integer_range(0, int64_t{1} << 30));
-  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)");
+  // An empty key would turn authentication off without a word (a script's unset $KEY): refused.
+  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)")
+      ->check(not_empty);
   cmd->add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its end (0 = none)")
       ->capture_default_str()
       ->check(number_range(0, kMaxTimeoutS));

@@ -95,6 +95,7 @@ WeightTensor transposed(ModelFile& m, const WeightTensor& t, std::string name) {
   v.shape = {t.shape[1], t.shape[0]};
   v.data = buf->data();
   v.nbytes = buf->size();
+  v.derived = true;
   return v;
 }
 
@@ -171,10 +172,12 @@ void flatten_gemma3_multimodal(ModelFile& m, nlohmann::ordered_json& config, std
       if (t.name.starts_with(prefix)) {
         aliases.push_back(t);
         aliases.back().name = "model." + t.name.substr(std::string(prefix).size());
+        aliases.back().derived = true;
       }
     if (t.name == "language_model.lm_head.weight") {
       aliases.push_back(t);
       aliases.back().name = "lm_head.weight";
+      aliases.back().derived = true;
     }
   }
   if (aliases.empty()) fail("{}: gemma3 checkpoint without language_model tensors", m.path);

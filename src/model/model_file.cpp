@@ -78,6 +78,7 @@ WeightTensor row_view(const WeightTensor& t, int64_t row0, int64_t n_rows, std::
   v.data = t.data + static_cast<size_t>(row0) * row_bytes;
   v.nbytes = static_cast<size_t>(n_rows) * row_bytes;
   v.file_offset = t.file_offset ? t.file_offset + static_cast<size_t>(row0) * row_bytes : 0;
+  v.derived = true;
   return v;
 }
 

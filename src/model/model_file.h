@@ -28,6 +28,9 @@ struct WeightTensor {
   const uint8_t* data = nullptr;
   size_t nbytes = 0;
   uint64_t file_offset = 0;  // offset of the data in its file (for `info`)
+  // Made at load from the file's tensors (a row view, an alias, a converted copy), not a tensor of
+  // the file: `info` leaves it out of the listing and the totals.
+  bool derived = false;
 
   int64_t numel() const {
     int64_t n = 1;

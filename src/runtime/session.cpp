@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "model/synth.h"
+#include "passes/pass.h"
 #include "ir/topk.h"
 #include "support/error.h"
 
@@ -87,7 +88,13 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path, /*wit
   BuildOptions build{n_ctx, o.all_logits};
   if (o.kv_pool_tokens < 0) fail("KV pool size must be >= 0 tokens, got {}", o.kv_pool_tokens);
   if (o.kv_pool_seqs < 1) fail("KV pool must hold at least one sequence, got {}", o.kv_pool_seqs);
-  build.kv_pool_tokens = o.kv_pool_tokens > 0 ? o.kv_pool_tokens : (o.kv_pool_seqs > 1 ? o.kv_pool_seqs * n_ctx : 0);
+  // The default pool holds kv_pool_seqs full contexts, each a whole number of blocks (3 x 100 rows in
+  // 19 blocks of 16 left the third sequence 2 blocks short); no more sequences than a step's rows
+  // (CompileOptions::max_tokens, at most the context), which is all that can ever run at once.
+  const int64_t block = o.kv_block_size > 0 ? o.kv_block_size : std::min(kDefaultKvBlockSize, n_ctx);
+  kv_pool_seqs = std::min(o.kv_pool_seqs, std::min(CompileOptions{}.max_tokens, n_ctx));
+  build.kv_pool_tokens = o.kv_pool_tokens > 0 ? o.kv_pool_tokens
+                                              : (kv_pool_seqs > 1 ? kv_pool_seqs * ((n_ctx + block - 1) / block) * block : 0);
   build.kv_block_size = o.kv_block_size;
   check_kv_fits_memory(hparams, build.kv_pool_tokens > 0 ? build.kv_pool_tokens : n_ctx,
                        o.backend.empty() ? default_backend_name() : o.backend);

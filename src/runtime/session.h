@@ -70,6 +70,9 @@ class Session {
   Hparams hparams;
   int64_t n_ctx = 0;
   int64_t n_past = 0;
+  // The sequences the default KV pool was sized for: SessionOptions::kv_pool_seqs, at most a step's
+  // rows (the most that can run at once).
+  int64_t kv_pool_seqs = 1;
   bool stop_at_bos = false;  // llama2.c convention: the model ends a story by emitting BOS
 };
 

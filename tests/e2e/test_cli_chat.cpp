@@ -132,6 +132,24 @@ TEST(E2EChatCli, TurnThatFailsToEncodeIsDropped) {
   EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 1) << replies << err.str();
 }
 
+// Lines ending in CRLF (a file saved on Windows): the commands are recognised ("/exit\r" was "takes
+// nothing after it" and the chat went on).
+TEST(E2EChatCli, CrlfLinesAreCommandsToo) {
+  int status = 0;
+  const std::string err_path = (std::filesystem::path(::testing::TempDir()) / "mk_chat_crlf.txt").string();
+  const std::string replies = mk::test::run_shell("printf 'Hi\\r\\n/reset\\r\\n/exit\\r\\nWhat?\\r\\n' | " +
+                                                      std::string(MK_CLI_PATH) + " chat --temp 0 -n 2 -m " + kDir +
+                                                      " --chat-template-file " + kTemplate + " 2>" + err_path,
+                                                  &status);
+  std::stringstream err;
+  err << std::ifstream(err_path).rdbuf();
+  std::filesystem::remove(err_path);
+  EXPECT_EQ(status, 0) << err.str();
+  EXPECT_NE(err.str().find("note: new conversation"), std::string::npos) << err.str();
+  EXPECT_EQ(err.str().find("takes nothing after it"), std::string::npos) << err.str();
+  EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 1) << replies << err.str();  // Hi only: /exit ended it
+}
+
 // A line starting with an unknown /command (or a bare /, or a command with words after it) is refused
 // with a note and not sent; a line starting with // is sent (as one starting with /). Both carry a text too long for the
 // context, so a sent one fails its turn: exactly one of the two turns (// and Hello) fails.

@@ -8,6 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
+
+#include <unistd.h>
 
 #include "support/cli.h"
 
@@ -186,12 +189,26 @@ TEST(E2ECliUsage, ServeThatCannotAllocateNamesTheOptionsToLower) {
   EXPECT_TRUE(has(r.err, "--parallel 65536")) << r.err;
   EXPECT_TRUE(has(r.err, "cannot allocate the KV cache: 1073741824 rows x 5 layers x 4 KV heads x 8 need at least 640.0 GiB"))
       << r.err;
-  r = cli("serve -m synth:llama3.1-8b --backend cpu --port 0 --parallel 65536");
+  // The default pool holds one context per request that can run at once: 256 (a step's rows) of them,
+  // 128 GiB at the 8B shape's 4096 positions (a machine with more memory would try to allocate it).
+  if (sysconf(_SC_PHYS_PAGES) * static_cast<double>(sysconf(_SC_PAGE_SIZE)) < 100e9) {
+    r = cli("serve -m synth:llama3.1-8b --backend cpu --port 0 --parallel 65536");
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_TRUE(has(r.err, "cannot allocate the KV cache: 1048576 rows x 32 layers x 8 KV heads x 128 need at least "
+                           "128.0 GiB"))
+        << r.err;
+    EXPECT_TRUE(has(r.err, "--parallel 65536, -c 0")) << r.err;
+  }
+}
+
+// A server that could serve nothing, or that anyone could use by mistake, does not start.
+TEST(E2ECliUsage, ServeRefusesAnEmptyApiKeyAndAOnePositionContext) {
+  Result r = cli("serve -m synth:tiny --port 0 --api-key \"\"");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "--api-key: must not be empty")) << r.err;
+  r = cli("serve -m synth:tiny --port 0 -c 1");
   EXPECT_EQ(r.status, 1) << r.err;
-  EXPECT_TRUE(has(r.err, "cannot allocate the KV cache: 268435456 rows x 32 layers x 8 KV heads x 128 need at least "
-                         "32768.0 GiB"))
-      << r.err;
-  EXPECT_TRUE(has(r.err, "--parallel 65536, -c 0")) << r.err;
+  EXPECT_TRUE(has(r.err, "error: -c 1: a context of one position leaves no room to serve a request")) << r.err;
 }
 
 // Byte tokens (stories260K's SentencePiece vocabulary spells "日本" as six <0xNN> tokens) are parts of
@@ -308,6 +325,25 @@ TEST(E2ECliUsage, InfoLabelsSyntheticModels) {
   r = cli("info -m " MK_SHARED_DIR "/models/stories260K/stories260K.gguf");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(has(r.out, "stories260K.gguf (gguf)")) << r.out;
+}
+
+// `info` lists the file's tensors: those made at load (GPT-2's transposed copies, Phi-3's q/k/v and
+// gate/up row views) are named in one line, not listed or counted (GPT-2 showed 67 tensors and
+// 2968320 bytes for a file of 40 and 1637760).
+TEST(E2ECliUsage, InfoCountsTheFileTensorsOnly) {
+  for (const auto& [dir, n, bytes] : {std::tuple<const char*, int, long>{"gpt2_float32", 40, 1637760},
+                                      std::tuple<const char*, int, long>{"phi3_float32", 21, 1391232}}) {
+    Result r = cli(std::string("info -m " MK_SHARED_DIR "/fixtures/hf/") + dir);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_TRUE(has(r.out, "\n" + std::to_string(n) + " tensors:\n")) << dir << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, "total: " + std::to_string(bytes) + " bytes of weights")) << dir << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, "made from these at load, not listed or counted")) << dir << "\n" << r.out;
+    EXPECT_FALSE(has(r.out, "q_proj.weight")) << dir << "\n" << r.out;  // a view / transposed copy
+  }
+  Result r = cli("info -m " MK_SHARED_DIR "/fixtures/hf/llama_gqa_float32");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "\n30 tensors:\n")) << r.out;
+  EXPECT_FALSE(has(r.out, "made from these at load")) << r.out;
 }
 
 // --act-quant / --kv-type auto: on for block-quantized weights in GGUF form, which synthetic
@@ -571,7 +607,7 @@ TEST(E2ECliUsage, CompileToAFileSummarisesTheProgramItBuilt) {
 TEST(E2ECliUsage, RunTimingLineWithoutADecodeStep) {
   Result r = cli("run -m synth:tiny --ids 1,2 -n 1");
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("| generation: 1 tokens, no decode step\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("| generation: 1 token, no decode step\n"), std::string::npos) << r.err;
   r = cli("run -m synth:tiny --ids 1,2 -n 3");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("| generation: 3 tokens, "), std::string::npos) << r.err;

@@ -541,6 +541,30 @@ std::vector<std::vector<int32_t>> prompt_ids_of(const std::vector<GenerateResult
   return ids;
 }
 
+// The default KV pool (serve's --kv-tokens 0): kv_pool_seqs full contexts, each a whole number of
+// blocks (3 x 100 rows took 19 blocks of 16 where 3 x 7 are needed), and no more sequences than a
+// step's rows, all that can run at once (--parallel 300 at -c 64 sized the pool for 300).
+TEST(E2EServeEngine, DefaultPoolHoldsEveryRequestAtFullContext) {
+  SessionOptions so;
+  so.model_path = "synth:stories260k";
+  so.need_tokenizer = false;
+  so.backend = "cpu";
+  so.backend_options.threads = 1;
+  so.n_ctx = 100;
+  so.kv_pool_seqs = 3;
+  {
+    Session s(so);
+    EXPECT_EQ(s.kv_pool_seqs, 3);
+    EXPECT_EQ(s.backend->kv_pool_blocks(), 3 * 7);
+  }
+  so.n_ctx = 64;
+  so.kv_pool_seqs = 300;
+  Session s(so);
+  EXPECT_EQ(s.kv_pool_seqs, 64);  // a step takes at most the context's rows
+  EXPECT_EQ(s.backend->kv_pool_blocks(), 64 * 4);
+  EXPECT_EQ(Engine(*s.backend, nullptr, engine_options(300, 64, s.hparams.n_vocab)).parallel(), 64);
+}
+
 // The real cpu backend over its paged KV pool: requests batched by the engine (chunked prefill of
 // 7 rows, up to 4 sequences per step, greedy and seeded sampling) give the tokens of `generate`
 // running each prompt alone on the one-sequence path (what `run` does).
