@@ -31,7 +31,10 @@ void add_compile_command(CLI::App& app) {
                   "program-full: weights, buffers, ops, counters, instructions, lists; "
                   "cuda: the megakernel source the cuda backend compiles (for an H100/H200 unless -t says otherwise)")
       ->check(CLI::IsMember({"graph", "ir", "program", "program-full", "cuda"}));
-  cmd->add_option("-o,--output", o->out, "write to this file instead of stdout");
+  cmd->add_option("-o,--output", o->out, "write to this file instead of stdout")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("must not be empty (leave -o out for stdout)") : std::string(); },
+          "FILE"));
   // At most 65536: a GPU's blocks (132 SMs on an H200) or CPU threads, with room to spare; the
   // program's tables grow with the workers (2^31 of them took 17 GB before failing).
   cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores, at most 65536)")

@@ -77,6 +77,12 @@ void add_logits_command(CLI::App& app) {
     if (*n_ctx > 0 && *n_ctx < static_cast<int64_t>(tok.size()))
       fail("--ctx-size {} is smaller than the {} ids", *n_ctx, tok.size());
     o->n_ctx = *n_ctx > 0 ? *n_ctx : static_cast<int64_t>(tok.size());
+    if (*n_ctx == 0) {  // the context is the ids': say so when that is more than the model takes
+      const Hparams hp = read_hparams(open_model(o->model_path, /*with_data=*/false));
+      if (hp.n_ctx_train > 0 && o->n_ctx > hp.n_ctx_train)
+        fail("{} ids are more than the model's training context {} (without -c the context is the number of ids)",
+             tok.size(), hp.n_ctx_train);
+    }
     Session s(*o);
     std::vector<float> logits = s.eval(tok);
     int64_t n_vocab = s.hparams.n_vocab;

@@ -81,7 +81,9 @@ void add_run_command(CLI::App& app) {
       j["prompt_ids"] = r.prompt_ids;
       j["generated_ids"] = r.generated_ids;
       j["text"] = r.text;
-      j["ms_per_token"] = r.ms_per_token();
+      // No decode step (-n 0, or the one token from the prompt's step): no rate, not an "infinitely fast" 0.
+      if (r.n_decode_steps > 0) j["ms_per_token"] = r.ms_per_token();
+      else j["ms_per_token"] = nullptr;
       j["prompt_ms_per_token"] = r.prompt_ms_per_token();
       j["backend"] = s.backend->name();
       j["stop_reason"] = r.stop_reason;

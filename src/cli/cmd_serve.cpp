@@ -514,8 +514,13 @@ class Server {
             std::string s = "data: " + json_text(j) + "\n\n";
             return sink.write(s.data(), s.size());
           };
-          if (chat && !send(chunk(id, chat, created,
-                                  {{"index", 0},
+          // With include_usage every chunk before the usage one says "usage": null, as OpenAI's do.
+          auto ck = [&](const json& c) {
+            json j = chunk(id, chat, created, c);
+            if (pr.include_usage) j["usage"] = nullptr;
+            return j;
+          };
+          if (chat && !send(ck({{"index", 0},
                                    {"delta", {{"role", "assistant"}, {"content", ""}}},
                                    {"logprobs", nullptr},
                                    {"finish_reason", nullptr}}))) {
@@ -546,7 +551,7 @@ class Server {
               c["logprobs"] = nullptr;
               c["finish_reason"] = nullptr;
               if (pr.return_token_ids) c["token_ids"] = out.token_ids;
-              if (!send(chunk(id, chat, created, c))) {
+              if (!send(ck(c))) {
                 req->cancel();  // the client went away: its sequence ends at the next step
                 return false;
               }
@@ -563,7 +568,7 @@ class Server {
                 c["text"] = "";
               c["logprobs"] = nullptr;
               c["finish_reason"] = finish_name(out.finish);
-              send(chunk(id, chat, created, c));
+              send(ck(c));
               if (pr.include_usage) {
                 json u = {{"id", id},
                           {"object", chat ? "chat.completion.chunk" : "text_completion"},

@@ -1,4 +1,5 @@
 // The whole compiler on one screen.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -7,6 +8,7 @@
 
 #include "passes/pass.h"
 #include "support/error.h"
+#include "support/printable.h"
 
 namespace mk {
 
@@ -30,6 +32,24 @@ bool print_after(const std::string& pass) {
   std::string s = std::string(",") + env + ",";
   return s == ",all," || s.find("," + pass + ",") != std::string::npos;
 }
+
+// MK_PRINT_AFTER names passes (comma-separated) or is "all": a name that is no pass is an error
+// naming the variable (it printed nothing, without a word).
+void check_print_after() {
+  const char* env = std::getenv("MK_PRINT_AFTER");
+  if (!env || std::string(env) == "all") return;
+  std::string names;
+  for (const Pass& p : default_pipeline()) names += (names.empty() ? "" : ", ") + p.name;
+  const std::string list = env;
+  for (size_t from = 0; from <= list.size();) {
+    const size_t comma = std::min(list.find(',', from), list.size());
+    const std::string name = list.substr(from, comma - from);
+    bool known = false;
+    for (const Pass& p : default_pipeline()) known |= p.name == name;
+    if (!known) fail("MK_PRINT_AFTER: '{}' is not a pass (the passes: {}; or all)", printable(name), names);
+    from = comma + 1;
+  }
+}
 }  // namespace
 
 PassContext run_pipeline(const Graph& graph, const CompileOptions& options, const std::string& stop_after) {
@@ -38,6 +58,7 @@ PassContext run_pipeline(const Graph& graph, const CompileOptions& options, cons
   cx.options = options;
   if (cx.options.workers < 1) fail("compile: workers must be at least 1");
   if (cx.options.max_tokens < 1) fail("compile: max_tokens must be at least 1");
+  check_print_after();
   if (options.verify) verify_graph(cx.graph);
   const bool time_passes = std::getenv("MK_TIME_PASSES") != nullptr;
   for (const Pass& pass : default_pipeline()) {

@@ -29,6 +29,41 @@ Result cli(const std::string& args) {
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// Inputs that did nothing, or were named wrongly, without a word (new-user trial 32).
+TEST(E2ECliUsage, SilentOrMisleadingInputsAreNamed) {
+  // compile -o "" wrote to stdout
+  Result r = cli("compile -m synth:tiny -o \"\"");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "--output: must not be empty (leave -o out for stdout)")) << r.err;
+  // an unknown pass in MK_PRINT_AFTER printed nothing
+  r = Result{};
+  r.out = mk::test::run_shell("MK_PRINT_AFTER=dce,bogus " + std::string(MK_CLI_PATH) + " compile -m synth:tiny -o /dev/null 2>&1",
+                              &r.status);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "error: MK_PRINT_AFTER: 'bogus' is not a pass (the passes: dce, fuse,")) << r.out;
+  // logits without -c: the context is the ids', which the message says
+  std::string ids = "1";
+  for (int i = 0; i < 2100; ++i) ids += ",1";
+  r = cli("logits -m " MK_SHARED_DIR "/models/stories260K/stories260K.gguf --ids " + ids);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "2101 ids are more than the model's training context 2048 (without -c the context is the number "
+                         "of ids)")) << r.err;
+  // run --json without a decode step: no rate (it said 0.0)
+  r = cli("run -m synth:tiny --ids 1,2 -n 1 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out).at("ms_per_token").is_null()) << r.out;
+  r = cli("run -m synth:tiny --ids 1,2 -n 3 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_GT(nlohmann::json::parse(r.out).at("ms_per_token").get<double>(), 0.0) << r.out;
+  // --act-quant on over float weights changes no bit: said so
+  r = cli("run -m synth:tiny --ids 1,2 -n 1 --act-quant on");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "note: --act-quant on: the model has no block-quantized weights")) << r.err;
+  r = cli("run -m synth:tiny:q8_0 --ids 1,2 -n 1 --act-quant on");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_FALSE(has(r.err, "note: --act-quant on")) << r.err;
+}
+
 // Integer options: a non-number is "not a whole number", a negative count is out of range, both
 // named by their option, exit 2 (usage) before anything loads.
 TEST(E2ECliUsage, IntegerOptionsSayWhatIsWrong) {

@@ -436,12 +436,17 @@ def lifecycle_checks():
     except OSError:
         refused = True
     usage = None
+    events = [json.loads(first[6:])] if first.startswith(b"data: {") else []
     for line in resp:
         if line.startswith(b"data: {"):
-            usage = json.loads(line[6:]).get("usage") or usage
+            events.append(json.loads(line[6:]))
+            usage = events[-1].get("usage") or usage
     conn.close()
     check(first.startswith(b"data: ") and usage is not None and usage["completion_tokens"] == n,
           f"SIGTERM: the stream in flight ran to its end ({usage})")
+    check(len(events) > 2 and all("usage" in e and e["usage"] is None for e in events[:-1]),
+          f"include_usage: every chunk before the usage one has \"usage\": null, as OpenAI's "
+          f"({[e.get('usage', 'absent') for e in events[:3]]})")
     check(refused, "SIGTERM: new requests refused (503 or connection refused)")
     rc = srv.proc.wait(timeout=60)
     check(rc == 0, f"SIGTERM: exit code 0 (got {rc})")

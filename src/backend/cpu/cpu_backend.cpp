@@ -33,6 +33,12 @@ class CpuBackend final : public Backend {
       for (const WeightTensor& t : m.tensors())
         if (const quant::QuantType* q = quant::quant_type(t.dtype); q && q->act) llama_like = true;
     bool act_quant = llama_like, kv_f16 = llama_like;
+    bool any_act_type = false;  // weights whose matmuls take 8-bit activations, in any file form
+    for (const WeightTensor& t : m.tensors())
+      if (const quant::QuantType* q = quant::quant_type(t.dtype); q && q->act) any_act_type = true;
+    if (o.act_quant == "on" && !any_act_type)
+      std::fprintf(stderr, "note: --act-quant on: the model has no block-quantized weights, and matmuls over float "
+                           "weights keep float32 activations (as llama.cpp's): it changes nothing here\n");
     if (o.act_quant == "on") act_quant = true;
     else if (o.act_quant == "off") act_quant = false;
     else if (o.act_quant != "auto") fail("--act-quant: expected auto, on or off, got '{}'", o.act_quant);
