@@ -25,7 +25,12 @@ std::string parse_error_message(const CLI::App& app, int argc, char** argv, cons
     for (int i = 1; i < argc; ++i)
       if (argv[i][0] != '-')
         return fmt::format("unknown command '{}'; the commands are: {}", mk::printable(argv[i]), commands);
-    if (e.get_name() == "RequiredError") return fmt::format("a command is required: {}", commands);
+    if (e.get_name() == "RequiredError") {
+      // `megakernel -v`: the option is named (before a command only --help and --version are taken)
+      if (argc > 1) return fmt::format("unknown option '{}' (before a command only --help and --version); a command is "
+                                       "required: {}", mk::printable(argv[1]), commands);
+      return fmt::format("a command is required: {}", commands);
+    }
     return msg;
   }
   // Arguments the command does not know come first (CLI11 checks required options before them, and

@@ -168,6 +168,10 @@ TEST(E2ECliUsage, UnknownCommandAndRepeatedOptionAreNamed) {
   r = cli("");
   EXPECT_EQ(r.status, 2);
   EXPECT_TRUE(has(r.err, "error: a command is required: " + commands)) << r.err;
+  r = cli("-v");  // an option before any command is named (it said only "a command is required")
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: unknown option '-v' (before a command only --help and --version); a command is required: " +
+                         commands)) << r.err;
   for (const std::string args : {"run -m synth:tiny --ids 1 -n 1 --temp 0 --temp 0", "chat -m synth:tiny --temp 0 --temp 1",
                                   "logits -m synth:tiny --ids 1 --ids 2"}) {
     r = cli(args);
