@@ -3,6 +3,7 @@
 #include "archs/arch.h"
 #include "cli/commands.h"
 #include "runtime/session.h"
+#include "support/printable.h"
 
 namespace mk::cli {
 
@@ -12,6 +13,19 @@ void add_info_command(CLI::App& app) {
   cmd->add_option("-m,--model", *path, "model file or directory")->required();
   cmd->callback([path] {
     ModelFile m = open_model(*path, /*with_data=*/false);
+    if (m.format == "gguf" && m.tensors().empty()) {
+      // A vocab-only GGUF (llama.cpp's ggml-vocab-*.gguf): what it holds, not "missing tensor token_embd.weight".
+      std::printf("model:        %s (gguf)\n", printable(m.path).c_str());
+      if (m.has("general.architecture") && m.metadata.at("general.architecture").is_string())
+        std::printf("architecture: %s\n", printable(m.get_str("general.architecture")).c_str());
+      if (m.has("tokenizer.ggml.tokens") && m.metadata.at("tokenizer.ggml.tokens").is_array())
+        std::printf("vocabulary:   %zu tokens (tokenizer.ggml.model %s)\n", m.metadata.at("tokenizer.ggml.tokens").size(),
+                    m.has("tokenizer.ggml.model") && m.metadata.at("tokenizer.ggml.model").is_string()
+                        ? printable(m.get_str("tokenizer.ggml.model")).c_str()
+                        : "?");
+      std::printf("0 tensors: a vocab-only file (`tokenize` reads its vocabulary; run, chat and serve need weights)\n");
+      return;
+    }
     Hparams hp = read_hparams(m);
     // Synthetic models carry GGUF names and keys (format "gguf") but are no file: say what they are.
     const bool synthetic = m.path.rfind("synth:", 0) == 0;

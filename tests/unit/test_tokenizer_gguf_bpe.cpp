@@ -324,6 +324,13 @@ TEST(TokenizerGgufBpe, TokenizeCommandOnAVocabOnlyFile) {
   EXPECT_EQ(j["ids"], nlohmann::json::array({id_of(m, "<|im_start|>"), id_of(m, "hi"), id_of(m, "Ġhi")}));
   EXPECT_EQ(j["pieces"], nlohmann::json::array({"<|im_start|>", "hi", " hi"}));
 
+  // info says what the file holds (it failed with "missing tensor token_embd.weight")
+  out = run_cli("info -m " + path, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("architecture: llama\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("tokens (tokenizer.ggml.model gpt2)"), std::string::npos) << out;
+  EXPECT_NE(out.find("0 tensors: a vocab-only file"), std::string::npos) << out;
+
   out = run_cli("tokenize -m " + path, &status);
   EXPECT_EQ(status, 2);  // a usage error
   EXPECT_NE(out.find("error: tokenize: give the text with -p TEXT or -f FILE"), std::string::npos) << out;
