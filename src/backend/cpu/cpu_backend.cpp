@@ -28,14 +28,11 @@ class CpuBackend final : public Backend {
       if (n.op == Op::kv_cache) n_ctx = kv_geometry(n).n_ctx;
     co.max_tokens = n_ctx > 0 ? std::min<int64_t>(co.max_tokens, n_ctx) : co.max_tokens;
     // auto: llama.cpp's numerics for GGUF files whose weights include a type with 8-bit activations.
-    bool llama_like = false;
-    if (m.format == "gguf")
-      for (const WeightTensor& t : m.tensors())
-        if (const quant::QuantType* q = quant::quant_type(t.dtype); q && q->act) llama_like = true;
-    bool act_quant = llama_like, kv_f16 = llama_like;
     bool any_act_type = false;  // weights whose matmuls take 8-bit activations, in any file form
     for (const WeightTensor& t : m.tensors())
       if (const quant::QuantType* q = quant::quant_type(t.dtype); q && q->act) any_act_type = true;
+    const bool llama_like = m.format == "gguf" && any_act_type;
+    bool act_quant = llama_like, kv_f16 = llama_like;
     if (o.act_quant == "on" && !any_act_type)
       std::fprintf(stderr, "note: --act-quant on: the model has no block-quantized weights, and matmuls over float "
                            "weights keep float32 activations (as llama.cpp's): it changes nothing here\n");
