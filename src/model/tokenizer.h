@@ -77,6 +77,9 @@ struct SpmVocab {
   std::vector<std::string> pieces;
   std::vector<float> scores;
   std::vector<int32_t> types;  // GGUF token types (1 normal, 2 unknown, 3 control, 6 byte); empty = unknown
+  // Per piece (empty = none): a special piece matched in text takes the whitespace after it
+  // (llama.cpp's RSTRIP attribute, which it sets for Phi-3 vocabularies).
+  std::vector<uint8_t> rstrip;
   int32_t bos_id = 1, eos_id = 2, unk_id = 0;
   bool add_dummy_prefix = true;
 };
@@ -126,6 +129,14 @@ std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model);
 // Token texts llama.cpp treats as end of generation in GGUF vocabularies even without an
 // eot_token_id key: <|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>, <|endoftext|>, <|eom_id|>, ...
 bool is_end_of_generation_name(std::string_view text);
+// llama.cpp's load-time rules for GGUF vocabularies, which the file's token types alone do not say
+// (llama-vocab.cpp): a token named like an end of generation is a control token whatever its
+// type ("probably a bug in the model", as some Gemma files mark <end_of_turn> user-defined), and
+// in a vocabulary whose general.name contains "phi-3" or "phi3" every special token but <unk>,
+// <s> and <|endoftext|> takes the whitespace after it when matched in text.
+int32_t gguf_token_type_as_llama_cpp(std::string_view text, int32_t type);
+bool gguf_vocab_rstrips_specials(const ModelFile& model);  // the Phi-3 rule: general.name
+bool gguf_special_rstrips(bool vocab_rstrips, std::string_view text);  // and this token is not exempt
 std::vector<std::string> gguf_bpe_pre_names();
 // <model.path>/tokenizer.json of an HF directory, with EOS ids from its generation_config.json/config.json.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const ModelFile& model);

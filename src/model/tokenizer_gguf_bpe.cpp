@@ -8,6 +8,7 @@
 // matches and the text between them (tokenizers' Split with behavior Isolated); the pieces are then
 // mapped to GPT-2's byte alphabet and merged by rank.
 #include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 
 #include "model/model_file.h"
@@ -83,6 +84,21 @@ bool is_end_of_generation_name(std::string_view text) {
          std::end(kEndOfGenerationNames);
 }
 
+int32_t gguf_token_type_as_llama_cpp(std::string_view text, int32_t type) {
+  return is_end_of_generation_name(text) ? kControl : type;
+}
+
+bool gguf_vocab_rstrips_specials(const ModelFile& model) {
+  if (!model.has("general.name") || !model.metadata.at("general.name").is_string()) return false;
+  std::string name = model.metadata.at("general.name").get<std::string>();
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos;
+}
+
+bool gguf_special_rstrips(bool vocab_rstrips, std::string_view text) {
+  return vocab_rstrips && text != "<unk>" && text != "<s>" && text != "<|endoftext|>";
+}
+
 std::vector<std::string> gguf_bpe_pre_names() {
   std::vector<std::string> names;
   for (const auto& p : pre_tokenizers())
@@ -118,6 +134,7 @@ std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model) {
   nlohmann::json vocab = nlohmann::json::object();
   nlohmann::json added = nlohmann::json::array();
   std::vector<std::string> text(n);
+  const bool rstrips = gguf_vocab_rstrips_specials(model);
   for (size_t i = 0; i < n; ++i) {
     if (!tokens[i].is_string()) fail("{}: tokenizer.ggml.tokens[{}] is not a string", path, i);
     text[i] = tokens[i].get<std::string>();
@@ -127,13 +144,17 @@ std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const ModelFile& model) {
       if (!(*types)[i].is_number_integer()) fail("{}: tokenizer.ggml.token_type[{}] is not an integer", path, i);
       type = (*types)[i].get<int>();
     }
+    type = gguf_token_type_as_llama_cpp(text[i], type);
     // A repeated text (some vocabs pad with copies) keeps its id as a special token that the text
     // never produces: the first id with that text is the one encoding gives.
     const bool repeated = vocab.contains(text[i]);
     if (!repeated) vocab[text[i]] = i;
     if (repeated) added.push_back({{"id", i}, {"content", text[i]}, {"special", true}});
     else if (type == kControl || type == kUnknown || type == kUserDefined)
-      added.push_back({{"id", i}, {"content", text[i]}, {"special", type != kUserDefined}});
+      added.push_back({{"id", i},
+                       {"content", text[i]},
+                       {"special", type != kUserDefined},
+                       {"rstrip", gguf_special_rstrips(rstrips, text[i])}});
   }
   m["vocab"] = std::move(vocab);
   nlohmann::json merge_list = nlohmann::json::array();

@@ -99,7 +99,8 @@ class SpmTokenizer final : public Tokenizer {
     for (size_t i = 0; i < vocab_.types.size(); ++i) {
       const int32_t type = vocab_.types[i];
       if ((type == kTypeControl || type == kTypeUnknown || type == kTypeUserDefined) && !vocab_.pieces[i].empty())
-        specials_.push_back({vocab_.pieces[i], static_cast<int32_t>(i), type == kTypeUserDefined});
+        specials_.push_back({vocab_.pieces[i], static_cast<int32_t>(i), type == kTypeUserDefined,
+                             i < vocab_.rstrip.size() && vocab_.rstrip[i] != 0});
     }
     std::stable_sort(specials_.begin(), specials_.end(),
                      [](const SpecialPiece& a, const SpecialPiece& b) { return a.text.size() > b.text.size(); });
@@ -187,6 +188,7 @@ class SpmTokenizer final : public Tokenizer {
     std::string text;  // as stored in the vocabulary (U+2581, not spaces)
     int32_t id;
     bool user_defined;
+    bool rstrip;  // takes the whitespace after it (SpmVocab::rstrip)
   };
   // A run of text to encode (id < 0) or a special piece's id.
   struct Fragment {
@@ -195,7 +197,8 @@ class SpmTokenizer final : public Tokenizer {
   };
 
   // llama.cpp's partition: each special piece in turn (longest first) splits every text fragment
-  // at its occurrences, left to right; empty fragments are dropped.
+  // at its occurrences, left to right (an rstrip piece drops the whitespace after it); empty
+  // fragments are dropped.
   std::vector<Fragment> partition(std::string_view text, bool parse_special) const {
     std::vector<Fragment> frags;
     if (!text.empty()) frags.push_back({text, -1});
@@ -213,10 +216,13 @@ class SpmTokenizer final : public Tokenizer {
           continue;
         }
         size_t from = 0;
-        for (size_t at; (at = f.text.find(sp.text, from)) != std::string_view::npos; from = at + sp.text.size()) {
+        for (size_t at; (at = f.text.find(sp.text, from)) != std::string_view::npos;) {
           if (at > from) next.push_back({f.text.substr(from, at - from), -1});
           next.push_back({{}, sp.id});
           split = true;
+          from = at + sp.text.size();
+          if (sp.rstrip)  // C isspace, as llama.cpp
+            while (from < f.text.size() && std::strchr(" \t\n\v\f\r", f.text[from]) && f.text[from] != '\0') ++from;
         }
         if (from < f.text.size()) next.push_back({f.text.substr(from), -1});
       }
@@ -400,6 +406,7 @@ std::unique_ptr<Tokenizer> load_gguf_spm_tokenizer(const ModelFile& model) {
     fail("{}: tokenizer.ggml.token_type has {} entries, tokenizer.ggml.tokens {}", path, types->size(), n);
 
   SpmVocab vocab;
+  const bool rstrips = gguf_vocab_rstrips_specials(model);
   vocab.pieces.reserve(n);
   vocab.scores.reserve(n);
   for (size_t i = 0; i < n; ++i) {
@@ -419,7 +426,8 @@ std::unique_ptr<Tokenizer> load_gguf_spm_tokenizer(const ModelFile& model) {
                                : (*types)[i].get<int64_t>();
       if (type < 0 || type > kTypeByte)
         fail("{}: tokenizer.ggml.token_type[{}] = {} is not a token type (0 to 6)", path, i, (*types)[i].dump());
-      vocab.types.push_back(static_cast<int32_t>(type));
+      vocab.types.push_back(gguf_token_type_as_llama_cpp(vocab.pieces.back(), static_cast<int32_t>(type)));
+      vocab.rstrip.push_back(gguf_special_rstrips(rstrips, vocab.pieces.back()) ? 1 : 0);
     }
   }
   auto id = [&](const char* key, int64_t def) -> int32_t {

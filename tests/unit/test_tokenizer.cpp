@@ -383,6 +383,54 @@ TEST(TokenizerGguf, SpecialPiecesInTextAreTheirIds) {
   EXPECT_NE(bin->encode("<s>hi", false, true)[0], 1);
 }
 
+// llama.cpp's load-time rules (llama-vocab.cpp), compared with llama-cpp-python 0.3.16 on copies of
+// stories260K.gguf on 2026-12-06: a piece named like an end of generation is a control piece
+// whatever its type (real Gemma GGUFs mark <end_of_turn> user-defined), so it matches in text only
+// with parse_special; and in a vocabulary named Phi-3 every special piece but <unk>, <s> and
+// <|endoftext|> takes the whitespace after it ("<|user|>\nhi" is <|user|>, "hi").
+TEST(TokenizerGguf, LlamaCppVocabularyRules) {
+  auto cat = [](std::vector<std::vector<int32_t>> parts) {
+    std::vector<int32_t> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  const auto plain = load_model_tokenizer(tok512_as_gguf());
+  ModelFile m = tok512_as_gguf();
+  auto& tokens = m.metadata["tokenizer.ggml.tokens"];
+  auto& types = m.metadata["tokenizer.ggml.token_type"];
+  tokens[500] = "<start_of_turn>";
+  types[500] = 4;  // user-defined: always matches
+  tokens[501] = "<end_of_turn>";
+  types[501] = 4;  // user-defined but named as an end of generation: control
+  tokens[502] = "<|user|>";
+  types[502] = 4;
+  tokens[503] = "<|endoftext|>";
+  types[503] = 3;
+  {
+    const auto tok = load_model_tokenizer(m);
+    EXPECT_EQ(tok->encode("x<start_of_turn>y", false, false),
+              cat({plain->encode("x", false), {500}, plain->encode("y", false)}));
+    EXPECT_EQ(tok->encode("x<end_of_turn>y", false, true),
+              cat({plain->encode("x", false), {501}, plain->encode("y", false)}));
+    EXPECT_EQ(tok->encode("x<end_of_turn>y", false, false), plain->encode("x<end_of_turn>y", false, false));
+    EXPECT_EQ(tok->token_bytes(-1, 501), "");  // a control piece decodes to nothing
+    EXPECT_TRUE(tok->is_eos(501));
+    // Not a Phi-3 vocabulary: the newline after a special piece stays.
+    EXPECT_EQ(tok->encode("<|user|>\nhi", false, true), cat({{502}, plain->encode("\nhi", false)}));
+  }
+  m.metadata["general.name"] = "Phi-3-mini-4k-instruct";
+  const auto phi3 = load_model_tokenizer(m);
+  EXPECT_EQ(phi3->encode("<|user|>\nhi<end_of_turn>\n\t x", false, true),
+            cat({{502}, plain->encode("hi", false), {501}, plain->encode("x", false)}));
+  EXPECT_EQ(phi3->encode("<|user|> \n", false, true), (std::vector<int32_t>{502}));
+  // <s> and <|endoftext|> keep the whitespace after them.
+  EXPECT_EQ(phi3->encode("<|endoftext|>\nhi", false, true), cat({{503}, plain->encode("\nhi", false)}));
+  EXPECT_EQ(phi3->encode("<s> hi", false, true), cat({{1}, plain->encode(" hi", false)}));
+  EXPECT_EQ(phi3->encode("</s> hi", false, true), cat({{2}, plain->encode("hi", false)}));
+  // Without parse_special a control piece is text, and text keeps its whitespace.
+  EXPECT_EQ(phi3->encode("</s> hi", false, false), plain->encode("</s> hi", false, false));
+}
+
 TEST(TokenizerGguf, EndOfTurnNamesEndGeneration) {
   ModelFile m = tok512_as_gguf();
   m.metadata["tokenizer.ggml.tokens"][300] = "<end_of_turn>";  // as in Gemma's vocabulary

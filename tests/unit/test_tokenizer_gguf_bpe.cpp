@@ -216,6 +216,26 @@ TEST(TokenizerGgufBpe, ControlAndUserDefinedTokens) {
   EXPECT_FALSE(tok->is_eos(start));
 }
 
+// As llama.cpp: a token named like an end of generation is control whatever its type, and a
+// vocabulary named Phi-3 has its special tokens take the whitespace after them (see
+// TokenizerGguf.LlamaCppVocabularyRules for the SentencePiece side).
+TEST(TokenizerGgufBpe, LlamaCppVocabularyRules) {
+  VocabSpec spec;
+  spec.pre = "smollm";
+  spec.specials = {{"<|im_end|>", 4}, {"<|user|>", 4}};
+  ModelFile m = vocab_model(spec);
+  const int32_t end = id_of(m, "<|im_end|>"), user = id_of(m, "<|user|>");
+  {
+    const auto tok = load_model_tokenizer(m);
+    EXPECT_EQ(tok->encode("x<|im_end|>", false, true), (std::vector<int32_t>{'x', end}));
+    EXPECT_EQ(tok->encode("x<|im_end|>", false, false).size(), 11u);  // "x" and 10 bytes: text
+    EXPECT_EQ(tok->encode("<|user|>\nx", false, false), (std::vector<int32_t>{user, '\n', 'x'}));
+  }
+  m.metadata["general.name"] = "phi3 test";
+  const auto tok = load_model_tokenizer(m);
+  EXPECT_EQ(tok->encode("<|user|>\n x<|im_end|> \n", false, true), (std::vector<int32_t>{user, 'x', end}));
+}
+
 // A byte the vocabulary has no token for is dropped, never encoded as unknown_token_id (SmolLM2's
 // is id 0, <|endoftext|>, and its vocabulary lacks 21 bytes, 0x04 among them): llama.cpp and the
 // tokenizers library drop it.
