@@ -424,7 +424,7 @@ device_compile() {  # device_compile SHAPE: cold and cached NVRTC compile (MK_CU
 # MK_CUDA_DECODE_STEPS=1), the claim before the wait (MK_CUDA_CLAIM_AHEAD=1), one wait per token
 # (steps1; the default issues 8 greedy steps per wait), the static schedule, one matmul tile per SM per op
 # (MK_CUDA_TILES_PER_WORKER=1, large MK_CUDA_TILE_BYTES), the L2 evict-first policy on weight loads,
-# and attention splits. Every variant's greedy ids must equal the first variant's (any tiling and
+# q/k/v in whole heads (MK_CUDA_HEAD_TILES=1, the tiling before 2026-12-06), and attention splits. Every variant's greedy ids must equal the first variant's (any tiling and
 # loop give the same bits). Then a trace of the default variant (trace_<shape>.txt: per-SM busy,
 # wait, idle and the per-opcode summary).
 # One matmul tile per SM per op: tiles as wide as the SM count allows (4 MB of weights at most; the
@@ -444,6 +444,7 @@ tune() {
     "1tile|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|"
     "1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|"
     "evict|MK_CUDA_EVICT_FIRST=1|"
+    "heads|MK_CUDA_HEAD_TILES=1|"
     "1tile/s1|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|--attn-splits 1"
     "1tile/s4|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|--attn-splits 4"
     "1tile/static-cp|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB|--schedule static-cp"
@@ -512,7 +513,7 @@ import json,sys; e=json.load(open(sys.argv[1]))[0]; g=json.load(open(sys.argv[2]
   tune "$SHAPE1"
   trace_default "$SHAPE1"
   trace_default "$SHAPE1" 1tile_evict MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1
-  MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1 MK_CUDA_DECODE_STEPS=1|;default||;steps1|MK_CUDA_DECODE_STEPS=1|;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE8"
+  MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1 MK_CUDA_DECODE_STEPS=1|;default||;steps1|MK_CUDA_DECODE_STEPS=1|;heads|MK_CUDA_HEAD_TILES=1|;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE8"
   MK_TUNE_VARIANTS="loop0|MK_CUDA_PRELOAD=0 MK_CUDA_CLAIM_AHEAD=1 MK_CUDA_DECODE_STEPS=1|;default||;steps1|MK_CUDA_DECODE_STEPS=1|;1tile+evict|MK_CUDA_TILES_PER_WORKER=1 MK_CUDA_TILE_BYTES=$TB MK_CUDA_EVICT_FIRST=1|" tune "$SHAPE1Q"
 fi
 if [[ $PART == part1 || $PART == all ]]; then

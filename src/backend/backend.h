@@ -37,6 +37,9 @@ struct BackendOptions {
   // Row parts of attention tiles (CompileOptions::attn_row_parts): 0 = auto (the default), P >= 1.
   // Any value gives the same bits.
   int attn_row_parts = 0;
+  // Matmuls feeding RoPE or attention tiled in whole heads (CompileOptions::head_tiles; the CUDA
+  // backends also read MK_CUDA_HEAD_TILES). Any value gives the same bits.
+  bool head_tiles = false;
 };
 
 class Backend {

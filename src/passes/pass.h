@@ -16,6 +16,11 @@ struct CompileOptions {
   ScheduleKind schedule = ScheduleKind::dynamic;
   int64_t tile_bytes = 192 * 1024;   // target weight bytes per matmul tile
   int tiles_per_worker = 2;          // at least workers * this tiles per op when its width allows
+  // Matmuls whose output RoPE or attention reads are tiled in whole heads (the tiling before
+  // 2026-12-06). Off: only rotated-halves RoPE needs whole heads; adjacent-pair RoPE and the values
+  // attention reads are tiled like any matmul (16 columns), where head_dim is a multiple of 16, so
+  // that a 1B's q/k/v spread over more than its 48 heads' worth of SMs.
+  bool head_tiles = false;
   // Flash-decoding: each row's cached positions are cut into this many ranges (attention_partial
   // tiles = n_head_kv x attn_splits, then attention_combine). 1 = one attention op (no split);
   // 0 = auto: ceil(workers / n_head_kv), so the tiles cover the workers. Capped at 64 and n_ctx.

@@ -5,8 +5,8 @@
 //
 // Tile widths are chosen per op from its shape, its weight bytes and the worker count:
 //   matmul     about `tile_bytes` of weights per tile, at least workers * tiles_per_worker tiles
-//              when the width allows, aligned to 16 columns (to head_dim when RoPE or attention
-//              needs whole heads)
+//              when the width allows, aligned to 16 columns (to head_dim for rotated-halves RoPE,
+//              and where a head is not a multiple of 16 columns; CompileOptions::head_tiles)
 //   attention  one KV-head group (the query heads sharing a KV head) per tile, split into single
 //              heads when there are fewer groups than workers, and cut into row parts when
 //              those tiles do not divide evenly among the workers (attn_row_parts); with attn_splits S > 1
@@ -251,10 +251,12 @@ class Lowering {
       d.out = act(n);
       value_buf_[static_cast<size_t>(n.id)] = d.out;
     }
-    // Alignment: whole heads for RoPE and for values attention reads per head.
+    // Alignment: 16 columns; whole heads for rotated-halves RoPE (a pair spans the head), and for
+    // values attention reads when a head is not a whole number of 16-column units (so that no tile
+    // straddles two heads); everything in whole heads with CompileOptions::head_tiles.
     int64_t align = 16, hd = 0;
-    if (L.has_rope()) align = d.head_dim;
-    if (read_by_attention(n.id, &hd)) align = std::lcm(align, hd);
+    if (L.has_rope() && (d.rope_halves || o_.head_tiles || d.head_dim % align)) align = d.head_dim;
+    if (read_by_attention(n.id, &hd) && (o_.head_tiles || hd % align)) align = std::lcm(align, hd);
     align = std::min(align, d.cols);
     double per_col = static_cast<double>(d.k) * weight_bytes_per_element(p_.weights[static_cast<size_t>(d.w)].dtype) *
                      (d.w_up >= 0 ? 2 : 1);

@@ -8,7 +8,9 @@
 //   - the HF fixtures stay within their tolerances with 3 splits (all on cpu, float32 on cuda-emu);
 //   - the program has the expected instructions, and the race check on cuda-emu finds no race;
 //   - attention tiles over parts of the rows (CompileOptions::attn_row_parts) give the same bits as
-//     whole rows on cpu and cuda-emu, and auto picks them where the KV groups leave workers idle.
+//     whole rows on cpu and cuda-emu, and auto picks them where the KV groups leave workers idle;
+//   - the q/k/v matmuls feeding adjacent-pair RoPE and attention tiled in parts of heads give the
+//     same bits as whole-head tiles (CompileOptions::head_tiles) on cpu and cuda-emu.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -28,6 +30,7 @@
 #include "runtime/session.h"
 #include "support/compare.h"
 #include "support/hf_fixtures.h"
+#include "support/tiny_model.h"
 
 namespace mk {
 namespace {
@@ -290,6 +293,74 @@ TEST(AttnRowPartsProgram, AutoCutsTheRowsWhenTheGroupsLeaveWorkersIdle) {
   co.attn_row_parts = 0;
   const std::string listing = compile_program(g, co).listing();
   EXPECT_NE(listing.find("[0:60) rows 1/2 wait"), std::string::npos) << listing;
+}
+
+// q/k/v tiles in 16-column units, parts of heads (the default since 2026-12-06; before, whole heads,
+// which left a 1B's q/k/v on 48 of an H200's 132 SMs): RoPE over adjacent pairs and attention do not
+// care where a tile starts, so the bits equal whole-head tiles'. Rotated-halves RoPE (a pair spans
+// the head) keeps whole heads.
+class HeadTiles : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HeadTiles, PartsOfHeadsGiveTheSameBits) {
+  test::TinyLlama c;
+  c.n_vocab = 40, c.n_embd = 64, c.n_head = 2, c.n_head_kv = 1, c.n_ff = 48;  // head_dim 32: 2 units of 16
+  const ModelFile m = test::make_tiny_llama(c);
+  const Graph g = build_graph(m, BuildOptions{32, false});
+  // Tiles of the RoPE matmuls (q, k) that start inside a head, and of the ones attention reads.
+  auto inside = [&](bool head_tiles) {
+    CompileOptions co;
+    co.workers = 4;
+    co.max_tokens = 8;
+    co.head_tiles = head_tiles;
+    const Program p = compile_program(g, co);
+    int n = 0;
+    for (const Instr& in : p.instrs) {
+      const OpDesc& op = p.ops[static_cast<size_t>(in.op)];
+      if (op.opcode == Opcode::matmul && op.head_dim > 0 && in.c0 % op.head_dim) ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(inside(true), 0);
+  EXPECT_GE(inside(false), 4);  // q's and k's second half-heads, in both layers
+  auto run = [&](bool head_tiles, const std::string& backend) {
+    BackendOptions bo;
+    bo.threads = 4;
+    bo.head_tiles = head_tiles;
+    auto b = make_backend(backend, g, m, bo);
+    std::vector<float> all = b->forward(std::vector<int32_t>{1, 5, 9, 13, 17, 21}, 0);
+    for (int32_t i = 0, tok = 3; i < 4; ++i, tok = (tok * 7 + 2) % 40) {
+      const std::vector<float> l = b->forward(std::vector<int32_t>{tok}, 6 + i);
+      all.insert(all.end(), l.begin(), l.end());
+    }
+    return all;
+  };
+  const std::vector<float> heads = run(true, GetParam());
+  ASSERT_EQ(heads.size(), size_t{5} * 40);
+  EXPECT_EQ(run(false, GetParam()), heads) << GetParam();
+  EXPECT_LT(test::rel_l2(heads, run(false, "reference")), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, HeadTiles, ::testing::Values("cpu", "cuda-emu"),
+                         [](const auto& info) { return info.param == "cpu" ? std::string("cpu") : std::string("cuda_emu"); });
+
+TEST(HeadTilesProgram, RotatedHalvesKeepWholeHeads) {
+  // An HF Llama rotates halves of each head: its q/k tiles stay whole heads on any worker count.
+  const ModelFile m = load_model((test::kHfFixtures / "llama_gqa_float32").string());
+  const Graph g = build_graph(m, BuildOptions{64, false});
+  CompileOptions co;
+  co.workers = 16;
+  co.max_tokens = 8;
+  const Program p = compile_program(g, co);
+  int rope_tiles = 0;
+  for (const Instr& in : p.instrs) {
+    const OpDesc& op = p.ops[static_cast<size_t>(in.op)];
+    if (op.opcode != Opcode::matmul || (op.epi != Epi::rope && op.epi != Epi::rope_store)) continue;
+    ASSERT_TRUE(op.rope_halves) << op.name;
+    EXPECT_EQ(in.c0 % op.head_dim, 0) << op.name;
+    EXPECT_EQ((in.c1 - in.c0) % op.head_dim, 0) << op.name;
+    ++rope_tiles;
+  }
+  EXPECT_GT(rope_tiles, 0);
 }
 
 nlohmann::json greedy_cases() {

@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
     // and the unsplit op keeps llama.cpp's f16-KV softmax numerics (kernels.h).
     co.attn_splits = o.attn_splits < 0 ? 1 : o.attn_splits;
     co.attn_row_parts = o.attn_row_parts;
+    co.head_tiles = o.head_tiles;
     int64_t n_ctx = 0;
     for (const Node& n : g.nodes)
       if (n.op == Op::kv_cache) n_ctx = kv_geometry(n).n_ctx;

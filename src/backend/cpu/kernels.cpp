@@ -85,18 +85,26 @@ const double* rope_cos_sin(const OpDesc& o, int64_t r, int64_t pos) {
   return row.cs.data();
 }
 
-// RoPE over the heads of v[0, n) of activation row r at position pos.
-void rope_span(const OpDesc& o, float* v, int64_t n, int64_t r, int64_t pos) {
+// RoPE over columns [c0, c0 + n) of activation row r at position pos, held in v[0, n). Rotated
+// halves (NeoX): whole heads (c0 and n multiples of head_dim). Adjacent pairs: any even c0 and n
+// (a tile may hold part of a head; column c is dimension c % head_dim of its head).
+void rope_span(const OpDesc& o, float* v, int64_t c0, int64_t n, int64_t r, int64_t pos) {
   const int64_t half = o.n_rot / 2;
   const double* cs = rope_cos_sin(o, r, pos);
-  for (int64_t h = 0; h < n; h += o.head_dim) {
-    float* x = v + h;
-    for (int64_t i = 0; i < half; ++i) {
-      int64_t i0 = o.rope_halves ? i : 2 * i, i1 = o.rope_halves ? i + half : 2 * i + 1;
-      double x0 = x[i0], x1 = x[i1], c = cs[2 * i], s = cs[2 * i + 1];
-      x[i0] = static_cast<float>(x0 * c - x1 * s);
-      x[i1] = static_cast<float>(x0 * s + x1 * c);
-    }
+  auto rotate = [&](float* x0p, float* x1p, int64_t i) {
+    const double x0 = *x0p, x1 = *x1p, c = cs[2 * i], s = cs[2 * i + 1];
+    *x0p = static_cast<float>(x0 * c - x1 * s);
+    *x1p = static_cast<float>(x0 * s + x1 * c);
+  };
+  if (o.rope_halves) {
+    for (int64_t h = 0; h < n; h += o.head_dim)
+      for (int64_t i = 0; i < half; ++i) rotate(v + h + i, v + h + i + half, i);
+    return;
+  }
+  for (int64_t j = 0; j < n;) {  // one head's part at a time
+    const int64_t d0 = (c0 + j) % o.head_dim, len = std::min(n - j, o.head_dim - d0);
+    for (int64_t d = d0; d < std::min(d0 + len, o.n_rot); d += 2) rotate(v + j + d - d0, v + j + d - d0 + 1, d / 2);
+    j += len;
   }
 }
 
@@ -360,7 +368,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const int32_t* slot = o.epi == Epi::store || o.epi == Epi::rope_store ? c.ibuf(c.p.kv_slot_buffer) : nullptr;
   if (o.epi == Epi::rope || o.epi == Epi::rope_store) {
     const int32_t* pos = c.ibuf(o.pos);
-    for (int64_t r = 0; r < R; ++r) rope_span(o, tile + r * T, T, r, pos[r]);
+    for (int64_t r = 0; r < R; ++r) rope_span(o, tile + r * T, in.c0, T, r, pos[r]);
   }
   if (c.half(o.out)) {  // rows of the f16 KV cache
     uint16_t* out = c.hbuf(o.out);
@@ -1150,7 +1158,7 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
       const int32_t* pos = c.ibuf(o.pos);
       for (int64_t r = 0; r < R; ++r) {
         std::memcpy(out + r * o.cols + c0, x + r * o.cols + c0, static_cast<size_t>(T) * 4);
-        rope_span(o, out + r * o.cols + c0, T, r, pos[r]);
+        rope_span(o, out + r * o.cols + c0, c0, T, r, pos[r]);
       }
       return;
     }

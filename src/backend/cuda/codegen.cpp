@@ -377,11 +377,13 @@ class Generator {
       if (in.c1 - in.c0 > op.tile_cols || in.c0 < 0 || in.c1 > op.cols || in.c0 >= in.c1)
         fail("cuda codegen: {} tile {}: columns [{}, {}) outside the op's tiles (width {}, cols {})", op.name, in.tile, in.c0,
              in.c1, op.tile_cols, op.cols);
+      const bool rope_matmul = op.opcode == Opcode::matmul && (op.epi == Epi::rope || op.epi == Epi::rope_store);
       const bool whole_heads = op.opcode == Opcode::attention || op.opcode == Opcode::attention_combine ||
-                               op.opcode == Opcode::rope ||
-                               (op.opcode == Opcode::matmul && (op.epi == Epi::rope || op.epi == Epi::rope_store));
+                               op.opcode == Opcode::rope || (rope_matmul && op.rope_halves);
       if (whole_heads && (in.c0 % op.head_dim || (in.c1 - in.c0) % op.head_dim))
         fail("cuda codegen: {} tile {}: columns [{}, {}) are not whole heads of {}", op.name, in.tile, in.c0, in.c1, op.head_dim);
+      if (rope_matmul && (in.c0 % 2 || (in.c1 - in.c0) % 2))  // adjacent-pair RoPE: whole pairs
+        fail("cuda codegen: {} tile {}: columns [{}, {}) split a RoPE pair", op.name, in.tile, in.c0, in.c1);
       if (op.opcode == Opcode::attention_partial && (in.c0 % op.tile_cols || in.c1 - in.c0 != op.tile_cols ||
                                                      op.tile_cols != attn_partial_tile_cols(op)))
         fail("cuda codegen: {} tile {}: columns [{}, {}) are not one (KV group, split) of {}", op.name, in.tile, in.c0,
@@ -419,6 +421,7 @@ CudaSource generate_cuda(const Program& p, const CudaCodegenOptions& options) { 
 void apply_env(CompileOptions& co) {
   co.tile_bytes = env_int("MK_CUDA_TILE_BYTES", co.tile_bytes, 1, int64_t{1} << 40);
   co.tiles_per_worker = static_cast<int>(env_int("MK_CUDA_TILES_PER_WORKER", co.tiles_per_worker, 1, 1024));
+  co.head_tiles = env_flag("MK_CUDA_HEAD_TILES", co.head_tiles);
 }
 
 void apply_env(CudaCodegenOptions& cg) {

@@ -127,8 +127,8 @@ DeviceTables build_device_tables(const Program& p, const CudaSource& src);
 std::vector<DType> device_weight_dtypes(const Program& p);
 
 // The development knobs of the CUDA backends from the environment, for the backend and for
-// `compile --emit cuda` alike: MK_CUDA_TILE_BYTES / MK_CUDA_TILES_PER_WORKER (CompileOptions'
-// tile_bytes / tiles_per_worker), MK_CUDA_PRELOAD / MK_CUDA_CLAIM_AHEAD / MK_CUDA_EVICT_FIRST
+// `compile --emit cuda` alike: MK_CUDA_TILE_BYTES / MK_CUDA_TILES_PER_WORKER / MK_CUDA_HEAD_TILES
+// (CompileOptions' tile_bytes / tiles_per_worker / head_tiles), MK_CUDA_PRELOAD / MK_CUDA_CLAIM_AHEAD / MK_CUDA_EVICT_FIRST
 // (preload, claim_ahead, weight_evict_first). Unset variables keep the options' values; a value
 // that is not a whole number in range (tile bytes 1..2^40, tiles per worker 1..1024, flags 0 or 1)
 // throws mk::Error naming the variable (support/env.h).

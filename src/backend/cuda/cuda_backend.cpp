@@ -23,7 +23,8 @@
 // Environment (development and benchmarks): MK_CUDA_DEVICE (ordinal), MK_CUDA_WORKERS (blocks,
 // default the SM count), MK_CUDA_MAX_TOKENS (tokens per step, default 256), MK_CUDA_WAIT_TIMEOUT_MS
 // (watchdog bound per wait, default 10000), MK_CUDA_VERBOSE=1 (compile times on stderr),
-// MK_CUDA_TILE_BYTES / MK_CUDA_TILES_PER_WORKER (the tile pass's matmul tile size: CompileOptions),
+// MK_CUDA_TILE_BYTES / MK_CUDA_TILES_PER_WORKER / MK_CUDA_HEAD_TILES (the tile pass's matmul tiles:
+// CompileOptions),
 // MK_CUDA_PRELOAD=0 / MK_CUDA_CLAIM_AHEAD=1 / MK_CUDA_EVICT_FIRST=1 (codegen variants:
 // CudaCodegenOptions),
 // MK_DEBUG_BREAK_WAIT=1 (makes one wait unsatisfiable: the watchdog check in bench/device_check.sh);
@@ -75,6 +76,7 @@ Program compile_for_device(const Graph& graph, int workers, const cuda::DeviceIn
   co.schedule = schedule_from_name(options.schedule);
   co.attn_splits = options.attn_splits < 0 ? 0 : options.attn_splits;  // auto: attention tiles cover the SMs
   co.attn_row_parts = options.attn_row_parts;
+  co.head_tiles = options.head_tiles;
   co.rms_partials = env_flag("MK_CUDA_RMS_PARTIALS", true);  // RMS statistic once per op (docs/cuda.md)
   cuda::apply_env(co);
   cuda::apply_device_limits(co, device_smem_budget(dev), dev.threads);

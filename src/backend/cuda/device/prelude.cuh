@@ -198,18 +198,24 @@ __device__ __forceinline__ float mk_act(float v) {
   return v;
 }
 
-// Rotates the pairs of one head of `v` (head_dim C::HD, n_rot C::NROT) for position pos, in double
-// like the CPU interpreter. Pair i of the head, 0 <= i < NROT / 2, is handled by the caller's thread.
+// Rotates the pair (*p0, *p1) by pos * inv_freq(i), in double like the CPU interpreter.
 template <class C>
-__device__ __forceinline__ void mk_rope_pair(float* head, int i, int pos) {
-  constexpr int half = C::NROT / 2;
+__device__ __forceinline__ void mk_rope_rotate(float* p0, float* p1, int i, int pos) {
   const double ang = (double)pos * C::inv_freq(i);
   double s, c;
   sincos(ang, &s, &c);
+  const double x0 = *p0, x1 = *p1;
+  *p0 = (float)(x0 * c - x1 * s);
+  *p1 = (float)(x0 * s + x1 * c);
+}
+
+// Rotates the pairs of one head of `v` (head_dim C::HD, n_rot C::NROT) for position pos. Pair i of
+// the head, 0 <= i < NROT / 2, is handled by the caller's thread.
+template <class C>
+__device__ __forceinline__ void mk_rope_pair(float* head, int i, int pos) {
+  constexpr int half = C::NROT / 2;
   const int i0 = C::HALVES ? i : 2 * i, i1 = C::HALVES ? i + half : 2 * i + 1;
-  const double x0 = head[i0], x1 = head[i1];
-  head[i0] = (float)(x0 * c - x1 * s);
-  head[i1] = (float)(x0 * s + x1 * c);
+  mk_rope_rotate<C>(head + i0, head + i1, i, pos);
 }
 
 // ---- opcode templates ----------------------------------------------------------------------------
@@ -523,12 +529,21 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
       else mk_matmul_cols<C, RB>(xs, tile, a, c0, nc, nr);
     }
     __syncthreads();
-    if constexpr (C::ROPE) {  // whole heads per tile: c0 and nc are multiples of HD
-      constexpr int half = C::NROT / 2;
-      const int heads = nc / C::HD;
-      for (int i = threadIdx.x; i < nr * heads * half; i += MK_THREADS) {
-        const int rb = i / (heads * half), rem = i - rb * heads * half, h = rem / half, pi = rem - h * half;
-        mk_rope_pair<C>(tile + rb * T + h * C::HD, pi, mk_ld_i32(a.pos + r0 + rb));
+    if constexpr (C::ROPE) {
+      if constexpr (C::HALVES) {  // rotated halves: whole heads per tile (c0 and nc multiples of HD)
+        constexpr int half = C::NROT / 2;
+        const int heads = nc / C::HD;
+        for (int i = threadIdx.x; i < nr * heads * half; i += MK_THREADS) {
+          const int rb = i / (heads * half), rem = i - rb * heads * half, h = rem / half, pi = rem - h * half;
+          mk_rope_pair<C>(tile + rb * T + h * C::HD, pi, mk_ld_i32(a.pos + r0 + rb));
+        }
+      } else {  // adjacent pairs: c0 and nc even; column c is dimension c % HD of its head
+        const int pairs = nc / 2;
+        for (int i = threadIdx.x; i < nr * pairs; i += MK_THREADS) {
+          const int rb = i / pairs, p = i - rb * pairs, d = (c0 + 2 * p) % C::HD;
+          if (d < C::NROT)
+            mk_rope_rotate<C>(tile + rb * T + 2 * p, tile + rb * T + 2 * p + 1, d / 2, mk_ld_i32(a.pos + r0 + rb));
+        }
       }
       __syncthreads();
     }
