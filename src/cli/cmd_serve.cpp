@@ -200,7 +200,23 @@ std::string no_tokenizer(const Session& s, const std::string& model_path = "", c
 
 class Server {
  public:
-  Server(ServeOptions o, Session& s, Engine& e) : o_(std::move(o)), s_(s), e_(e) {}
+  Server(ServeOptions o, Session& s, Engine& e) : o_(std::move(o)), s_(s), e_(e) {
+    if (o_.template_file.empty()) {
+      try {
+        model_chat_template(s_.model);
+      } catch (const Error&) {
+        no_chat_template_ = true;
+      }
+    }
+  }
+  // An error's text for a client: the model file's path (the server's business) becomes the served id.
+  std::string for_client(std::string msg) const {
+    const std::string& path = o_.session.model_path;
+    if (!path.empty())
+      for (size_t at = msg.find(path); at != std::string::npos; at = msg.find(path, at + o_.model_id.size()))
+        msg.replace(at, path.size(), o_.model_id);
+    return msg;
+  }
   const std::chrono::milliseconds heartbeat_after_ = env_ms("MK_SERVE_HEARTBEAT_AFTER_MS", 1000);
   const std::chrono::milliseconds heartbeat_every_ =
       std::max(env_ms("MK_SERVE_HEARTBEAT_EVERY_MS", 200), std::chrono::milliseconds(1));
@@ -340,10 +356,16 @@ class Server {
       } catch (const ChatMessageError& ex) {
         bad(ex.param, ex.what());
       }
+      if (no_chat_template_)  // the operator's remedy (--chat-template-file) is not the client's
+        throw HttpError{400,
+                        fmt::format("the model '{}' has no usable chat template, so this server does not serve chat "
+                                    "completions; use /v1/completions with a prompt",
+                                    o_.model_id),
+                        "invalid_request_error", "messages", ""};
       try {
         prompt = render_model_chat(s_.model, *tok, messages, o_.template_file);
       } catch (const Error& ex) {
-        bad("messages", ex.what());
+        bad("messages", for_client(ex.what()));
       }
       p.prompt_ids = tok->encode(prompt, /*add_bos=*/false, /*parse_special=*/true);
     } else {
@@ -428,7 +450,7 @@ class Server {
             {"choices", json::array({std::move(choice)})}};
   }
 
-  void handle_generate(const httplib::Request& http_req, httplib::Response& res, bool chat) {
+  void handle_generate(const httplib::Request& http_req, const std::string& body, httplib::Response& res, bool chat) {
     // Counted in flight until the response is written: shutdown waits for it. A stream hands the
     // count to its resource releaser, which runs when the stream ends or the client is gone.
     ++in_flight_;
@@ -440,12 +462,7 @@ class Server {
         if (!handed_over) --n;
       }
     } release{in_flight_, handed_over};
-    // cpp-httplib takes a multipart/form-data body apart into fields (curl -F) and leaves the body
-    // empty: say what to send rather than "not valid JSON" about an empty body.
-    if (http_req.is_multipart_form_data())
-      throw HttpError{415, "the request body is multipart/form-data (curl -F); send a JSON object (Content-Type: application/json, curl -d)",
-                      "invalid_request_error", "", ""};
-    ParsedRequest pr = parse(http_req.body, chat);
+    ParsedRequest pr = parse(body, chat);
     auto req = submit(pr.params);
     const int64_t created =
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -688,10 +705,31 @@ class Server {
                                         o_.model_id),
                        "invalid_request_error", "model", "model_not_found"});
     });
-    svr.Post("/v1/completions",
-             guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); }));
-    svr.Post("/v1/chat/completions",
-             guarded([this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, true); }));
+    // The body is read here, whatever its Content-Type: cpp-httplib's own reading refuses an
+    // application/x-www-form-urlencoded body (curl -d's default type) over 8 KiB with a bare 413,
+    // a limit compiled into Debian's libcpp-httplib. --max-body is enforced before routing.
+    auto generate = [this, guarded](bool chat) {
+      return [this, guarded, chat](const httplib::Request& q, httplib::Response& r, const httplib::ContentReader& read) {
+        if (q.is_multipart_form_data()) {  // (its body would need multipart receivers): not read
+          r.set_header("Connection", "close");
+          return send_error(r, {415,
+                                "the request body is multipart/form-data (curl -F); send a JSON object (Content-Type: "
+                                "application/json, curl -d)",
+                                "invalid_request_error", "", ""});
+        }
+        std::string body;
+        const bool whole = read([&body](const char* data, size_t n) {
+          body.append(data, n);
+          return true;
+        });
+        if (!whole) return send_error(r, {400, "the request body could not be read", "invalid_request_error", "", ""});
+        guarded([this, &body, chat](const httplib::Request& q2, httplib::Response& r2) {
+          handle_generate(q2, body, r2, chat);
+        })(q, r);
+      };
+    };
+    svr.Post("/v1/completions", generate(false));
+    svr.Post("/v1/chat/completions", generate(true));
     svr.Get("/metrics", [this, &svr](const httplib::Request&, httplib::Response& res) {
       std::string text = prometheus_text(e_.stats());
       text +=
@@ -761,6 +799,7 @@ class Server {
   ServeOptions o_;
   Session& s_;
   Engine& e_;
+  bool no_chat_template_ = false;  // no --chat-template-file and the model carries none (or a broken one)
   std::atomic<uint64_t> next_id_{1};
   std::mutex codes_mu_;
   std::map<int, uint64_t> codes_;
@@ -850,6 +889,12 @@ void serve(ServeOptions o) {
   if (!o.template_file.empty()) {  // a template that cannot be read or parsed is the server's error, found at start
     if (!s.tokenizer) fail("--chat-template-file: {}, so it cannot chat", no_tokenizer(s));
     render_model_chat(s.model, *s.tokenizer, json::array({{{"role", "user"}, {"content", "Hello"}}}), o.template_file);
+  } else if (s.tokenizer) {  // a model without a template serves completions only: say so at start
+    try {
+      model_chat_template(s.model);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "note: %s; chat completions will be refused\n", e.what());
+    }
   }
   if (o.model_id.empty()) {
     std::filesystem::path p(o.session.model_path);

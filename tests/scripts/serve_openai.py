@@ -174,6 +174,17 @@ def stories_checks():
     conn.close()
     check(r.status == 415 and "multipart/form-data" in json.loads(text)["error"]["message"],
           f"a multipart/form-data body (curl -F): 415 saying to send JSON ({r.status}: {text[:100]})")
+    # JSON sent as curl -d sends it (Content-Type application/x-www-form-urlencoded), over 8 KiB: read
+    # as JSON like any body (cpp-httplib's own reading refused such bodies with a bare 413).
+    long_prompt = "Once upon a time " + "a " * 4100
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": long_prompt, "max_tokens": 2, "temperature": 0},
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})
+    check(st == 400 and json.loads(text)["error"]["code"] == "context_length_exceeded",
+          f"a 8 KiB+ JSON body sent form-urlencoded (curl -d) is read as JSON ({st}: {text[:100]})")
+    st, _, text = srv.raw("POST", "/v1/completions", b'{"prompt": "Once", "max_tokens": 2' + b" " * 9000 + b"}",
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})
+    check(st == 200 and json.loads(text)["usage"]["completion_tokens"] == 2,
+          f"a 9 KB form-urlencoded JSON body is served ({st}: {text[:100]})")
     expect_error(srv, b"[1, 2]", 400, what="a JSON array body")
     expect_error(srv, {"prompt": prompt, "temperature": "hot"}, 400, "temperature")
     expect_error(srv, {"prompt": prompt, "max_tokens": "9"}, 400, "max_tokens")
@@ -200,6 +211,13 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt}, 400, "messages", path="/v1/chat/completions", what="chat without messages")
     expect_error(srv, {"messages": [{"role": 3}]}, 400, "messages[0].role", path="/v1/chat/completions",
                  what="chat with a bad message")
+    # stories260K carries no chat template: the client is told by the model id, not the server's path
+    # or the operator's --chat-template-file.
+    st, _, text = srv.raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    msg = json.loads(text).get("error", {}).get("message", "") if st == 400 else ""
+    check(st == 400 and "'stories260K' has no usable chat template" in msg and SHARED not in msg
+          and "--chat-template-file" not in msg, f"chat on a model without a template: 400 by the model id ({st}: {msg[:120]})")
+    check("chat completions will be refused" in open(srv.log.name).read(), "serve notes at start that chat is refused")
     # Nesting deeper than 64 is refused while parsing (deeper bodies overflowed the stack when copied
     # or dumped), naming the top-level field it is in.
     deep = b"[" * 100000 + b"]" * 100000
