@@ -90,11 +90,28 @@ TEST(ChatTemplate, ErrorsAreClear) {
               check_chat_messages(nlohmann::ordered_json::parse(R"([{"role": "user", "content": 3}])"), "m.json");
             }),
             "m.json: messages[0].content: must be a string, null or an array of parts");
+  // a filter the engine lacks is named (it was "Value is not callable: null")
+  EXPECT_EQ(error_of([&] { render_chat_template("{{ 'x' | frobnicate(2) }}", msgs, o); }),
+            "chat template: unknown filter 'frobnicate' (this template engine does not have it) at row 1, column 23:\n"
+            "{{ 'x' | frobnicate(2) }}\n                      ^\n");
+  EXPECT_NE(error_of([&] { render_chat_template("{{ 'x' | frobnicate }}", msgs, o); }).find("unknown filter 'frobnicate'"),
+            std::string::npos);
   ModelFile m;
   m.path = "x.gguf";
   m.format = "gguf";
   EXPECT_EQ(error_of([&] { model_chat_template(m); }),
             "x.gguf: no chat template in this model (tokenizer.chat_template); pass one with --chat-template-file");
+}
+
+// Jinja2's capitalize, title and replace filters (minja has only the string methods): the values
+// Python's jinja2 3.1 gives for the same template (checked 2026-12-06).
+TEST(ChatTemplate, StringFiltersAsJinja2) {
+  const nlohmann::ordered_json msgs = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hello wORLD"}])");
+  ChatRenderOptions o;
+  EXPECT_EQ(render_chat_template("{{ messages[0]['content']|title }}|{{ 'abcb'|replace('b','X') }}|"
+                                 "{{ 'abcb'|replace('b','X', 1) }}|{{ 'hi there'|capitalize }}|{{ messages[0].content|replace('l', '') }}",
+                                 msgs, o),
+            "Hello World|aXcX|aXcb|Hi there|heo wORLD");
 }
 
 // OpenAI message shapes: parts of type text are joined; other part types, unknown roles and

@@ -1886,13 +1886,22 @@ public:
             first = false;
             result = part->evaluate(context);
           } else {
+            // megakernel: a filter the engine lacks is named ("Value is not callable: null" said neither)
+            auto known = [](const Expression* e, const Value& v) {
+              if (v.is_callable()) return;
+              auto var = dynamic_cast<const VariableExpr*>(e);
+              throw std::runtime_error("unknown filter '" + (var ? var->get_name() : std::string("?")) +
+                                       "' (this template engine does not have it)");
+            };
             if (auto ce = dynamic_cast<CallExpr*>(part.get())) {
               auto target = ce->object->evaluate(context);
+              known(ce->object.get(), target);
               ArgumentsValue args = ce->args.evaluate(context);
               args.args.insert(args.args.begin(), result);
               result = target.call(context, args);
             } else {
               auto callable = part->evaluate(context);
+              known(part.get(), callable);
               ArgumentsValue args;
               args.args.insert(args.args.begin(), result);
               result = callable.call(context, args);
@@ -2967,6 +2976,38 @@ inline std::shared_ptr<Context> Context::builtins() {
   };
   globals.set("lower", char_transform_function("lower", ::tolower));
   globals.set("upper", char_transform_function("upper", ::toupper));
+  // megakernel: Jinja2's capitalize, title and replace filters, as the string methods of those names
+  globals.set("capitalize", simple_function("capitalize", { "text" }, [](const std::shared_ptr<Context> &, Value & args) {
+    auto & text = args.at("text");
+    return text.is_null() ? text : Value(capitalize(text.get<std::string>()));
+  }));
+  globals.set("title", simple_function("title", { "text" }, [](const std::shared_ptr<Context> &, Value & args) {
+    auto & text = args.at("text");
+    if (text.is_null()) return text;
+    auto res = text.get<std::string>();
+    for (size_t i = 0, n = res.size(); i < n; ++i)
+      res[i] = (i == 0 || std::isspace(static_cast<unsigned char>(res[i - 1]))) ? std::toupper(res[i]) : std::tolower(res[i]);
+    return Value(res);
+  }));
+  globals.set("replace", simple_function("replace", { "text", "old", "new", "count" }, [](const std::shared_ptr<Context> &, Value & args) {
+    auto & text = args.at("text");
+    if (text.is_null()) return text;
+    const auto str = text.get<std::string>(), before = args.at("old").get<std::string>(), after = args.at("new").get<std::string>();
+    int64_t count = args.contains("count") && !args.at("count").is_null() ? args.at("count").get<int64_t>() : -1;
+    if (before.empty()) throw std::runtime_error("replace(): the string to replace must not be empty");
+    std::string res;
+    size_t pos = 0, found;
+    while (count != 0 && (found = str.find(before, pos)) != std::string::npos) {
+      res.append(str, pos, found - pos);
+      res += after;
+      check_string_length(res.size());
+      pos = found + before.length();
+      if (count > 0) --count;
+    }
+    res.append(str, pos, std::string::npos);
+    check_string_length(res.size());
+    return Value(res);
+  }));
   globals.set("default", Value::callable([=](const std::shared_ptr<Context> &, ArgumentsValue & args) {
     args.expectArgs("default", {2, 3}, {0, 1});
     auto & value = args.args[0];
