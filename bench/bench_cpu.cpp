@@ -118,6 +118,8 @@ void BM_CpuBatchedDecode(benchmark::State& state, const std::string& path, int t
   if (const char* t = std::getenv("MK_BENCH_TRACE")) o.trace_path = t;
   // MK_BENCH_ATTN_SPLITS=S: attention as S partials per KV group and a combine (flash-decoding)
   if (const char* s = std::getenv("MK_BENCH_ATTN_SPLITS")) o.attn_splits = std::atoi(s);
+  // MK_BENCH_HEAD_TILES=1: q/k/v tiled in whole heads (BackendOptions::head_tiles, the tiling before 2026-12-06)
+  if (const char* h = std::getenv("MK_BENCH_HEAD_TILES")) o.head_tiles = std::string(h) == "1";
   auto b = make_backend("cpu", g, l.model, o);
   StepBatch batch;
   for (int s = 0; s < n_seqs; ++s) {  // block j of sequence s is j * n_seqs + s: interleaved
