@@ -67,6 +67,18 @@ TEST(CudaBuildNvrtc, CompilesSmallKernelToSm90Cubin) {
   EXPECT_FALSE(cuda::nvrtc_version().empty());
 }
 
+TEST(CudaBuildNvrtc, CompilesSmallKernelToPtx) {
+  MK_REQUIRE_NVRTC();
+  cuda::NvrtcOptions o;
+  o.arch = "sm_90";  // the PTX is for its virtual architecture, compute_90
+  cuda::NvrtcResult r = cuda::compile_to_ptx(kSaxpy, o);
+  EXPECT_TRUE(r.cubin.empty());
+  EXPECT_NE(r.ptx.find(".target sm_90"), std::string::npos) << r.ptx.substr(0, 400);
+  EXPECT_NE(r.ptx.find(".entry"), std::string::npos);
+  EXPECT_EQ(r.ptx.find('\0'), std::string::npos);
+  EXPECT_THROW(cuda::compile_to_ptx("__global__ void k() { undefined_name(); }", o), Error);
+}
+
 TEST(CudaBuildNvrtc, CompileErrorCarriesTheLog) {
   MK_REQUIRE_NVRTC();
   TempDir dir;

@@ -115,21 +115,10 @@ std::string nvrtc_version() {
   return fmt::format("{}.{}", major, minor);
 }
 
-NvrtcResult compile_to_cubin(const std::string& source, const NvrtcOptions& o) {
-  NvrtcResult res;
-  res.key = cubin_cache_key(source, o);
-  const bool use_cache = cache_enabled(o);
-  const std::string dir = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
-  const std::string path = use_cache && !dir.empty() ? fmt::format("{}/{:016x}-{}.cubin", dir, res.key, o.arch) : "";
-  if (!path.empty()) {
-    res.cubin = read_cache(path, res.key);
-    if (!res.cubin.empty()) {
-      res.from_cache = true;
-      res.cache_path = path;
-      return res;
-    }
-  }
-
+// Runs NVRTC on `source` for `arch` (sm_XX: a CUBIN into res.cubin; compute_XX with ptx: PTX text
+// into res.ptx), with its log and time in res. Throws mk::Error with NVRTC's log on a compile error.
+static void nvrtc_compile(const std::string& source, const NvrtcOptions& o, const std::string& arch, NvrtcResult& res,
+                   bool ptx = false) {
   auto check_nvrtc = [&](nvrtcResult r, const char* call) {
     if (r != NVRTC_SUCCESS) fail("NVRTC: {} for {} ({}): {}", call, o.name, o.arch, nvrtcGetErrorString(r));
   };
@@ -141,7 +130,7 @@ NvrtcResult compile_to_cubin(const std::string& source, const NvrtcOptions& o) {
     ~Guard() { nvrtcDestroyProgram(p); }
   } guard{&prog};
 
-  std::vector<std::string> opts = {"--gpu-architecture=" + o.arch};
+  std::vector<std::string> opts = {"--gpu-architecture=" + arch};
   for (const auto& f : default_flags()) opts.push_back(f);
   for (const auto& f : o.flags) opts.push_back(f);
   std::vector<const char*> argv;
@@ -158,10 +147,18 @@ NvrtcResult compile_to_cubin(const std::string& source, const NvrtcOptions& o) {
   if (log_size > 1) check_nvrtc(nvrtcGetProgramLog(prog, log.data()), "nvrtcGetProgramLog");
   while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
   if (cr != NVRTC_SUCCESS)
-    fail("NVRTC: compiling {} for {} failed ({}); options: {}\n{}", o.name, o.arch, nvrtcGetErrorString(cr),
+    fail("NVRTC: compiling {} for {} failed ({}); options: {}\n{}", o.name, arch, nvrtcGetErrorString(cr),
          fmt::format("{}", fmt::join(opts, " ")), log.empty() ? "(empty log)" : log);
   res.log = std::move(log);
 
+  if (ptx) {
+    size_t ptx_size = 0;
+    check_nvrtc(nvrtcGetPTXSize(prog, &ptx_size), "nvrtcGetPTXSize");
+    res.ptx.assign(ptx_size, '\0');
+    if (ptx_size) check_nvrtc(nvrtcGetPTX(prog, res.ptx.data()), "nvrtcGetPTX");
+    while (!res.ptx.empty() && res.ptx.back() == '\0') res.ptx.pop_back();
+    return;
+  }
   size_t cubin_size = 0;
   check_nvrtc(nvrtcGetCUBINSize(prog, &cubin_size), "nvrtcGetCUBINSize");
   if (cubin_size == 0)
@@ -169,7 +166,34 @@ NvrtcResult compile_to_cubin(const std::string& source, const NvrtcOptions& o) {
   res.cubin.resize(cubin_size);
   check_nvrtc(nvrtcGetCUBIN(prog, res.cubin.data()), "nvrtcGetCUBIN");
 
+}
+
+NvrtcResult compile_to_cubin(const std::string& source, const NvrtcOptions& o) {
+  NvrtcResult res;
+  res.key = cubin_cache_key(source, o);
+  const bool use_cache = cache_enabled(o);
+  const std::string dir = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
+  const std::string path = use_cache && !dir.empty() ? fmt::format("{}/{:016x}-{}.cubin", dir, res.key, o.arch) : "";
+  if (!path.empty()) {
+    res.cubin = read_cache(path, res.key);
+    if (!res.cubin.empty()) {
+      res.from_cache = true;
+      res.cache_path = path;
+      return res;
+    }
+  }
+
+  nvrtc_compile(source, o, o.arch, res);
   if (!path.empty() && write_cache(dir, path, res.key, res.cubin)) res.cache_path = path;
+  return res;
+}
+
+NvrtcResult compile_to_ptx(const std::string& source, const NvrtcOptions& o) {
+  NvrtcResult res;
+  std::string arch = o.arch;
+  if (arch.rfind("sm_", 0) == 0) arch = "compute_" + arch.substr(3);
+  nvrtc_compile(source, o, arch, res, /*ptx=*/true);
+  if (res.ptx.empty()) fail("NVRTC: {} for {} produced no PTX", o.name, arch);
   return res;
 }
 
@@ -178,6 +202,10 @@ NvrtcResult compile_to_cubin(const std::string& source, const NvrtcOptions& o) {
 std::string nvrtc_version() { return {}; }
 
 NvrtcResult compile_to_cubin(const std::string&, const NvrtcOptions& o) {
+  fail("cannot compile {} for {}: megakernel was built without the CUDA toolkit (NVRTC)", o.name, o.arch);
+}
+
+NvrtcResult compile_to_ptx(const std::string&, const NvrtcOptions& o) {
   fail("cannot compile {} for {}: megakernel was built without the CUDA toolkit (NVRTC)", o.name, o.arch);
 }
 

@@ -25,6 +25,7 @@ struct NvrtcOptions {
 
 struct NvrtcResult {
   std::vector<char> cubin;  // the ELF image for cuModuleLoadData
+  std::string ptx;          // compile_to_ptx: the PTX text
   std::string log;          // NVRTC's warnings ("" when read from the cache)
   bool from_cache = false;
   uint64_t key = 0;          // the cache key
@@ -36,6 +37,11 @@ struct NvrtcResult {
 // whole log attached: "NVRTC: megakernel.cu for sm_90 failed (NVRTC_ERROR_COMPILATION):\n<log>".
 // A cache that cannot be read or written is not an error: the source is compiled.
 NvrtcResult compile_to_cubin(const std::string& source, const NvrtcOptions& options = {});
+
+// NVRTC's front end only: `source` to PTX for the virtual architecture of options.arch (sm_90 ->
+// compute_90), without ptxas and without the cache (CI checks that every generated source compiles;
+// the PTX-to-CUBIN step, several times longer, is checked on the device shapes). Errors as above.
+NvrtcResult compile_to_ptx(const std::string& source, const NvrtcOptions& options = {});
 
 // The cache key for a source and options: stable across runs and machines with the same NVRTC.
 uint64_t cubin_cache_key(const std::string& source, const NvrtcOptions& options);
