@@ -168,17 +168,34 @@ std::string render_chat_template(const std::string& source, const nlohmann::orde
   }
 }
 
-ChatRenderOptions chat_options_for(const Tokenizer& tokenizer) {
+ChatRenderOptions chat_options_for(const ModelFile& model, const Tokenizer& tokenizer) {
   ChatRenderOptions o;
   if (tokenizer.bos_id >= 0) o.bos_token = tokenizer.token_text(tokenizer.bos_id);
   if (tokenizer.eos_id >= 0) o.eos_token = tokenizer.token_text(tokenizer.eos_id);
+  // A Hugging Face directory: the strings tokenizer_config.json names, as transformers passes them
+  // (a string or an AddedToken {"content": ...}); Llama 3.1 Instruct's eos_token is <|eot_id|>
+  // while its first EOS id (generation_config.json) is <|end_of_text|>.
+  if (model.format == "hf") {
+    const std::filesystem::path cfg = std::filesystem::path(model.path) / "tokenizer_config.json";
+    if (std::filesystem::is_regular_file(cfg)) {
+      const nlohmann::ordered_json j = read_json_file(cfg.string());
+      auto text = [&](const char* key, std::string& out) {
+        if (!j.is_object() || !j.contains(key)) return;
+        const auto& v = j[key];
+        if (v.is_string()) out = v.get<std::string>();
+        else if (v.is_object() && v.contains("content") && v["content"].is_string()) out = v["content"].get<std::string>();
+      };
+      text("bos_token", o.bos_token);
+      text("eos_token", o.eos_token);
+    }
+  }
   return o;
 }
 
 std::string render_model_chat(const ModelFile& model, const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
                               const std::string& template_file) {
   const std::string source = template_file.empty() ? model_chat_template(model) : read_text(template_file);
-  return render_chat_template(source, messages, chat_options_for(tokenizer));
+  return render_chat_template(source, messages, chat_options_for(model, tokenizer));
 }
 
 ChatConversation::ChatConversation(Session& session, std::string template_source, std::string system_prompt)
@@ -200,7 +217,7 @@ GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOpt
   messages_.push_back({{"role", "user"}, {"content", user_text}});
   GenerateResult r;
   try {  // a turn that fails anywhere (the template, the tokenizer, the step) did not happen
-    const std::string rendered = render_chat_template(template_, messages_, chat_options_for(*session_.tokenizer));
+    const std::string rendered = render_chat_template(template_, messages_, chat_options_for(session_.model, *session_.tokenizer));
     const std::vector<int32_t> ids = session_.tokenizer->encode(rendered, /*add_bos=*/false, /*parse_special=*/true);
     const bool extends = cached_.size() < ids.size() && std::equal(cached_.begin(), cached_.end(), ids.begin()) &&
                          static_cast<int64_t>(cached_.size()) == session_.n_past;

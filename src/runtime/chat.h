@@ -53,8 +53,9 @@ nlohmann::ordered_json check_chat_messages(const nlohmann::ordered_json& message
 std::string render_chat_template(const std::string& source, const nlohmann::ordered_json& messages,
                                  const ChatRenderOptions& options);
 
-// ChatRenderOptions with the tokenizer's BOS/EOS text.
-ChatRenderOptions chat_options_for(const Tokenizer& tokenizer);
+// ChatRenderOptions with the BOS/EOS text: a Hugging Face directory's tokenizer_config.json
+// bos_token / eos_token when it names them (as transformers), else the tokenizer's BOS/EOS ids' text.
+ChatRenderOptions chat_options_for(const ModelFile& model, const Tokenizer& tokenizer);
 
 // The prompt text for `messages` with the generation prompt: the template from `template_file`
 // when not empty (as llama.cpp's --chat-template-file), else the model's own.

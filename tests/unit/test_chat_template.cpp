@@ -103,6 +103,33 @@ TEST(ChatTemplate, ErrorsAreClear) {
             "x.gguf: no chat template in this model (tokenizer.chat_template); pass one with --chat-template-file");
 }
 
+// bos_token / eos_token: a Hugging Face directory's tokenizer_config.json strings (a string or an
+// AddedToken object), as transformers passes them, not the text of the tokenizer's BOS/EOS ids
+// (Llama 3.1 Instruct: eos_token <|eot_id|>, first EOS id <|end_of_text|>); other models: the ids'.
+TEST(ChatTemplate, HfBosEosTokensComeFromTokenizerConfig) {
+  const auto tok = load_llama2c_tokenizer(std::string(MK_SHARED_DIR) + "/models/stories260K/tok512.bin", 512);
+  const nlohmann::ordered_json msgs = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])");
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("mk_chat_hf_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir / "tokenizer_config.json");
+    f << R"({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>", "lstrip": false},
+             "chat_template": "[{{ bos_token }}|{{ eos_token }}]"})";
+  }
+  ModelFile hf;
+  hf.path = dir.string();
+  hf.format = "hf";
+  EXPECT_EQ(render_model_chat(hf, *tok, msgs, ""), "[<|begin_of_text|>|<|eot_id|>]");
+  {
+    std::ofstream f(dir / "tokenizer_config.json");
+    f << R"({"chat_template": "[{{ bos_token }}|{{ eos_token }}]"})";  // none named: the ids' text
+  }
+  EXPECT_EQ(render_model_chat(hf, *tok, msgs, ""),
+            "[" + tok->token_text(tok->bos_id) + "|" + tok->token_text(tok->eos_id) + "]");
+  std::filesystem::remove_all(dir);
+}
+
 // Jinja2's capitalize, title and replace filters (minja has only the string methods): the values
 // Python's jinja2 3.1 gives for the same template (checked 2026-12-06).
 TEST(ChatTemplate, StringFiltersAsJinja2) {
