@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "quant/quant.h"
@@ -207,7 +209,15 @@ ModelFile load_synthetic_model(const std::string& path, bool with_data) {
     const std::string entry = fmt::format("{} (rows of {}: {})", name, t.shape.back(), dtype_name(t.dtype));
     if (std::find(fallen.begin(), fallen.end(), entry) == fallen.end()) fallen.push_back(entry);
   }
-  if (!fallen.empty())
+  // Once per model name and process (run builds a synthetic model twice: shapes, then weights).
+  static std::mutex noted_mu;
+  static std::set<std::string> noted;
+  bool first = false;
+  if (!fallen.empty()) {
+    std::lock_guard<std::mutex> lock(noted_mu);
+    first = noted.insert(path).second;
+  }
+  if (first)
     std::fprintf(stderr, "%s", fmt::format("note: {}: {} needs rows that are a multiple of {} elements; these fall back: {}\n", path,
                                            dtype_name(s.dtype), dtype_block_size(s.dtype), fmt::join(fallen, ", ")).c_str());
   return m;
