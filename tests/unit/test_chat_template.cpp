@@ -139,6 +139,15 @@ TEST(ChatTemplate, StringFiltersAsJinja2) {
                                  "{{ 'abcb'|replace('b','X', 1) }}|{{ 'hi there'|capitalize }}|{{ messages[0].content|replace('l', '') }}",
                                  msgs, o),
             "Hello World|aXcX|aXcb|Hi there|heo wORLD");
+  // The filters and the string methods share one body each, with Python's rules: capitalize lowers
+  // the rest; the title filter starts words after whitespace or -({[<, str.title after any
+  // non-letter; a negative count replaces all (jinja2 3.1.6, checked 2026-12-06).
+  EXPECT_EQ(render_chat_template("{{ 'hELLO wORLD'|capitalize }}|{{ 'hELLO wORLD'.capitalize() }}|"
+                                 "{{ \"hi-there (you) it's x2y\"|title }}|{{ \"hi-there (you) it's x2y\".title() }}|"
+                                 "{{ 'aaa'|replace('a','b',-1) }}|{{ 'aaa'.replace('a','b',-1) }}|{{ 'aaa'|replace('a','b',0) }}|"
+                                 "{{ 'aaa'.replace('a','b',2) }}",
+                                 msgs, o),
+            "Hello world|Hello world|Hi-There (You) It's X2y|Hi-There (You) It'S X2Y|bbb|bbb|aaa|bba");
 }
 
 // OpenAI message shapes: parts of type text are joined; other part types, unknown roles and

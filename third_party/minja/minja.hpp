@@ -12,6 +12,7 @@
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <cmath>
 #include <exception>
 #include <functional>
@@ -1693,11 +1694,49 @@ static std::vector<std::string> split(const std::string & s, const std::string &
   return result;
 }
 
+// megakernel: as Python's str.capitalize (and Jinja2's filter): the first byte upper, the rest lower (ASCII)
 static std::string capitalize(const std::string & s) {
-  if (s.empty()) return s;
   auto result = s;
-  result[0] = std::toupper(result[0]);
+  for (size_t i = 0; i < result.size(); ++i) {
+    const auto c = static_cast<unsigned char>(result[i]);
+    result[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c));
+  }
   return result;
+}
+
+// megakernel: title case, shared by the string method and the filter, which differ in where a word
+// starts: Python's str.title after any byte that is not a letter ("it'S"), Jinja2's filter after
+// whitespace or one of -({[< ("it's").
+static std::string title_case(const std::string & s, bool jinja2_filter) {
+  auto result = s;
+  for (size_t i = 0; i < result.size(); ++i) {
+    const auto c = static_cast<unsigned char>(result[i]);
+    bool word_start = i == 0;
+    if (!word_start) {
+      const auto prev = static_cast<unsigned char>(s[i - 1]);
+      word_start = jinja2_filter ? (std::isspace(prev) || (prev != 0 && std::strchr("-({[<", prev) != nullptr)) : !std::isalpha(prev);
+    }
+    result[i] = static_cast<char>(word_start ? std::toupper(c) : std::tolower(c));
+  }
+  return result;
+}
+
+// megakernel: str.replace / the replace filter, in one pass (in-place replacing was quadratic) and
+// bounded; count < 0 replaces every match (Python), 0 none.
+static std::string replace_count(const std::string & str, const std::string & before, const std::string & after, int64_t count) {
+  if (before.empty()) throw std::runtime_error("replace(): the string to replace must not be empty");
+  std::string res;
+  size_t pos = 0, found;
+  while (count != 0 && (found = str.find(before, pos)) != std::string::npos) {
+    res.append(str, pos, found - pos);
+    res += after;
+    check_string_length(res.size());
+    pos = found + before.length();
+    if (count > 0) --count;
+  }
+  res.append(str, pos, std::string::npos);
+  check_string_length(res.size());
+  return res;
 }
 
 static std::string html_escape(const std::string & s) {
@@ -1825,30 +1864,11 @@ public:
             return prefix.length() <= str.length() && std::equal(prefix.begin(), prefix.end(), str.begin());
           } else if (method->get_name() == "title") {
             vargs.expectArgs("title method", {0, 0}, {0, 0});
-            auto res = str;
-            for (size_t i = 0, n = res.size(); i < n; ++i) {
-              if (i == 0 || std::isspace(res[i - 1])) res[i] = std::toupper(res[i]);
-              else res[i] = std::tolower(res[i]);
-            }
-            return res;
+            return Value(title_case(str, /* jinja2_filter= */ false));
           } else if (method->get_name() == "replace") {
             vargs.expectArgs("replace method", {2, 3}, {0, 0});
-            auto before = vargs.args[0].get<std::string>();
-            auto after = vargs.args[1].get<std::string>();
-            auto count = vargs.args.size() == 3 ? vargs.args[2].get<int64_t>()
-                                                : str.length();
-            // megakernel: built in one pass (in-place replacing was quadratic) and bounded
-            if (before.empty()) throw std::runtime_error("replace(): the string to replace must not be empty");
-            std::string res;
-            size_t pos = 0, found;
-            while (count-- > 0 && (found = str.find(before, pos)) != std::string::npos) {
-              res.append(str, pos, found - pos);
-              res += after;
-              check_string_length(res.size());
-              pos = found + before.length();
-            }
-            res.append(str, pos, std::string::npos);
-            return res;
+            return Value(replace_count(str, vargs.args[0].get<std::string>(), vargs.args[1].get<std::string>(),
+                                       vargs.args.size() == 3 ? vargs.args[2].get<int64_t>() : -1));
           }
         }
         throw std::runtime_error("Unknown method: " + method->get_name());
@@ -2983,30 +3003,13 @@ inline std::shared_ptr<Context> Context::builtins() {
   }));
   globals.set("title", simple_function("title", { "text" }, [](const std::shared_ptr<Context> &, Value & args) {
     auto & text = args.at("text");
-    if (text.is_null()) return text;
-    auto res = text.get<std::string>();
-    for (size_t i = 0, n = res.size(); i < n; ++i)
-      res[i] = (i == 0 || std::isspace(static_cast<unsigned char>(res[i - 1]))) ? std::toupper(res[i]) : std::tolower(res[i]);
-    return Value(res);
+    return text.is_null() ? text : Value(title_case(text.get<std::string>(), /* jinja2_filter= */ true));
   }));
   globals.set("replace", simple_function("replace", { "text", "old", "new", "count" }, [](const std::shared_ptr<Context> &, Value & args) {
     auto & text = args.at("text");
     if (text.is_null()) return text;
-    const auto str = text.get<std::string>(), before = args.at("old").get<std::string>(), after = args.at("new").get<std::string>();
     int64_t count = args.contains("count") && !args.at("count").is_null() ? args.at("count").get<int64_t>() : -1;
-    if (before.empty()) throw std::runtime_error("replace(): the string to replace must not be empty");
-    std::string res;
-    size_t pos = 0, found;
-    while (count != 0 && (found = str.find(before, pos)) != std::string::npos) {
-      res.append(str, pos, found - pos);
-      res += after;
-      check_string_length(res.size());
-      pos = found + before.length();
-      if (count > 0) --count;
-    }
-    res.append(str, pos, std::string::npos);
-    check_string_length(res.size());
-    return Value(res);
+    return Value(replace_count(text.get<std::string>(), args.at("old").get<std::string>(), args.at("new").get<std::string>(), count));
   }));
   globals.set("default", Value::callable([=](const std::shared_ptr<Context> &, ArgumentsValue & args) {
     args.expectArgs("default", {2, 3}, {0, 1});
