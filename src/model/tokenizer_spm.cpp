@@ -427,7 +427,7 @@ std::unique_ptr<Tokenizer> load_gguf_spm_tokenizer(const ModelFile& model) {
       if (type < 0 || type > kTypeByte)
         fail("{}: tokenizer.ggml.token_type[{}] = {} is not a token type (0 to 6)", path, i, (*types)[i].dump());
       vocab.types.push_back(gguf_token_type_as_llama_cpp(vocab.pieces.back(), static_cast<int32_t>(type)));
-      vocab.rstrip.push_back(gguf_special_rstrips(rstrips, vocab.pieces.back()) ? 1 : 0);
+      if (rstrips) vocab.rstrip.push_back(gguf_special_rstrips(rstrips, vocab.pieces.back()) ? 1 : 0);
     }
   }
   auto id = [&](const char* key, int64_t def) -> int32_t {
