@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 jobs=$(nproc)
+stage() { echo "== $(date -u +%H:%M:%S) $* (${SECONDS}s since the start) =="; }  # where CI's minutes go
 # ctest, and on a failure the failed checks again at the very end (a CI log is often read from its tail;
 # ctest prints a failing test's output where it ended, among hundreds of others).
 run_ctest() {  # build dir, ctest args
@@ -17,11 +18,18 @@ run_ctest() {  # build dir, ctest args
     exit "$rc"
   fi
 }
+stage release build
 scripts/build.sh release
+stage release ctest
 run_ctest build --preset release -j "$jobs"
 if [[ "${MK_SKIP_SANITIZERS:-0}" != 1 ]]; then
+  stage asan build
   scripts/build.sh asan mk_tests_san
+  stage asan ctest
   run_ctest build-asan --preset asan -j "$jobs" -L asan
+  stage tsan build
   scripts/build.sh tsan mk_tests_san
+  stage tsan ctest
   run_ctest build-tsan --preset tsan -j "$jobs" -L tsan
 fi
+stage done
