@@ -1,4 +1,8 @@
 #include <cstdio>
+#include <map>
+#include <variant>
+
+#include <fmt/format.h>
 
 #include "archs/arch.h"
 #include "cli/commands.h"
@@ -6,6 +10,52 @@
 #include "support/printable.h"
 
 namespace mk::cli {
+namespace {
+
+// What the graph's rope and attention nodes say about positions and attention, grouped over the
+// layers (Gemma 3's sliding-window layers rotate with their own theta): read from the graph the
+// backends compile, so it is what runs, not a second reading of the file's keys.
+void print_positions_and_attention(const ModelFile& m, const Hparams& hp) {
+  const Graph g = build_graph(m, BuildOptions{resolve_n_ctx(hp, 0)});
+  auto value = [](const AttrValue& v) {
+    if (const auto* i = std::get_if<int64_t>(&v)) return fmt::format("{}", *i);
+    if (const auto* d = std::get_if<double>(&v)) return fmt::format("{:g}", *d);
+    return std::get<std::string>(v);
+  };
+  std::map<std::string, int> ropes;  // description -> layers (q's rope node per layer)
+  int n_attn = 0, n_window = 0;
+  int64_t window = 0;
+  double scale = 0;
+  for (const auto& n : g.nodes) {
+    if (n.op == Op::attention) {
+      ++n_attn;
+      scale = n.attr_float("scale");
+      if (n.attrs.count("window")) ++n_window, window = n.attr_int("window");
+    }
+    const bool q_rope = n.name.size() > 7 && n.name.compare(n.name.size() - 7, 7, ".q_rope") == 0;
+    if (!q_rope) continue;
+    std::string d = fmt::format("{}, n_rot {}, theta {}", n.attr_str("mode"), n.attr_int("n_rot"), value(n.attrs.at("theta")));
+    if (n.attrs.count("scaling")) d += ", scaling " + n.attr_str("scaling");  // then its parameters
+    for (const auto& [k, v] : n.attrs) {
+      if (k == "mode" || k == "n_rot" || k == "theta" || k == "head_dim" || k == "scaling") continue;
+      if (k == "freq_factors")
+        d += fmt::format(", freq_factors ({} per-pair factors)", std::count(value(v).begin(), value(v).end(), ',') + 1);
+      else
+        d += fmt::format(", {} {}", k, value(v));
+    }
+    ++ropes[d];
+  }
+  std::string rope;
+  for (const auto& [d, layers] : ropes)
+    rope += fmt::format("{}{}{}", rope.empty() ? "" : "; ", d,
+                        ropes.size() > 1 ? fmt::format(" ({} of {} layers)", layers, hp.n_layer) : "");
+  std::printf("rope:         %s\n", rope.empty() ? "none" : rope.c_str());
+  std::string attn = fmt::format("scale {:g}", scale);
+  if (n_window > 0) attn += fmt::format(", sliding window {} on {} of {} layers", window, n_window, n_attn);
+  std::printf("attention:    %s\n", attn.c_str());
+}
+
+}  // namespace
 
 void add_info_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
@@ -34,6 +84,7 @@ void add_info_command(CLI::App& app) {
     std::printf("n_vocab %lld, n_embd %lld, n_layer %lld, n_head %lld, n_head_kv %lld, head_dim %lld, n_ff %lld, n_ctx_train %lld, norm_eps %g\n",
                 (long long)hp.n_vocab, (long long)hp.n_embd, (long long)hp.n_layer, (long long)hp.n_head,
                 (long long)hp.n_head_kv, (long long)hp.head_dim, (long long)hp.n_ff, (long long)hp.n_ctx_train, hp.norm_eps);
+    print_positions_and_attention(m, hp);
     // The file's tensors; those made at load (Phi-3's q/k/v row views, GPT-2's transposed copies,
     // Gemma 3's aliases) are not in the file and would count its bytes twice.
     size_t total = 0, n_file = 0, n_derived = 0;

@@ -653,3 +653,26 @@ TEST(E2ECliUsage, RunTimingLineWithoutADecodeStep) {
   EXPECT_NE(r.err.find(" tokens/s)\n"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("no decode step"), std::string::npos) << r.err;
 }
+
+// `info` names the positional encoding and the attention the graph runs, per group of layers
+// (it printed none of RoPE's theta, scaling or the sliding window; trial 31 leftover): Gemma 3's
+// local layers rotate with theta 1e4 under a window of 8, its global layer with 1e6; Llama 3.1
+// scaling lists its parameters; GPT-2 has learned positions, no RoPE.
+TEST(E2ECliUsage, InfoNamesRopeAndAttention) {
+  Result r = cli("info -m \"" + std::string(MK_SOURCE_DIR) + "/tests/data/gemma3/gemma3-tiny.f32.gguf\"");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "\nrope:         halves, n_rot 16, theta 10000 (5 of 6 layers); halves, n_rot 16, theta 1e+06 (1 of 6 layers)\n"))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "\nattention:    scale 0.25, sliding window 8 on 5 of 6 layers\n")) << r.out;
+  r = cli("info -m " + std::string(MK_SHARED_DIR) + "/fixtures/hf/llama3_scaled_tied_float32");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "\nrope:         halves, n_rot 16, theta 500000, scaling llama3, factor 8, high_freq_factor 4, "
+                         "low_freq_factor 1, original_max_pos 64\n"))
+      << r.out;
+  r = cli("info -m " + std::string(MK_SHARED_DIR) + "/fixtures/hf/gpt2_float32");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "\nrope:         none\nattention:    scale 0.25\n")) << r.out;
+  r = cli("info -m synth:stories260k");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "\nrope:         adjacent, n_rot 8, theta 10000\n")) << r.out;
+}
