@@ -49,7 +49,8 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("-m,--model", o->model_path, "model")->required();
   cmd->add_option("--ids", *ids, "comma-separated token ids")->required()->check(token_ids());
   cmd->add_option("--backend", o->backend, "backend")->check(backend_name());
-  cmd->add_option("-t,--threads", o->backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
+  refuse_threads_for_reference(cmd, o->backend, o->backend_options.threads);
+  cmd->add_option("-t,--threads", o->backend_options.threads, "workers: cpu threads (0 = all cores, at most 1024); cuda and cuda-emu blocks (0 = one per SM; cuda-emu 4)")
       ->check(integer_range(0, 1024));
   cmd->add_option("--act-quant", o->backend_options.act_quant,
                   "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (on for GGUF files and synth: models with "

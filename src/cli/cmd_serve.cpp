@@ -1061,7 +1061,8 @@ void add_serve_command(CLI::App& app) {
       ->check(integer_at_least(0));
   cmd->add_option("--backend", o->session.backend, "backend: cpu, cuda, ... (default: the fastest available)")
       ->check(backend_name());
-  cmd->add_option("-t,--threads", o->session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
+  refuse_threads_for_reference(cmd, o->session.backend, o->session.backend_options.threads);
+  cmd->add_option("-t,--threads", o->session.backend_options.threads, "workers: cpu threads (0 = all cores, at most 1024); cuda and cuda-emu blocks (0 = one per SM; cuda-emu 4)")
       ->check(integer_range(0, 1024));
   cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp")
       ->check(schedule_name());

@@ -44,6 +44,11 @@ CLI::Validator schedule_name();
 // context and the backend (-c, --backend, -t, --act-quant, --kv-type) into `session`.
 void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptions& sampler);
 
+// -t given with --backend reference (the oracle runs op by op on one thread) is an error (exit 1) once
+// the command line is parsed, as that backend's other refusals (--schedule, --attn-splits), instead
+// of being accepted and ignored. The library takes any count (tests pass one to every backend).
+void refuse_threads_for_reference(CLI::App* cmd, const std::string& backend, const int& threads);
+
 // "1,2,3" -> {1, 2, 3}; throws mk::Error naming `flag` for an empty list or a non-integer entry.
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag = "--ids");
 // What is wrong with s as a comma-separated list of token ids ("" when nothing), and the option

@@ -110,6 +110,15 @@ CLI::Validator number_range(double lo, double hi, bool above_lo, bool as_float) 
       desc);
 }
 
+void refuse_threads_for_reference(CLI::App* cmd, const std::string& backend, const int& threads) {
+  cmd->parse_complete_callback([&backend, &threads] {
+    if (backend == "reference" && threads > 0)
+      fail("-t {}: the reference backend runs op by op on one thread; -t sets the workers of the cpu backend (and the "
+           "blocks of cuda and cuda-emu)",
+           threads);
+  });
+}
+
 void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptions& sampler) {
   cmd->add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)")->capture_default_str()->check(number_range(0, HUGE_VAL, false, /*as_float=*/true));
   cmd->add_option("--top-k", sampler.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(integer_at_least(0));
@@ -119,7 +128,8 @@ void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptio
       ->check(integer_at_least(0));
   cmd->add_option("--backend", session.backend, "backend: reference, cpu, ... (default: the fastest available)")
       ->check(backend_name());
-  cmd->add_option("-t,--threads", session.backend_options.threads, "CPU worker threads (0 = all cores, at most 1024)")
+  refuse_threads_for_reference(cmd, session.backend, session.backend_options.threads);
+  cmd->add_option("-t,--threads", session.backend_options.threads, "workers: cpu threads (0 = all cores, at most 1024); cuda and cuda-emu blocks (0 = one per SM; cuda-emu 4)")
       ->check(integer_range(0, 1024));
   cmd->add_option("--act-quant", session.backend_options.act_quant,
                   "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (on for GGUF files and synth: models with "

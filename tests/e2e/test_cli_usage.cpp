@@ -320,6 +320,12 @@ TEST(E2ECliUsage, ReferenceBackendRefusesAttnSplits) {
   EXPECT_TRUE(has(r.err, "error: --schedule static-rr: the reference backend runs op by op")) << r.err;
   r = cli("run -m synth:tiny --ids 1,2 -n 1 --backend reference --schedule dynamic");
   EXPECT_EQ(r.status, 0) << r.err;
+  // Nor workers: -t was accepted and ignored (trial 31 leftover); -t 0 (all cores, the default) stays.
+  r = cli("run -m synth:tiny --ids 1,2 -n 1 --backend reference -t 4");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "error: -t 4: the reference backend runs op by op on one thread")) << r.err;
+  r = cli("logits -m synth:tiny --ids 1,2,3 --backend reference -t 0");
+  EXPECT_EQ(r.status, 0) << r.err;
 }
 
 TEST(E2ECliUsage, SyntheticPathWithEmptyTypeIsAnError) {

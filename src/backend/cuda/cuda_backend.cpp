@@ -626,7 +626,9 @@ std::unique_ptr<Backend> make_on_gpu(const Graph& g, const ModelFile& m, const B
   if (!o.trace_path.empty() && mode != CudaMode::megakernel)
     fail("--trace: the {} backend has no trace; use --backend cuda (the megakernel)", name);
   auto rt = cuda::make_driver_runtime();
-  const int workers = static_cast<int>(env_int("MK_CUDA_WORKERS", rt->info().sms, 1, 1 << 20));
+  // -t: the grid (one worker per block), as on cuda-emu; by default one block per SM. More than can be
+  // resident is refused at launch set-up, naming both counts.
+  const int workers = o.threads > 0 ? o.threads : static_cast<int>(env_int("MK_CUDA_WORKERS", rt->info().sms, 1, 1 << 20));
   Program p = compile_for_device(g, workers, rt->info(), o);
   return std::make_unique<CudaBackend>(std::move(rt), std::move(p), m, o, mode, name);
 }
