@@ -107,6 +107,10 @@ using BackendFactory = std::unique_ptr<Backend> (*)(const Graph&, const ModelFil
 std::unique_ptr<Backend> make_reference_backend(const Graph&, const ModelFile&, const BackendOptions&);
 // The CPU megakernel interpreter (backend/cpu/): compiles the graph once, runs every step.
 std::unique_ptr<Backend> make_cpu_backend(const Graph&, const ModelFile&, const BackendOptions&);
+// The cpu backend's `auto` for --act-quant and --kv-type: llama.cpp's numerics (8-bit activation
+// blocks, an f16 KV cache) for a GGUF file whose weights include a block-quantized type that takes
+// 8-bit activations; float32 otherwise. Reads tensor types only (a shapes-only model will do).
+bool cpu_llama_cpp_numerics(const ModelFile& model);
 // backend/cuda/cuda_backend.cpp: the megakernel and its two baselines. Throw "no CUDA driver: ..."
 // where the driver or a GPU is missing.
 std::unique_ptr<Backend> make_cuda_backend(const Graph&, const ModelFile&, const BackendOptions&);

@@ -79,6 +79,14 @@ void add_compile_command(CLI::App& app) {
       cuda::apply_env(cg);
       text = cuda::generate_cuda(cx.program, cg).code;
     }
+    // The program lays the KV cache out in float32 (cuda and cuda-emu keep it so); the cpu backend's
+    // default for a llama.cpp-like GGUF stores it as f16, in half the bytes (it was reported as the
+    // float32 size only, twice what `run` allocates).
+    std::string kv_note;
+    if (o->emit != "graph" && o->emit != "ir" && o->emit != "cuda" && cpu_llama_cpp_numerics(model))
+      kv_note = fmt::format("  kv cache on the cpu backend: {} bytes (f16, its default for this GGUF: --kv-type auto)\n",
+                            cx.program.kv_bytes / 2);
+    if (o->emit == "program") text += kv_note;
     if (o->out.empty()) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       return;
@@ -88,7 +96,7 @@ void add_compile_command(CLI::App& app) {
     f << text;
     if (!f) fail("{}: write failed", o->out);
     // graph is the architecture's graph before any pass: no program was built, so no summary of one
-    std::fprintf(stderr, "wrote %s\n%s", o->out.c_str(), o->emit == "graph" ? "" : cx.program.summary().c_str());
+    std::fprintf(stderr, "wrote %s\n%s%s", o->out.c_str(), o->emit == "graph" ? "" : cx.program.summary().c_str(), kv_note.c_str());
   });
 }
 

@@ -127,5 +127,24 @@ TEST(E2ESmolLM2, GreedyFirstTokenMatchesLlamaCpp) {
   std::filesystem::remove(tmp);
 }
 
+// `compile --emit program` gives the program's float32 KV layout, and for a llama.cpp-like GGUF also
+// what the cpu backend allocates by default (f16): 30 layers x {k, v} x 256 rows x 3 KV heads x 64
+// x 2 bytes. It reported only the float32 size, twice what `run` uses. A float GGUF has no such line.
+TEST(E2ESmolLM2, CompileReportsTheCpuF16KvCache) {
+  MK_NEED_SMOLLM2();
+  int status = 0;
+  const std::string out = run_cli("compile -m " + smollm2_path() + " --emit program -c 256", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("kv cache " + std::to_string(30 * 2 * 256 * 3 * 64 * 4) + " bytes"), std::string::npos) << out;
+  EXPECT_NE(out.find("\n  kv cache on the cpu backend: " + std::to_string(30 * 2 * 256 * 3 * 64 * 2) +
+                     " bytes (f16, its default for this GGUF: --kv-type auto)\n"),
+            std::string::npos)
+      << out;
+  const std::string f32 =
+      run_cli("compile -m " + std::string(MK_SOURCE_DIR) + "/tests/data/gemma3/gemma3-tiny.f32.gguf --emit program", &status);
+  ASSERT_EQ(status, 0) << f32;
+  EXPECT_EQ(f32.find("kv cache on the cpu backend"), std::string::npos) << f32;
+}
+
 }  // namespace
 }  // namespace mk

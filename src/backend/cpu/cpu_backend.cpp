@@ -13,6 +13,13 @@ namespace mk {
 
 namespace {
 
+// Weights whose matmuls take 8-bit activations (a block-quantized type with q->act), in any file form.
+bool any_act_weights(const ModelFile& m) {
+  for (const WeightTensor& t : m.tensors())
+    if (const quant::QuantType* q = quant::quant_type(t.dtype); q && q->act) return true;
+  return false;
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const Graph& g, const ModelFile& m, const BackendOptions& o) : trace_path_(o.trace_path) {
@@ -28,13 +35,9 @@ class CpuBackend final : public Backend {
     for (const Node& n : g.nodes)
       if (n.op == Op::kv_cache) n_ctx = kv_geometry(n).n_ctx;
     co.max_tokens = n_ctx > 0 ? std::min<int64_t>(co.max_tokens, n_ctx) : co.max_tokens;
-    // auto: llama.cpp's numerics for GGUF files whose weights include a type with 8-bit activations.
-    bool any_act_type = false;  // weights whose matmuls take 8-bit activations, in any file form
-    for (const WeightTensor& t : m.tensors())
-      if (const quant::QuantType* q = quant::quant_type(t.dtype); q && q->act) any_act_type = true;
-    const bool llama_like = m.format == "gguf" && any_act_type;
+    const bool llama_like = cpu_llama_cpp_numerics(m);
     bool act_quant = llama_like, kv_f16 = llama_like;
-    if (o.act_quant == "on" && !any_act_type)
+    if (o.act_quant == "on" && !any_act_weights(m))
       std::fprintf(stderr, "note: --act-quant on: the model has no block-quantized weights, and matmuls over float "
                            "weights keep float32 activations (as llama.cpp's): it changes nothing here\n");
     if (o.act_quant == "on") act_quant = true;
@@ -114,6 +117,8 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+bool cpu_llama_cpp_numerics(const ModelFile& m) { return m.format == "gguf" && any_act_weights(m); }
 
 std::unique_ptr<Backend> make_cpu_backend(const Graph& g, const ModelFile& m, const BackendOptions& o) {
   return std::make_unique<CpuBackend>(g, m, o);
