@@ -124,6 +124,18 @@ void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptio
   cmd->add_option("--top-k", sampler.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(integer_at_least(0));
   cmd->add_option("--top-p", sampler.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->check(number_range(0, 1, /*above_lo=*/true, /*as_float=*/true));
   cmd->add_option("--seed", sampler.seed, "random seed")->capture_default_str()->check(unsigned_integer());
+  cmd->add_option("--min-p", sampler.min_p, "min-p sampling: keep tokens at least this fraction as likely as the best (0 = off)")
+      ->capture_default_str()->check(number_range(0, 1, false, /*as_float=*/true));
+  cmd->add_option("--repeat-penalty", sampler.repeat_penalty,
+                  "llama.cpp's repeat penalty on the tokens of the last --repeat-last-n (1 = off)")
+      ->capture_default_str()->check(number_range(0, HUGE_VAL, /*above_lo=*/true, /*as_float=*/true));
+  cmd->add_option("--presence-penalty", sampler.presence_penalty, "OpenAI's presence penalty, -2 to 2 (0 = off)")
+      ->capture_default_str()->check(number_range(-2, 2, false, /*as_float=*/true));
+  cmd->add_option("--frequency-penalty", sampler.frequency_penalty, "OpenAI's frequency penalty, -2 to 2 (0 = off)")
+      ->capture_default_str()->check(number_range(-2, 2, false, /*as_float=*/true));
+  cmd->add_option("--repeat-last-n", sampler.penalty_last_n,
+                  "the penalties' window: the last N tokens, prompt included (-1 = all, 0 = penalties off)")
+      ->capture_default_str()->check(integer_range(-1, INT32_MAX));
   cmd->add_option("-c,--ctx-size", session.n_ctx, "context length (0 = the model's, at most 4096)")
       ->check(integer_at_least(0));
   cmd->add_option("--backend", session.backend, "backend: reference, cpu, ... (default: the fastest available)")

@@ -116,7 +116,9 @@ struct Engine::Seq {
   clock::time_point submitted, deadline = clock::time_point::max(), last_token;
   double ttft_ms = 0;
   bool finished = false;
-  explicit Seq(RequestParams p) : params(std::move(p)), sampler(params.sampler) {}
+  explicit Seq(RequestParams p) : params(std::move(p)), sampler(params.sampler) {
+    for (int32_t t : params.prompt_ids) sampler.accept(t);  // the penalty window starts with the prompt
+  }
 };
 
 Engine::Engine(Backend& backend, const Tokenizer* tokenizer, EngineOptions options)
@@ -293,6 +295,7 @@ bool Engine::emit(Seq& s, const Choice& c, clock::time_point now) {
   s.last_token = now;
   int32_t prev = s.tokens.back();
   s.tokens.push_back(next);
+  s.sampler.accept(next);
   ++s.n_generated;
   s.new_ids.push_back(next);
   {
@@ -405,7 +408,7 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   // top_k <= kTopK: the backend returns each row's kTopK best candidates (16 + 8 * kTopK bytes).
   bool all_greedy = paged_ && !wanted.empty(), all_top = all_greedy;
   for (Seq* s : wanted) {
-    all_greedy &= s->params.sampler.temperature == 0;
+    all_greedy &= s->params.sampler.temperature == 0 && !s->sampler.penalizes();
     all_top &= s->sampler.covered_by(kTopK, n_vocab_);
   }
   all_top &= !all_greedy;

@@ -39,10 +39,47 @@ Sampler::Sampler(SamplerOptions o) : o_(o), rng_(o.seed) {
   if (!(o_.temperature >= 0)) fail("temperature must be >= 0, got {}", o_.temperature);
   if (o_.top_k < 0) fail("top-k must be >= 0, got {}", o_.top_k);
   if (!(o_.top_p > 0 && o_.top_p <= 1)) fail("top-p must be in (0, 1], got {}", o_.top_p);
+  if (!(o_.min_p >= 0 && o_.min_p <= 1)) fail("min-p must be in [0, 1], got {}", o_.min_p);
+  if (!(o_.repeat_penalty > 0) || !std::isfinite(o_.repeat_penalty))
+    fail("repeat penalty must be a finite number > 0 (1 = off), got {}", o_.repeat_penalty);
+  if (!(o_.presence_penalty >= -2 && o_.presence_penalty <= 2))
+    fail("presence penalty must be in [-2, 2], got {}", o_.presence_penalty);
+  if (!(o_.frequency_penalty >= -2 && o_.frequency_penalty <= 2))
+    fail("frequency penalty must be in [-2, 2], got {}", o_.frequency_penalty);
+  if (o_.penalty_last_n < -1) fail("the penalty window must be -1 (all), 0 (off) or more tokens, got {}", o_.penalty_last_n);
+}
+
+bool Sampler::penalizes() const {
+  return o_.penalty_last_n != 0 && (o_.repeat_penalty != 1 || o_.presence_penalty != 0 || o_.frequency_penalty != 0);
+}
+
+void Sampler::accept(int32_t token) {
+  if (!penalizes()) return;
+  window_.push_back(token);
+  ++counts_[token];
+  if (o_.penalty_last_n > 0 && window_.size() > static_cast<size_t>(o_.penalty_last_n)) {
+    const int32_t old = window_.front();
+    window_.pop_front();
+    if (--counts_[old] == 0) counts_.erase(old);
+  }
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
   check_finite_logits(logits, "the row being sampled");
+  if (!penalizes() || counts_.empty()) return sample_unpenalized(logits);
+  // The penalized row: only the window's tokens change (ids outside the row are ignored).
+  std::vector<float> row(logits.begin(), logits.end());
+  for (const auto& [id, n] : counts_) {
+    if (id < 0 || static_cast<size_t>(id) >= row.size()) continue;
+    float& l = row[static_cast<size_t>(id)];
+    l = l > 0 ? l / o_.repeat_penalty : l * o_.repeat_penalty;
+    l -= static_cast<float>(n) * o_.frequency_penalty + o_.presence_penalty;
+  }
+  check_finite_logits(row, "the row being sampled, after the repetition penalties");
+  return sample_unpenalized(row);
+}
+
+int32_t Sampler::sample_unpenalized(std::span<const float> logits) {
   if (o_.temperature == 0) return argmax(logits);
   if (o_.top_k <= 0 || static_cast<size_t>(o_.top_k) >= logits.size()) return sample_row(logits);
   std::vector<int32_t> idx(logits.size());
@@ -103,6 +140,14 @@ int32_t Sampler::sample_row(std::span<const float> logits) {
     for (size_t i = 0; i < n; ++i)
       if (kept[i]) total += w[i];
   }
+  if (o_.min_p > 0) {  // min-p: the weights are relative to the most likely token's (1)
+    if (kept.empty()) kept.assign(n, 1);
+    total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (w[i] < o_.min_p) kept[i] = 0;
+      if (kept[i]) total += w[i];
+    }
+  }
   // Token i owns [c_i, c_i + w_i) of [0, total), the kept tokens in id order.
   const double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
   double c = 0;
@@ -117,7 +162,7 @@ int32_t Sampler::sample_row(std::span<const float> logits) {
 }
 
 bool Sampler::covered_by(int64_t n_candidates, int64_t n_vocab) const {
-  if (n_candidates < 1) return false;
+  if (n_candidates < 1 || penalizes()) return false;
   if (o_.temperature == 0) return true;
   const int64_t k = o_.top_k > 0 && o_.top_k < n_vocab ? o_.top_k : n_vocab;
   return k <= n_candidates;
@@ -145,6 +190,8 @@ int32_t Sampler::pick(std::span<const int32_t> idx, std::span<const float> top) 
   std::vector<double> p(k);
   double mx = top[0], sum = 0;
   for (size_t i = 0; i < k; ++i) sum += (p[i] = std::exp((top[i] - mx) / o_.temperature));
+  size_t min_p_keep = k;  // min-p: weights relative to the most likely token's (1), in by-logit order
+  while (min_p_keep > 1 && p[min_p_keep - 1] < o_.min_p) --min_p_keep;
   for (auto& x : p) x /= sum;
   size_t keep = k;
   if (o_.top_p < 1) {
@@ -157,6 +204,7 @@ int32_t Sampler::pick(std::span<const int32_t> idx, std::span<const float> top) 
       }
     }
   }
+  keep = std::min(keep, min_p_keep);
   double total = std::accumulate(p.begin(), p.begin() + static_cast<long>(keep), 0.0);
   double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
   for (size_t i = 0; i < keep; ++i) {

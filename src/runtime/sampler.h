@@ -1,10 +1,15 @@
 // Token sampling from a logits row: greedy (temperature 0), or temperature + top-k + top-p
-// (nucleus, Holtzman et al. 2019) with a seeded generator, so a seed reproduces a run exactly.
+// (nucleus, Holtzman et al. 2019) + min-p (Nguyen et al. 2024) with a seeded generator, so a seed
+// reproduces a run exactly. Repetition penalties first change the logits of the tokens seen in a
+// window of the last penalty_last_n tokens (the prompt's and the generated ones, given by accept()).
+// Order, as Hugging Face's logits processors: penalties, temperature, top-k, top-p, min-p, draw.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <random>
 #include <span>
 #include <string>
+#include <unordered_map>
 
 namespace mk {
 
@@ -13,17 +18,33 @@ struct SamplerOptions {
   int top_k = 40;            // 0 = off
   float top_p = 0.95f;       // 1 = off
   uint64_t seed = 42;
+  // Keeps the tokens whose probability (after temperature) is at least min_p x the most likely one's;
+  // 0 = off, at most 1.
+  float min_p = 0.0f;
+  // llama.cpp's repeat penalty (CTRL, Keskar et al. 2019): the logit l of a token in the window
+  // becomes l / repeat_penalty when l > 0, else l * repeat_penalty; 1 = off, > 0.
+  float repeat_penalty = 1.0f;
+  // OpenAI's penalties: l -= frequency_penalty x (occurrences in the window) + presence_penalty x
+  // (1 if it occurs); 0 = off, each in [-2, 2].
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  int penalty_last_n = 64;  // the window: the last n tokens; -1 = every token accepted; 0 = no penalties
 };
 
 class Sampler {
  public:
+  // Throws mk::Error naming an option outside its range.
   explicit Sampler(SamplerOptions o);
+  // Adds a token to the penalty window (each prompt token, then each generated one).
+  void accept(int32_t token);
+  // Whether a penalty is on: then the choice needs the whole row (covered_by is false, and greedy
+  // decoding takes the argmax of the penalized row).
+  bool penalizes() const;
   // Throws mk::Error when a logit is NaN or infinite (see check_finite_logits): such a row has no
   // meaningful distribution, and which token "wins" would depend on where the bad value sits.
   int32_t sample(std::span<const float> logits);
   // Whether sample_top can decide from a row's first n_candidates in by-logit order (the backend's
   // `topk` op, backend/step_batch.h TopKRow): greedy, or top_k in [1, n_candidates] (or a vocabulary
-  // of at most n_candidates tokens). top_k = 0 needs the whole row.
+  // of at most n_candidates tokens). top_k = 0 needs the whole row, and so do penalties.
   bool covered_by(int64_t n_candidates, int64_t n_vocab) const;
   // The token sample() gives for the full row, from its best candidates: ids/logits sorted by logit
   // descending, ties to the lower id (what sample() sorts by), finite (the caller refuses rows with
@@ -32,8 +53,10 @@ class Sampler {
   int32_t sample_top(std::span<const int32_t> ids, std::span<const float> logits, int64_t n_vocab);
 
  private:
-  // Temperature, top-p and the draw over the top-k candidates (sorted, k >= 1).
+  // Temperature, top-p, min-p and the draw over the top-k candidates (sorted, k >= 1).
   int32_t pick(std::span<const int32_t> ids, std::span<const float> logits);
+  // Temperature, top-k, top-p, min-p and the draw over a whole (finite) row.
+  int32_t sample_unpenalized(std::span<const float> logits);
   // No top-k cut (top_k 0 or >= the row), O(n): weights exp((l - max) / T); top_p < 1 keeps the
   // shortest prefix of the by-logit order (ties to the lower id) whose weight reaches top_p of the
   // sum; the draw walks the kept tokens in id order. A function of the row (sample_top scatters the
@@ -41,6 +64,8 @@ class Sampler {
   int32_t sample_row(std::span<const float> logits);
   SamplerOptions o_;
   std::mt19937_64 rng_;
+  std::deque<int32_t> window_;                // the last penalty_last_n accepted tokens
+  std::unordered_map<int32_t, int> counts_;  // occurrences in window_
 };
 
 // Index of the largest value; ties go to the lowest index. NaN values never win, wherever they sit;

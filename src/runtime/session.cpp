@@ -197,6 +197,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
              ? "use a shorter prompt (the context is already the model's training context, the largest -c)"
              : "use a shorter prompt or a larger -c");
   Sampler sampler(o.sampler);
+  for (int32_t t : r.prompt_ids) sampler.accept(t);  // the penalty window starts with the prompt (llama.cpp's)
   Utf8Stream utf8;
   auto emit = [&](const std::string& bytes) {
     std::string t = utf8.push(bytes);
@@ -210,7 +211,8 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   // Greedy decoding asks the backend for the token ids and top-k sampling (top_k <= kTopK) for the
   // row's best candidates, computed where the logits are (on a GPU 16 or 16 + 8 * kTopK bytes per
   // step come back instead of the logits); other sampling (top_k 0 or > kTopK) needs the whole row.
-  const bool greedy = o.sampler.temperature == 0;
+  // Penalties change the row first: greedy then takes the argmax of the whole penalized row.
+  const bool greedy = o.sampler.temperature == 0 && !sampler.penalizes();
   const bool top = !greedy && sampler.covered_by(kTopK, s.hparams.n_vocab);
   GreedyRow g;
   // Greedy decoding takes backend->decode_steps() rows per call (a GPU issues those steps before it
@@ -256,6 +258,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
       break;
     }
     r.generated_ids.push_back(next);
+    sampler.accept(next);
     if (on_token) on_token(next);
     if (tok) emit(tok->token_bytes(prev, next));
     prev = next;

@@ -11,6 +11,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -370,6 +371,108 @@ TEST(Sampler, WithoutTopKDrawsTheSoftmaxOfTheNucleus) {
       EXPECT_EQ(outside, 0) << "temp " << temp << " top_p " << top_p;
       EXPECT_EQ(off, 0) << "temp " << temp << " top_p " << top_p;
     }
+}
+
+
+// min-p keeps the tokens whose probability (after temperature) is at least min_p x the best one's,
+// the draw over them in proportion (Hugging Face's MinPLogitsWarper after top-k and top-p). Both
+// sampling paths (top_k 0: the whole row; top_k 40: the sorted candidates), 20000 draws each, against
+// probabilities computed here; sample_top on the candidates equals sample on the row.
+TEST(Sampler, MinPDrawsOnlyTokensNearTheBest) {
+  const size_t n = 300;
+  std::vector<float> row(n);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  for (auto& v : row) v = normal(rng);
+  for (float temp : {1.0f, 0.7f})
+    for (float min_p : {0.05f, 0.3f, 1.0f})
+      for (int top_k : {0, 40}) {
+        std::vector<int32_t> order(n);
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(),
+                  [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        std::vector<double> want(n, 0.0);
+        double kept = 0;
+        for (size_t r = 0; r < (top_k ? static_cast<size_t>(top_k) : n); ++r) {
+          const double w = std::exp((row[order[r]] - row[order[0]]) / temp);  // relative to the best (1)
+          if (w >= min_p) kept += (want[order[r]] = w);
+        }
+        for (auto& x : want) x /= kept;
+        SamplerOptions so{temp, top_k, 1.0f, 31};
+        so.min_p = min_p;
+        Sampler s(so);
+        const int draws = 20000;
+        std::vector<int> got(n, 0);
+        for (int d = 0; d < draws; ++d) ++got[static_cast<size_t>(s.sample(row))];
+        int outside = 0, off = 0;
+        for (size_t i = 0; i < n; ++i) {
+          if (want[i] == 0) {
+            outside += got[i];
+            continue;
+          }
+          const double mean = draws * want[i], sd = std::sqrt(draws * want[i] * (1 - want[i]));
+          if (std::abs(got[i] - mean) > 5 * sd + 1) ++off;
+        }
+        EXPECT_EQ(outside, 0) << "temp " << temp << " min_p " << min_p << " top_k " << top_k;
+        EXPECT_EQ(off, 0) << "temp " << temp << " min_p " << min_p << " top_k " << top_k;
+        if (min_p == 1.0f) EXPECT_EQ(got[static_cast<size_t>(order[0])], draws);  // only the best
+        if (top_k) {  // the candidates' path draws what the row's does
+          const TopKRow c = topk_row(row, kTopK);
+          Sampler full(so), top(so);
+          ASSERT_TRUE(top.covered_by(kTopK, static_cast<int64_t>(n)));
+          for (int d = 0; d < 50; ++d) EXPECT_EQ(top.sample_top(c.ids, c.logits, static_cast<int64_t>(n)), full.sample(row));
+        }
+      }
+}
+
+// The penalties change only the window's tokens, as llama.cpp's penalties sampler: l / r when l > 0
+// else l * r, minus count x frequency + presence; the window holds the last penalty_last_n accepted
+// tokens. Penalties need the whole row (not covered by candidates); options out of range are refused.
+TEST(Sampler, PenaltiesChangeTheWindowsLogits) {
+  const std::vector<float> row = {2.0f, 1.9f, -1.0f, -1.05f, 0.5f};
+  SamplerOptions so{0.0f, 0, 1.0f, 1};
+  so.repeat_penalty = 1.1f;  // 2 / 1.1 = 1.82 < 1.9: token 1 wins once 0 was seen
+  Sampler rep(so);
+  EXPECT_TRUE(rep.penalizes());
+  EXPECT_FALSE(rep.covered_by(kTopK, kTopK));
+  EXPECT_EQ(rep.sample(row), 0);  // nothing accepted yet
+  rep.accept(0);
+  EXPECT_EQ(rep.sample(row), 1);
+  so = SamplerOptions{0.0f, 0, 1.0f, 1};
+  so.frequency_penalty = 0.06f;  // 2 - 2 x 0.06 = 1.88 < 1.9, one occurrence (1.94) is not enough
+  so.penalty_last_n = 2;
+  Sampler freq(so);
+  freq.accept(0);
+  EXPECT_EQ(freq.sample(row), 0);
+  freq.accept(0);
+  EXPECT_EQ(freq.sample(row), 1);
+  freq.accept(4);  // the window of 2 now holds {0, 4}: one occurrence of 0 again
+  EXPECT_EQ(freq.sample(row), 0);
+  so = SamplerOptions{0.0f, 0, 1.0f, 1};
+  so.presence_penalty = 0.2f;
+  Sampler pres(so);
+  for (int i = 0; i < 5; ++i) pres.accept(0);  // presence counts once: 1.8 < 1.9
+  EXPECT_EQ(pres.sample(row), 1);
+  so = SamplerOptions{0.0f, 0, 1.0f, 1};
+  so.repeat_penalty = 1.1f;
+  so.penalty_last_n = 0;  // window 0: off
+  Sampler off(so);
+  EXPECT_FALSE(off.penalizes());
+  off.accept(0);
+  EXPECT_EQ(off.sample(row), 0);
+  so = SamplerOptions{0.0f, 0, 1.0f, 1};
+  so.repeat_penalty = 1.1f;  // a negative logit is multiplied: -1 x 1.1 = -1.1 < -1.05
+  Sampler neg(so);
+  neg.accept(0);
+  EXPECT_EQ(neg.sample(std::vector<float>{-1.0f, -1.05f}), 1);
+  for (auto bad : std::vector<std::function<void(SamplerOptions&)>>{
+           [](SamplerOptions& o) { o.min_p = 1.5f; }, [](SamplerOptions& o) { o.min_p = -0.1f; },
+           [](SamplerOptions& o) { o.repeat_penalty = 0; }, [](SamplerOptions& o) { o.presence_penalty = 2.5f; },
+           [](SamplerOptions& o) { o.frequency_penalty = -3; }, [](SamplerOptions& o) { o.penalty_last_n = -2; }}) {
+    SamplerOptions o;
+    bad(o);
+    EXPECT_THROW(Sampler{o}, Error);
+  }
 }
 
 }  // namespace
