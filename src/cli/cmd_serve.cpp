@@ -264,12 +264,11 @@ class Server {
       return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0) ||
              (v.is_string() && v.get<std::string>().empty()) || ((v.is_object() || v.is_array()) && v.empty());
     };
-    for (const char* name : {"echo", "suffix", "logit_bias", "presence_penalty", "frequency_penalty", "top_logprobs",
-                             "tools", "functions", "prediction", "audio",
+    for (const char* name : {"echo", "suffix", "logit_bias", "top_logprobs", "tools", "functions", "prediction", "audio",
                              // llama.cpp server's samplers (0 = off)
-                             "min_p", "mirostat", "dry_multiplier", "xtc_probability", "n_probs", "grammar", "json_schema"})
+                             "mirostat", "dry_multiplier", "xtc_probability", "n_probs", "grammar", "json_schema"})
       if (const json* v = field(body, name); v && !neutral(*v)) bad(name, fmt::format("'{}' is not supported", name));
-    for (const char* name : {"repeat_penalty", "typical_p", "tfs_z"})  // llama.cpp's, 1 = off
+    for (const char* name : {"typical_p", "tfs_z"})  // llama.cpp's, 1 = off
       if (const json* v = field(body, name); v && !(v->is_number() && v->get<double>() == 1.0))
         bad(name, fmt::format("'{}' is not supported (only 1, off)", name));
     if (const json* v = field(body, "function_call"); v && !(v->is_string() && v->get<std::string>() == "none"))
@@ -307,6 +306,15 @@ class Server {
     if (top_p <= 0) bad("top_p", "'top_p' must be above 0 and at most 1, got 0");
     if (p.sampler.top_p <= 0) bad("top_p", fmt::format("'top_p' {} rounds to 0 as a 32-bit float", top_p));
     p.sampler.top_k = static_cast<int>(get_int(body, "top_k", 0, 0, 1 << 30));
+    // min-p and the repetition penalties (runtime/sampler.h): OpenAI's presence/frequency penalties
+    // and llama.cpp server's min_p, repeat_penalty and repeat_last_n (its names and defaults).
+    p.sampler.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 0, 1));
+    p.sampler.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", 0.0, -2, 2));
+    p.sampler.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", 0.0, -2, 2));
+    const double repeat_penalty = get_number(body, "repeat_penalty", 1.0, 0, 1e6);
+    if (!(repeat_penalty > 0)) bad("repeat_penalty", "'repeat_penalty' must be above 0 (1 = off), got 0");
+    p.sampler.repeat_penalty = static_cast<float>(repeat_penalty);
+    p.sampler.penalty_last_n = static_cast<int>(get_int(body, "repeat_last_n", 64, -1, INT32_MAX));
     // No seed, or -1 (llama.cpp's "random"): a random one. Seeds above INT64_MAX (up to 2^64 - 1, as
     // `run --seed` takes) are used as they are.
     const json* sv = field(body, "seed");

@@ -204,7 +204,18 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt, "n": 2}, 400, "n")
     expect_error(srv, {"prompt": prompt, "echo": True}, 400, "echo", what="echo (not supported, not ignored)")
     expect_error(srv, {"prompt": prompt, "logit_bias": {"5": 10}}, 400, "logit_bias", what="logit_bias (not supported)")
-    expect_error(srv, {"prompt": prompt, "presence_penalty": 0.5}, 400, "presence_penalty", what="presence_penalty")
+    # The penalties and min-p (OpenAI's fields and llama.cpp server's) change the reply as `run`'s flags do.
+    ref_pen = run_cli(STORIES, prompt, 40, "--temp", "0", "--presence-penalty", "0.5", "--frequency-penalty", "0.3",
+                      "--repeat-penalty", "1.2", "--repeat-last-n", "32", "--min-p", "0.1")
+    check(ref_pen["generated_ids"] != ref["generated_ids"], "the penalties change `run`'s greedy reply (a real check)")
+    r = c.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=0, presence_penalty=0.5,
+                             frequency_penalty=0.3, extra_body={"repeat_penalty": 1.2, "repeat_last_n": 32, "min_p": 0.1})
+    check(r.choices[0].text == ref_pen["text"], "completion with penalties and min_p equals `run` with the same flags")
+    expect_error(srv, {"prompt": prompt, "presence_penalty": 2.5}, 400, "presence_penalty", what="presence_penalty 2.5")
+    expect_error(srv, {"prompt": prompt, "frequency_penalty": "x"}, 400, "frequency_penalty", what="frequency_penalty 'x'")
+    expect_error(srv, {"prompt": prompt, "repeat_penalty": 0}, 400, "repeat_penalty", what="repeat_penalty 0")
+    expect_error(srv, {"prompt": prompt, "repeat_last_n": -2}, 400, "repeat_last_n", what="repeat_last_n -2")
+    expect_error(srv, {"prompt": prompt, "min_p": 1.5}, 400, "min_p", what="min_p 1.5")
     expect_error(srv, {"max_tokens": 3}, 400, "prompt", what="missing prompt")
     expect_error(srv, {"prompt": [1, 2, 100000]}, 400, "prompt", what="token id outside the vocabulary")
     expect_error(srv, {"prompt": "word " * 2000}, 400, "prompt", what="prompt longer than the context")
