@@ -18,6 +18,18 @@ given() {  # given NAME...: whether an argument is one of these options (-n 10, 
   done
   return 1
 }
+value_of() {  # value_of NAME...: the value given with one of these options (-p X, -pX, --prompt=X)
+  local i a n
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    a=${args[i]}
+    for n in "$@"; do
+      if [[ $a == "$n" ]]; then printf '%s' "${args[i + 1]:-}"; return 0; fi
+      if [[ $a == "$n="* ]]; then printf '%s' "${a#"$n="}"; return 0; fi
+      if [[ ${#n} == 2 && $a == "$n"?* ]]; then printf '%s' "${a#"$n"}"; return 0; fi
+    done
+  done
+  return 1
+}
 defaults() {  # defaults VALUE NAME...: "NAME VALUE" unless the user gave the option
   local v=$1
   shift
@@ -42,7 +54,7 @@ else
 fi
 if [[ -n "$smollm2" ]]; then
   question="${PROMPT:-What is the capital of France? Answer in one sentence.}"
-  given -p --prompt || echo "user: $question"
+  echo "user: $(value_of -p --prompt || printf '%s' "$question")"
   printf 'assistant: '
   mapfile -d '' extra < <(defaults "$question" -p --prompt; defaults "${N_NEW:-64}" -n --n-predict; defaults 0 --temp)
   build/megakernel run -m "$smollm2" --chat ${extra[@]+"${extra[@]}"} "$@"

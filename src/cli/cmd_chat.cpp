@@ -4,6 +4,8 @@
 #include <iostream>
 #include <sstream>
 
+#include <csignal>
+
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -14,6 +16,33 @@
 #include "support/text_file.h"
 
 namespace mk::cli {
+namespace {
+
+// Ctrl-C during a reply ends the reply (the conversation goes on, as llama.cpp's interactive mode);
+// at the "> " prompt it ends the program as usual. A lock-free atomic store is async-signal-safe.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+// Installs on_sigint for its lifetime, then puts the previous action back.
+class ReplyInterrupt {
+ public:
+  ReplyInterrupt() {
+    g_interrupted.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESTART;  // writes and waits in flight go on
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_);
+  }
+  ~ReplyInterrupt() { sigaction(SIGINT, &old_, nullptr); }
+  ReplyInterrupt(const ReplyInterrupt&) = delete;
+  ReplyInterrupt& operator=(const ReplyInterrupt&) = delete;
+
+ private:
+  struct sigaction old_ {};
+};
+
+}  // namespace
 
 void add_chat_command(CLI::App& app) {
   struct Opts {
@@ -25,11 +54,12 @@ void add_chat_command(CLI::App& app) {
   o->gen.n_new = 1024;
   auto* cmd = app.add_subcommand("chat", "talk with the model: one line per user turn, /reset starts a new conversation, /exit (or end of input) ends; a line starting with // sends one starting with /");
   cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file or HF directory with a chat template")->required();
-  cmd->add_option("--system", o->system, "system message at the start of the conversation");
+  cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin, or an HF tokenizer.json)");
+  auto* system = cmd->add_option("--system", o->system, "system message at the start of the conversation (\"\" = an empty one)");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
   cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->capture_default_str()->check(integer_at_least(0));
   add_generation_options(cmd, o->session, o->gen.sampler);
-  cmd->callback([o] {
+  cmd->callback([o, system] {
     Session s(o->session);
     std::string source;
     if (!o->template_file.empty()) {
@@ -37,7 +67,8 @@ void add_chat_command(CLI::App& app) {
     } else {
       source = model_chat_template(s.model);
     }
-    ChatConversation conv(s, source, o->system);
+    // --system "" is an empty system message (SmolLM2's template writes its own default without one).
+    ChatConversation conv(s, source, system->count() > 0 ? std::optional<std::string>(o->system) : std::nullopt);
     std::string line;
     int failed = 0, turns = 0;
     // The "> " prompt only for a person at a terminal: with piped input it would start the line of
@@ -73,9 +104,17 @@ void add_chat_command(CLI::App& app) {
       // with its error; the conversation goes on, and /reset starts a new one.
       StreamOut out;
       try {
-        GenerateResult r = conv.reply(line, o->gen, [&](const std::string& t) { out.put(t); });
+        GenerateResult r;
+        {
+          ReplyInterrupt ctrl_c;
+          GenerateOptions g = o->gen;
+          g.interrupt = &g_interrupted;
+          r = conv.reply(line, g, [&](const std::string& t) { out.put(t); });
+        }
         std::printf("\n");
         std::fflush(stdout);
+        if (r.stop_reason == "interrupted")
+          std::fputs("note: reply interrupted (Ctrl-C); it stays in the conversation as far as it went\n", stderr);
         if (r.stop_reason == "context")
           std::fprintf(stderr, "note: the context (%lld tokens) is full; /reset starts a new conversation\n",
                        static_cast<long long>(s.n_ctx));

@@ -7,6 +7,7 @@
 #include "archs/arch.h"
 #include "cli/commands.h"
 #include "runtime/session.h"
+#include "support/error.h"
 #include "support/printable.h"
 
 namespace mk::cli {
@@ -84,7 +85,13 @@ void add_info_command(CLI::App& app) {
     std::printf("n_vocab %lld, n_embd %lld, n_layer %lld, n_head %lld, n_head_kv %lld, head_dim %lld, n_ff %lld, n_ctx_train %lld, norm_eps %g\n",
                 (long long)hp.n_vocab, (long long)hp.n_embd, (long long)hp.n_layer, (long long)hp.n_head,
                 (long long)hp.n_head_kv, (long long)hp.head_dim, (long long)hp.n_ff, (long long)hp.n_ctx_train, hp.norm_eps);
-    print_positions_and_attention(m, hp);
+    // A file whose graph cannot be built (a tensor missing, a shape that does not fit) still lists
+    // its tensors: `info` is where one looks to see why.
+    try {
+      print_positions_and_attention(m, hp);
+    } catch (const Error& e) {
+      std::printf("graph:        cannot be built: %s\n", e.what());
+    }
     // The file's tensors; those made at load (Phi-3's q/k/v row views, GPT-2's transposed copies,
     // Gemma 3's aliases) are not in the file and would count its bytes twice.
     size_t total = 0, n_file = 0, n_derived = 0;

@@ -22,7 +22,7 @@ void add_run_command(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("run", "generate text from a prompt");
   cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")->required();
-  cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
+  cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin, or an HF tokenizer.json)");
   auto* prompt = cmd->add_option("-p,--prompt", o->gen.prompt, "prompt text");
   auto* ids = cmd->add_option("--ids", o->ids, "prompt as comma-separated token ids (no BOS added); works without a tokenizer")
                   ->excludes(prompt)
@@ -40,12 +40,12 @@ void add_run_command(CLI::App& app) {
   auto* messages = cmd->add_option("--messages", o->messages_file,
                                    "chat: a JSON file with [{\"role\": .., \"content\": ..}, ...], rendered by the model's template");
   auto* chat = cmd->add_flag("--chat", o->chat, "chat: the prompt (-p) is one user turn, rendered by the model's template");
-  cmd->add_option("--system", o->system, "chat: a system message before the user turn (with --chat)")->needs(chat);
+  auto* system = cmd->add_option("--system", o->system, "chat: a system message before the user turn (with --chat; \"\" = an empty one)")->needs(chat);
   cmd->add_option("--chat-template-file", o->template_file, "chat: Jinja2 template to use instead of the model's");
   messages->excludes(chat);
   messages->excludes(ids);
   chat->excludes(ids);
-  cmd->callback([o, ids] {
+  cmd->callback([o, ids, system] {
     if (o->chat && o->gen.prompt.empty()) usage_error("--chat needs the user's text with -p TEXT (not empty)");
     if (!o->messages_file.empty() && !o->gen.prompt.empty()) usage_error("--messages and -p cannot be combined");
     if (!o->template_file.empty() && !o->chat && o->messages_file.empty())
@@ -65,7 +65,7 @@ void add_run_command(CLI::App& app) {
     const bool chat_mode = o->chat || !o->messages_file.empty();
     if (chat_mode) {
       if (o->messages_file.empty()) {
-        if (!o->system.empty()) msgs.push_back({{"role", "system"}, {"content", o->system}});
+        if (system->count() > 0) msgs.push_back({{"role", "system"}, {"content", o->system}});  // "" too
         msgs.push_back({{"role", "user"}, {"content", o->gen.prompt}});
       }
       o->gen.prompt = render_model_chat(s.model, *s.tokenizer, msgs, o->template_file);

@@ -136,12 +136,15 @@ const json* field(const json& body, const char* name) {
   auto it = body.find(name);
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
-double get_number(const json& body, const char* name, double def, double lo, double hi) {
+// above_lo: lo itself is out of range (the message says "above lo", not "between").
+double get_number(const json& body, const char* name, double def, double lo, double hi, bool above_lo = false) {
   const json* v = field(body, name);
   if (!v) return def;
   if (!v->is_number()) bad(name, fmt::format("'{}' must be a number", name));
   double x = v->get<double>();
-  if (!(x >= lo && x <= hi)) bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
+  if (!(x >= lo && x <= hi) || (above_lo && x == lo))
+    bad(name, above_lo ? fmt::format("'{}' must be above {} and at most {}, got {}", name, lo, hi, x)
+                       : fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
   return x;
 }
 int64_t get_int(const json& body, const char* name, int64_t def, int64_t lo, int64_t hi) {
@@ -301,9 +304,8 @@ class Server {
     r.return_token_ids = get_bool(body, "return_token_ids", false);
     auto& p = r.params;
     p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0, 0, 2));
-    const double top_p = get_number(body, "top_p", 1.0, 0, 1);
+    const double top_p = get_number(body, "top_p", 1.0, 0, 1, /*above_lo=*/true);
     p.sampler.top_p = static_cast<float>(top_p);
-    if (top_p <= 0) bad("top_p", "'top_p' must be above 0 and at most 1, got 0");
     if (p.sampler.top_p <= 0) bad("top_p", fmt::format("'top_p' {} rounds to 0 as a 32-bit float", top_p));
     p.sampler.top_k = static_cast<int>(get_int(body, "top_k", 0, 0, 1 << 30));
     // min-p and the repetition penalties (runtime/sampler.h): OpenAI's presence/frequency penalties
@@ -311,9 +313,7 @@ class Server {
     p.sampler.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 0, 1));
     p.sampler.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", 0.0, -2, 2));
     p.sampler.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", 0.0, -2, 2));
-    const double repeat_penalty = get_number(body, "repeat_penalty", 1.0, 0, 1e6);
-    if (!(repeat_penalty > 0)) bad("repeat_penalty", "'repeat_penalty' must be above 0 (1 = off), got 0");
-    p.sampler.repeat_penalty = static_cast<float>(repeat_penalty);
+    p.sampler.repeat_penalty = static_cast<float>(get_number(body, "repeat_penalty", 1.0, 0, 1e6, /*above_lo=*/true));
     p.sampler.penalty_last_n = static_cast<int>(get_int(body, "repeat_last_n", 64, -1, INT32_MAX));
     // No seed, or -1 (llama.cpp's "random"): a random one. Seeds above INT64_MAX (up to 2^64 - 1, as
     // `run --seed` takes) are used as they are.
@@ -788,7 +788,14 @@ class Server {
     svr.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
       // cpp-httplib adds Keep-Alive unless it closes the connection itself; a reply that closes it
       // (HTTP/1.0, an error whose body was not read) must not offer it too.
-      if (res.get_header_value("Connection") == "close") res.headers.erase("Keep-Alive");
+      if (res.get_header_value("Connection") == "close") {
+        res.headers.erase("Keep-Alive");
+        // cpp-httplib adds its own "Connection: close" to ours: one is enough (trial 34 saw two).
+        if (res.headers.count("Connection") > 1) {
+          res.headers.erase("Connection");
+          res.set_header("Connection", "close");
+        }
+      }
       std::lock_guard lock(codes_mu_);
       // Code 0: the client left before its request was complete (cpp-httplib reports the failed
       // read as 400); a timed-out read was answered 408 by the connection layer, which counts it.
@@ -898,11 +905,24 @@ void serve(ServeOptions o) {
     if (!s.tokenizer) fail("--chat-template-file: {}, so it cannot chat", no_tokenizer(s));
     render_model_chat(s.model, *s.tokenizer, json::array({{{"role", "user"}, {"content", "Hello"}}}), o.template_file);
   } else if (s.tokenizer) {  // a model without a template serves completions only: say so at start
+    bool has_template = false;
     try {
       model_chat_template(s.model);
+      has_template = true;
     } catch (const Error& e) {
       std::fprintf(stderr, "note: %s; chat completions will be refused\n", e.what());
     }
+    // The model's own template is the file's business, not refused at start as the operator's
+    // --chat-template-file is; one that fails on a one-message chat (a syntax error fails every
+    // request) is named at start, before clients find out.
+    if (has_template) try {
+        render_model_chat(s.model, *s.tokenizer, json::array({{{"role", "user"}, {"content", "Hello"}}}));
+      } catch (const Error& e) {
+        std::fprintf(stderr,
+                     "warning: the model's chat template fails on a one-message chat (%s); chat completions will likely "
+                     "fail (--chat-template-file gives another template)\n",
+                     e.what());
+      }
   }
   if (o.model_id.empty()) {
     std::filesystem::path p(o.session.model_path);

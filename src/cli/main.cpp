@@ -15,7 +15,8 @@ namespace {
 // CLI11's message, or a plainer one where it names no cause: an unknown or missing command (CLI11:
 // "A subcommand is required") lists the commands; an option given twice (CLI11: "--temp: At Most 1
 // required but received 2") says so. Every option takes one value: a repeat is an error rather than
-// "the last wins", so a script that sets an option twice learns of it.
+// "the last wins", so a script that sets an option twice learns of it. An option without its value
+// says so (CLI11: "--n-predict: 1 required INT:INT>=0 missing").
 std::string parse_error_message(const CLI::App& app, int argc, char** argv, const CLI::ParseError& e) {
   std::string msg = e.what();
   if (app.get_subcommands().empty()) {
@@ -53,6 +54,9 @@ std::string parse_error_message(const CLI::App& app, int argc, char** argv, cons
   static const std::regex kRepeated("(.*): At Most 1 required but received ([0-9]+)");
   if (std::smatch m; std::regex_match(msg, m, kRepeated))
     return fmt::format("{} was given {} times; give it once", m[1].str(), m[2].str());
+  // An option at the end of the line without its value (CLI11: "--n-predict: 1 required INT:INT>=0 missing").
+  static const std::regex kNoValue("(-[^:]*): 1 required .* missing");
+  if (std::smatch m; std::regex_match(msg, m, kNoValue)) return fmt::format("{} needs a value", m[1].str());
   return msg;
 }
 

@@ -198,10 +198,10 @@ std::string render_model_chat(const ModelFile& model, const Tokenizer& tokenizer
   return render_chat_template(source, messages, chat_options_for(model, tokenizer));
 }
 
-ChatConversation::ChatConversation(Session& session, std::string template_source, std::string system_prompt)
+ChatConversation::ChatConversation(Session& session, std::string template_source, std::optional<std::string> system_prompt)
     : session_(session), template_(std::move(template_source)) {
   if (!session_.tokenizer) fail("chat: the session has no tokenizer");
-  if (!system_prompt.empty()) messages_.push_back({{"role", "system"}, {"content", std::move(system_prompt)}});
+  if (system_prompt) messages_.push_back({{"role", "system"}, {"content", std::move(*system_prompt)}});
 }
 
 void ChatConversation::reset() {

@@ -9,6 +9,7 @@
 #pragma once
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "model/model_file.h"
@@ -67,7 +68,9 @@ std::string render_model_chat(const ModelFile& model, const Tokenizer& tokenizer
 // when the new prompt does not extend it, e.g. when a reply re-tokenizes differently).
 class ChatConversation {
  public:
-  ChatConversation(Session& session, std::string template_source, std::string system_prompt = "");
+  // system_prompt: the system message at the start; nullopt = none (the template may write its own
+  // default, as SmolLM2's does); "" = an empty one (which suppresses such a default).
+  ChatConversation(Session& session, std::string template_source, std::optional<std::string> system_prompt = std::nullopt);
   // Adds the user's turn, generates the assistant's reply (streamed to on_text; it stops at
   // EOS/EOT) and adds the reply as the assistant's turn. Throws mk::Error when the conversation no
   // longer fits the context.

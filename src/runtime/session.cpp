@@ -238,6 +238,10 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   r.stop_reason = "n_new";
   auto t1 = clock::now();
   for (int i = 0; i < o.n_new; ++i) {
+    if (o.interrupt && o.interrupt->load()) {
+      r.stop_reason = "interrupted";
+      break;
+    }
     // Every backend's row goes through this check: a NaN/inf row is an error naming where it
     // appeared, never a token chosen by where the bad value sits.
     const std::string where = fmt::format("generation step {} (position {})", i, s.n_past - 1);

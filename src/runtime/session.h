@@ -1,6 +1,7 @@
 // A Session holds one loaded model, its tokenizer, its compiled graph and a backend with a KV cache.
 // generate() runs prompt + decode steps; one graph/program serves the whole generation.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -89,12 +90,15 @@ struct GenerateOptions {
   // its own special tokens, as Hugging Face's apply_chat_template does). Special tokens written in
   // the prompt text are always parsed.
   bool add_bos = true;
+  // When set and true, generation stops before the next token (stop_reason "interrupted"): `chat`
+  // sets it from SIGINT so that Ctrl-C ends the reply, not the conversation.
+  const std::atomic<bool>* interrupt = nullptr;
 };
 
 struct GenerateResult {
   std::vector<int32_t> prompt_ids, generated_ids;
   std::string text;         // generated text only, valid UTF-8
-  std::string stop_reason;  // "eos", "n_new", "context"
+  std::string stop_reason;  // "eos", "n_new", "context", "interrupted"
   double prompt_ms = 0, generation_ms = 0;
   int n_decode_steps = 0;
   double prompt_ms_per_token() const { return prompt_ids.empty() ? 0 : prompt_ms / static_cast<double>(prompt_ids.size()); }

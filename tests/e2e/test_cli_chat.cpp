@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -57,6 +58,35 @@ TEST(E2EChatCli, ChatAndMessagesRenderTheTemplate) {
   out = run_cli("run -m " + kDir + " --chat -p hi", &status);  // the fixture has no template
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("no chat template"), std::string::npos) << out;
+}
+
+// `--system ""` is an empty system message, not none: a template that writes its own default system
+// prompt without one (SmolLM2's) must render the empty one asked for (it was ignored; trial 34).
+TEST(E2EChatCli, EmptySystemIsASystemMessage) {
+  const auto tpl = std::filesystem::path(::testing::TempDir()) / ("mk_default_system_" + std::to_string(getpid()) + ".jinja");
+  std::ofstream(tpl) << "{% if messages[0]['role'] != 'system' %}[default system]{% endif %}"
+                        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>";
+  int status = 0;
+  std::string out = run_cli("run --json --temp 0 -n 1 -m " + kDir + " --chat-template-file " + tpl.string() +
+                                " --chat -p hi --system ''", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["rendered"], "<system><user>hi<assistant>");
+  out = run_cli("run --json --temp 0 -n 1 -m " + kDir + " --chat-template-file " + tpl.string() + " --chat -p hi", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["rendered"], "[default system]<user>hi<assistant>");
+  std::filesystem::remove(tpl);
+}
+
+// `chat -z`: a llama2.c checkpoint (or a synthetic model) with its tokenizer given, as `run` and
+// `serve` take it; the error for a missing tokenizer advised -z, which `chat` did not have (trial 34).
+TEST(E2EChatCli, ChatTakesATokenizer) {
+  int status = 0;
+  const std::string stories = std::string(MK_SHARED_DIR) + "/models/stories260K/";
+  const std::string cmd = "printf 'Hello\n' | " + std::string(MK_CLI_PATH) + " chat --temp 0 -n 3 -m synth:stories260k -z " +
+                          stories + "tok512.bin --chat-template-file " + kTemplate + " 2>&1";
+  const std::string out = mk::test::run_shell(cmd, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;  // one reply line
 }
 
 TEST(E2EChatCli, InteractiveChatKeepsTheConversation) {
@@ -198,6 +228,34 @@ TEST(E2EChatConversation, SecondTurnMatchesAFreshSession) {
   const mk::GenerateResult want = mk::generate(fresh, g2);
   EXPECT_EQ(second.generated_ids, want.generated_ids);
   EXPECT_EQ(second.text, want.text);
+}
+
+
+// GenerateOptions::interrupt (what `chat` sets from Ctrl-C) ends a reply before its next token:
+// at once when already set, after the token whose callback set it otherwise.
+TEST(E2EChatConversation, InterruptEndsTheReply) {
+  mk::SessionOptions so;
+  so.model_path = kDir;
+  so.backend = "cpu";
+  mk::Session s(so);
+  std::atomic<bool> stop{true};
+  mk::GenerateOptions g;
+  g.prompt = "Hello";
+  g.n_new = 8;
+  g.ignore_eos = true;
+  g.sampler.temperature = 0;
+  g.interrupt = &stop;
+  mk::GenerateResult r = mk::generate(s, g);
+  EXPECT_EQ(r.stop_reason, "interrupted");
+  EXPECT_TRUE(r.generated_ids.empty());
+  stop = false;
+  s.reset();
+  int n = 0;
+  r = mk::generate(s, g, {}, [&](int32_t) {
+    if (++n == 3) stop = true;
+  });
+  EXPECT_EQ(r.stop_reason, "interrupted");
+  EXPECT_EQ(r.generated_ids.size(), 3u);
 }
 
 }  // namespace

@@ -180,6 +180,10 @@ TEST(E2ECliUsage, UnknownCommandAndRepeatedOptionAreNamed) {
     EXPECT_TRUE(has(r.err, "error: " + opt + " was given 2 times; give it once")) << args << ": " << r.err;
     EXPECT_FALSE(has(r.err, "At Most")) << r.err;
   }
+  // An option at the end without its value (CLI11: "--n-predict: 1 required INT:INT>=0 missing").
+  r = cli("run -m synth:tiny --ids 1 -n");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(has(r.err, "error: --n-predict needs a value (see --help)")) << r.err;
   // An error inside a command keeps CLI11's words where they name the cause.
   r = cli("run -m synth:tiny --ids 1 extra");
   EXPECT_EQ(r.status, 2);

@@ -415,7 +415,9 @@ TEST(Sampler, MinPDrawsOnlyTokensNearTheBest) {
         }
         EXPECT_EQ(outside, 0) << "temp " << temp << " min_p " << min_p << " top_k " << top_k;
         EXPECT_EQ(off, 0) << "temp " << temp << " min_p " << min_p << " top_k " << top_k;
-        if (min_p == 1.0f) EXPECT_EQ(got[static_cast<size_t>(order[0])], draws);  // only the best
+        if (min_p == 1.0f) {
+          EXPECT_EQ(got[static_cast<size_t>(order[0])], draws);  // only the best
+        }
         if (top_k) {  // the candidates' path draws what the row's does
           const TopKRow c = topk_row(row, kTopK);
           Sampler full(so), top(so);

@@ -198,6 +198,8 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt, "max_tokens": 4, "max_completion_tokens": 5}, 400, "max_tokens",
                  what="max_tokens and max_completion_tokens that differ")
     expect_error(srv, {"prompt": prompt, "top_p": -1}, 400, "top_p", what="negative top_p")
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "top_p": 2})
+    check(st == 400 and "'top_p' must be above 0 and at most 1, got 2" in text, f"top_p 2: the range says 0 is out ({text[:120]})")
     expect_error(srv, {"prompt": prompt, "top_k": -1}, 400, "top_k", what="negative top_k")
     expect_error(srv, {"prompt": prompt, "stop": [1]}, 400, "stop", what="stop of the wrong type")
     expect_error(srv, {"prompt": prompt, "stream": "yes"}, 400, "stream")
@@ -295,6 +297,7 @@ def stories_checks():
     head = sock.recv(4096).decode(errors="replace")
     sock.close()
     check(head.startswith("HTTP/1.1 411"), f"a POST without Content-Length: 411 at once, got {head[:40]!r}")
+    check(head.lower().count("\r\nconnection:") == 1, f"the 411 carries one Connection header (trial 34 saw two): {head!r}")
     for head, want, what in [(b"Content-Length: -5\r\n", 400, "a negative Content-Length"),
                              (b"Content-Length: 2\r\nContent-Length: 5\r\n", 400, "two Content-Length headers"),
                              (b"Content-Length: 99999999999999999999\r\n", 413, "a Content-Length past 64 bits")]:

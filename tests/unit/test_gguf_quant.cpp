@@ -202,4 +202,6 @@ TEST(GgufQuantCli, InfoShowsBytesPerType) {
   EXPECT_NE(out.find("q6_K  1 tensor, 4096 elements, 3360 bytes (6.56 bits per weight)"), std::string::npos) << out;
   EXPECT_NE(out.find("f32   1 tensor, 256 elements, 1024 bytes (32.00 bits per weight)"), std::string::npos) << out;
   EXPECT_NE(out.find("blk.0.attn_q.weight"), std::string::npos) << out;
+  // A file whose graph cannot be built (k, v, o ... are missing) still lists its tensors, and says why.
+  EXPECT_NE(out.find("\ngraph:        cannot be built: " + path + ": missing tensor blk.0.attn_k.weight\n"), std::string::npos) << out;
 }
