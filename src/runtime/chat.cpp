@@ -228,6 +228,7 @@ GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOpt
     o.prompt.clear();
     o.echo_prompt = false;
     o.prompt_ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(cached_.size()), ids.end());
+    o.penalty_context = cached_;  // the earlier turns, already in the KV cache
     r = generate(session_, o, on_text);
   } catch (...) {
     messages_.erase(messages_.size() - 1);

@@ -197,7 +197,8 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
              ? "use a shorter prompt (the context is already the model's training context, the largest -c)"
              : "use a shorter prompt or a larger -c");
   Sampler sampler(o.sampler);
-  for (int32_t t : r.prompt_ids) sampler.accept(t);  // the penalty window starts with the prompt (llama.cpp's)
+  for (int32_t t : o.penalty_context) sampler.accept(t);  // the penalty window: what came before,
+  for (int32_t t : r.prompt_ids) sampler.accept(t);       // then the prompt (llama.cpp's)
   Utf8Stream utf8;
   auto emit = [&](const std::string& bytes) {
     std::string t = utf8.push(bytes);

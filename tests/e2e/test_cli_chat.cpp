@@ -228,6 +228,29 @@ TEST(E2EChatConversation, SecondTurnMatchesAFreshSession) {
   const mk::GenerateResult want = mk::generate(fresh, g2);
   EXPECT_EQ(second.generated_ids, want.generated_ids);
   EXPECT_EQ(second.text, want.text);
+
+  // With repetition penalties the second turn's window holds the first turn too (the KV cache's
+  // tokens), as when the whole conversation is the prompt (serve's chat): the same tokens. On
+  // stories260K (this fixture's random replies never repeat a token, so no penalty would show).
+  mk::SessionOptions sso;
+  sso.model_path = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
+  sso.backend = "cpu";
+  mk::Session stories(sso), stories_fresh(sso);
+  mk::ChatConversation story_chat(stories, ss.str(), std::nullopt);
+  mk::GenerateOptions gp = g;
+  gp.n_new = 24;
+  gp.sampler.repeat_penalty = 1.3f;
+  gp.sampler.frequency_penalty = 1.0f;
+  gp.sampler.penalty_last_n = -1;
+  story_chat.reply("Once upon a time", gp);
+  const mk::GenerateResult penalized = story_chat.reply("The little dog", gp);
+  history = story_chat.messages();
+  history.erase(history.size() - 1);
+  mk::GenerateOptions gp2 = gp;
+  gp2.prompt = mk::render_model_chat(stories_fresh.model, *stories_fresh.tokenizer, history, kTemplate);
+  gp2.add_bos = false;
+  EXPECT_EQ(penalized.generated_ids, mk::generate(stories_fresh, gp2).generated_ids);
+  EXPECT_GT(penalized.generated_ids.size(), 10u);
 }
 
 
