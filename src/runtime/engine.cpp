@@ -408,7 +408,7 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   // top_k <= kTopK: the backend returns each row's kTopK best candidates (16 + 8 * kTopK bytes).
   bool all_greedy = paged_ && !wanted.empty(), all_top = all_greedy;
   for (Seq* s : wanted) {
-    all_greedy &= s->params.sampler.temperature == 0 && !s->sampler.penalizes();
+    all_greedy &= s->sampler.decides_by_argmax();
     all_top &= s->sampler.covered_by(kTopK, n_vocab_);
   }
   all_top &= !all_greedy;

@@ -39,6 +39,9 @@ class Sampler {
   // Whether a penalty is on: then the choice needs the whole row (covered_by is false, and greedy
   // decoding takes the argmax of the penalized row).
   bool penalizes() const;
+  // Whether the token is the argmax of the model's own row (temperature 0 and no penalty), which the
+  // backend's greedy op (forward_greedy, decode_greedy) picks where the logits are.
+  bool decides_by_argmax() const { return o_.temperature == 0 && !penalizes(); }
   // Throws mk::Error when a logit is NaN or infinite (see check_finite_logits): such a row has no
   // meaningful distribution, and which token "wins" would depend on where the bad value sits.
   int32_t sample(std::span<const float> logits);

@@ -213,7 +213,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   // row's best candidates, computed where the logits are (on a GPU 16 or 16 + 8 * kTopK bytes per
   // step come back instead of the logits); other sampling (top_k 0 or > kTopK) needs the whole row.
   // Penalties change the row first: greedy then takes the argmax of the whole penalized row.
-  const bool greedy = o.sampler.temperature == 0 && !sampler.penalizes();
+  const bool greedy = sampler.decides_by_argmax();
   const bool top = !greedy && sampler.covered_by(kTopK, s.hparams.n_vocab);
   GreedyRow g;
   // Greedy decoding takes backend->decode_steps() rows per call (a GPU issues those steps before it

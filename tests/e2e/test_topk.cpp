@@ -71,6 +71,28 @@ void expect_same(const TopKRow& got, const TopKRow& want, const std::string& whe
   EXPECT_EQ(std::bit_cast<uint32_t>(got.first_value), std::bit_cast<uint32_t>(want.first_value)) << where;
 }
 
+// `draws` samples of `s` on `row` against the probabilities `want` (0: must never be drawn): how
+// many draws fell on a token outside `want`, and how many tokens' counts lie more than 5 standard
+// deviations (+1) from their binomial mean.
+struct DrawCheck {
+  int outside = 0, off = 0;
+  std::vector<int> got;  // draws per token
+};
+DrawCheck draw_and_compare(Sampler& s, const std::vector<float>& row, const std::vector<double>& want, int draws) {
+  DrawCheck c;
+  c.got.assign(row.size(), 0);
+  for (int d = 0; d < draws; ++d) ++c.got[static_cast<size_t>(s.sample(row))];
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (want[i] == 0) {
+      c.outside += c.got[i];
+      continue;
+    }
+    const double mean = draws * want[i], sd = std::sqrt(draws * want[i] * (1 - want[i]));
+    if (std::abs(c.got[i] - mean) > 5 * sd + 1) ++c.off;
+  }
+  return c;
+}
+
 class E2ETopK : public ::testing::TestWithParam<std::string> {};
 
 // Short rows (40 values, fewer than k = 64): every non-NaN value comes back, sorted; the header
@@ -340,10 +362,7 @@ TEST(Sampler, WithoutTopKDrawsTheSoftmaxOfTheNucleus) {
   for (size_t i = 0; i < n; ++i) row[i] = i % 97 == 5 ? 4.0f + 0.25f * static_cast<float>(i % 5) : normal(rng);
   for (float temp : {1.0f, 0.6f})
     for (float top_p : {1.0f, 0.9f, 0.5f}) {
-      std::vector<int32_t> order(n);
-      std::iota(order.begin(), order.end(), 0);
-      std::sort(order.begin(), order.end(),
-                [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      const std::vector<int32_t> order = host_sort(row, static_cast<int64_t>(n)).ids;
       std::vector<double> p(n);
       double sum = 0;
       for (size_t i = 0; i < n; ++i) sum += (p[i] = std::exp((row[i] - row[order[0]]) / temp));
@@ -356,20 +375,9 @@ TEST(Sampler, WithoutTopKDrawsTheSoftmaxOfTheNucleus) {
       }
       for (auto& x : want) x /= kept;
       Sampler s({temp, 0, top_p, 77});
-      const int draws = 30000;
-      std::vector<int> got(n, 0);
-      for (int d = 0; d < draws; ++d) ++got[static_cast<size_t>(s.sample(row))];
-      int outside = 0, off = 0;
-      for (size_t i = 0; i < n; ++i) {
-        if (want[i] == 0) {
-          outside += got[i];
-          continue;
-        }
-        const double mean = draws * want[i], sd = std::sqrt(draws * want[i] * (1 - want[i]));
-        if (std::abs(got[i] - mean) > 5 * sd + 1) ++off;
-      }
-      EXPECT_EQ(outside, 0) << "temp " << temp << " top_p " << top_p;
-      EXPECT_EQ(off, 0) << "temp " << temp << " top_p " << top_p;
+      const DrawCheck c = draw_and_compare(s, row, want, 30000);
+      EXPECT_EQ(c.outside, 0) << "temp " << temp << " top_p " << top_p;
+      EXPECT_EQ(c.off, 0) << "temp " << temp << " top_p " << top_p;
     }
 }
 
@@ -387,10 +395,7 @@ TEST(Sampler, MinPDrawsOnlyTokensNearTheBest) {
   for (float temp : {1.0f, 0.7f})
     for (float min_p : {0.05f, 0.3f, 1.0f})
       for (int top_k : {0, 40}) {
-        std::vector<int32_t> order(n);
-        std::iota(order.begin(), order.end(), 0);
-        std::sort(order.begin(), order.end(),
-                  [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        const std::vector<int32_t> order = host_sort(row, static_cast<int64_t>(n)).ids;
         std::vector<double> want(n, 0.0);
         double kept = 0;
         for (size_t r = 0; r < (top_k ? static_cast<size_t>(top_k) : n); ++r) {
@@ -402,21 +407,11 @@ TEST(Sampler, MinPDrawsOnlyTokensNearTheBest) {
         so.min_p = min_p;
         Sampler s(so);
         const int draws = 20000;
-        std::vector<int> got(n, 0);
-        for (int d = 0; d < draws; ++d) ++got[static_cast<size_t>(s.sample(row))];
-        int outside = 0, off = 0;
-        for (size_t i = 0; i < n; ++i) {
-          if (want[i] == 0) {
-            outside += got[i];
-            continue;
-          }
-          const double mean = draws * want[i], sd = std::sqrt(draws * want[i] * (1 - want[i]));
-          if (std::abs(got[i] - mean) > 5 * sd + 1) ++off;
-        }
-        EXPECT_EQ(outside, 0) << "temp " << temp << " min_p " << min_p << " top_k " << top_k;
-        EXPECT_EQ(off, 0) << "temp " << temp << " min_p " << min_p << " top_k " << top_k;
+        const DrawCheck c = draw_and_compare(s, row, want, draws);
+        EXPECT_EQ(c.outside, 0) << "temp " << temp << " min_p " << min_p << " top_k " << top_k;
+        EXPECT_EQ(c.off, 0) << "temp " << temp << " min_p " << min_p << " top_k " << top_k;
         if (min_p == 1.0f) {
-          EXPECT_EQ(got[static_cast<size_t>(order[0])], draws);  // only the best
+          EXPECT_EQ(c.got[static_cast<size_t>(order[0])], draws);  // only the best
         }
         if (top_k) {  // the candidates' path draws what the row's does
           const TopKRow c = topk_row(row, kTopK);
