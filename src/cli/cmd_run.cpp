@@ -36,7 +36,12 @@ void add_run_command(CLI::App& app) {
       ->check(integer_range(0, 64));
   cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file");
   cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
-  cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");
+  auto* json_flag = cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");
+  cmd->add_option("--logprobs", o->gen.logprobs,
+                  "with --json: each generated token's log-probability (the model's own, before temperature and "
+                  "penalties) and the N most likely tokens")
+      ->check(integer_range(0, kMaxTopLogprobs))
+      ->needs(json_flag);
   auto* messages = cmd->add_option("--messages", o->messages_file,
                                    "chat: a JSON file with [{\"role\": .., \"content\": ..}, ...], rendered by the model's template");
   auto* chat = cmd->add_flag("--chat", o->chat, "chat: the prompt (-p) is one user turn, rendered by the model's template");
@@ -81,6 +86,19 @@ void add_run_command(CLI::App& app) {
       j["prompt_ids"] = r.prompt_ids;
       j["generated_ids"] = r.generated_ids;
       j["text"] = r.text;
+      if (o->gen.logprobs >= 0) {  // token: its bytes in context, as text (part of a character: U+FFFD)
+        auto entry = [](const TokenLogprob& t) {
+          return nlohmann::ordered_json{{"id", t.id}, {"token", t.bytes}, {"logprob", t.logprob}};
+        };
+        nlohmann::ordered_json lps = nlohmann::ordered_json::array();
+        for (const GeneratedLogprob& g : r.logprobs) {
+          nlohmann::ordered_json e = entry(g.token), top = nlohmann::ordered_json::array();
+          for (const TokenLogprob& t : g.top) top.push_back(entry(t));
+          e["top_logprobs"] = std::move(top);
+          lps.push_back(std::move(e));
+        }
+        j["logprobs"] = std::move(lps);
+      }
       // No decode step (-n 0, or the one token from the prompt's step): no rate, not an "infinitely fast" 0.
       if (r.n_decode_steps > 0) j["ms_per_token"] = r.ms_per_token();
       else j["ms_per_token"] = nullptr;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -259,15 +260,25 @@ class Server {
     ParsedRequest r;
     if (const json* m = field(body, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
     if (get_int(body, "n", 1, 1, 1) != 1) bad("n", "only n = 1 is supported");
-    if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
-      bad("logprobs", "logprobs are not supported");
+    // Log-probabilities (runtime/engine.h GeneratedLogprob): chat asks with "logprobs": true and
+    // "top_logprobs": n alternatives; completions with "logprobs": n (OpenAI allows 5, here as many
+    // as chat's 20). Off: absent, null or false.
+    if (chat) {
+      const bool on = get_bool(body, "logprobs", false);
+      const int64_t top = get_int(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
+      if (top > 0 && !on) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      r.params.logprobs = on ? static_cast<int>(top) : -1;
+    } else if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>())) {
+      if (lp->is_boolean()) bad("logprobs", "'logprobs' must be an integer (the number of alternatives per token)");
+      r.params.logprobs = static_cast<int>(get_int(body, "logprobs", -1, 0, kMaxTopLogprobs));
+    }
     // Fields that would change the result are refused unless they hold their neutral value (clients
     // often send the defaults), rather than silently ignored.
     auto neutral = [](const json& v) {
       return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0) ||
              (v.is_string() && v.get<std::string>().empty()) || ((v.is_object() || v.is_array()) && v.empty());
     };
-    for (const char* name : {"echo", "suffix", "logit_bias", "top_logprobs", "tools", "functions", "prediction", "audio",
+    for (const char* name : {"echo", "suffix", "logit_bias", "tools", "functions", "prediction", "audio",
                              // llama.cpp server's samplers (0 = off)
                              "mirostat", "dry_multiplier", "xtc_probability", "n_probs", "grammar", "json_schema"})
       if (const json* v = field(body, name); v && !neutral(*v)) bad(name, fmt::format("'{}' is not supported", name));
@@ -450,6 +461,48 @@ class Server {
             {"total_tokens", out.n_prompt + out.n_generated}};
   }
 
+  // OpenAI's logprobs object for generated tokens. Chat: {"content": [{token, logprob, bytes,
+  // top_logprobs: [{token, logprob, bytes}]}], "refusal": null}. Completions: {tokens, token_logprobs,
+  // top_logprobs (per token an object from token text to logprob: the alternatives and the chosen
+  // token, so up to n + 1), text_offset (characters into the completion's text)}. A token's text is
+  // its bytes in context, invalid UTF-8 (part of a character) shown as U+FFFD; `offset` carries the
+  // text offset across a stream's chunks.
+  static json logprobs_json(const std::vector<GeneratedLogprob>& lps, bool chat, int64_t& offset) {
+    auto bytes = [](const std::string& b) {
+      json a = json::array();
+      for (unsigned char c : b) a.push_back(c);
+      return a;
+    };
+    if (chat) {
+      json content = json::array();
+      for (const auto& g : lps) {
+        json top = json::array();
+        for (const auto& t : g.top) top.push_back({{"token", t.bytes}, {"logprob", t.logprob}, {"bytes", bytes(t.bytes)}});
+        content.push_back({{"token", g.token.bytes},
+                           {"logprob", g.token.logprob},
+                           {"bytes", bytes(g.token.bytes)},
+                           {"top_logprobs", std::move(top)}});
+      }
+      return {{"content", std::move(content)}, {"refusal", nullptr}};
+    }
+    json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), text_offset = json::array();
+    for (const auto& g : lps) {
+      tokens.push_back(g.token.bytes);
+      token_logprobs.push_back(g.token.logprob);
+      json top = json::object();
+      for (const auto& t : g.top)
+        if (!top.contains(t.bytes)) top[t.bytes] = t.logprob;  // tokens of the same text: the likelier
+      if (!top.contains(g.token.bytes)) top[g.token.bytes] = g.token.logprob;
+      top_logprobs.push_back(std::move(top));
+      text_offset.push_back(offset);
+      for (unsigned char c : g.token.bytes) offset += (c & 0xC0) != 0x80;  // characters: lead bytes
+    }
+    return {{"tokens", std::move(tokens)},
+            {"token_logprobs", std::move(token_logprobs)},
+            {"top_logprobs", std::move(top_logprobs)},
+            {"text_offset", std::move(text_offset)}};
+  }
+
   json chunk(const std::string& id, bool chat, int64_t created, json choice) {
     return {{"id", id},
             {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -482,7 +535,8 @@ class Server {
           choice["message"] = {{"role", "assistant"}, {"content", out.text}};
         else
           choice["text"] = out.text;
-        choice["logprobs"] = nullptr;
+        int64_t offset = 0;
+        choice["logprobs"] = pr.params.logprobs >= 0 ? logprobs_json(out.logprobs, chat, offset) : json(nullptr);
         choice["finish_reason"] = finish_name(out.finish);
         if (pr.return_token_ids) choice["token_ids"] = out.token_ids;
         return json{{"id", id},
@@ -553,6 +607,14 @@ class Server {
             return false;
           }
           RequestOutput all;
+          std::vector<GeneratedLogprob> lps;  // of tokens whose chunk has not gone out yet
+          int64_t offset = 0;
+          auto take_logprobs = [&]() -> json {
+            if (pr.params.logprobs < 0 || lps.empty()) return nullptr;
+            json j = logprobs_json(lps, chat, offset);
+            lps.clear();
+            return j;
+          };
           for (;;) {
             RequestOutput out;
             if (!req->wait(out, heartbeat_every_)) {
@@ -567,13 +629,14 @@ class Server {
               continue;
             }
             all.token_ids.insert(all.token_ids.end(), out.token_ids.begin(), out.token_ids.end());
+            std::move(out.logprobs.begin(), out.logprobs.end(), std::back_inserter(lps));
             if (!out.text.empty() || (!out.token_ids.empty() && pr.return_token_ids)) {
               json c = {{"index", 0}};
               if (chat)
                 c["delta"] = {{"content", out.text}};
               else
                 c["text"] = out.text;
-              c["logprobs"] = nullptr;
+              c["logprobs"] = take_logprobs();
               c["finish_reason"] = nullptr;
               if (pr.return_token_ids) c["token_ids"] = out.token_ids;
               if (!send(ck(c))) {
@@ -591,7 +654,7 @@ class Server {
                 c["delta"] = json::object();
               else
                 c["text"] = "";
-              c["logprobs"] = nullptr;
+              c["logprobs"] = take_logprobs();  // tokens whose text was held back (a stop string)
               c["finish_reason"] = finish_name(out.finish);
               send(ck(c));
               if (pr.include_usage) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "ir/topk.h"
 #include "support/error.h"
@@ -83,8 +84,10 @@ bool Request::wait(RequestOutput& out, std::chrono::milliseconds timeout) {
   if (!cv_.wait_for(lock, timeout, has_news)) return false;
   out.text += pending_.text;
   out.token_ids.insert(out.token_ids.end(), pending_.token_ids.begin(), pending_.token_ids.end());
+  std::move(pending_.logprobs.begin(), pending_.logprobs.end(), std::back_inserter(out.logprobs));
   pending_.text.clear();
   pending_.token_ids.clear();
+  pending_.logprobs.clear();
   if (pending_.done) {
     out.done = true;
     out.finish = pending_.finish;
@@ -113,6 +116,7 @@ struct Engine::Seq {
   std::string text;  // generated text so far (valid UTF-8)
   size_t sent = 0;   // text[0, sent) has been published
   std::vector<int32_t> new_ids;
+  std::vector<GeneratedLogprob> new_logprobs;  // of new_ids, when params.logprobs >= 0
   clock::time_point submitted, deadline = clock::time_point::max(), last_token;
   double ttft_ms = 0;
   bool finished = false;
@@ -163,6 +167,8 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   if (p.max_tokens > o_.n_ctx - n_prompt)
     invalid("max_tokens", "the context is {} tokens, but {} in the prompt + {} max_tokens do not fit; lower max_tokens", o_.n_ctx,
          n_prompt, p.max_tokens);
+  if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs)
+    invalid("logprobs", "logprobs must be between 0 and {} alternatives, got {}", kMaxTopLogprobs, p.logprobs);
   auto seq = std::make_unique<Seq>(std::move(p));  // Sampler checks temperature/top_k/top_p
   seq->n_prompt = n_prompt;
   seq->max_tokens = seq->params.max_tokens < 0 ? o_.n_ctx - n_prompt : seq->params.max_tokens;
@@ -220,6 +226,8 @@ void Engine::publish(Seq& s, bool final) {
   }
   p.token_ids.insert(p.token_ids.end(), s.new_ids.begin(), s.new_ids.end());
   s.new_ids.clear();
+  std::move(s.new_logprobs.begin(), s.new_logprobs.end(), std::back_inserter(p.logprobs));
+  s.new_logprobs.clear();
 }
 
 void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
@@ -265,6 +273,12 @@ Engine::Choice Engine::choose(Seq& s, std::span<const float> logits, const Greed
     } else {
       check_finite_logits(logits, where);
       c.id = s.sampler.sample(logits);
+      if (s.params.logprobs >= 0) {
+        const int32_t prev = s.tokens.back();
+        c.lp = generated_logprob(logits, c.id, s.params.logprobs, [&](int32_t t) {
+          return tok_ ? tok_->token_bytes(prev, t) : std::string();
+        });
+      }
     }
   } catch (const Error& e) {
     c.error = e.what();
@@ -302,6 +316,7 @@ bool Engine::emit(Seq& s, const Choice& c, clock::time_point now) {
     std::lock_guard lock(mu_);
     ++stats_.generated_tokens;
   }
+  if (s.params.logprobs >= 0) s.new_logprobs.push_back(c.lp);
   if (tok_) s.text += s.utf8.push(tok_->token_bytes(prev, next));
   StopScan scan = scan_stop_strings(s.text, s.params.stop);
   if (scan.found != std::string::npos) {
@@ -408,8 +423,8 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   // top_k <= kTopK: the backend returns each row's kTopK best candidates (16 + 8 * kTopK bytes).
   bool all_greedy = paged_ && !wanted.empty(), all_top = all_greedy;
   for (Seq* s : wanted) {
-    all_greedy &= s->sampler.decides_by_argmax();
-    all_top &= s->sampler.covered_by(kTopK, n_vocab_);
+    all_greedy &= s->sampler.decides_by_argmax() && s->params.logprobs < 0;
+    all_top &= s->sampler.covered_by(kTopK, n_vocab_) && s->params.logprobs < 0;
   }
   all_top &= !all_greedy;
   try {

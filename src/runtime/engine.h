@@ -50,6 +50,10 @@ struct RequestParams {
   std::vector<std::string> stop;  // stop strings: generation ends before the first occurrence in the text
   bool ignore_eos = false;
   std::chrono::milliseconds timeout{0};  // from submit() to the end; 0 = none
+  // -1: none. n in [0, kMaxTopLogprobs]: each generated token's log-probability and the n most likely
+  // tokens at its position (RequestOutput::logprobs, runtime/sampler.h GeneratedLogprob). Such a request is sampled from the whole
+  // logits row (not the backend's greedy or top-k ops).
+  int logprobs = -1;
 };
 
 // "stop": EOS/end of turn or a stop string; "length": max_tokens or the context is full;
@@ -61,6 +65,7 @@ const char* finish_reason_name(FinishReason r);
 struct RequestOutput {
   std::string text;                // valid UTF-8; text that may begin a stop string is held back
   std::vector<int32_t> token_ids;  // generated ids (EOS not included)
+  std::vector<GeneratedLogprob> logprobs;  // one per token_ids entry when RequestParams::logprobs >= 0
   bool done = false;
   FinishReason finish = FinishReason::none;
   std::string error;
@@ -169,6 +174,7 @@ class Engine {
   struct Choice {
     int32_t id = -1;
     std::string error;
+    GeneratedLogprob lp;  // when the request asks for logprobs
   };
   Choice choose(Seq& s, std::span<const float> logits, const GreedyRow* greedy, const TopKRow* top);
   // The chosen token through EOS, the detokenizer, stop strings and limits; false when s ended.

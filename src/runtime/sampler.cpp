@@ -214,4 +214,40 @@ int32_t Sampler::pick(std::span<const int32_t> idx, std::span<const float> top) 
   return idx[keep - 1];
 }
 
+RowLogprobs row_logprobs(std::span<const float> logits, int n_top) {
+  RowLogprobs r;
+  if (logits.empty()) return r;
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
+  r.log_sum = mx + std::log(sum);
+  const size_t n = std::min(static_cast<size_t>(std::max(n_top, 0)), logits.size());
+  std::vector<int32_t> best;  // a bounded min-heap of the n best so far, worst on top
+  best.reserve(n + 1);
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  for (size_t i = 0; i < logits.size() && n > 0; ++i) {
+    const auto id = static_cast<int32_t>(i);
+    if (best.size() == n && !better(id, best.front())) continue;
+    best.push_back(id);
+    std::push_heap(best.begin(), best.end(), better);
+    if (best.size() > n) {
+      std::pop_heap(best.begin(), best.end(), better);
+      best.pop_back();
+    }
+  }
+  std::sort(best.begin(), best.end(), better);
+  for (int32_t id : best) r.top.emplace_back(id, r.logprob(logits[static_cast<size_t>(id)]));
+  return r;
+}
+
+GeneratedLogprob generated_logprob(std::span<const float> logits, int32_t id, int n_top,
+                                   const std::function<std::string(int32_t)>& bytes_of) {
+  const RowLogprobs r = row_logprobs(logits, n_top);
+  auto entry = [&](int32_t t, double lp) { return TokenLogprob{t, lp, bytes_of ? bytes_of(t) : std::string()}; };
+  GeneratedLogprob g;
+  g.token = entry(id, r.logprob(logits[static_cast<size_t>(id)]));
+  for (const auto& [t, lp] : r.top) g.top.push_back(entry(t, lp));
+  return g;
+}
+
 }  // namespace mk

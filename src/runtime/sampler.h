@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <random>
 #include <span>
 #include <string>
@@ -70,6 +71,36 @@ class Sampler {
   std::deque<int32_t> window_;                // the last penalty_last_n accepted tokens
   std::unordered_map<int32_t, int> counts_;  // occurrences in window_
 };
+
+// A row's log-probabilities: the log-softmax of the logits as the model gives them (no temperature,
+// penalty or top-k/top-p cut; vLLM's "raw logprobs", llama-cpp-python's logprobs). The row must be
+// finite (check_finite_logits first).
+struct RowLogprobs {
+  double log_sum = 0;                          // log(sum_i exp(logits[i])), summed in double
+  std::vector<std::pair<int32_t, double>> top;  // the n_top most likely (id, logprob), by logit descending,
+                                                // ties to the lower id
+  double logprob(float logit) const { return logit - log_sum; }
+};
+RowLogprobs row_logprobs(std::span<const float> logits, int n_top);
+
+// Most alternatives a caller may ask for per generated token; OpenAI's chat API allows 20.
+constexpr int kMaxTopLogprobs = 20;
+
+// One token with its log-probability (RowLogprobs) and its bytes in context (Tokenizer::token_bytes
+// after the token before it; empty without a tokenizer; may be part of a UTF-8 character).
+struct TokenLogprob {
+  int32_t id = -1;
+  double logprob = 0;
+  std::string bytes;
+};
+struct GeneratedLogprob {
+  TokenLogprob token;             // the generated token
+  std::vector<TokenLogprob> top;  // the n_top most likely tokens at its position, as RowLogprobs::top
+};
+// The entry of token `id` chosen from the finite row `logits`; `bytes_of` (may be empty) gives a
+// token's bytes in context.
+GeneratedLogprob generated_logprob(std::span<const float> logits, int32_t id, int n_top,
+                                   const std::function<std::string(int32_t)>& bytes_of = {});
 
 // Index of the largest value; ties go to the lowest index. NaN values never win, wherever they sit;
 // -1 when every value is NaN. (Diagnostics only: generation refuses non-finite rows first.)

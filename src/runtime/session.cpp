@@ -213,8 +213,11 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   // row's best candidates, computed where the logits are (on a GPU 16 or 16 + 8 * kTopK bytes per
   // step come back instead of the logits); other sampling (top_k 0 or > kTopK) needs the whole row.
   // Penalties change the row first: greedy then takes the argmax of the whole penalized row.
-  const bool greedy = sampler.decides_by_argmax();
-  const bool top = !greedy && sampler.covered_by(kTopK, s.hparams.n_vocab);
+  // Log-probabilities are of the whole row.
+  if (o.logprobs < -1 || o.logprobs > kMaxTopLogprobs)
+    fail("logprobs must be between 0 and {} alternatives, got {}", kMaxTopLogprobs, o.logprobs);
+  const bool greedy = sampler.decides_by_argmax() && o.logprobs < 0;
+  const bool top = !greedy && o.logprobs < 0 && sampler.covered_by(kTopK, s.hparams.n_vocab);
   GreedyRow g;
   // Greedy decoding takes backend->decode_steps() rows per call (a GPU issues those steps before it
   // waits): `ahead` holds the rows not used yet, each with the n_past that using it leaves (the
@@ -247,6 +250,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     // appeared, never a token chosen by where the bad value sits.
     const std::string where = fmt::format("generation step {} (position {})", i, s.n_past - 1);
     int32_t next;
+    GeneratedLogprob lp;
     if (greedy) {
       check_finite_count(g.n_nonfinite, g.first_nonfinite, g.first_value, n_vocab, where);
       next = g.id;
@@ -257,12 +261,15 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
       std::span<const float> last(logits.data() + logits.size() - static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab));
       check_finite_logits(last, where);
       next = sampler.sample(last);
+      if (o.logprobs >= 0)
+        lp = generated_logprob(last, next, o.logprobs, [&](int32_t t) { return tok ? tok->token_bytes(prev, t) : std::string(); });
     }
     if (!o.ignore_eos && tok && (tok->is_eos(next) || (s.stop_at_bos && next == tok->bos_id))) {
       r.stop_reason = "eos";
       break;
     }
     r.generated_ids.push_back(next);
+    if (o.logprobs >= 0) r.logprobs.push_back(std::move(lp));
     sampler.accept(next);
     if (on_token) on_token(next);
     if (tok) emit(tok->token_bytes(prev, next));

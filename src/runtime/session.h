@@ -97,10 +97,14 @@ struct GenerateOptions {
   // When set and true, generation stops before the next token (stop_reason "interrupted"): `chat`
   // sets it from SIGINT so that Ctrl-C ends the reply, not the conversation.
   const std::atomic<bool>* interrupt = nullptr;
+  // -1: none. n in [0, kMaxTopLogprobs]: each generated token's log-probability and the n most likely
+  // tokens (GenerateResult::logprobs); the tokens are then chosen from the whole logits row.
+  int logprobs = -1;
 };
 
 struct GenerateResult {
   std::vector<int32_t> prompt_ids, generated_ids;
+  std::vector<GeneratedLogprob> logprobs;  // one per generated id when GenerateOptions::logprobs >= 0
   std::string text;         // generated text only, valid UTF-8
   std::string stop_reason;  // "eos", "n_new", "context", "interrupted"
   double prompt_ms = 0, generation_ms = 0;

@@ -472,5 +472,43 @@ TEST(Sampler, PenaltiesChangeTheWindowsLogits) {
   }
 }
 
+// row_logprobs is the log-softmax of the row: exp of every logprob sums to 1, each equals
+// l - log(sum exp l) computed here in long double, and `top` holds the n best by (logit desc, id asc),
+// ties included, for n = 0, 1, 7 and more than the row; generated_logprob adds the chosen token
+// wherever it sits and each entry's bytes.
+TEST(Sampler, RowLogprobsAreTheLogSoftmax) {
+  const size_t n = 700;
+  std::vector<float> row(n);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (auto& v : row) v = normal(rng) + 40.0f;  // large logits: a naive exp would overflow in float
+  row[100] = row[600] = row[300] = 55.0f;         // a three-way tie at the top, ids out of order
+  long double sum = 0;
+  for (float v : row) sum += std::exp(static_cast<long double>(v) - 55.0L);
+  const long double log_sum = 55.0L + std::log(sum);
+  const std::vector<int32_t> order = host_sort(row, static_cast<int64_t>(n)).ids;
+  for (int n_top : {0, 1, 7, 1000}) {
+    const RowLogprobs r = row_logprobs(row, n_top);
+    EXPECT_NEAR(r.log_sum, static_cast<double>(log_sum), 1e-9);
+    ASSERT_EQ(r.top.size(), std::min<size_t>(static_cast<size_t>(n_top), n)) << n_top;
+    double mass = 0;
+    for (size_t k = 0; k < r.top.size(); ++k) {
+      EXPECT_EQ(r.top[k].first, order[k]) << "n_top " << n_top << " rank " << k;
+      EXPECT_NEAR(r.top[k].second, static_cast<double>(row[static_cast<size_t>(order[k])] - log_sum), 1e-9);
+      mass += std::exp(r.top[k].second);
+    }
+    if (n_top >= static_cast<int>(n)) EXPECT_NEAR(mass, 1.0, 1e-9);
+  }
+  EXPECT_EQ(row_logprobs(row, 3).top[0].first, 100);  // ties to the lower id
+  const GeneratedLogprob g = generated_logprob(row, 5, 2, [](int32_t t) { return "t" + std::to_string(t); });
+  EXPECT_EQ(g.token.id, 5);
+  EXPECT_EQ(g.token.bytes, "t5");
+  EXPECT_NEAR(g.token.logprob, static_cast<double>(row[5] - log_sum), 1e-9);
+  ASSERT_EQ(g.top.size(), 2u);
+  EXPECT_EQ(g.top[1].id, 300);
+  EXPECT_EQ(g.top[1].bytes, "t300");
+  EXPECT_TRUE(generated_logprob(row, 5, 2).token.bytes.empty());
+}
+
 }  // namespace
 }  // namespace mk

@@ -218,6 +218,29 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt, "repeat_penalty": 0}, 400, "repeat_penalty", what="repeat_penalty 0")
     expect_error(srv, {"prompt": prompt, "repeat_last_n": -2}, 400, "repeat_last_n", what="repeat_last_n -2")
     expect_error(srv, {"prompt": prompt, "min_p": 1.5}, 400, "min_p", what="min_p 1.5")
+    # Log-probabilities: the model's own, as `run --logprobs` gives them; the tokens add up to the text.
+    ref_lp = run_cli(STORIES, prompt, 20, "--temp", "0", "--logprobs", "3")
+    r = c.completions.create(model="x", prompt=prompt, max_tokens=20, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    want_tops = [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in ref_lp["logprobs"]]
+    check(r.choices[0].text == ref_lp["text"] and "".join(lp.tokens) == r.choices[0].text
+          and len(lp.token_logprobs) == len(ref_lp["generated_ids"])
+          and all(abs(a - e["logprob"]) < 1e-4 for a, e in zip(lp.token_logprobs, ref_lp["logprobs"]))
+          and all(got.keys() == want.keys() and all(abs(got[k] - want[k]) < 1e-4 for k in want)
+                  for got, want in zip(lp.top_logprobs, want_tops))
+          and lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))],
+          "completion logprobs=3 equal `run --logprobs 3` (tokens, logprobs, alternatives, text offsets)")
+    check(all(x <= 0 for x in lp.token_logprobs) and all(abs(max(t.values()) - x) < 1e-9 for t, x in zip(lp.top_logprobs, lp.token_logprobs)),
+          "greedy: each chosen token is the likeliest, logprobs <= 0")
+    streamed_lp = [ch.choices[0].logprobs for ch in c.completions.create(
+        model="x", prompt=prompt, max_tokens=20, temperature=0, logprobs=3, stream=True) if ch.choices and ch.choices[0].logprobs]
+    check(sum((x.tokens for x in streamed_lp), []) == lp.tokens and sum((x.text_offset for x in streamed_lp), []) == lp.text_offset
+          and sum((x.token_logprobs for x in streamed_lp), []) == lp.token_logprobs,
+          f"streamed logprobs ({len(streamed_lp)} chunks) equal the non-streamed ones")
+    r = c.completions.create(model="x", prompt=prompt, max_tokens=20, temperature=0)
+    check(r.choices[0].logprobs is None, "no logprobs asked: logprobs null")
+    expect_error(srv, {"prompt": prompt, "logprobs": 21}, 400, "logprobs", what="logprobs 21")
+    expect_error(srv, {"prompt": prompt, "logprobs": True}, 400, "logprobs", what="completions logprobs true (an integer is asked)")
     expect_error(srv, {"max_tokens": 3}, 400, "prompt", what="missing prompt")
     expect_error(srv, {"prompt": [1, 2, 100000]}, 400, "prompt", what="token id outside the vocabulary")
     expect_error(srv, {"prompt": "word " * 2000}, 400, "prompt", what="prompt longer than the context")
@@ -564,6 +587,24 @@ def chat_checks():
     streamed = "".join(ch.choices[0].delta.content or "" for ch in srv.client.chat.completions.create(
         model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, stream=True) if ch.choices)
     check(streamed == ref["text"], "streamed chat equals the non-streamed reply")
+    # Chat logprobs: OpenAI's content entries (token, logprob, bytes, top_logprobs), as `run --logprobs`.
+    ref_lp = json.loads(subprocess.run([BIN, "run", "-m", SMOLLM2, "--chat", "-p", q, "-n", "16", "--temp", "0", "-t", "2", "-c",
+                                        "512", "--json", "--logprobs", "2"], capture_output=True, text=True, timeout=300).stdout)
+    r = srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    check(r.choices[0].message.content == ref_lp["text"] and "".join(e.token for e in content) == ref_lp["text"]
+          and all(bytes(e.bytes).decode("utf-8", "replace") == e.token for e in content)
+          and len(content) == len(ref_lp["logprobs"])
+          and all(abs(e.logprob - w["logprob"]) < 1e-3 and [t.token for t in e.top_logprobs] == [t["token"] for t in w["top_logprobs"]]
+                  for e, w in zip(content, ref_lp["logprobs"])),
+          "chat logprobs with top_logprobs 2 equal `run --chat --logprobs 2`, tokens add up to the reply")
+    streamed = [e.token for ch in srv.client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, logprobs=True, stream=True)
+        if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    check(streamed == [e.token for e in content], "streamed chat logprobs equal the non-streamed ones")
+    expect_error(srv, {"messages": [{"role": "user", "content": q}], "top_logprobs": 2}, 400, "top_logprobs",
+                 path="/v1/chat/completions", what="top_logprobs without logprobs")
     # Batched chat on a quantized GQA model: 8 requests, 4 at a time, each equal to `run --chat` alone.
     questions = ["What is the capital of France?", "Name a color.", "How many legs does a cat have?", "Say hello."]
     refs = {}
