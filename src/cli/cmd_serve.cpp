@@ -301,8 +301,7 @@ class Server {
     if (const json* v = field(body, "tool_choice"); v && !(v->is_string() && v->get<std::string>() == "none"))
       bad("tool_choice", fmt::format("'tool_choice' {} is not supported: only \"none\" (tools are not supported)",
                                      clip_json(*v)));
-    if (const json* v = field(body, "best_of"); v && !(v->is_number_integer() && v->get<int64_t>() == 1) && !v->is_null())
-      bad("best_of", "only best_of = 1 is supported");
+    get_int(body, "best_of", 1, 1, 1);  // 1.0 too, as max_tokens and n take whole numbers written as floats
     r.stream = get_bool(body, "stream", false);
     if (const json* so = field(body, "stream_options")) {
       if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");

@@ -86,25 +86,28 @@ CLI::Validator schedule_name() {
 
 CLI::Validator number_range(double lo, double hi, bool above_lo, bool as_float) {
   const bool open = std::isinf(hi);
-  const std::string desc = open ? fmt::format("NUMBER>={}", lo) : fmt::format("NUMBER in {}{} - {}]", above_lo ? "(" : "[", lo, hi);
+  const std::string desc = open ? fmt::format("NUMBER{}{}", above_lo ? ">" : ">=", lo)
+                                : fmt::format("NUMBER in {}{} - {}]", above_lo ? "(" : "[", lo, hi);
+  // What the value must be, e.g. "more than 0 and at most 1", "0 or more (a finite number)".
+  const std::string range = above_lo ? (open ? fmt::format("more than {} (a finite number)", lo)
+                                             : fmt::format("more than {} and at most {}", lo, hi))
+                            : open   ? fmt::format("{} or more (a finite number)", lo)
+                                     : fmt::format("{} to {}", lo, hi);
   return CLI::Validator(
-      [lo, hi, open, above_lo, as_float](std::string& s) -> std::string {
+      [lo, hi, above_lo, as_float, range, open](std::string& s) -> std::string {
         double v = 0;
         auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
         if (s.empty() || ec == std::errc::invalid_argument || p != s.data() + s.size() || std::isnan(v))
           return fmt::format("'{}' is not a number", s);
         if (ec == std::errc::result_out_of_range || std::isinf(v) || v < lo || v > hi || (above_lo && v == lo))
-          return above_lo ? fmt::format("{} is out of range: it must be more than {} and at most {}", s, lo, hi)
-               : open     ? fmt::format("{} is out of range: it must be {} or more (a finite number)", s, lo)
-                      : fmt::format("{} is out of range: it must be {} to {}", s, lo, hi);
+          return fmt::format("{} is out of range: it must be {}", s, range);
         // The option is stored as a float: a value in range as a double may round out of it
         // (1e-300 to 0, 1e39 to infinity); check what the program will use.
         if (const float f = static_cast<float>(v);
             as_float && (std::isinf(f) || f < lo || f > hi || (above_lo && f == static_cast<float>(lo))))
           return fmt::format("{} rounds to {} as a 32-bit float, which is out of range: it must be {}", s, f,
-                             above_lo ? fmt::format("more than {} and at most {}", lo, hi)
-                             : open   ? fmt::format("{} or more (at most {:g})", lo, double{FLT_MAX})
-                                      : fmt::format("{} to {}", lo, hi));
+                             open ? fmt::format("{}{}{} (at most {:g})", above_lo ? "more than " : "", lo, above_lo ? "" : " or more", double{FLT_MAX})
+                                  : range);
         return {};
       },
       desc);

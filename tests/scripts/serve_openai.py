@@ -204,6 +204,9 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt, "stop": [1]}, 400, "stop", what="stop of the wrong type")
     expect_error(srv, {"prompt": prompt, "stream": "yes"}, 400, "stream")
     expect_error(srv, {"prompt": prompt, "n": 2}, 400, "n")
+    expect_error(srv, {"prompt": prompt, "best_of": 2}, 400, "best_of")
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2, "best_of": 1.0, "n": 1.0})
+    check(st == 200, f"best_of 1.0 and n 1.0 (whole numbers written as floats) are served ({st}: {text[:120]})")
     expect_error(srv, {"prompt": prompt, "echo": True}, 400, "echo", what="echo (not supported, not ignored)")
     expect_error(srv, {"prompt": prompt, "logit_bias": {"5": 10}}, 400, "logit_bias", what="logit_bias (not supported)")
     # The penalties and min-p (OpenAI's fields and llama.cpp server's) change the reply as `run`'s flags do.

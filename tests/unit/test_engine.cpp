@@ -857,7 +857,9 @@ TEST(E2ELogprobs, AreTheModelsOwnRowBatchedOrAlone) {
         EXPECT_NEAR(g.top[r].logprob, row[static_cast<size_t>(order[r])] - log_sum, 1e-4) << at << " rank " << r;
         EXPECT_EQ(g.top[r].bytes, s.tokenizer->token_bytes(prev, order[r])) << at;
       }
-      if (cases[i].sampler.temperature == 0 && !g.top.empty()) EXPECT_EQ(g.top[0].id, id) << at;
+      if (cases[i].sampler.temperature == 0 && !g.top.empty()) {
+        EXPECT_EQ(g.top[0].id, id) << at;
+      }
       text += g.token.bytes;
       prev = id;
       row = one.eval(std::span<const int32_t>(&id, 1));
@@ -934,7 +936,9 @@ TEST(E2ELogprobs, MatchLlamaCpp) {
         EXPECT_NEAR(g.top[r].logprob, v, tol(v)) << at << " rank " << r;
         const bool apart = (r == 0 || top[r - 1][1].get<double>() - v > 2 * tol(v)) &&
                            (r + 1 == top.size() || v - top[r + 1][1].get<double>() > 2 * tol(v));
-        if (apart) EXPECT_EQ(g.top[r].id, top[r][0].get<int32_t>()) << at << " rank " << r;
+        if (apart) {
+          EXPECT_EQ(g.top[r].id, top[r][0].get<int32_t>()) << at << " rank " << r;
+        }
       }
     }
   }
