@@ -260,7 +260,7 @@ class Server {
     ParsedRequest r;
     if (const json* m = field(body, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
     if (get_int(body, "n", 1, 1, 1) != 1) bad("n", "only n = 1 is supported");
-    // Log-probabilities (runtime/engine.h GeneratedLogprob): chat asks with "logprobs": true and
+    // Log-probabilities (runtime/sampler.h GeneratedLogprob): chat asks with "logprobs": true and
     // "top_logprobs": n alternatives; completions with "logprobs": n (OpenAI allows 5, here as many
     // as chat's 20). Off: absent, null or false.
     if (chat) {

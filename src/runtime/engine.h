@@ -51,8 +51,8 @@ struct RequestParams {
   bool ignore_eos = false;
   std::chrono::milliseconds timeout{0};  // from submit() to the end; 0 = none
   // -1: none. n in [0, kMaxTopLogprobs]: each generated token's log-probability and the n most likely
-  // tokens at its position (RequestOutput::logprobs, runtime/sampler.h GeneratedLogprob). Such a request is sampled from the whole
-  // logits row (not the backend's greedy or top-k ops).
+  // tokens at its position (RequestOutput::logprobs, runtime/sampler.h GeneratedLogprob). Such a
+  // request is sampled from the whole logits row (not the backend's greedy or top-k ops).
   int logprobs = -1;
 };
 

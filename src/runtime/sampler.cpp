@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/step_batch.h"
 #include "support/error.h"
 
 namespace mk {
@@ -221,22 +222,8 @@ RowLogprobs row_logprobs(std::span<const float> logits, int n_top) {
   double sum = 0;
   for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
   r.log_sum = mx + std::log(sum);
-  const size_t n = std::min(static_cast<size_t>(std::max(n_top, 0)), logits.size());
-  std::vector<int32_t> best;  // a bounded min-heap of the n best so far, worst on top
-  best.reserve(n + 1);
-  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  for (size_t i = 0; i < logits.size() && n > 0; ++i) {
-    const auto id = static_cast<int32_t>(i);
-    if (best.size() == n && !better(id, best.front())) continue;
-    best.push_back(id);
-    std::push_heap(best.begin(), best.end(), better);
-    if (best.size() > n) {
-      std::pop_heap(best.begin(), best.end(), better);
-      best.pop_back();
-    }
-  }
-  std::sort(best.begin(), best.end(), better);
-  for (int32_t id : best) r.top.emplace_back(id, r.logprob(logits[static_cast<size_t>(id)]));
+  const TopKRow best = topk_row(logits, n_top);  // the backend's top-k, in this file's order
+  for (size_t i = 0; i < best.ids.size(); ++i) r.top.emplace_back(best.ids[i], r.logprob(best.logits[i]));
   return r;
 }
 
