@@ -45,8 +45,7 @@ class DecoderBuilder {
       if (required) fail("{}: missing tensor {}", m_.path, file_name.empty() ? canonical : file_name);
       return -1;
     }
-    if (t->shape != shape)
-      fail("{}: expected {}, got {}", t->name, shape_str(shape), shape_str(t->shape));
+    if (t->shape != shape) fail_tensor_shape(m_.path, *t, shape);
     if (t->dtype == DType::I32) fail("{}: integer tensors cannot be weights", t->name);
     return g_.add_weight(t->name, t->dtype, shape);
   }

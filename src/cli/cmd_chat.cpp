@@ -116,8 +116,8 @@ void add_chat_command(CLI::App& app) {
         if (r.stop_reason == "interrupted")
           std::fputs("note: reply interrupted (Ctrl-C); it stays in the conversation as far as it went\n", stderr);
         if (r.stop_reason == "context")
-          std::fprintf(stderr, "note: the context (%lld tokens) is full; /reset starts a new conversation\n",
-                       static_cast<long long>(s.n_ctx));
+          std::fprintf(stderr, "note: the context (%lld token%s) is full; /reset starts a new conversation\n",
+                       static_cast<long long>(s.n_ctx), s.n_ctx == 1 ? "" : "s");
       } catch (const Error& e) {
         out.end_line();
         ++failed;

@@ -86,10 +86,13 @@ void add_info_command(CLI::App& app) {
                 (long long)hp.n_vocab, (long long)hp.n_embd, (long long)hp.n_layer, (long long)hp.n_head,
                 (long long)hp.n_head_kv, (long long)hp.head_dim, (long long)hp.n_ff, (long long)hp.n_ctx_train, hp.norm_eps);
     // A file whose graph cannot be built (a tensor missing, a shape that does not fit) still lists
-    // its tensors: `info` is where one looks to see why.
+    // its tensors: `info` is where one looks to see why. It then exits 1 with the reason, as run
+    // would (new-user trial 35: it exited 0 on files run refuses).
+    std::string graph_error;
     try {
       print_positions_and_attention(m, hp);
     } catch (const Error& e) {
+      graph_error = e.what();
       std::printf("graph:        cannot be built: %s\n", e.what());
     }
     // The file's tensors; those made at load (Phi-3's q/k/v row views, GPT-2's transposed copies,
@@ -120,6 +123,10 @@ void add_info_command(CLI::App& app) {
         std::printf("  %-5s %zu %s, %zu elements, %zu bytes (%.2f bits per weight)\n",
                     std::string(dtype_name(dt)).c_str(), count, count == 1 ? "tensor" : "tensors", elements, bytes,
                     8.0 * static_cast<double>(bytes) / static_cast<double>(elements));
+    }
+    if (!graph_error.empty()) {
+      std::fflush(stdout);
+      fail("{} (the model cannot be run; its tensors are listed above)", graph_error);
     }
   });
 }

@@ -43,7 +43,8 @@ void add_run_command(CLI::App& app) {
       ->check(integer_range(0, kMaxTopLogprobs))
       ->needs(json_flag);
   auto* messages = cmd->add_option("--messages", o->messages_file,
-                                   "chat: a JSON file with [{\"role\": .., \"content\": ..}, ...], rendered by the model's template");
+                                   "chat: a JSON file with [{\"role\": .., \"content\": ..}, ...], rendered by the model's template "
+                                   "(- = standard input)");
   auto* chat = cmd->add_flag("--chat", o->chat, "chat: the prompt (-p) is one user turn, rendered by the model's template");
   auto* system = cmd->add_option("--system", o->system, "chat: a system message before the user turn (with --chat; \"\" = an empty one)")->needs(chat);
   cmd->add_option("--chat-template-file", o->template_file, "chat: Jinja2 template to use instead of the model's");
@@ -126,7 +127,9 @@ void add_run_command(CLI::App& app) {
     std::printf("\n");
     std::fflush(stdout);
     s.backend->finish();
-    if (r.stop_reason == "context") std::fprintf(stderr, "note: stopped: the context (%lld tokens) is full\n", static_cast<long long>(s.n_ctx));
+    if (r.stop_reason == "context")
+      std::fprintf(stderr, "note: stopped: the context (%lld token%s) is full\n", static_cast<long long>(s.n_ctx),
+                   s.n_ctx == 1 ? "" : "s");
     // The first generated token comes from the prompt's step: with none after it there is no decode
     // rate to give (it printed "0.000 ms/token (0.0 tokens/s)").
     const std::string rate = r.n_decode_steps > 0 ? fmt::format("{:.3f} ms/token ({:.1f} tokens/s)", r.ms_per_token(),

@@ -249,12 +249,7 @@ class Server {
         bad(open_field, fmt::format("the request body is not valid UTF-8: byte 0x{:02x} at offset {}{}",
                                     static_cast<unsigned char>(body_text[off]), off,
                                     open_field.empty() ? "" : fmt::format(" (in '{}')", open_field)));
-      // nlohmann's text without its "[json.exception.parse_error.101] " tag: "parse error at line 1,
-      // column 2: syntax error while parsing ..."
-      std::string what = ex.what();
-      if (what.rfind("[json.exception.", 0) == 0)
-        if (const size_t tag_end = what.find("] "); tag_end != std::string::npos) what.erase(0, tag_end + 2);
-      bad("", fmt::format("the request body is not valid JSON: {}", what));
+      bad("", fmt::format("the request body is not valid JSON: {}", json_error_text(ex)));
     }
     if (!body.is_object()) bad("", "the request body must be a JSON object");
     ParsedRequest r;

@@ -55,7 +55,7 @@ void add_tokenize_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "print the token ids of a text (reads only the model's vocabulary)");
   cmd->add_option("-m,--model", o->model, "GGUF file (a vocab-only file works) or HF directory")->required();
   auto* p = cmd->add_option("-p,--prompt", o->prompt, "text to tokenize");
-  auto* f = cmd->add_option("-f,--file", o->file, "read the text from this file");
+  auto* f = cmd->add_option("-f,--file", o->file, "read the text from this file (- = standard input)");
   p->excludes(f);
   cmd->add_flag("--no-bos", o->no_bos, "do not add the vocabulary's BOS/EOS tokens");
   cmd->add_flag("--parse-special", o->parse_special, "control tokens written in the text (<|im_start|>) become their ids");

@@ -23,10 +23,17 @@ std::string range_error(const std::string& s, int64_t lo, int64_t hi, bool impli
                : fmt::format("{} is out of range: it must be at most {}", s, hi);
 }
 
+// "+5" is 5, as strtod, Python and most CLIs read it (std::from_chars refuses a '+'); the sign is
+// dropped from the text CLI11 then converts.
+void drop_plus_sign(std::string& s) {
+  if (s.size() > 1 && s[0] == '+' && s[1] != '+' && s[1] != '-') s.erase(0, 1);
+}
+
 CLI::Validator integer_validator(int64_t lo, int64_t hi, bool implicit_hi) {
   const std::string desc = implicit_hi ? fmt::format("INT>={}", lo) : fmt::format("INT in [{} - {}]", lo, hi);
   return CLI::Validator(
       [lo, hi, implicit_hi](std::string& s) -> std::string {
+        drop_plus_sign(s);
         int64_t v = 0;
         auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
         if (s.empty() || ec == std::errc::invalid_argument || p != s.data() + s.size())
@@ -48,6 +55,7 @@ CLI::Validator unsigned_integer() {
   const uint64_t hi = std::numeric_limits<uint64_t>::max();
   return CLI::Validator(
       [hi](std::string& s) -> std::string {
+        drop_plus_sign(s);
         const bool negative = !s.empty() && s[0] == '-';
         uint64_t v = 0;
         const char* first = s.data() + (negative ? 1 : 0);
@@ -95,6 +103,7 @@ CLI::Validator number_range(double lo, double hi, bool above_lo, bool as_float) 
                                      : fmt::format("{} to {}", lo, hi);
   return CLI::Validator(
       [lo, hi, above_lo, as_float, range, open](std::string& s) -> std::string {
+        drop_plus_sign(s);
         double v = 0;
         auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
         if (s.empty() || ec == std::errc::invalid_argument || p != s.data() + s.size() || std::isnan(v))

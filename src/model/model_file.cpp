@@ -32,9 +32,15 @@ const WeightTensor& ModelFile::get(const std::string& name) const {
   return *t;
 }
 
+void fail_tensor_shape(const std::string& path, const WeightTensor& t, const std::vector<int64_t>& expected) {
+  const bool transposed = t.shape.size() == 2 && expected.size() == 2 && t.shape[0] == expected[1] && t.shape[1] == expected[0];
+  fail("{}: tensor {} has shape {}, expected {}{}", path, t.name, shape_str(t.shape), shape_str(expected),
+       transposed ? " (transposed?)" : "");
+}
+
 const WeightTensor& ModelFile::get(const std::string& name, const std::vector<int64_t>& expected) const {
   const WeightTensor& t = get(name);
-  if (t.shape != expected) fail("{}: expected {}, got {}", name, shape_str(expected), shape_str(t.shape));
+  if (t.shape != expected) fail_tensor_shape(path, t, expected);
   return t;
 }
 

@@ -41,6 +41,11 @@ struct WeightTensor {
 
 std::string shape_str(const std::vector<int64_t>& shape);  // "[64, 512]"
 
+// The error for a tensor whose shape is not the one the architecture needs, naming the model file
+// (or HF directory) and the tensor: "<path>: tensor <name> has shape [96, 32], expected [32, 96]
+// (transposed?)"; the hint when the shape is the expected one reversed.
+[[noreturn]] void fail_tensor_shape(const std::string& path, const WeightTensor& t, const std::vector<int64_t>& expected);
+
 // Rows [row0, row0 + n_rows) of a 2-D tensor (or elements of a 1-D one) as a tensor named `name`
 // sharing its data (fused projections split at load: HF Phi-3, GGUF phi3).
 WeightTensor row_view(const WeightTensor& t, int64_t row0, int64_t n_rows, std::string name);

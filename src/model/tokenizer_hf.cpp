@@ -981,7 +981,7 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const nlohmann::json& doc, const st
   try {
     return std::make_unique<HfBpeTokenizer>(doc, source, eos_ids);
   } catch (const Json::exception& e) {  // a field of an unexpected JSON type
-    fail("{}: malformed tokenizer description: {}", source, e.what());
+    fail("{}: malformed tokenizer description: {}", source, json_error_text(e));
   }
 }
 
@@ -991,7 +991,7 @@ std::unique_ptr<Tokenizer> parse_hf_tokenizer_json(std::string_view json_text, c
   try {
     return std::make_unique<HfBpeTokenizer>(j, source, eos_ids);
   } catch (const Json::exception& e) {  // a field of an unexpected JSON type
-    fail("{}: malformed tokenizer.json: {}", source, clip(e.what(), 200));
+    fail("{}: malformed tokenizer.json: {}", source, clip(json_error_text(e), 200));
   }
 }
 

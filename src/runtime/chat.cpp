@@ -153,6 +153,11 @@ std::string render_chat_template(const std::string& source, const nlohmann::orde
     // An empty template (or one that writes nothing for these messages) would reach the tokenizer as
     // an empty prompt, whose error blamed -p.
     if (text.empty()) fail("chat template: the conversation renders as empty text (is the template empty?)");
+    // The messages are valid UTF-8 (checked above, or by a JSON parser): bytes that are not come
+    // from the template itself, and the tokenizer's error would not have named it.
+    if (const size_t at = utf8_invalid_offset(text); at < text.size())
+      fail("chat template: the rendered text is not valid UTF-8 (byte 0x{:02x} at offset {}; the template writes it)",
+           static_cast<unsigned char>(text[at]), at);
     return text;
   } catch (const Error&) {
     throw;
@@ -242,7 +247,7 @@ GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOpt
 }
 
 nlohmann::ordered_json read_chat_messages(const std::string& path) {
-  return check_chat_messages(read_json_file(path), path);
+  return check_chat_messages(read_json_file(path), text_file_name(path));
 }
 
 }  // namespace mk

@@ -30,6 +30,15 @@ std::string clip_json(const J& v, size_t max = 64) {
   return clip(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), max);
 }
 
+// nlohmann's message without its "[json.exception.parse_error.101] " tag: "parse error at line 1,
+// column 2: syntax error while parsing value - ...".
+inline std::string json_error_text(const nlohmann::json::exception& e) {
+  std::string what = e.what();
+  if (what.rfind("[json.exception.", 0) == 0)
+    if (const size_t tag_end = what.find("] "); tag_end != std::string::npos) what.erase(0, tag_end + 2);
+  return what;
+}
+
 // Parses `text`; `source` names the file in errors. `duplicate_what` names top-level keys in the
 // duplicate-key message (e.g. "tensor" for a safetensors header); empty = "key".
 template <class J = nlohmann::ordered_json>
@@ -61,7 +70,7 @@ J parse_json(std::string_view text, const std::string& source, const std::string
   try {
     return J::parse(text.begin(), text.end(), cb);
   } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON: {}", source, clip(e.what(), 200));
+    fail("{}: invalid JSON: {}", source, clip(json_error_text(e), 200));
   }
 }
 

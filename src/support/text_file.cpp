@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "support/error.h"
@@ -12,6 +13,12 @@
 namespace mk {
 
 std::string read_text_file(const std::string& path) {
+  if (path == "-") {
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    if (std::cin.bad()) fail("standard input: read failed: {}", std::strerror(errno));
+    return ss.str();
+  }
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail("{}: is a directory, expected a file", path);
   errno = 0;

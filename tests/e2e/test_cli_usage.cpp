@@ -3,6 +3,7 @@
 // exit status and its words.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -541,6 +542,95 @@ TEST(E2ECliUsage, DirectoryGivenForATextFileIsNamed) {
     EXPECT_EQ(r.status, 1) << args;
     EXPECT_TRUE(has(r.err, dir + ": is a directory, expected a file")) << args << ": " << r.err;
   }
+}
+
+// New-user trial 35: "-" reads standard input for --messages and tokenize -f; a JSON error reads
+// without nlohmann's "[json.exception.parse_error.101]" tag; "+1" is a number; "(1 token)".
+TEST(E2ECliUsage, StdinPlusSignsAndJsonErrors) {
+  const std::string model = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / ("mk_stdin_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string msgs = (dir / "m.json").string(), tmpl = (dir / "t.jinja").string(), text = (dir / "t.txt").string(),
+                    bad = (dir / "bad.json").string();
+  std::ofstream(msgs) << R"([{"role": "user", "content": "Once upon"}])";
+  std::ofstream(tmpl) << "{% for m in messages %}{{ m.content }}{% endfor %}";
+  std::ofstream(text) << "Once upon a time";
+  std::ofstream(bad) << R"([{"role": "user", "content": "x"},])";
+  const std::string run = "run -m " + model + " -n 3 --temp 0 --json --chat-template-file " + tmpl + " --messages ";
+  Result from_file = cli(run + msgs);
+  Result from_stdin = cli(run + "- < " + msgs);
+  ASSERT_EQ(from_file.status, 0) << from_file.err;
+  EXPECT_EQ(from_stdin.status, 0) << from_stdin.err;
+  const auto a = nlohmann::json::parse(from_file.out), b = nlohmann::json::parse(from_stdin.out);
+  EXPECT_EQ(a["rendered"], "Once upon");
+  EXPECT_EQ(a["prompt_ids"], b["prompt_ids"]);
+  EXPECT_EQ(a["generated_ids"], b["generated_ids"]);
+  EXPECT_EQ(a["generated_ids"].size(), 3u);
+
+  Result tok_file = cli("tokenize -m " + model + " -f " + text);
+  Result tok_stdin = cli("tokenize -m " + model + " -f - < " + text);
+  ASSERT_EQ(tok_file.status, 0) << tok_file.err;
+  EXPECT_EQ(tok_stdin.status, 0) << tok_stdin.err;
+  EXPECT_EQ(tok_file.out, tok_stdin.out);
+  EXPECT_EQ(tok_file.out, cli("tokenize -m " + model + " -p 'Once upon a time'").out);
+
+  for (const std::string& args : {run + bad, run + "- < " + bad}) {
+    Result r = cli(args);
+    EXPECT_EQ(r.status, 1) << args;
+    const std::string source = has(args, "- <") ? "standard input" : bad;
+    EXPECT_TRUE(has(r.err, "error: " + source + ": invalid JSON: parse error at line 1, column 35: syntax error while parsing value")) << r.err;
+    EXPECT_FALSE(has(r.err, "json.exception")) << r.err;
+  }
+
+  // A leading '+' is accepted as strtod and Python take it, for numbers and whole numbers alike.
+  Result plus = cli("run -m " + model + " --ids 1,403 -n 2 --temp +0 --top-k +5 --seed +7 -t +1 --json");
+  ASSERT_EQ(plus.status, 0) << plus.err;
+  EXPECT_EQ(nlohmann::json::parse(plus.out)["generated_ids"],
+            nlohmann::json::parse(cli("run -m " + model + " --ids 1,403 -n 2 --temp 0 --top-k 5 --seed 7 -t 1 --json").out)["generated_ids"]);
+  EXPECT_TRUE(has(cli("run -m " + model + " --ids 1 --temp ++1").err, "error: --temp: '++1' is not a number"));
+  EXPECT_TRUE(has(cli("run -m " + model + " --ids 1 --top-k +-1").err, "error: --top-k: '+-1' is not a whole number"));
+
+  Result full = cli("run -m " + model + " --ids 1 -n 4 -c 1");
+  EXPECT_EQ(full.status, 0) << full.err;
+  EXPECT_TRUE(has(full.err, "note: stopped: the context (1 token) is full\n")) << full.err;
+  std::filesystem::remove_all(dir);
+}
+
+// New-user trial 35: info exited 0 on files run refuses, and a transposed safetensors tensor was
+// named without its model. Here an HF fixture's k_proj declared [96, 32] instead of [32, 96].
+TEST(E2ECliUsage, InfoAndRunNameAWrongTensorShape) {
+  const std::filesystem::path src = MK_SHARED_DIR "/fixtures/hf/llama_gqa_float32";
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / ("mk_transposed_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "tokenizer.json", "generation_config.json"}) std::filesystem::copy_file(src / f, dir / f);
+  std::ifstream in(src / "model.safetensors", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string bytes = ss.str();
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  auto header = nlohmann::ordered_json::parse(bytes.substr(8, n));
+  auto& shape = header.at("model.layers.0.self_attn.k_proj.weight").at("shape");
+  ASSERT_EQ(shape, nlohmann::json({32, 96}));
+  shape = nlohmann::json({96, 32});
+  std::string h = header.dump();
+  ASSERT_LE(h.size(), n);
+  h.resize(n, ' ');
+  bytes.replace(8, n, h);
+  std::ofstream(dir / "model.safetensors", std::ios::binary) << bytes;
+  const std::string why = dir.string() + ": tensor model.layers.0.self_attn.k_proj.weight has shape [96, 32], expected [32, 96] (transposed?)";
+  Result info = cli("info -m " + dir.string());
+  EXPECT_EQ(info.status, 1) << info.err;
+  EXPECT_TRUE(has(info.out, "graph:        cannot be built: " + why + "\n")) << info.out;
+  EXPECT_TRUE(has(info.out, "model.layers.0.self_attn.k_proj.weight")) << info.out;  // the listing is still printed
+  EXPECT_EQ(info.err, "error: " + why + " (the model cannot be run; its tensors are listed above)\n");
+  Result run = cli("run -m " + dir.string() + " -p hi -n 1");
+  EXPECT_EQ(run.status, 1);
+  EXPECT_EQ(run.err, "error: " + why + "\n");
+  // The intact fixture: exit 0.
+  EXPECT_EQ(cli("info -m " + src.string()).status, 0);
+  std::filesystem::remove_all(dir);
 }
 
 // --trace is written after the last step: a path that cannot be written is refused before the

@@ -497,7 +497,9 @@ TEST(Sampler, RowLogprobsAreTheLogSoftmax) {
       EXPECT_NEAR(r.top[k].second, static_cast<double>(row[static_cast<size_t>(order[k])] - log_sum), 1e-9);
       mass += std::exp(r.top[k].second);
     }
-    if (n_top >= static_cast<int>(n)) EXPECT_NEAR(mass, 1.0, 1e-9);
+    if (n_top >= static_cast<int>(n)) {
+      EXPECT_NEAR(mass, 1.0, 1e-9);
+    }
   }
   EXPECT_EQ(row_logprobs(row, 3).top[0].first, 100);  // ties to the lower id
   const GeneratedLogprob g = generated_logprob(row, 5, 2, [](int32_t t) { return "t" + std::to_string(t); });

@@ -69,9 +69,14 @@ TEST(ChatTemplate, ErrorsAreClear) {
   EXPECT_NE(error_of([&] { render_chat_template("{{ raise_exception('no system role') }}", msgs, o); })
                 .find("no system role"),
             std::string::npos);
-  // an index past the messages: minja's std::vector::at message is not shown as it is
+  // an index past the messages is undefined (empty), as in jinja2; a property of it is an error
+  // naming the index (jinja2: "list object has no element 5")
+  EXPECT_EQ(render_chat_template("[{{ messages[5] }}{{ messages[-2] }}]", msgs, o), "[]");
   EXPECT_EQ(error_of([&] { render_chat_template("{{ messages[5].content }}", msgs, o); }),
-            "chat template: list index 5 is past the end of a list of 1 at row 1, column 3:\n{{ messages[5].content }}\n  ^\n");
+            "chat template: list index 5 is out of range (the list has 1 item) at row 1, column 16:\n{{ messages[5].content }}\n               ^\n");
+  EXPECT_NE(error_of([&] { render_chat_template("{{ messages[0].content[-3]['x'] }}", msgs, o); })
+                .find("chat template: string index -3 is out of range (the string has 2 characters) at row 1"),
+            std::string::npos);
   // invalid UTF-8 typed in a message is named at its offset in that message, not in the rendered text
   const nlohmann::ordered_json bad = {{{"role", "system"}, {"content", "Be brief."}},
                                       {{"role", "user"}, {"content", std::string("caf\xff!")}}};
@@ -148,6 +153,30 @@ TEST(ChatTemplate, StringFiltersAsJinja2) {
                                  "{{ 'aaa'.replace('a','b',2) }}",
                                  msgs, o),
             "Hello world|Hello world|Hi-There (You) It's X2y|Hi-There (You) It'S X2Y|bbb|bbb|aaa|bba");
+}
+
+// Strings are sequences of code points for indexing, slicing, length and iteration, and slices
+// follow Python's bounds rules, as in jinja2 (upstream minja indexed bytes: 'héllo'[1] rendered empty
+// and [1:3] cut é in half; 'abc'[10:0:-1] read past the end). Expected values: Python jinja2 3.1.6,
+// 2026-12-06, and a 400-case random comparison of the same expressions.
+TEST(ChatTemplate, StringIndexingAndSlicingAsJinja2) {
+  const nlohmann::ordered_json msgs = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "h\u00e9llo"}])");
+  ChatRenderOptions o;
+  EXPECT_EQ(render_chat_template("{{ 'h\u00e9llo'[1] }}|{{ 'h\u00e9llo'[-1] }}|{{ 'h\u00e9llo'[1:3] }}|{{ 'abc'[10:0:-1] }}|"
+                                 "{{ 'abc'[::-1] }}|{{ 'h\u00e9llo'|length }}|{% for c in 'h\u00e9' %}[{{ c }}]{% endfor %}|"
+                                 "{{ [1,2][5] }}|{{ 'abc'[5] }}|{{ [1,2,3][-5:10] }}|{{ 'abcdef'[-2:] }}|{{ 'abcdef'[::2] }}|"
+                                 "{{ 'abcdef'[None:2] }}|{{ [1,2,3][::-1] }}|{{ 'abc'[-10] }}|{{ messages[0].content[1] }}|"
+                                 "{{ messages[-1].content[::-2] }}|{{ 'a\U0001F600b'[1:] }}|{{ [1,2,3,4,5][4:0:-2] }}",
+                                 msgs, o),
+            "\u00e9|o|\u00e9l|cb|cba|5|[h][\u00e9]|||[1, 2, 3]|ef|ace|ab|[3, 2, 1]||\u00e9|olh|\U0001F600b|[5, 3]");
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ 'abc'[::0] }}", msgs, o); }).find("slice step cannot be zero"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ 'abc'['a':] }}", msgs, o); })
+                .find("slice indices must be integers or none"),
+            std::string::npos);
+  // A template that writes bytes that are not UTF-8 is named (the tokenizer's error blamed the input).
+  EXPECT_EQ(test::error_of([&] { render_chat_template("x\xff{{ messages[0].content }}", msgs, o); }),
+            "chat template: the rendered text is not valid UTF-8 (byte 0xff at offset 1; the template writes it)");
 }
 
 // OpenAI message shapes: parts of type text are joined; other part types, unknown roles and

@@ -196,7 +196,10 @@ TEST(GgufQuantCli, InfoShowsBytesPerType) {
   int status = 0;
   const std::string out = test::run_cli("info -m " + path, &status);
   std::filesystem::remove(path);
-  EXPECT_EQ(status, 0) << out;
+  // The listing, then the reason the model cannot run on stderr, exit 1 (as run would).
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("\nerror: " + path + ": missing tensor blk.0.attn_k.weight (the model cannot be run; its tensors are listed above)\n"),
+            std::string::npos) << out;
   // q4_K: 8*256 + 256*256 elements in (8 + 256) rows of one 144-byte block per 256.
   EXPECT_NE(out.find("q4_K  2 tensors, 67584 elements, 38016 bytes (4.50 bits per weight)"), std::string::npos) << out;
   EXPECT_NE(out.find("q6_K  1 tensor, 4096 elements, 3360 bytes (6.56 bits per weight)"), std::string::npos) << out;

@@ -86,7 +86,7 @@ TEST(ReferenceArch, ShapeThatDoesNotMatchTheArchitectureIsNamed) {
     build_graph(bad, {16, false});
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "blk.1.attn_k.weight: expected [16, 32], got [15, 32]");
+    EXPECT_EQ(std::string(e.what()), bad.path + ": tensor blk.1.attn_k.weight has shape [15, 32], expected [16, 32]");
   }
 }
 

@@ -21,6 +21,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>  // megakernel: slice bounds
 #include <regex>
 #include <sstream>
 #include <string>
@@ -185,6 +186,51 @@ inline std::string normalize_newlines(const std::string & s) {
 }
 
 /* Values that behave roughly like in Python. */
+// megakernel: Python's str is a sequence of code points, and so is a string here for indexing,
+// slicing, length and iteration (upstream used bytes: `s[0]` rendered empty and a slice could cut a
+// UTF-8 character in half). utf8_next gives the byte offset after the code point starting at i; a
+// byte that does not begin a well-formed UTF-8 sequence counts as one code point of its own.
+inline size_t utf8_next(const std::string & s, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+  if (n == 1 || i + n > s.size()) return i + 1;
+  for (size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return i + 1;
+  return i + n;
+}
+inline int64_t utf8_length(const std::string & s) {
+  int64_t n = 0;
+  for (size_t i = 0; i < s.size(); i = utf8_next(s, i)) ++n;
+  return n;
+}
+// The byte offset where code point `index` (0 <= index <= length) starts.
+inline size_t utf8_offset(const std::string & s, int64_t index, size_t from = 0) {
+  size_t i = from;
+  for (; index > 0 && i < s.size(); --index) i = utf8_next(s, i);
+  return i;
+}
+
+// megakernel: Python's slice rules (PySlice_AdjustIndices): out-of-range bounds are clamped and
+// `None` is an omitted bound, so a slice never reads past the end. Sets the first index and the
+// bound (exclusive) a slice of `len` items walks with `step`.
+inline void python_slice_bounds(int64_t len, std::optional<int64_t> start, std::optional<int64_t> stop, int64_t step,
+                                int64_t & first, int64_t & bound) {
+  if (step == 0) throw std::runtime_error("slice step cannot be zero");
+  auto adjust = [&](std::optional<int64_t> v, int64_t if_none) -> int64_t {
+    if (!v) return if_none;
+    int64_t i = *v;
+    if (i < 0) {
+      i += len;
+      if (i < 0) i = step < 0 ? -1 : 0;
+    } else if (i >= len) {
+      i = step < 0 ? len - 1 : len;
+    }
+    return i;
+  };
+  first = adjust(start, step < 0 ? len - 1 : 0);
+  bound = adjust(stop, step < 0 ? -1 : len);
+}
+
 class Value : public std::enable_shared_from_this<Value> {
 public:
   using CallableType = std::function<Value(const std::shared_ptr<Context> &, ArgumentsValue &)>;
@@ -379,7 +425,7 @@ public:
   size_t size() const {
     if (is_object()) return object_->size();
     if (is_array()) return array_->size();
-    if (is_string()) return primitive_.get<std::string>().length();
+    if (is_string()) return static_cast<size_t>(utf8_length(primitive_.get_ref<const std::string &>()));  // megakernel: code points
     throw std::runtime_error("Value is not an array or object: " + dump());
   }
 
@@ -444,13 +490,27 @@ public:
       if (!key.is_number_integer()) {
         return Value();
       }
-      auto index = key.get<int>();
-      return array_->at(index < 0 ? array_->size() + index : index);
+      // megakernel: out of range is undefined (renders empty), as in jinja2; upstream threw
+      // std::out_of_range with the C++ library's message.
+      auto index = key.get<int64_t>();
+      if (index < 0) index += static_cast<int64_t>(array_->size());
+      if (index < 0 || index >= static_cast<int64_t>(array_->size())) return Value();
+      return (*array_)[static_cast<size_t>(index)];
     } else if (object_) {
       if (!key.is_hashable()) throw std::runtime_error("Unhashable type: " + dump());
       auto it = object_->find(key.primitive_);
       if (it == object_->end()) return Value();
       return it->second;
+    } else if (is_string() && key.is_number_integer()) {
+      // megakernel: `s[i]` is the i-th code point (negative from the end), undefined out of range,
+      // as in jinja2; upstream returned null for every index.
+      const auto & str = primitive_.get_ref<const std::string &>();
+      int64_t index = key.get<int64_t>();
+      if (index < 0) index += utf8_length(str);
+      if (index < 0) return Value();
+      const size_t at = utf8_offset(str, index);
+      if (at >= str.size()) return Value();
+      return str.substr(at, utf8_next(str, at) - at);
     }
     return Value();
   }
@@ -500,8 +560,11 @@ public:
         callback(key);
       }
     } else if (is_string()) {
-      for (char c : primitive_.get<std::string>()) {
-        auto val = Value(std::string(1, c));
+      // megakernel: one code point at a time (upstream: one byte at a time)
+      const auto str = primitive_.get<std::string>();
+      for (size_t i = 0, next; i < str.size(); i = next) {
+        next = utf8_next(str, i);
+        auto val = Value(str.substr(i, next - i));
         callback(val);
       }
     } else {
@@ -1472,35 +1535,40 @@ public:
         if (!index) throw std::runtime_error("SubscriptExpr.index is null");
         auto target_value = base->evaluate(context);
         if (auto slice = dynamic_cast<SliceExpr*>(index.get())) {
-          auto len = target_value.size();
-          auto wrap = [len](int64_t i) -> int64_t {
-            if (i < 0) {
-              return i + len;
-            }
-            return i;
+          // megakernel: Python's slice rules (bounds clamped, `None` as omitted) over code points;
+          // upstream cut bytes and read past the end of a string for `s[10:0:-1]`.
+          auto bound = [&](const std::shared_ptr<Expression> & e) -> std::optional<int64_t> {
+            if (!e) return std::nullopt;
+            auto v = e->evaluate(context);
+            if (v.is_null()) return std::nullopt;
+            if (!v.is_number_integer()) throw std::runtime_error("slice indices must be integers or none, not " + v.dump());
+            return v.get<int64_t>();
           };
-          int64_t step = slice->step ? slice->step->evaluate(context).get<int64_t>() : 1;
-          if (!step) {
-            throw std::runtime_error("slice step cannot be zero");
-          }
-          int64_t start = slice->start ? wrap(slice->start->evaluate(context).get<int64_t>()) : (step < 0 ? len - 1 : 0);
-          int64_t end = slice->end ? wrap(slice->end->evaluate(context).get<int64_t>()) : (step < 0 ? -1 : len);
+          const auto start = bound(slice->start), stop = bound(slice->end), step_opt = bound(slice->step);
+          const int64_t step = step_opt ? *step_opt : 1;
           if (target_value.is_string()) {
-            std::string s = target_value.get<std::string>();
-
+            const std::string s = target_value.get<std::string>();
+            int64_t first, bound;
+            python_slice_bounds(utf8_length(s), start, stop, step, first, bound);
+            if (step == 1) {
+              if (first >= bound) return std::string();
+              const size_t b = utf8_offset(s, first);
+              return s.substr(b, utf8_offset(s, bound - first, b) - b);
+            }
+            std::vector<size_t> starts;  // where each code point starts, then s.size()
+            for (size_t i = 0; i < s.size(); i = utf8_next(s, i)) starts.push_back(i);
+            starts.push_back(s.size());
             std::string result;
-            if (start < end && step == 1) {
-              result = s.substr(start, end - start);
-            } else {
-              for (int64_t i = start; step > 0 ? i < end : i > end; i += step) {
-                result += s[i];
-              }
+            for (int64_t i = first; step > 0 ? i < bound : i > bound; i += step) {
+              result.append(s, starts[i], starts[i + 1] - starts[i]);
             }
             return result;
 
           } else if (target_value.is_array()) {
             auto result = Value::array();
-            for (int64_t i = start; step > 0 ? i < end : i > end; i += step) {
+            int64_t first, bound;
+            python_slice_bounds(static_cast<int64_t>(target_value.size()), start, stop, step, first, bound);
+            for (int64_t i = first; step > 0 ? i < bound : i > bound; i += step) {
               result.push_back(target_value.at(i));
             }
             return result;
@@ -1513,11 +1581,28 @@ public:
             if (auto t = dynamic_cast<VariableExpr*>(base.get())) {
               throw std::runtime_error("'" + t->get_name() + "' is " + (context->contains(t->get_name()) ? "null" : "not defined"));
             }
+            // megakernel: `messages[5].content` names the index past the end (the base's reason)
+            if (auto & r = out_of_range(); r.expr == base.get()) throw std::runtime_error(r.why);
             throw std::runtime_error("Trying to access property '" +  index_value.dump() + "' on null!");
           }
-          return target_value.get(index_value);
+          auto result = target_value.get(index_value);
+          if (result.is_null() && (target_value.is_array() || target_value.is_string()) && index_value.is_number_integer()) {
+            const int64_t n = static_cast<int64_t>(target_value.size());
+            const int64_t i = index_value.get<int64_t>();
+            if (i >= n || i < -n)
+              out_of_range() = {this, target_value.is_array()
+                                          ? "list index " + std::to_string(i) + " is out of range (the list has " +
+                                                std::to_string(n) + (n == 1 ? " item)" : " items)")
+                                          : "string index " + std::to_string(i) + " is out of range (the string has " +
+                                                std::to_string(n) + (n == 1 ? " character)" : " characters)")};
+          }
+          return result;
         }
     }
+    // megakernel: an index out of range is undefined, as in jinja2 (it renders empty). Why, noted
+    // for the subscript of this one that fails on it (the last one on this thread).
+    struct OutOfRange { const Expression * expr = nullptr; std::string why; };
+    static OutOfRange & out_of_range() { static thread_local OutOfRange r; return r; }
 };
 
 class UnaryOpExpr : public Expression {

@@ -76,7 +76,7 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bo
   for (const ProgramWeight& pw : p_.weights) {
     const WeightTensor& t = model.get(pw.name);
     if (t.dtype != pw.dtype) fail("{}: program expects {}, file has {}", pw.name, dtype_name(pw.dtype), dtype_name(t.dtype));
-    if (t.shape != pw.shape) fail("{}: expected {}, got {}", pw.name, shape_str(pw.shape), shape_str(t.shape));
+    if (t.shape != pw.shape) fail_tensor_shape(model.path, t, pw.shape);
     if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16 && !dtype_is_quantized(t.dtype))
       fail("{}: the cpu backend cannot read {} weights", pw.name, dtype_name(t.dtype));
     WeightRef w;
