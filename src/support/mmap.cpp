@@ -32,7 +32,11 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   f->path_ = path;
   f->size_ = static_cast<size_t>(st.st_size);
   if (f->size_ == 0) {
+    // /proc and /sys files report size 0 but read as text: a model cannot be mapped from them
+    char c = 0;
+    const bool has_data = ::read(fd, &c, 1) == 1;
     ::close(fd);
+    if (has_data) fail("{}: the file reports size 0 but holds data (a /proc or /sys file?); it cannot be mapped", path);
     fail("{}: file is empty", path);
   }
   void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);

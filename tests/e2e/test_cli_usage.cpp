@@ -630,6 +630,12 @@ TEST(E2ECliUsage, InfoAndRunNameAWrongTensorShape) {
   EXPECT_EQ(run.err, "error: " + why + "\n");
   // The intact fixture: exit 0.
   EXPECT_EQ(cli("info -m " + src.string()).status, 0);
+  // Files that are not models: empty, a /proc file (size 0 but text), a device.
+  std::ofstream(dir / "empty.gguf").close();
+  EXPECT_EQ(cli("info -m " + (dir / "empty.gguf").string()).err, "error: " + (dir / "empty.gguf").string() + ": file is empty\n");
+  EXPECT_EQ(cli("info -m /proc/self/status").err,
+            "error: /proc/self/status: the file reports size 0 but holds data (a /proc or /sys file?); it cannot be mapped\n");
+  EXPECT_EQ(cli("info -m /dev/zero").err, "error: /dev/zero: not a regular file\n");
   std::filesystem::remove_all(dir);
 }
 
