@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include "archs/hf_common.h"
+#include "model/hf.h"
 #include "support/printable.h"
 
 namespace mk {
@@ -48,7 +49,14 @@ std::vector<std::string> supported_architectures() {
   return r;
 }
 
-Hparams read_hparams(const ModelFile& model) { return find_arch(model).hparams(model); }
-Graph build_graph(const ModelFile& model, const BuildOptions& options) { return find_arch(model).build(model, options); }
+// An HF model's config.json errors name its directory (naming_hf_config).
+Hparams read_hparams(const ModelFile& model) {
+  if (model.format != "hf") return find_arch(model).hparams(model);
+  return naming_hf_config(model.path, [&] { return find_arch(model).hparams(model); });
+}
+Graph build_graph(const ModelFile& model, const BuildOptions& options) {
+  if (model.format != "hf") return find_arch(model).build(model, options);
+  return naming_hf_config(model.path, [&] { return find_arch(model).build(model, options); });
+}
 
 }  // namespace mk

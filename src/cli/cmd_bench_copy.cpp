@@ -14,8 +14,8 @@ void add_bench_copy_command(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench-copy",
                                  "measure device-to-device copy bandwidth (bytes read + written per second), as JSON");
-  cmd->add_option("--mib", o->mib, "size of one copy in MiB")->check(integer_range(1, 65536));
-  cmd->add_option("--reps", o->reps, "timed copies (median reported)")->check(integer_range(1, 1000));
+  cmd->add_option("--mib", o->mib, "size of one copy in MiB")->transform(integer_range(1, 65536));
+  cmd->add_option("--reps", o->reps, "timed copies (median reported)")->transform(integer_range(1, 1000));
   cmd->callback([o] {
     cuda::CopyBandwidth r = cuda::measure_copy_bandwidth(o->mib << 20, o->reps);
     nlohmann::ordered_json j;

@@ -57,7 +57,7 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin, or an HF tokenizer.json)");
   auto* system = cmd->add_option("--system", o->system, "system message at the start of the conversation (\"\" = an empty one)");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
-  cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->capture_default_str()->check(integer_at_least(0));
+  cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->capture_default_str()->transform(integer_at_least(0));
   add_generation_options(cmd, o->session, o->gen.sampler);
   cmd->callback([o, system] {
     Session s(o->session);

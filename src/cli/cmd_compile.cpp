@@ -38,17 +38,17 @@ void add_compile_command(CLI::App& app) {
   // At most 65536: a GPU's blocks (132 SMs on an H200) or CPU threads, with room to spare; the
   // program's tables grow with the workers (2^31 of them took 17 GB before failing).
   cmd->add_option("-t,--threads", o->threads, "workers the program is tiled and scheduled for (0 = all cores, at most 65536)")
-      ->check(integer_range(0, 65536));
+      ->transform(integer_range(0, 65536));
   cmd->add_option("--schedule", o->schedule, "dynamic, static-rr or static-cp")
       ->check(schedule_name());
   cmd->add_option("-c,--ctx-size", o->n_ctx, "context length (0 = the model's, at most 4096)")
-      ->check(integer_at_least(0));
+      ->transform(integer_at_least(0));
   auto* max_tokens_opt = cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)")
-      ->check(integer_at_least(1));
+      ->transform(integer_at_least(1));
   cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
   cmd->add_option("--attn-splits", o->attn_splits,
                   "flash-decoding splits of attention (0 = auto; default: auto for --emit cuda, else 1)")
-      ->check(integer_range(0, 64));
+      ->transform(integer_range(0, 64));
   cmd->callback([o, max_tokens_opt] {
     ModelFile model = open_model(o->model, /*with_data=*/false);  // shapes are all compile needs
     Hparams hp = read_hparams(model);

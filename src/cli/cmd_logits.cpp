@@ -51,14 +51,14 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "backend")->check(backend_name());
   refuse_threads_for_reference(cmd, o->backend, o->backend_options.threads);
   cmd->add_option("-t,--threads", o->backend_options.threads, "workers: cpu threads (0 = all cores, at most 1024); cuda and cuda-emu blocks (0 = one per SM; cuda-emu 4)")
-      ->check(integer_range(0, 1024));
+      ->transform(integer_range(0, 1024));
   cmd->add_option("--act-quant", o->backend_options.act_quant,
                   "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (on for GGUF files and synth: models with "
                   "block-quantized weights), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--attn-splits", o->backend_options.attn_splits,
                   "flash-decoding: split each row's cached positions N ways (0 = auto; default 1 on cpu, auto on cuda)")
-      ->check(integer_range(0, 64));
+      ->transform(integer_range(0, 64));
   cmd->add_option("--kv-type", o->backend_options.kv_type,
                   "cpu: KV cache precision as llama.cpp's: f16, f32, or auto (f16 for GGUF files and synth: models with block-quantized "
                   "weights, else f32)")
@@ -69,7 +69,7 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", *n_ctx,
                   "context length (default: the number of ids); models whose RoPE depends on the context "
                   "(phi3 LongRoPE) give run's logits with run's -c")
-      ->check(integer_at_least(0));
+      ->transform(integer_at_least(0));
   cmd->callback([o, ids, n_ctx] {
     o->all_logits = true;
     o->need_tokenizer = false;

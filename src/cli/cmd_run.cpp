@@ -27,20 +27,20 @@ void add_run_command(CLI::App& app) {
   auto* ids = cmd->add_option("--ids", o->ids, "prompt as comma-separated token ids (no BOS added); works without a tokenizer")
                   ->excludes(prompt)
                   ->check(token_ids());
-  cmd->add_option("-n,--n-predict", o->gen.n_new, "number of tokens to generate")->capture_default_str()->check(integer_at_least(0));
+  cmd->add_option("-n,--n-predict", o->gen.n_new, "number of tokens to generate")->capture_default_str()->transform(integer_at_least(0));
   add_generation_options(cmd, o->session, o->gen.sampler);
   cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp")
       ->check(schedule_name());
   cmd->add_option("--attn-splits", o->session.backend_options.attn_splits,
                   "flash-decoding: split each row's cached positions N ways (0 = auto; default 1 on cpu, auto on cuda)")
-      ->check(integer_range(0, 64));
+      ->transform(integer_range(0, 64));
   cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file");
   cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
   auto* json_flag = cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");
   cmd->add_option("--logprobs", o->gen.logprobs,
                   "with --json: each generated token's log-probability (the model's own, before temperature and "
                   "penalties) and the N most likely tokens")
-      ->check(integer_range(0, kMaxTopLogprobs))
+      ->transform(integer_range(0, kMaxTopLogprobs))
       ->needs(json_flag);
   auto* messages = cmd->add_option("--messages", o->messages_file,
                                    "chat: a JSON file with [{\"role\": .., \"content\": ..}, ...], rendered by the model's template "

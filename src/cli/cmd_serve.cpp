@@ -1120,35 +1120,35 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)")->check(not_empty);
   cmd->add_option("--port", o->port, "TCP port (0 = any free port; the chosen one is printed)")
       ->capture_default_str()
-      ->check(integer_range(0, 65535));
+      ->transform(integer_range(0, 65535));
   cmd->add_option("--parallel", o->parallel, "most requests generating at once (one batch)")
       ->capture_default_str()
-      ->check(integer_range(1, 1 << 16));
+      ->transform(integer_range(1, 1 << 16));
   cmd->add_option("--max-queue", o->max_queue, "requests waiting beyond --parallel; more get HTTP 429")
       ->capture_default_str()
-      ->check(integer_at_least(0));
+      ->transform(integer_at_least(0));
   cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache rows shared by all requests (0 = --parallel x context)")
       ->capture_default_str()
-      ->check(integer_range(0, int64_t{1} << 30));
+      ->transform(integer_range(0, int64_t{1} << 30));
   // An empty key would turn authentication off without a word (a script's unset $KEY): refused.
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)")
       ->check(not_empty);
   cmd->add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its end (0 = none)")
       ->capture_default_str()
-      ->check(number_range(0, kMaxTimeoutS));
+      ->transform(number_range(0, kMaxTimeoutS));
   cmd->add_option("--max-body", o->max_body, "largest request body in bytes (larger: HTTP 413)")
       ->capture_default_str()
-      ->check(integer_range(1, kMaxBodyLimit));
+      ->transform(integer_range(1, kMaxBodyLimit));
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 chat template to use instead of the model's");
   cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)")
       ->check(not_empty);
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length per request (0 = the model's, at most 4096)")
-      ->check(integer_at_least(0));
+      ->transform(integer_at_least(0));
   cmd->add_option("--backend", o->session.backend, "backend: cpu, cuda, ... (default: the fastest available)")
       ->check(backend_name());
   refuse_threads_for_reference(cmd, o->session.backend, o->session.backend_options.threads);
   cmd->add_option("-t,--threads", o->session.backend_options.threads, "workers: cpu threads (0 = all cores, at most 1024); cuda and cuda-emu blocks (0 = one per SM; cuda-emu 4)")
-      ->check(integer_range(0, 1024));
+      ->transform(integer_range(0, 1024));
   cmd->add_option("--schedule", o->session.backend_options.schedule, "CPU schedule: dynamic, static-rr, static-cp")
       ->check(schedule_name());
   cmd->callback([o] { serve(*o); });

@@ -32,7 +32,11 @@ std::string shown_piece(const std::string& piece) {
     }
     if (j > i) {
       const std::string quoted = nlohmann::json(piece.substr(i, j - i)).dump();
-      out.append(quoted, 1, quoted.size() - 2);
+      // JSON escapes the C0 controls; DEL (0x7f) is escaped the same way, or its piece looks empty
+      for (size_t k = 1; k + 1 < quoted.size(); ++k) {
+        if (quoted[k] == '\x7f') out += "\\u007f";
+        else out += quoted[k];
+      }
       i = j;
       continue;
     }

@@ -40,6 +40,9 @@ CLI::Validator integer_validator(int64_t lo, int64_t hi, bool implicit_hi) {
           return fmt::format("'{}' is not a whole number", s);
         if (ec == std::errc::result_out_of_range) return range_error(s, lo, hi, implicit_hi, s[0] == '-');
         if (v < lo || v > hi) return range_error(s, lo, hi, implicit_hi, v < lo);
+        // CLI11 converts the text again with strtoll base 0: "010" would be octal 8 and "08" "Could
+        // not convert" (new-user trial 36). The value checked here, in decimal, is what it converts.
+        s = std::to_string(v);
         return {};
       },
       desc);
@@ -64,6 +67,7 @@ CLI::Validator unsigned_integer() {
           return fmt::format("'{}' is not a whole number", s);
         if (negative || ec == std::errc::result_out_of_range)
           return fmt::format("{} is out of range: it must be 0 to {}", s, hi);
+        s = std::to_string(v);  // decimal, as checked (CLI11 would read "010" as octal)
         return {};
       },
       fmt::format("UINT in [0 - {}]", hi));
@@ -132,29 +136,29 @@ void refuse_threads_for_reference(CLI::App* cmd, const std::string& backend, con
 }
 
 void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptions& sampler) {
-  cmd->add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)")->capture_default_str()->check(number_range(0, HUGE_VAL, false, /*as_float=*/true));
-  cmd->add_option("--top-k", sampler.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(integer_at_least(0));
-  cmd->add_option("--top-p", sampler.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->check(number_range(0, 1, /*above_lo=*/true, /*as_float=*/true));
-  cmd->add_option("--seed", sampler.seed, "random seed")->capture_default_str()->check(unsigned_integer());
+  cmd->add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)")->capture_default_str()->transform(number_range(0, HUGE_VAL, false, /*as_float=*/true));
+  cmd->add_option("--top-k", sampler.top_k, "top-k sampling (0 = off)")->capture_default_str()->transform(integer_at_least(0));
+  cmd->add_option("--top-p", sampler.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->transform(number_range(0, 1, /*above_lo=*/true, /*as_float=*/true));
+  cmd->add_option("--seed", sampler.seed, "random seed")->capture_default_str()->transform(unsigned_integer());
   cmd->add_option("--min-p", sampler.min_p, "min-p sampling: keep tokens at least this fraction as likely as the best (0 = off)")
-      ->capture_default_str()->check(number_range(0, 1, false, /*as_float=*/true));
+      ->capture_default_str()->transform(number_range(0, 1, false, /*as_float=*/true));
   cmd->add_option("--repeat-penalty", sampler.repeat_penalty,
                   "llama.cpp's repeat penalty on the tokens of the last --repeat-last-n (1 = off)")
-      ->capture_default_str()->check(number_range(0, HUGE_VAL, /*above_lo=*/true, /*as_float=*/true));
+      ->capture_default_str()->transform(number_range(0, HUGE_VAL, /*above_lo=*/true, /*as_float=*/true));
   cmd->add_option("--presence-penalty", sampler.presence_penalty, "OpenAI's presence penalty, -2 to 2 (0 = off)")
-      ->capture_default_str()->check(number_range(-2, 2, false, /*as_float=*/true));
+      ->capture_default_str()->transform(number_range(-2, 2, false, /*as_float=*/true));
   cmd->add_option("--frequency-penalty", sampler.frequency_penalty, "OpenAI's frequency penalty, -2 to 2 (0 = off)")
-      ->capture_default_str()->check(number_range(-2, 2, false, /*as_float=*/true));
+      ->capture_default_str()->transform(number_range(-2, 2, false, /*as_float=*/true));
   cmd->add_option("--repeat-last-n", sampler.penalty_last_n,
                   "the penalties' window: the last N tokens, prompt included (-1 = all, 0 = penalties off)")
-      ->capture_default_str()->check(integer_range(-1, INT32_MAX));
+      ->capture_default_str()->transform(integer_range(-1, INT32_MAX));
   cmd->add_option("-c,--ctx-size", session.n_ctx, "context length (0 = the model's, at most 4096)")
-      ->check(integer_at_least(0));
+      ->transform(integer_at_least(0));
   cmd->add_option("--backend", session.backend, "backend: reference, cpu, ... (default: the fastest available)")
       ->check(backend_name());
   refuse_threads_for_reference(cmd, session.backend, session.backend_options.threads);
   cmd->add_option("-t,--threads", session.backend_options.threads, "workers: cpu threads (0 = all cores, at most 1024); cuda and cuda-emu blocks (0 = one per SM; cuda-emu 4)")
-      ->check(integer_range(0, 1024));
+      ->transform(integer_range(0, 1024));
   cmd->add_option("--act-quant", session.backend_options.act_quant,
                   "cpu: quantize matmul activations to 8-bit blocks as llama.cpp does: auto (on for GGUF files and synth: models with "
                   "block-quantized weights), on, off")

@@ -260,8 +260,10 @@ ModelFile load_hf_dir(const std::string& dir_str, bool with_weights) {
     flatten_gemma3_multimodal(model, config, derived);
     model.metadata["hf.config"] = config;
   }
-  if (type == "phi3") add_phi3_views(model, config, derived);
-  if (type == "gpt2") add_gpt2_transposes(model, config, derived);
+  naming_hf_config(dir_str, [&] {
+    if (type == "phi3") add_phi3_views(model, config, derived);
+    if (type == "gpt2") add_gpt2_transposes(model, config, derived);
+  });
   if (!derived.empty()) model.metadata["hf.derived_tensors"] = derived;
   return model;
 }

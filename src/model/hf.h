@@ -62,6 +62,20 @@ inline HfRope read_hf_rope(const nlohmann::json& config) { return read_hf_rope(n
 // or a list of integers; null or absent means none). Duplicates removed, order kept.
 std::vector<int32_t> read_hf_eos_ids(const ModelFile& model);
 
+// Runs f; an mk::Error about a config.json field ("config.json: missing num_attention_heads", as
+// hf_config_int and the architectures word them) is rethrown naming the file in directory `dir`
+// ("<dir>/config.json: missing ..."); other errors pass through.
+template <class F>
+auto naming_hf_config(const std::string& dir, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.rfind("config.json: ", 0) != 0) throw;
+    throw Error(dir + (!dir.empty() && dir.back() == '/' ? "" : "/") + what);
+  }
+}
+
 // Integer config field: the first of `keys` present and not null, else `def`; throws mk::Error
 // "config.json: missing <first key>" when there is no default, or when the value is not an integer.
 int64_t hf_config_int(const nlohmann::ordered_json& config, std::initializer_list<const char*> keys,

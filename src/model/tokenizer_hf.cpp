@@ -10,6 +10,8 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -997,7 +999,7 @@ std::unique_ptr<Tokenizer> parse_hf_tokenizer_json(std::string_view json_text, c
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path, const std::vector<int32_t>& eos_ids) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open", path);
+  if (!in) fail("{}: cannot open: {}", path, std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_hf_tokenizer_json(ss.str(), path, eos_ids);

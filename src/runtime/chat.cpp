@@ -124,12 +124,21 @@ std::string render_chat_template(const std::string& source, const nlohmann::orde
   try {
     // declared first, destroyed last: frees the reference cycles the template made (l.append(l))
     const minja::CycleCollector collector;
-    auto root = minja::Parser::parse(source, minja::Options{/*trim_blocks=*/true, /*lstrip_blocks=*/true,
-                                                            /*keep_trailing_newline=*/false});
+    // Jinja2 reads "\r\n" and "\r" as "\n" (newline_sequence), so trim_blocks and the text see one
+    // newline: a template saved with Windows line ends renders as it does in Python.
+    std::string normalized;
+    normalized.reserve(source.size());
+    for (size_t i = 0; i < source.size(); ++i) {
+      if (source[i] != '\r') normalized += source[i];
+      else if (i + 1 >= source.size() || source[i + 1] != '\n') normalized += '\n';
+    }
+    auto root = minja::Parser::parse(normalized, minja::Options{/*trim_blocks=*/true, /*lstrip_blocks=*/true,
+                                                                /*keep_trailing_newline=*/false});
     // The OpenAI API's "developer" role is its newer name for "system": a template that does not
-    // know it (it never names the role) gets a system message instead.
+    // know it (it never names the role as a string, 'developer' or "developer") gets a system
+    // message instead. The word in a comment or other text does not count.
     nlohmann::ordered_json msgs = messages;
-    if (source.find("developer") == std::string::npos)
+    if (source.find("'developer'") == std::string::npos && source.find("\"developer\"") == std::string::npos)
       for (auto& m : msgs)
         if (m.is_object() && m.contains("role") && m["role"] == "developer") m["role"] = "system";
     auto ctx = minja::Context::make(minja::Value(nlohmann::ordered_json{

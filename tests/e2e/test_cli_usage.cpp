@@ -274,6 +274,11 @@ TEST(E2ECliUsage, TokenizeShowsTheBytesOfPartialCharacters) {
     for (int b : piece) text += static_cast<char>(b);
   EXPECT_EQ(j.at("ids").size(), j.at("piece_bytes").size());
   EXPECT_EQ(text, " 日本 a\\");  // SentencePiece's leading space
+  // DEL is escaped as the C0 controls are (it printed raw, so its piece looked empty; trial 36)
+  r = cli("tokenize -m " MK_SHARED_DIR "/models/stories260K/stories260K.gguf --no-bos -p \"$(printf 'b\\177\\001')\"");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "-> \"\\u007f\"\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "-> \"\\u0001\"\n")) << r.out;
 }
 
 // A SentencePiece vocabulary takes a prompt that is not UTF-8 (its bytes become byte tokens); `run
@@ -590,6 +595,12 @@ TEST(E2ECliUsage, StdinPlusSignsAndJsonErrors) {
   EXPECT_TRUE(has(cli("run -m " + model + " --ids 1 --temp ++1").err, "error: --temp: '++1' is not a number"));
   EXPECT_TRUE(has(cli("run -m " + model + " --ids 1 --top-k +-1").err, "error: --top-k: '+-1' is not a whole number"));
 
+  // Leading zeros are decimal (CLI11 read "010" as octal 8 and refused "08"; new-user trial 36)
+  for (const auto& [n, want] : {std::pair<std::string, size_t>{"010", 10}, {"08", 8}, {"+009", 9}}) {
+    Result z = cli("run -m " + model + " --ids 1 -n " + n + " --ignore-eos --temp 0 --json");
+    ASSERT_EQ(z.status, 0) << n << ": " << z.err;
+    EXPECT_EQ(nlohmann::json::parse(z.out)["generated_ids"].size(), want) << n;
+  }
   Result full = cli("run -m " + model + " --ids 1 -n 4 -c 1");
   EXPECT_EQ(full.status, 0) << full.err;
   EXPECT_TRUE(has(full.err, "note: stopped: the context (1 token) is full\n")) << full.err;
@@ -630,6 +641,15 @@ TEST(E2ECliUsage, InfoAndRunNameAWrongTensorShape) {
   EXPECT_EQ(run.err, "error: " + why + "\n");
   // The intact fixture: exit 0.
   EXPECT_EQ(cli("info -m " + src.string()).status, 0);
+  // A config.json key missing is named with the directory (it said "config.json: missing ...")
+  auto config = nlohmann::ordered_json::parse(std::ifstream(src / "config.json"));
+  config.erase("num_attention_heads");
+  std::ofstream(dir / "config.json") << config.dump();
+  for (const std::string& cmd : {"info", "run -p hi -n 1 "}) {
+    Result r = cli(cmd + " -m " + dir.string());
+    EXPECT_EQ(r.status, 1) << cmd;
+    EXPECT_EQ(r.err, "error: " + dir.string() + "/config.json: missing num_attention_heads\n") << cmd;
+  }
   // Files that are not models: empty, a /proc file (size 0 but text), a device.
   std::ofstream(dir / "empty.gguf").close();
   EXPECT_EQ(cli("info -m " + (dir / "empty.gguf").string()).err, "error: " + (dir / "empty.gguf").string() + ": file is empty\n");

@@ -179,6 +179,44 @@ TEST(ChatTemplate, StringIndexingAndSlicingAsJinja2) {
             "chat template: the rendered text is not valid UTF-8 (byte 0xff at offset 1; the template writes it)");
 }
 
+// New-user trial 36: operators, literals and whitespace as Python's jinja2 has them (each expected
+// value rendered by jinja2 3.1.6 with trim_blocks and lstrip_blocks, 2026-12-06). Upstream minja gave
+// `and` as True/False, truncated `/`, `//` and `%` toward zero, printed 0.1 as "0.100000", took {} as
+// true, could not read 1e-7, dropped the backslash of '\u00e9', stripped the indentation before
+// {{ }}, and kept the \r of Windows line ends.
+TEST(ChatTemplate, OperatorsLiteralsAndWhitespaceAsJinja2) {
+  const nlohmann::ordered_json msgs =
+      nlohmann::ordered_json::parse(R"([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}])");
+  ChatRenderOptions o;
+  EXPECT_EQ(render_chat_template("{{ 'a' and 'b' }}|{{ 0 and 'b' }}|{{ '' or 'c' }}|"
+                                 "{% set sys = messages[0].role == 'system' and messages[0].content %}{{ sys }}|"
+                                 "{{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }}|{{ 7.5 % 2 }} {{ -7.5 // 2 }}|"
+                                 "{{ 10 / 4 }} {{ 4 / 2 }} {{ 2 ** 10 }} {{ 2 ** -1 }}|{{ 'x' ~ 0.1 }} {{ 0.1|string }} {{ 1e15 }}|"
+                                 "{% if {} %}a{% else %}b{% endif %}{% if {'k': 1} %}c{% endif %}|{{ 1e-7 }} {{ 1.5e+3 }}|"
+                                 "{{ '\\u00e9\\x41\\U0001F600\\101\\d\\'\\\"' }}",
+                                 msgs, o),
+            "b|0|c|S|-4 2 -2|1.5 -4.0|2.5 2.0 1024 0.5|x0.1 0.1 1000000000000000.0|bc|1e-07 1500.0|"
+            "\u00e9A\U0001F600A\\d'\"");
+  // lstrip_blocks strips before {% %} and {# #}, not before {{ }}
+  EXPECT_EQ(render_chat_template("x\n    {{ 'b' }}\n\t{% if true %}c{% endif %}\n  {# c #}d", msgs, o), "x\n    b\ncd");
+  // Windows line ends read as "\n" (trim_blocks then applies)
+  EXPECT_EQ(render_chat_template("{% for m in messages %}\r\n<{{ m.role }}>\r\n{% endfor %}\r\n", msgs, o), "<system>\n<user>\n");
+  // integer arithmetic errors, not SIGFPE or a wrong value
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ 1 // 0 }}", msgs, o); }).find("integer division by zero"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ 1 / 0 }}", msgs, o); }).find("division by zero"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ 1.5 % 0 }}", msgs, o); }).find("float modulo by zero"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ 10 ** 40 }}", msgs, o); }).find("integer power overflows"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ '\\ud800' }}", msgs, o); }).find("U+D800 is not a character"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ '\\x4' }}", msgs, o); }).find("truncated"), std::string::npos);
+  // "developer" in a comment does not keep the role: only the role named as a string does
+  const nlohmann::ordered_json dev = check_chat_messages(
+      nlohmann::ordered_json::parse(R"([{"role": "developer", "content": "Be brief"}])"), "");
+  EXPECT_EQ(render_chat_template("{# for developers #}{% for m in messages %}[{{ m.role }} {{ m.content }}]{% endfor %}", dev, o),
+            "[system Be brief]");
+  EXPECT_EQ(render_chat_template("{% for m in messages %}[{{ 'D' if m.role == 'developer' else m.role }}]{% endfor %}", dev, o),
+            "[D]");
+}
+
 // OpenAI message shapes: parts of type text are joined; other part types, unknown roles and
 // malformed parts are refused with the field named (the server's `param`).
 TEST(ChatTemplate, MessagePartsAndRoles) {

@@ -12,7 +12,9 @@
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <charconv>  // megakernel: python_float_repr
 #include <cmath>
 #include <exception>
 #include <functional>
@@ -210,6 +212,38 @@ inline size_t utf8_offset(const std::string & s, int64_t index, size_t from = 0)
   return i;
 }
 
+// megakernel: Python's repr of a float (str() is the same): the shortest digits that read back,
+// fixed notation for decimal exponents -4 to 15 with ".0" when whole, else d.ddde+XX; inf, nan.
+inline std::string python_float_repr(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);  // "-1.25e+17"
+  std::string sci(buf, r.ptr);
+  const bool neg = sci[0] == '-';
+  if (neg) sci.erase(0, 1);
+  const size_t e = sci.find('e');
+  const int exp = std::stoi(sci.substr(e + 1));
+  std::string digits;
+  for (size_t i = 0; i < e; ++i)
+    if (sci[i] != '.') digits += sci[i];
+  std::string out;
+  const int nd = static_cast<int>(digits.size());
+  if (exp < -4 || exp >= 16) {
+    out = digits.substr(0, 1) + (nd > 1 ? "." + digits.substr(1) : "");
+    out += exp < 0 ? "e-" : "e+";
+    const std::string ed = std::to_string(exp < 0 ? -exp : exp);
+    out += (ed.size() < 2 ? "0" : "") + ed;
+  } else if (exp < 0) {
+    out = "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+  } else if (nd <= exp + 1) {
+    out = digits + std::string(static_cast<size_t>(exp + 1 - nd), '0') + ".0";
+  } else {
+    out = digits.substr(0, static_cast<size_t>(exp + 1)) + "." + digits.substr(static_cast<size_t>(exp + 1));
+  }
+  return neg ? "-" + out : out;
+}
+
 // megakernel: Python's slice rules (PySlice_AdjustIndices): out-of-range bounds are clamped and
 // `None` is an omitted bound, so a slice never reads past the end. Sets the first index and the
 // bound (exclusive) a slice of `len` items walks with `step`.
@@ -351,6 +385,11 @@ private:
       out << (this->to_bool() ? "True" : "False");
     } else if (is_string() && !to_json) {
       dump_string(primitive_, out, string_quote);
+    } else if (is_number_float()) {
+      // megakernel: Python's repr (1e15 is 1000000000000000.0; inf, nan), also for json.dumps
+      // (Infinity, NaN); nlohmann wrote 1e+15 and null
+      const double d = get<double>();
+      out << (to_json && !std::isfinite(d) ? (std::isnan(d) ? "NaN" : d < 0 ? "-Infinity" : "Infinity") : python_float_repr(d));
     } else {
       out << primitive_.dump();
     }
@@ -578,6 +617,7 @@ public:
     if (is_number()) return get<double>() != 0;
     if (is_string()) return !get<std::string>().empty();
     if (is_array()) return !empty();
+    if (is_object() && !callable_) return !object_->empty();  // megakernel: {} is false, as in Python
     return true;
   }
 
@@ -718,7 +758,7 @@ public:
   std::string to_str() const {
     if (is_string()) return get<std::string>();
     if (is_number_integer()) return std::to_string(get<int64_t>());
-    if (is_number_float()) return std::to_string(get<double>());
+    if (is_number_float()) return python_float_repr(get<double>());  // megakernel: was "0.100000"
     if (is_boolean()) return get<bool>() ? "True" : "False";
     if (is_null()) return "None";
     return dump();
@@ -764,24 +804,55 @@ public:
       else
         return get<double>() * rhs.get<double>();
   }
+  // megakernel: Python's arithmetic (upstream: `/` of integers truncated, `//` and `%` rounded toward
+  // zero, `**` always gave a float): `/` is true division (a float), `//` and `%` floor (the
+  // remainder takes the divisor's sign), int ** int (exponent >= 0) is an int. Division by zero is
+  // an error, as x / 0 and INT64_MIN / -1 are undefined in C++ (SIGFPE).
   Value operator/(const Value& rhs) const {
-      if (is_number_integer() && rhs.is_number_integer())
-        return int_divide(get<int64_t>(), rhs.get<int64_t>());
-      else
-        return get<double>() / rhs.get<double>();
+      const double b = rhs.get<double>();
+      if (b == 0) throw std::runtime_error("division by zero");
+      return get<double>() / b;
+  }
+  Value floor_divide(const Value& rhs) const {
+    if (is_number_integer() && rhs.is_number_integer()) return int_divide(get<int64_t>(), rhs.get<int64_t>());
+    const double b = rhs.get<double>();
+    if (b == 0) throw std::runtime_error("float floor division by zero");
+    return std::floor(get<double>() / b);
   }
   Value operator%(const Value& rhs) const {
-    // megakernel: x % 0 and INT64_MIN % -1 are undefined in C++ (SIGFPE): an error instead
-    const auto a = get<int64_t>(), b = rhs.get<int64_t>();
-    if (b == 0) throw std::runtime_error("integer modulo by zero");
-    if (b == -1) return int64_t{0};
-    return a % b;
+    if (is_number_integer() && rhs.is_number_integer()) {
+      const auto a = get<int64_t>(), b = rhs.get<int64_t>();
+      if (b == 0) throw std::runtime_error("integer modulo by zero");
+      if (b == -1) return int64_t{0};
+      int64_t m = a % b;
+      if (m != 0 && ((m < 0) != (b < 0))) m += b;
+      return m;
+    }
+    const double b = rhs.get<double>();
+    if (b == 0) throw std::runtime_error("float modulo by zero");
+    double m = std::fmod(get<double>(), b);
+    if (m != 0 && ((m < 0) != (b < 0))) m += b;
+    return m;
+  }
+  Value power(const Value& rhs) const {
+    if (is_number_integer() && rhs.is_number_integer() && rhs.get<int64_t>() >= 0) {
+      int64_t base = get<int64_t>(), e = rhs.get<int64_t>(), result = 1;
+      while (e > 0) {
+        if ((e & 1) && __builtin_mul_overflow(result, base, &result)) throw std::runtime_error("integer power overflows");
+        e >>= 1;
+        if (e > 0 && __builtin_mul_overflow(base, base, &base)) throw std::runtime_error("integer power overflows");
+      }
+      return result;
+    }
+    return std::pow(get<double>(), rhs.get<double>());
   }
   // megakernel: x / 0 and INT64_MIN / -1 are undefined in C++ (SIGFPE): an error instead
-  static int64_t int_divide(int64_t a, int64_t b) {
+  static int64_t int_divide(int64_t a, int64_t b) {  // floor division
     if (b == 0) throw std::runtime_error("integer division by zero");
     if (b == -1 && a == std::numeric_limits<int64_t>::min()) throw std::runtime_error("integer division overflows");
-    return a / b;
+    int64_t q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+    return q;
   }
 };
 
@@ -1675,8 +1746,10 @@ public:
           }
 
           if (op == Op::And) {
-            if (!l.to_bool()) return Value(false);
-            return right->evaluate(context).to_bool();
+            // megakernel: Python's `and` gives an operand (`x and y` is x when x is false, else y);
+            // upstream gave True/False, so `m.role == 'system' and m.content` rendered "True"
+            if (!l.to_bool()) return l;
+            return right->evaluate(context);
           } else if (op == Op::Or) {
             if (l.to_bool()) return l;
             return right->evaluate(context);
@@ -1694,8 +1767,8 @@ public:
               case Op::Sub:       return l - r;
               case Op::Mul:       return l * r;
               case Op::Div:       return l / r;
-              case Op::MulMul:    return std::pow(l.get<double>(), r.get<double>());
-              case Op::DivDiv:    return Value::int_divide(l.get<int64_t>(), r.get<int64_t>());
+              case Op::MulMul:    return l.power(r);
+              case Op::DivDiv:    return l.floor_divide(r);
               case Op::Mod:       return l % r;  // megakernel: Value's %, which refuses % 0
               case Op::Eq:        return l == r;
               case Op::Ne:        return l != r;
@@ -2047,6 +2120,48 @@ private:
         if (it == end || *it != quote) return nullptr;
         std::string result;
         bool escape = false;
+        // megakernel: Python's escapes, as jinja2 reads a string literal (unicode-escape): \xhh,
+        // \uXXXX, \UXXXXXXXX and octal \ooo are code points written as UTF-8, \a \v \' \" too, a
+        // backslash-newline is dropped, and an unknown escape keeps its backslash ('\d' is \d).
+        // Upstream dropped the backslash of every other escape ('\u00e9' gave "u00e9").
+        auto code_point = [&](int digits, int base) -> uint32_t {
+          uint32_t cp = 0;
+          int n = 0;
+          for (; n < digits && it + 1 != end; ++n) {
+            const char c = *(it + 1);
+            const int v = (c >= '0' && c <= '9') ? c - '0'
+                        : (base == 16 && c >= 'a' && c <= 'f') ? c - 'a' + 10
+                        : (base == 16 && c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+            if (v < 0 || v >= base) break;
+            cp = cp * static_cast<uint32_t>(base) + static_cast<uint32_t>(v);
+            ++it;
+          }
+          if (base == 16 && n < digits) throw std::runtime_error("truncated \\x, \\u or \\U escape in a string literal");
+          if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+          {
+            char hex[16];
+            std::snprintf(hex, sizeof hex, "%04X", static_cast<unsigned>(cp));
+            throw std::runtime_error(std::string("string escape for U+") + hex + " is not a character UTF-8 can hold");
+          }
+          return cp;
+        };
+        auto append_utf8 = [&](uint32_t cp) {
+          if (cp < 0x80) {
+            result += static_cast<char>(cp);
+          } else if (cp < 0x800) {
+            result += static_cast<char>(0xC0 | (cp >> 6));
+            result += static_cast<char>(0x80 | (cp & 0x3F));
+          } else if (cp < 0x10000) {
+            result += static_cast<char>(0xE0 | (cp >> 12));
+            result += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            result += static_cast<char>(0x80 | (cp & 0x3F));
+          } else {
+            result += static_cast<char>(0xF0 | (cp >> 18));
+            result += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+            result += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            result += static_cast<char>(0x80 | (cp & 0x3F));
+          }
+        };
         for (++it; it != end; ++it) {
           if (escape) {
             escape = false;
@@ -2056,13 +2171,22 @@ private:
               case 't': result += '\t'; break;
               case 'b': result += '\b'; break;
               case 'f': result += '\f'; break;
+              case 'a': result += '\a'; break;
+              case 'v': result += '\v'; break;
               case '\\': result += '\\'; break;
+              case '\'': result += '\''; break;
+              case '"': result += '"'; break;
+              case '\n': break;  // a backslash-newline continues the line
+              case 'x': append_utf8(code_point(2, 16)); break;
+              case 'u': append_utf8(code_point(4, 16)); break;
+              case 'U': append_utf8(code_point(8, 16)); break;
+              case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7':
+                --it;
+                append_utf8(code_point(3, 8));
+                break;
               default:
-                if (*it == quote) {
-                  result += quote;
-                } else {
-                  result += *it;
-                }
+                result += '\\';
+                result += *it;
                 break;
             }
           } else if (*it == '\\') {
@@ -2104,6 +2228,7 @@ private:
             if (hasExponent) throw std::runtime_error("Multiple exponents");
             hasExponent = true;
             ++it;
+            if (it != end && (*it == '-' || *it == '+')) ++it;  // megakernel: 1e-7, 1.5e+3
           } else {
             break;
           }
@@ -2912,7 +3037,8 @@ private:
               if (post_space == SpaceHandling::Strip) {
                 static std::regex trailing_space_regex(R"(\s+$)");
                 text = std::regex_replace(text, trailing_space_regex, "");
-              } else if (options.lstrip_blocks && it != end) {
+              } else if (options.lstrip_blocks && it != end && !dynamic_cast<ExpressionTemplateToken*>((*it).get())) {
+                // megakernel: as jinja2, lstrip_blocks strips before {% %} and {# #} only, not {{ }}
                 auto i = text.size();
                 while (i > 0 && (text[i - 1] == ' ' || text[i - 1] == '\t')) i--;
                 if ((i == 0 && (it - 1) == begin) || (i > 0 && text[i - 1] == '\n')) {
