@@ -65,7 +65,10 @@ size_t utf8_seq_len(std::string_view s, size_t i) {
 void check_utf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     size_t n = utf8_seq_len(s, i);
-    if (n == 0) fail("tokenizer: input text is not valid UTF-8 (byte offset {})", i);
+    if (n == 0)  // a SentencePiece vocabulary takes such bytes as byte tokens; a BPE one reads text only
+      fail("tokenizer: the text is not valid UTF-8 (byte 0x{:02x} at offset {}); this model's BPE vocabulary reads "
+           "UTF-8 text only",
+           static_cast<unsigned char>(s[i]), i);
     i += n;
   }
 }

@@ -20,7 +20,8 @@ std::vector<char32_t> decode(std::string_view s) {
   while (i < n) {
     utf8proc_int32_t cp;
     utf8proc_ssize_t len = utf8proc_iterate(p + i, n - i, &cp);
-    if (len <= 0) fail("tokenizer: text is not valid UTF-8 (byte offset {})", i);
+    if (len <= 0)
+      fail("tokenizer: the text is not valid UTF-8 (byte 0x{:02x} at offset {})", static_cast<unsigned char>(s[static_cast<size_t>(i)]), i);
     out.push_back(static_cast<char32_t>(cp));
     i += len;
   }
