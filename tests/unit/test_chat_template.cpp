@@ -217,6 +217,42 @@ TEST(ChatTemplate, OperatorsLiteralsAndWhitespaceAsJinja2) {
             "[D]");
 }
 
+// Filters, string methods and tests upstream minja lacked (new-user trial 36), as Python's jinja2
+// 3.1.6 renders them (expected text from jinja2, 2026-12-06): first, float, abs, max/min (attribute),
+// sum (attribute, start), round (common: Python's ties-to-even on the exact value; floor, ceil),
+// sort (case-insensitive by default, stable, attribute, reverse), list of a string or dict,
+// reverse, split() on whitespace and maxsplit, startswith/endswith of a tuple, find, count, join,
+// is odd / even.
+TEST(ChatTemplate, MoreFiltersAsJinja2) {
+  const nlohmann::ordered_json msgs = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])");
+  ChatRenderOptions o;
+  const std::string tmpl =
+      R"T({{ [3,1,2]|first }}|)T"
+      R"T({{ 'héllo'|first }}|)T"
+      R"T({{ []|first }}|)T"
+      R"T({{ '3.5'|float }} {{ 'x'|float }} {{ 'x'|float(1.5) }} {{ 2|float }}|)T"
+      R"T({{ -3|abs }} {{ -2.5|abs }}|)T"
+      R"T({{ [3,1,2]|max }} {{ [3,1,2]|min }} {{ ['b','a','c']|max }} {{ []|max }}|)T"
+      R"T({{ [{'n':2},{'n':5}]|max(attribute='n') }}|)T"
+      R"T({{ [1,2,3]|sum }} {{ [1.5,2]|sum }} {{ [{'n':2},{'n':5}]|sum(attribute='n') }} {{ [1,2]|sum(start=10) }}|)T"
+      R"T({{ 2.5|round }} {{ 3.5|round }} {{ 2.675|round(2) }} {{ 3|round }} {{ 2.1|round(method='ceil') }} {{ 2.9|round(0, 'floor') }} {{ -2.5|round }}|)T"
+      R"T({{ [3,1,2]|sort }} {{ ['b','A','c']|sort }} {{ ['b','A','c']|sort(case_sensitive=true) }} {{ [3,1,2]|sort(reverse=true) }}|)T"
+      R"T({{ [{'n':2,'m':'x'},{'n':1,'m':'y'}]|sort(attribute='n')|map(attribute='m')|join(',') }}|)T"
+      R"T({{ 'héllo'|list }} {{ {'a':1,'b':2}|list }}|)T"
+      R"T({{ ' a  b c '.split() }} {{ 'a,b,c'.split(',', 1) }} {{ 'a b c'.split(None, 1) }} {{ '  a b  '.split(maxsplit=1) }}|)T"
+      R"T({{ 'héllo'.find('l') }} {{ 'abc'.find('z') }} {{ 'aaa'.count('a') }} {{ 'abc'.count('') }}|)T"
+      R"T({{ ', '.join(['a','b']) }} {{ '-'.join('abc') }}|)T"
+      R"T({% if 3 is odd %}o{% endif %}{% if 4 is even %}e{% endif %}|)T"
+      R"T({{ 'héllo'|reverse }} {{ [1,2,3]|reverse|list }}|)T"
+      R"T({{ 'xyz'.startswith(('a','x')) }} {{ 'xyz'.endswith(('q','z')) }} {{ 'xyz'.startswith('y') }})T";
+  EXPECT_EQ(render_chat_template(tmpl, msgs, o),
+            R"T(3|h||3.5 0.0 1.5 2.0|3 2.5|3 1 c |{'n': 5}|6 3.5 7 13|2.0 4.0 2.67 3 3.0 2.0 -2.0|[1, 2, 3] ['A', 'b', 'c'] ['A', 'b', 'c'] [3, 2, 1]|y,x|['h', 'é', 'l', 'l', 'o'] ['a', 'b']|['a', 'b', 'c'] ['a', 'b,c'] ['a', 'b c'] ['a', 'b  ']|2 -1 3 4|a, b a-b-c|oe|olléh [3, 2, 1]|True True False)T");
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ 'a'.split('') }}", msgs, o); }).find("split: empty separator"),
+            std::string::npos);  // upstream looped for ever
+  EXPECT_NE(test::error_of([&] { render_chat_template("{{ ['a', 1]|sum }}", msgs, o); }).find("sum: items must be numbers"),
+            std::string::npos);
+}
+
 // OpenAI message shapes: parts of type text are joined; other part types, unknown roles and
 // malformed parts are refused with the field named (the server's `param`).
 TEST(ChatTemplate, MessagePartsAndRoles) {

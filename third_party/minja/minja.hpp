@@ -1739,6 +1739,8 @@ public:
               if (name == "defined") return !l.is_null();
               if (name == "true") return l.to_bool();
               if (name == "false") return !l.to_bool();
+              if (name == "odd") return l.get<int64_t>() % 2 != 0;   // megakernel: jinja2's odd and even
+              if (name == "even") return l.get<int64_t>() % 2 == 0;
               throw std::runtime_error("Unknown type for 'is' operator: " + name);
             };
             auto value = eval();
@@ -1839,16 +1841,35 @@ static std::string strip(const std::string & s, const std::string & chars = "", 
   return s.substr(start, end - start + 1);
 }
 
-static std::vector<std::string> split(const std::string & s, const std::string & sep) {
+static std::vector<std::string> split(const std::string & s, const std::string & sep, int64_t maxsplit = -1) {
+  // megakernel: an empty separator is an error as in Python (upstream looped for ever)
+  if (sep.empty()) throw std::runtime_error("split: empty separator");
   std::vector<std::string> result;
   size_t start = 0;
   size_t end = s.find(sep);
-  while (end != std::string::npos) {
+  while (end != std::string::npos && (maxsplit < 0 || static_cast<int64_t>(result.size()) < maxsplit)) {
     result.push_back(s.substr(start, end - start));
     start = end + sep.length();
     end = s.find(sep, start);
   }
   result.push_back(s.substr(start));
+  return result;
+}
+
+// megakernel: Python's str.split() without a separator: runs of whitespace split, none at either end.
+static std::vector<std::string> split_whitespace(const std::string & s, int64_t maxsplit = -1) {
+  static const std::string ws = " \t\n\r\v\f";
+  std::vector<std::string> result;
+  size_t i = s.find_first_not_of(ws);
+  while (i != std::string::npos) {
+    if (maxsplit >= 0 && static_cast<int64_t>(result.size()) == maxsplit) {
+      result.push_back(s.substr(i));  // the rest as it is (Python keeps its trailing whitespace)
+      break;
+    }
+    const size_t j = s.find_first_of(ws, i);
+    result.push_back(s.substr(i, j == std::string::npos ? std::string::npos : j - i));
+    i = j == std::string::npos ? j : s.find_first_not_of(ws, j);
+  }
   return result;
 }
 
@@ -1991,9 +2012,12 @@ public:
             auto chars = vargs.args.empty() ? "" : vargs.args[0].get<std::string>();
             return Value(strip(str, chars, /* left= */ false, /* right= */ true));
           } else if (method->get_name() == "split") {
-            vargs.expectArgs("split method", {1, 1}, {0, 0});
-            auto sep = vargs.args[0].get<std::string>();
-            auto parts = split(str, sep);
+            // megakernel: Python's split(sep=None, maxsplit=-1); upstream needed a separator
+            vargs.expectArgs("split method", {0, 2}, {0, 2});
+            Value sep = vargs.args.size() > 0 ? vargs.args[0] : vargs.get_named("sep");
+            Value maxsplit = vargs.args.size() > 1 ? vargs.args[1] : vargs.get_named("maxsplit");
+            const int64_t ms = maxsplit.is_null() ? -1 : maxsplit.get<int64_t>();
+            auto parts = sep.is_null() ? split_whitespace(str, ms) : split(str, sep.get<std::string>(), ms);
             Value result = Value::array();
             for (const auto& part : parts) {
               result.push_back(Value(part));
@@ -2012,14 +2036,44 @@ public:
             auto result = str;
             std::transform(result.begin(), result.end(), result.begin(), ::tolower);
             return Value(result);
-          } else if (method->get_name() == "endswith") {
-            vargs.expectArgs("endswith method", {1, 1}, {0, 0});
-            auto suffix = vargs.args[0].get<std::string>();
-            return suffix.length() <= str.length() && std::equal(suffix.rbegin(), suffix.rend(), str.rbegin());
-          } else if (method->get_name() == "startswith") {
-            vargs.expectArgs("startswith method", {1, 1}, {0, 0});
-            auto prefix = vargs.args[0].get<std::string>();
-            return prefix.length() <= str.length() && std::equal(prefix.begin(), prefix.end(), str.begin());
+          } else if (method->get_name() == "endswith" || method->get_name() == "startswith") {
+            // megakernel: a tuple (list) of candidates too, as in Python
+            const bool ends = method->get_name() == "endswith";
+            vargs.expectArgs(ends ? "endswith method" : "startswith method", {1, 1}, {0, 0});
+            auto test = [&](const std::string & a) {
+              return a.length() <= str.length() &&
+                     (ends ? std::equal(a.rbegin(), a.rend(), str.rbegin()) : std::equal(a.begin(), a.end(), str.begin()));
+            };
+            if (vargs.args[0].is_array()) {
+              for (size_t i = 0; i < vargs.args[0].size(); ++i)
+                if (test(vargs.args[0].at(i).get<std::string>())) return true;
+              return false;
+            }
+            return test(vargs.args[0].get<std::string>());
+          } else if (method->get_name() == "find") {
+            // megakernel: Python's str.find(sub): the code point index of the first match, or -1
+            vargs.expectArgs("find method", {1, 1}, {0, 0});
+            const size_t at = str.find(vargs.args[0].get<std::string>());
+            return at == std::string::npos ? int64_t{-1} : utf8_length(str.substr(0, at));
+          } else if (method->get_name() == "count") {
+            vargs.expectArgs("count method", {1, 1}, {0, 0});  // megakernel: Python's str.count(sub)
+            const std::string sub = vargs.args[0].get<std::string>();
+            if (sub.empty()) return utf8_length(str) + 1;
+            int64_t n = 0;
+            for (size_t at = str.find(sub); at != std::string::npos; at = str.find(sub, at + sub.size())) ++n;
+            return n;
+          } else if (method->get_name() == "join") {
+            vargs.expectArgs("join method", {1, 1}, {0, 0});  // megakernel: Python's sep.join(strings)
+            std::string out;
+            bool first_item = true;
+            vargs.args[0].for_each([&](Value & item) {
+              if (!item.is_string()) throw std::runtime_error("join: sequence item is not a string: " + item.dump());
+              if (!first_item) out += str;
+              first_item = false;
+              out += item.get<std::string>();
+              check_string_length(out.size());
+            });
+            return out;
           } else if (method->get_name() == "title") {
             vargs.expectArgs("title method", {0, 0}, {0, 0});
             return Value(title_case(str, /* jinja2_filter= */ false));
@@ -3191,6 +3245,128 @@ inline std::shared_ptr<Context> Context::builtins() {
     if (items.empty()) return Value();
     return items.at(items.size() - 1);
   }));
+  // megakernel: jinja2 filters upstream lacked (new-user trial 36), with jinja2 3.1's rules.
+  globals.set("first", simple_function("first", { "items" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
+    auto items = args.at("items");
+    if (items.is_string()) return items.get(Value(int64_t{0}));
+    if (!items.is_array()) throw std::runtime_error("first: object is not a list or string");
+    if (items.empty()) return Value();
+    return items.at(0);
+  }));
+  globals.set("float", simple_function("float", { "value", "default" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
+    auto & v = args.at("value");
+    const Value def = args.contains("default") ? args.at("default") : Value(0.0);
+    if (v.is_number()) return v.get<double>();
+    if (v.is_boolean()) return v.get<bool>() ? 1.0 : 0.0;
+    if (v.is_string()) {
+      const std::string t = strip(v.get<std::string>());
+      char * end = nullptr;
+      errno = 0;
+      const double d = std::strtod(t.c_str(), &end);
+      if (!t.empty() && end == t.c_str() + t.size()) return d;
+    }
+    return def;
+  }));
+  globals.set("abs", simple_function("abs", { "value" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
+    auto & v = args.at("value");
+    if (v.is_number_integer()) {
+      const int64_t i = v.get<int64_t>();
+      if (i == std::numeric_limits<int64_t>::min()) throw std::runtime_error("abs: integer overflows");
+      return i < 0 ? -i : i;
+    }
+    return std::fabs(v.get<double>());
+  }));
+  auto pick = [](Value & args, const char * name, bool want_max) -> Value {
+    auto & items = args.at("value");
+    if (!items.is_array()) throw std::runtime_error(std::string(name) + ": object is not a list");
+    const Value attr = args.contains("attribute") ? args.at("attribute") : Value();
+    auto key = [&](const Value & x) { return attr.is_null() ? x : Value(x).get(attr); };
+    Value best;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Value x = items.at(i);
+      if (best.is_null() || (want_max ? key(best) < key(x) : key(x) < key(best))) best = x;
+    }
+    return best;
+  };
+  globals.set("max", simple_function("max", { "value", "case_sensitive", "attribute" }, [pick](const std::shared_ptr<Context> &, Value & args) -> Value {
+    return pick(args, "max", true);
+  }));
+  globals.set("min", simple_function("min", { "value", "case_sensitive", "attribute" }, [pick](const std::shared_ptr<Context> &, Value & args) -> Value {
+    return pick(args, "min", false);
+  }));
+  globals.set("sum", simple_function("sum", { "iterable", "attribute", "start" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
+    auto & items = args.at("iterable");
+    if (!items.is_array()) throw std::runtime_error("sum: object is not a list");
+    const Value attr = args.contains("attribute") ? args.at("attribute") : Value();
+    Value total = args.contains("start") ? args.at("start") : Value(int64_t{0});
+    for (size_t i = 0; i < items.size(); ++i) {
+      Value x = items.at(i);
+      const Value term = attr.is_null() ? x : x.get(attr);
+      if (!term.is_number() || !total.is_number()) throw std::runtime_error("sum: items must be numbers, got " + term.dump());
+      total = total + term;
+    }
+    return total;
+  }));
+  globals.set("round", simple_function("round", { "value", "precision", "method" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
+    auto & v = args.at("value");
+    const int64_t precision = args.contains("precision") ? args.at("precision").get<int64_t>() : 0;
+    const std::string method = args.contains("method") ? args.at("method").get<std::string>() : "common";
+    if (precision < 0 || precision > 17) throw std::runtime_error("round: precision must be 0 to 17");
+    if (method != "common" && method != "floor" && method != "ceil")
+      throw std::runtime_error("round: method must be common, floor or ceil");
+    if (v.is_number_integer() && method == "common") return v;  // Python's round(int, n) is the int
+    const double d = v.get<double>();
+    if (method == "common") {  // Python's round: the exact binary value, ties to even (printf's rounding)
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(precision), d);
+      return std::strtod(buf, nullptr);
+    }
+    const double scale = std::pow(10.0, static_cast<double>(precision));
+    return (method == "floor" ? std::floor(d * scale) : std::ceil(d * scale)) / scale;
+  }));
+  globals.set("reverse", simple_function("reverse", { "value" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
+    auto & v = args.at("value");
+    if (v.is_string()) {
+      const std::string str = v.get<std::string>();
+      std::vector<std::string> cps;
+      for (size_t i = 0, next; i < str.size(); i = next) {
+        next = utf8_next(str, i);
+        cps.push_back(str.substr(i, next - i));
+      }
+      std::string out;
+      for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
+      return out;
+    }
+    if (!v.is_array()) throw std::runtime_error("reverse: object is not a list or string");
+    auto result = Value::array();
+    for (size_t i = v.size(); i-- > 0;) result.push_back(v.at(i));
+    return result;
+  }));
+  globals.set("sort", simple_function("sort", { "value", "reverse", "case_sensitive", "attribute" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
+    auto & v = args.at("value");
+    if (!v.is_array()) throw std::runtime_error("sort: object is not a list");
+    const bool reverse = args.contains("reverse") && args.at("reverse").to_bool();
+    const bool case_sensitive = args.contains("case_sensitive") && args.at("case_sensitive").to_bool();
+    const Value attr = args.contains("attribute") ? args.at("attribute") : Value();
+    std::vector<std::pair<Value, Value>> keyed;  // (key, item)
+    for (size_t i = 0; i < v.size(); ++i) {
+      Value x = v.at(i);
+      Value k = attr.is_null() ? x : x.get(attr);
+      if (k.is_string() && !case_sensitive) {
+        std::string t = k.get<std::string>();
+        std::transform(t.begin(), t.end(), t.begin(), ::tolower);
+        k = t;
+      }
+      keyed.emplace_back(k, x);
+    }
+    // stable, as Python's sorted; reverse keeps equal items in order, as sorted(reverse=True)
+    std::stable_sort(keyed.begin(), keyed.end(), [reverse](const auto & a, const auto & b) {
+      return reverse ? b.first < a.first : a.first < b.first;
+    });
+    auto result = Value::array();
+    for (auto & kv : keyed) result.push_back(kv.second);
+    return result;
+  }));
   globals.set("trim", simple_function("trim", { "text" }, [](const std::shared_ptr<Context> &, Value & args) {
     auto & text = args.at("text");
     return text.is_null() ? text : Value(strip(text.get<std::string>()));
@@ -3320,8 +3496,12 @@ inline std::shared_ptr<Context> Context::builtins() {
   }));
   globals.set("list", simple_function("list", { "items" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
       auto & items = args.at("items");
-      if (!items.is_array()) throw std::runtime_error("object is not iterable");
-      return items;
+      if (items.is_array()) return items;
+      // megakernel: a string's characters and a dict's keys, as Python's list()
+      if (!items.is_string() && !items.is_object()) throw std::runtime_error("object is not iterable");
+      auto result = Value::array();
+      items.for_each([&](Value & item) { result.push_back(item); });
+      return result;
   }));
   globals.set("in", simple_function("in", { "item", "items" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
       return in(args.at("item"), args.at("items"));
