@@ -247,6 +247,19 @@ TEST(ChatTemplate, MoreFiltersAsJinja2) {
       R"T({{ 'xyz'.startswith(('a','x')) }} {{ 'xyz'.endswith(('q','z')) }} {{ 'xyz'.startswith('y') }})T";
   EXPECT_EQ(render_chat_template(tmpl, msgs, o),
             R"T(3|h||3.5 0.0 1.5 2.0|3 2.5|3 1 c |{'n': 5}|6 3.5 7 13|2.0 4.0 2.67 3 3.0 2.0 -2.0|[1, 2, 3] ['A', 'b', 'c'] ['A', 'b', 'c'] [3, 2, 1]|y,x|['h', 'é', 'l', 'l', 'o'] ['a', 'b']|['a', 'b', 'c'] ['a', 'b,c'] ['a', 'b c'] ['a', 'b  ']|2 -1 3 4|a, b a-b-c|oe|olléh [3, 2, 1]|True True False)T");
+  // Recursive loops, tests in select/selectattr, None inside lists, tojson's separators (jinja2 3.1.6
+  // with HF's tojson; upstream recursed for ever on loop(x), listed the attributes for
+  // selectattr('a'), and took 'string' in select as the filter of that name)
+  EXPECT_EQ(render_chat_template(
+                R"T({% for x in [[1,[2]],3] recursive %}{% if x is iterable %}({{ loop(x) }}){% else %}{{ x }}{{ loop.depth }}{% endif %}{% endfor %}|)T"
+                R"T({% for a in [1,2] %}{% for b in [3] %}{{ loop.depth }}{{ loop.depth0 }}{% endfor %}{% endfor %}|)T"
+                R"T({{ [0,1,2,none,'']|select|list }}|{{ [0,1,2,none,'']|reject|list }}|{{ [1,2,3]|select('odd')|list }}|)T"
+                R"T({{ [1,'a',none]|select('string')|list }}|{{ [1,'a',none]|reject('none')|list }}|{{ [1,2]|select('equalto', 2)|list }}|)T"
+                R"T({{ [{'a':1},{'b':2}]|selectattr('a', 'defined')|list }}|{{ [{'a':0},{'a':2}]|selectattr('a')|list }}|)T"
+                R"T({{ [{'a':0},{'a':2}]|rejectattr('a')|list }}|{{ [{'a':1},{'a':2}]|rejectattr('a', 'equalto', 1)|list }}|)T"
+                R"T({{ {'a':[1,2],'b':none}|tojson(separators=(',',':')) }}|{{ [1, 'a', none, true, 1.5] }})T",
+                msgs, o),
+            R"T((12(23))31|1010|[1, 2]|[0, None, '']|[1, 3]|['a']|[1, 'a']|[2]|[{'a': 1}]|[{'a': 2}]|[{'a': 0}]|[{'a': 2}]|{"a":[1,2],"b":null}|[1, 'a', None, True, 1.5])T");
   EXPECT_NE(test::error_of([&] { render_chat_template("{{ 'a'.split('') }}", msgs, o); }).find("split: empty separator"),
             std::string::npos);  // upstream looped for ever
   EXPECT_NE(test::error_of([&] { render_chat_template("{{ ['a', 1]|sum }}", msgs, o); }).find("sum: items must be numbers"),

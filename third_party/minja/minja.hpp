@@ -338,7 +338,9 @@ private:
     }
     out << string_quote;
   }
-  void dump(std::ostringstream & out, int indent = -1, int level = 0, bool to_json = false) const {
+  // megakernel: seps, when given, are json.dumps' separators (item, key), as HF's tojson takes them
+  void dump(std::ostringstream & out, int indent = -1, int level = 0, bool to_json = false,
+            const std::pair<std::string, std::string> * seps = nullptr) const {
     ValueNestingGuard nesting;  // megakernel
     auto print_indent = [&](int level) {
       if (indent > 0) {
@@ -347,6 +349,11 @@ private:
       }
     };
     auto print_sub_sep = [&]() {
+      if (seps) {
+        out << seps->first;
+        if (indent >= 0) print_indent(level + 1);
+        return;
+      }
       out << ',';
       if (indent < 0) out << ' ';
       else print_indent(level + 1);
@@ -354,13 +361,13 @@ private:
 
     auto string_quote = to_json ? '"' : '\'';
 
-    if (is_null()) out << "null";
+    if (is_null()) out << (to_json ? "null" : "None");  // megakernel: Python prints None in a list
     else if (array_) {
       out << "[";
       print_indent(level + 1);
       for (size_t i = 0; i < array_->size(); ++i) {
         if (i) print_sub_sep();
-        (*array_)[i].dump(out, indent, level + 1, to_json);
+        (*array_)[i].dump(out, indent, level + 1, to_json, seps);
       }
       print_indent(level);
       out << "]";
@@ -374,8 +381,8 @@ private:
         } else {
           out << string_quote << it->first.dump() << string_quote;
         }
-        out << ": ";
-        it->second.dump(out, indent, level + 1, to_json);
+        out << (seps ? seps->second : ": ");
+        it->second.dump(out, indent, level + 1, to_json, seps);
       }
       print_indent(level);
       out << "}";
@@ -746,6 +753,12 @@ public:
   std::string dump(int indent=-1, bool to_json=false) const {
     std::ostringstream out;
     dump(out, indent, 0, to_json);
+    return out.str();
+  }
+  // megakernel: JSON with json.dumps' separators (item, key)
+  std::string dump_json(int indent, const std::pair<std::string, std::string> & seps) const {
+    std::ostringstream out;
+    dump(out, indent, 0, /* to_json= */ true, &seps);
     return out.str();
   }
 
@@ -1347,13 +1360,18 @@ public:
       auto iterable_value = iterable->evaluate(context);
       Value::CallableType loop_function;
 
+      // megakernel: a recursive loop(x) iterates x (upstream iterated the outer iterable again, an
+      // endless recursion), one level deeper: loop.depth (1 at the top) and loop.depth0, as jinja2.
+      int64_t depth = 0;
       std::function<void(Value&)> visit = [&](Value& iter) {
+          ++depth;
+          struct Leave { int64_t & d; ~Leave() { --d; } } leave{depth};
           auto filtered_items = Value::array();
           if (!iter.is_null()) {
-            if (!iterable_value.is_iterable()) {
-              throw std::runtime_error("For loop iterable must be iterable: " + iterable_value.dump());
+            if (!iter.is_iterable()) {
+              throw std::runtime_error("For loop iterable must be iterable: " + iter.dump());
             }
-            iterable_value.for_each([&](Value & item) {
+            iter.for_each([&](Value & item) {
                 destructuring_assign(var_names, context, item);
                 if (!condition || condition->evaluate(context).to_bool()) {
                   filtered_items.push_back(item);
@@ -1367,6 +1385,8 @@ public:
           } else {
               auto loop = recursive ? Value::callable(loop_function) : Value::object();
               loop.set("length", (int64_t) filtered_items.size());
+              loop.set("depth", depth);
+              loop.set("depth0", depth - 1);
 
               size_t cycle_index = 0;
               loop.set("cycle", Value::callable([&](const std::shared_ptr<Context> &, ArgumentsValue & args) {
@@ -1715,6 +1735,25 @@ private:
 public:
     BinaryOpExpr(const Location & loc, std::shared_ptr<Expression> && l, std::shared_ptr<Expression> && r, Op o)
         : Expression(loc), left(std::move(l)), right(std::move(r)), op(o) {}
+    // megakernel: jinja2's tests without an argument, for `x is name` and select('name')/reject
+    static std::optional<bool> named_test(const std::string & name, const Value & l) {
+      if (name == "none") return l.is_null();
+      if (name == "boolean") return l.is_boolean();
+      if (name == "integer") return l.is_number_integer();
+      if (name == "float") return l.is_number_float();
+      if (name == "number") return l.is_number();
+      if (name == "string") return l.is_string();
+      if (name == "mapping") return l.is_object();
+      if (name == "iterable") return l.is_iterable();
+      if (name == "sequence") return l.is_array();
+      if (name == "defined") return !l.is_null();
+      if (name == "undefined") return l.is_null();
+      if (name == "true") return l.to_bool();
+      if (name == "false") return !l.to_bool();
+      if (name == "odd") return l.get<int64_t>() % 2 != 0;
+      if (name == "even") return l.get<int64_t>() % 2 == 0;
+      return std::nullopt;
+    }
     Value do_evaluate(const std::shared_ptr<Context> & context) const override {
         if (!left) throw std::runtime_error("BinaryOpExpr.left is null");
         if (!right) throw std::runtime_error("BinaryOpExpr.right is null");
@@ -1727,20 +1766,7 @@ public:
 
             auto eval = [&]() {
               const auto & name = t->get_name();
-              if (name == "none") return l.is_null();
-              if (name == "boolean") return l.is_boolean();
-              if (name == "integer") return l.is_number_integer();
-              if (name == "float") return l.is_number_float();
-              if (name == "number") return l.is_number();
-              if (name == "string") return l.is_string();
-              if (name == "mapping") return l.is_object();
-              if (name == "iterable") return l.is_iterable();
-              if (name == "sequence") return l.is_array();
-              if (name == "defined") return !l.is_null();
-              if (name == "true") return l.to_bool();
-              if (name == "false") return !l.to_bool();
-              if (name == "odd") return l.get<int64_t>() % 2 != 0;   // megakernel: jinja2's odd and even
-              if (name == "even") return l.get<int64_t>() % 2 == 0;
+              if (auto r = named_test(name, l)) return *r;
               throw std::runtime_error("Unknown type for 'is' operator: " + name);
             };
             auto value = eval();
@@ -3223,8 +3249,16 @@ inline std::shared_ptr<Context> Context::builtins() {
   globals.set("raise_exception", simple_function("raise_exception", { "message" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
     throw std::runtime_error(args.at("message").get<std::string>());
   }));
-  globals.set("tojson", simple_function("tojson", { "value", "indent" }, [](const std::shared_ptr<Context> &, Value & args) {
-    return Value(args.at("value").dump(args.get<int64_t>("indent", -1), /* to_json= */ true));
+  globals.set("tojson", simple_function("tojson", { "value", "indent", "separators" }, [](const std::shared_ptr<Context> &, Value & args) {
+    // megakernel: HF's tojson also takes json.dumps' separators, e.g. (',', ':')
+    const int indent = static_cast<int>(args.get<int64_t>("indent", -1));
+    if (args.contains("separators") && !args.at("separators").is_null()) {
+      auto & sv = args.at("separators");
+      if (!sv.is_array() || sv.size() != 2 || !sv.at(0).is_string() || !sv.at(1).is_string())
+        throw std::runtime_error("tojson: separators must be a pair of strings");
+      return Value(args.at("value").dump_json(indent, {sv.at(0).get<std::string>(), sv.at(1).get<std::string>()}));
+    }
+    return Value(args.at("value").dump(indent, /* to_json= */ true));
   }));
   globals.set("items", simple_function("items", { "object" }, [](const std::shared_ptr<Context> &, Value & args) {
     auto items = Value::array();
@@ -3532,7 +3566,7 @@ inline std::shared_ptr<Context> Context::builtins() {
   };
   auto select_or_reject = [make_filter](bool is_select) {
     return Value::callable([=](const std::shared_ptr<Context> & context, ArgumentsValue & args) {
-      args.expectArgs(is_select ? "select" : "reject", {2, (std::numeric_limits<size_t>::max)()}, {0, 0});
+      args.expectArgs(is_select ? "select" : "reject", {1, (std::numeric_limits<size_t>::max)()}, {0, 0});
       auto & items = args.args[0];
       if (items.is_null()) {
         return Value::array();
@@ -3540,7 +3574,22 @@ inline std::shared_ptr<Context> Context::builtins() {
       if (!items.is_array()) {
         throw std::runtime_error("object is not iterable: " + items.dump());
       }
+      if (args.args.size() == 1) {  // megakernel: without a test, each item's truth, as jinja2
+        auto res = Value::array();
+        for (size_t i = 0, n = items.size(); i < n; i++)
+          if (items.at(i).to_bool() == is_select) res.push_back(items.at(i));
+        return res;
+      }
 
+      const std::string test = args.args[1].is_string() ? args.args[1].get<std::string>() : "";
+      if (args.args.size() == 2 && (test == "odd" || test == "even" || BinaryOpExpr::named_test(test, Value()).has_value())) {
+        // megakernel: a jinja2 test by name (select('string'), reject('none')); jinja2's select takes
+        // tests, so 'string' is the test even though a filter has that name
+        auto res = Value::array();
+        for (size_t i = 0, n = items.size(); i < n; i++)
+          if (*BinaryOpExpr::named_test(test, items.at(i)) == is_select) res.push_back(items.at(i));
+        return res;
+      }
       auto filter_fn = context->get(args.args[1]);
       if (filter_fn.is_null()) {
         throw std::runtime_error("Undefined filter: " + args.args[1].dump());
@@ -3628,7 +3677,10 @@ inline std::shared_ptr<Context> Context::builtins() {
       bool has_test = false;
       Value test_fn;
       ArgumentsValue test_args {{Value()}, {}};
-      if (args.args.size() >= 3) {
+      // megakernel: a jinja2 test by name ('defined', 'string', 'none', 'odd' ...), as `is` has them
+      const std::string test = args.args.size() == 3 && args.args[2].is_string() ? args.args[2].get<std::string>() : "";
+      const bool named = !test.empty() && (test == "odd" || test == "even" || BinaryOpExpr::named_test(test, Value()).has_value());
+      if (args.args.size() >= 3 && !named) {
         has_test = true;
         test_fn = context->get(args.args[2]);
         if (test_fn.is_null()) throw std::runtime_error("Undefined test: " + args.args[2].dump());
@@ -3642,13 +3694,17 @@ inline std::shared_ptr<Context> Context::builtins() {
       for (size_t i = 0, n = items.size(); i < n; i++) {
         auto & item = items.at(i);
         auto attr = item.get(attr_name);
-        if (has_test) {
+        if (named) {
+          if (*BinaryOpExpr::named_test(test, attr) == is_select) res.push_back(item);
+        } else if (has_test) {
           test_args.args[0] = attr;
           if (test_fn.call(context, test_args).to_bool() == (is_select ? true : false)) {
             res.push_back(item);
           }
-        } else {
-          res.push_back(attr);
+        } else if (attr.to_bool() == is_select) {
+          // megakernel: without a test, the items whose attribute is true (upstream listed the
+          // attributes themselves)
+          res.push_back(item);
         }
       }
       return res;
