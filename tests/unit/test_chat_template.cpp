@@ -153,6 +153,13 @@ TEST(ChatTemplate, StringFiltersAsJinja2) {
                                  "{{ 'aaa'.replace('a','b',2) }}",
                                  msgs, o),
             "Hello world|Hello world|Hi-There (You) It's X2y|Hi-There (You) It'S X2Y|bbb|bbb|aaa|bba");
+  // Beyond ASCII, by code point (utf8proc's mappings; jinja2 3.1.6 gives the same, 2026-12-06; upstream
+  // changed ASCII letters only)
+  EXPECT_EQ(render_chat_template("{{ 'H\u00c9LLO'|lower }}|{{ 'h\u00e9llo'|upper }}|{{ '\u00e9a'|capitalize }}|"
+                                 "{{ 'H\u00c9LLO w\u00d6RLD'.lower() }}|{{ '\u00e9lan vital-\u00fcber'|title }}|"
+                                 "{{ '\u00e9lan vital-\u00fcber'.title() }}|{{ '\u01c6emal'|capitalize }}",
+                                 msgs, o),
+            "h\u00e9llo|H\u00c9LLO|\u00c9a|h\u00e9llo w\u00f6rld|\u00c9lan Vital-\u00dcber|\u00c9lan Vital-\u00dcber|\u01c5emal");
 }
 
 // Strings are sequences of code points for indexing, slicing, length and iteration, and slices

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <utf8proc.h>  // megakernel: case mapping beyond ASCII
 
 using json = nlohmann::ordered_json;
 
@@ -1899,31 +1900,66 @@ static std::vector<std::string> split_whitespace(const std::string & s, int64_t 
   return result;
 }
 
-// megakernel: as Python's str.capitalize (and Jinja2's filter): the first byte upper, the rest lower (ASCII)
-static std::string capitalize(const std::string & s) {
-  auto result = s;
-  for (size_t i = 0; i < result.size(); ++i) {
-    const auto c = static_cast<unsigned char>(result[i]);
-    result[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c));
+// megakernel: case mapping by code point, as Python's str.upper/lower/capitalize/title (utf8proc's
+// simple mappings; Python's full ones differ only for a few characters, e.g. 'ß'.upper() is "SS"
+// there and "ß" here). Bytes that are not UTF-8 are kept as they are. fn(cp, index, prev) gives the
+// mapped code point; prev is the previous code point (-1 at the start).
+template <class F>
+static std::string utf8_map(const std::string & s, F && fn) {
+  std::string out;
+  out.reserve(s.size());
+  int32_t prev = -1;
+  size_t index = 0;
+  for (size_t i = 0; i < s.size();) {
+    utf8proc_int32_t cp = 0;
+    const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t *>(s.data() + i),
+                                    static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+    if (n <= 0) {  // not UTF-8: the byte as it is
+      out += s[i++];
+      prev = -1;
+      ++index;
+      continue;
+    }
+    utf8proc_uint8_t buf[4];
+    const auto m = utf8proc_encode_char(fn(cp, index, prev), buf);
+    out.append(reinterpret_cast<const char *>(buf), static_cast<size_t>(m));
+    prev = cp;
+    i += static_cast<size_t>(n);
+    ++index;
   }
-  return result;
+  return out;
+}
+static std::string utf8_upper(const std::string & s) {
+  return utf8_map(s, [](int32_t c, size_t, int32_t) { return utf8proc_toupper(c); });
+}
+static std::string utf8_lower(const std::string & s) {
+  return utf8_map(s, [](int32_t c, size_t, int32_t) { return utf8proc_tolower(c); });
+}
+// Python's str.isalpha for one code point (a letter: categories L*)
+static bool utf8_is_letter(int32_t c) {
+  if (c < 0) return false;
+  const auto cat = utf8proc_category(c);
+  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT ||
+         cat == UTF8PROC_CATEGORY_LM || cat == UTF8PROC_CATEGORY_LO;
+}
+
+// megakernel: as Python's str.capitalize (and Jinja2's filter): the first character title case, the rest lower
+static std::string capitalize(const std::string & s) {
+  return utf8_map(s, [](int32_t c, size_t i, int32_t) { return i == 0 ? utf8proc_totitle(c) : utf8proc_tolower(c); });
 }
 
 // megakernel: title case, shared by the string method and the filter, which differ in where a word
 // starts: Python's str.title after any byte that is not a letter ("it'S"), Jinja2's filter after
 // whitespace or one of -({[< ("it's").
 static std::string title_case(const std::string & s, bool jinja2_filter) {
-  auto result = s;
-  for (size_t i = 0; i < result.size(); ++i) {
-    const auto c = static_cast<unsigned char>(result[i]);
+  return utf8_map(s, [jinja2_filter](int32_t c, size_t i, int32_t prev) {
     bool word_start = i == 0;
     if (!word_start) {
-      const auto prev = static_cast<unsigned char>(s[i - 1]);
-      word_start = jinja2_filter ? (std::isspace(prev) || (prev != 0 && std::strchr("-({[<", prev) != nullptr)) : !std::isalpha(prev);
+      word_start = jinja2_filter ? (prev >= 0 && prev < 128 && (std::isspace(prev) || (prev != 0 && std::strchr("-({[<", prev) != nullptr)))
+                                 : !utf8_is_letter(prev);
     }
-    result[i] = static_cast<char>(word_start ? std::toupper(c) : std::tolower(c));
-  }
-  return result;
+    return word_start ? utf8proc_totitle(c) : utf8proc_tolower(c);
+  });
 }
 
 // megakernel: str.replace / the replace filter, in one pass (in-place replacing was quadratic) and
@@ -2054,14 +2090,10 @@ public:
             return Value(capitalize(str));
           } else if (method->get_name() == "upper") {
             vargs.expectArgs("upper method", {0, 0}, {0, 0});
-            auto result = str;
-            std::transform(result.begin(), result.end(), result.begin(), ::toupper);
-            return Value(result);
+            return Value(utf8_upper(str));  // megakernel: beyond ASCII
           } else if (method->get_name() == "lower") {
             vargs.expectArgs("lower method", {0, 0}, {0, 0});
-            auto result = str;
-            std::transform(result.begin(), result.end(), result.begin(), ::tolower);
-            return Value(result);
+            return Value(utf8_lower(str));  // megakernel: beyond ASCII
           } else if (method->get_name() == "endswith" || method->get_name() == "startswith") {
             // megakernel: a tuple (list) of candidates too, as in Python
             const bool ends = method->get_name() == "endswith";
@@ -3405,18 +3437,16 @@ inline std::shared_ptr<Context> Context::builtins() {
     auto & text = args.at("text");
     return text.is_null() ? text : Value(strip(text.get<std::string>()));
   }));
-  auto char_transform_function = [](const std::string & name, const std::function<char(char)> & fn) {
+  // megakernel: by code point, beyond ASCII (utf8_upper / utf8_lower)
+  auto case_function = [](const std::string & name, std::string (*fn)(const std::string &)) {
     return simple_function(name, { "text" }, [=](const std::shared_ptr<Context> &, Value & args) {
       auto text = args.at("text");
       if (text.is_null()) return text;
-      std::string res;
-      auto str = text.get<std::string>();
-      std::transform(str.begin(), str.end(), std::back_inserter(res), fn);
-      return Value(res);
+      return Value(fn(text.get<std::string>()));
     });
   };
-  globals.set("lower", char_transform_function("lower", ::tolower));
-  globals.set("upper", char_transform_function("upper", ::toupper));
+  globals.set("lower", case_function("lower", utf8_lower));
+  globals.set("upper", case_function("upper", utf8_upper));
   // megakernel: Jinja2's capitalize, title and replace filters, as the string methods of those names
   globals.set("capitalize", simple_function("capitalize", { "text" }, [](const std::shared_ptr<Context> &, Value & args) {
     auto & text = args.at("text");
