@@ -204,6 +204,11 @@ TEST(ChatTemplate, OperatorsLiteralsAndWhitespaceAsJinja2) {
                                  msgs, o),
             "b|0|c|S|-4 2 -2|1.5 -4.0|2.5 2.0 1024 0.5|x0.1 0.1 1000000000000000.0|bc|1e-07 1500.0|"
             "\u00e9A\U0001F600A\\d'\"");
+  // comparisons chain as in Python (upstream compared True with 3)
+  EXPECT_EQ(render_chat_template("{{ 1 < 2 < 3 }}{{ 3 > 2 > 1 }}{{ 1 < 3 < 2 }}{{ 1 == 1 == 1 }}|{{ 'a' in 'abc' in ['abc'] }}|"
+                                 "{{ not 1 < 2 < 3 }}",
+                                 msgs, o),
+            "TrueTrueFalseTrue|True|False");
   // lstrip_blocks strips before {% %} and {# #}, not before {{ }}
   EXPECT_EQ(render_chat_template("x\n    {{ 'b' }}\n\t{% if true %}c{% endif %}\n  {# c #}d", msgs, o), "x\n    b\ncd");
   // Windows line ends read as "\n" (trim_blocks then applies)

@@ -2527,6 +2527,9 @@ private:
         static std::regex compare_tok(R"(==|!=|<=?|>=?|in\b|is\b|not\s+in\b)");
         static std::regex not_tok(R"(not\b)");
         std::string op_str;
+        // megakernel: Python chains comparisons: `a < b < c` is `a < b and b < c` (upstream compared
+        // the boolean a < b with c); prev_right is b, evaluated once per comparison it is in
+        std::shared_ptr<Expression> prev_right;
         while (!(op_str = consumeToken(compare_tok)).empty()) {
             auto location = get_location();
             if (op_str == "is") {
@@ -2552,7 +2555,14 @@ private:
             else if (op_str == "in") op = BinaryOpExpr::Op::In;
             else if (op_str.substr(0, 3) == "not") op = BinaryOpExpr::Op::NotIn;
             else throw std::runtime_error("Unknown comparison operator: " + op_str);
-            left = std::make_shared<BinaryOpExpr>(get_location(), std::move(left), std::move(right), op);
+            if (prev_right) {
+              auto next = std::make_shared<BinaryOpExpr>(get_location(), std::shared_ptr<Expression>(prev_right),
+                                                         std::shared_ptr<Expression>(right), op);
+              left = std::make_shared<BinaryOpExpr>(get_location(), std::move(left), std::move(next), BinaryOpExpr::Op::And);
+            } else {
+              left = std::make_shared<BinaryOpExpr>(get_location(), std::move(left), std::shared_ptr<Expression>(right), op);
+            }
+            prev_right = right;
         }
         return left;
     }
