@@ -272,6 +272,21 @@ TEST(ChatTemplate, MoreFiltersAsJinja2) {
                 R"T({{ {'a':[1,2],'b':none}|tojson(separators=(',',':')) }}|{{ [1, 'a', none, true, 1.5] }})T",
                 msgs, o),
             R"T((12(23))31|1010|[1, 2]|[0, None, '']|[1, 3]|['a']|[1, 'a']|[2]|[{'a': 1}]|[{'a': 2}]|[{'a': 0}]|[{'a': 2}]|{"a":[1,2],"b":null}|[1, 'a', None, True, 1.5])T");
+  // Scopes, as jinja2 (new-user trial 37; upstream: a macro call wrote its parameters and sets into
+  // the defining scope, replacing `messages`; a set carried over to the next loop iteration; the loop
+  // variable leaked out), and three more differences: tojson(indent) of {} / [], a dict looked up
+  // with a list key (undefined, not an error), trim(chars), dict.values()
+  EXPECT_EQ(render_chat_template(
+                R"T({% macro g(x) %}{% endmacro %}{% macro f(x) %}{% set r = g(5) %}[{{ x }}]{% endmacro %}{{ f(1) }}|)T"
+                R"T({% macro h(messages) %}{% endmacro %}{{ h('xyz') }}{{ messages|length }}|)T"
+                R"T({% set y = 'outer' %}{% macro s() %}{% set y = 'inner' %}{% endmacro %}{{ s() }}{{ y }}|)T"
+                R"T({% macro k(a, b) %}[{{ a }}{{ b }}]{% endmacro %}{{ k(1) }}|)T"
+                R"T({% for i in [1,2] %}{% if i == 1 %}{% set x = 'a' %}{% endif %}[{{ x }}]{% endfor %}|)T"
+                R"T({% set t = 'outer' %}{% for t in [1] if t > 0 %}{% endfor %}{{ t }}|)T"
+                R"T({{ {'p':{'q':{}, 'l':[]}}|tojson(indent=2) }}|{% set m = {'string': 'str'} %}{{ m[['string', 'null']] is defined }}|)T"
+                R"T({{ undefinedvar is iterable }}{{ 'a' is sequence }}|{{ 'xxhixx'|trim('x') }}|{{ {'a':1,'b':[2]}.values()|list }})T",
+                msgs, o),
+            "[1]|1|outer|[1]|[a][]|outer|{\n  \"p\": {\n    \"q\": {},\n    \"l\": []\n  }\n}|False|TrueTrue|hi|[1, [2]]");
   EXPECT_NE(test::error_of([&] { render_chat_template("{{ 'a'.split('') }}", msgs, o); }).find("split: empty separator"),
             std::string::npos);  // upstream looped for ever
   EXPECT_NE(test::error_of([&] { render_chat_template("{{ ['a', 1]|sum }}", msgs, o); }).find("sum: items must be numbers"),

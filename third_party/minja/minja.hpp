@@ -363,6 +363,8 @@ private:
     auto string_quote = to_json ? '"' : '\'';
 
     if (is_null()) out << (to_json ? "null" : "None");  // megakernel: Python prints None in a list
+    else if (array_ && array_->empty()) out << "[]";  // megakernel: empty on one line, as json.dumps(indent=n)
+    else if (object_ && object_->empty() && !callable_) out << "{}";
     else if (array_) {
       out << "[";
       print_indent(level + 1);
@@ -544,7 +546,9 @@ public:
       if (index < 0 || index >= static_cast<int64_t>(array_->size())) return Value();
       return (*array_)[static_cast<size_t>(index)];
     } else if (object_) {
-      if (!key.is_hashable()) throw std::runtime_error("Unhashable type: " + dump());
+      // megakernel: an unhashable key (a list, a dict) finds nothing, as jinja2's getitem gives
+      // undefined (upstream threw "Unhashable type" naming the dict)
+      if (!key.is_hashable()) return Value();
       auto it = object_->find(key.primitive_);
       if (it == object_->end()) return Value();
       return it->second;
@@ -1372,9 +1376,12 @@ public:
             if (!iter.is_iterable()) {
               throw std::runtime_error("For loop iterable must be iterable: " + iter.dump());
             }
+            // megakernel: the loop variables of the filter live in a scope of their own (upstream
+            // assigned them in the enclosing scope, so `t` kept the last item after the loop)
+            auto filter_context = Context::make(Value::object(), context);
             iter.for_each([&](Value & item) {
-                destructuring_assign(var_names, context, item);
-                if (!condition || condition->evaluate(context).to_bool()) {
+                destructuring_assign(var_names, filter_context, item);
+                if (!condition || condition->evaluate(filter_context).to_bool()) {
                   filtered_items.push_back(item);
                 }
             });
@@ -1402,7 +1409,10 @@ public:
               loop_context->set("loop", loop);
               for (size_t i = 0, n = filtered_items.size(); i < n; ++i) {
                   auto & item = filtered_items.at(i);
-                  destructuring_assign(var_names, loop_context, item);
+                  // megakernel: each iteration has its own scope, as in jinja2: a `set` in one
+                  // iteration is gone in the next (upstream carried it over)
+                  auto iter_context = Context::make(Value::object(), loop_context);
+                  destructuring_assign(var_names, iter_context, item);
                   loop.set("index", (int64_t) i + 1);
                   loop.set("index0", (int64_t) i);
                   loop.set("revindex", (int64_t) (n - i));
@@ -1413,7 +1423,7 @@ public:
                   loop.set("previtem", i > 0 ? filtered_items.at(i - 1) : Value());
                   loop.set("nextitem", i < n - 1 ? filtered_items.at(i + 1) : Value());
                   try {
-                      body->render(out, loop_context);
+                      body->render(out, iter_context);
                   } catch (const LoopControlException & e) {
                       if (e.control_type == LoopControlType::Break) break;
                       if (e.control_type == LoopControlType::Continue) continue;
@@ -1458,7 +1468,10 @@ public:
         if (!body) throw std::runtime_error("MacroNode.body is null");
         auto callable = Value::callable([&](const std::shared_ptr<Context> & context, ArgumentsValue & args) {
             CallGuard call("macro " + name->get_name());  // megakernel: recursion bounded
-            auto call_context = macro_context;
+            // megakernel: each call has its own scope, as in jinja2: parameters and `set`s inside the
+            // macro stay there (upstream wrote them into the defining scope, so f(messages=...) replaced
+            // the template's messages and a nested call overwrote its caller's parameters)
+            auto call_context = Context::make(Value::object(), macro_context);
             std::vector<bool> param_set(params.size(), false);
             for (size_t i = 0, n = args.args.size(); i < n; i++) {
                 auto & arg = args.args[i];
@@ -1479,6 +1492,8 @@ public:
                 if (!param_set[i] && params[i].second != nullptr) {
                     auto val = params[i].second->evaluate(context);
                     call_context->set(params[i].first, val);
+                } else if (!param_set[i]) {
+                    call_context->set(params[i].first, Value());  // megakernel: undefined, not an outer name
                 }
             }
             return body->render(call_context);
@@ -1745,8 +1760,8 @@ public:
       if (name == "number") return l.is_number();
       if (name == "string") return l.is_string();
       if (name == "mapping") return l.is_object();
-      if (name == "iterable") return l.is_iterable();
-      if (name == "sequence") return l.is_array();
+      if (name == "iterable") return l.is_iterable() || l.is_null();  // jinja2's undefined is iterable (empty)
+      if (name == "sequence") return l.is_array() || l.is_string() || l.is_object();  // jinja2: has len() and []
       if (name == "defined") return !l.is_null();
       if (name == "undefined") return l.is_null();
       if (name == "true") return l.to_bool();
@@ -2042,6 +2057,13 @@ public:
             auto result = Value::array();
             for (const auto& key : obj.keys()) {
               result.push_back(Value(key));
+            }
+            return result;
+          } else if (method->get_name() == "values") {  // megakernel: dict.values()
+            vargs.expectArgs("values method", {0, 0}, {0, 0});
+            auto result = Value::array();
+            for (const auto& key : obj.keys()) {
+              result.push_back(obj.at(key));
             }
             return result;
           } else if (method->get_name() == "get") {
@@ -3443,9 +3465,11 @@ inline std::shared_ptr<Context> Context::builtins() {
     for (auto & kv : keyed) result.push_back(kv.second);
     return result;
   }));
-  globals.set("trim", simple_function("trim", { "text" }, [](const std::shared_ptr<Context> &, Value & args) {
+  globals.set("trim", simple_function("trim", { "text", "chars" }, [](const std::shared_ptr<Context> &, Value & args) {
     auto & text = args.at("text");
-    return text.is_null() ? text : Value(strip(text.get<std::string>()));
+    // megakernel: jinja2's trim(chars) (upstream took no chars)
+    const std::string chars = args.contains("chars") && !args.at("chars").is_null() ? args.at("chars").get<std::string>() : "";
+    return text.is_null() ? text : Value(strip(text.get<std::string>(), chars));
   }));
   // megakernel: by code point, beyond ASCII (utf8_upper / utf8_lower)
   auto case_function = [](const std::string & name, std::string (*fn)(const std::string &)) {
