@@ -80,6 +80,8 @@ nlohmann::ordered_json check_chat_messages(const nlohmann::ordered_json& message
         std::end(kChatRoles))
       throw bad(path + ".role", fmt::format("unknown role {:?} (expected system, developer, user, assistant or tool)",
                                             clip(role)));
+    // OpenAI's schema lets an assistant message leave content out (a turn of tool calls): as null
+    if (!m.contains("content") && role == "assistant") m["content"] = nullptr;
     if (!m.contains("content")) throw bad(path + ".content", "missing (a string, null or an array of parts)");
     auto& c = m["content"];
     if (c.is_array()) {

@@ -325,6 +325,8 @@ TEST(ChatTemplate, MessagePartsAndRoles) {
   EXPECT_EQ(param_of(R"([{"role": "user", "content": [{"type": "text", "text": 5}]}])"), "messages[0].content[0].text");
   EXPECT_EQ(param_of(R"([{"role": "user", "content": ["a"]}])"), "messages[0].content[0]");
   EXPECT_EQ(param_of(R"([{"role": "user"}])"), "messages[0].content");
+  // an assistant turn may leave content out (OpenAI: a turn of tool calls), as null: ""
+  EXPECT_EQ(check_chat_messages(J::parse(R"([{"role": "user", "content": "w?"}, {"role": "assistant", "tool_calls": []}])"), "")[1]["content"], "");
   EXPECT_EQ(param_of(R"([3])"), "messages[0]");
   EXPECT_EQ(param_of(R"({"role": "user"})"), "messages");
   EXPECT_EQ(param_of(R"([])"), "messages");
