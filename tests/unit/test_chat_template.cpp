@@ -209,6 +209,14 @@ TEST(ChatTemplate, OperatorsLiteralsAndWhitespaceAsJinja2) {
                                  "{{ not 1 < 2 < 3 }}",
                                  msgs, o),
             "TrueTrueFalseTrue|True|False");
+  // tests that take an argument, after `is` and by name in select/selectattr (they did not parse:
+  // "Expected closing expression tag"; new-user trial 37)
+  EXPECT_EQ(render_chat_template("{{ 10 is divisibleby 5 }}{{ 10 is divisibleby(3) }}{{ 2 is in [1,2] }}{{ 'a' is eq 'a' }}"
+                                 "{{ 3 is gt 2 }}{{ 3 is not lt 2 }}{{ 'a' is equalto 'b' }}|{{ 3 is odd and 4 is even }}|"
+                                 "{{ 'x' if 4 is divisibleby 2 else 'y' }}|{{ messages|selectattr('role', 'eq', 'user')|list|length }}|"
+                                 "{{ [1,2,3,4]|select('gt', 2)|list }}{{ [1,2,3,4]|reject('divisibleby', 2)|list }}",
+                                 msgs, o),
+            "TrueFalseTrueTrueTrueTrueFalse|True|x|1|[3, 4][1, 3]");
   // lstrip_blocks strips before {% %} and {# #}, not before {{ }}
   EXPECT_EQ(render_chat_template("x\n    {{ 'b' }}\n\t{% if true %}c{% endif %}\n  {# c #}d", msgs, o), "x\n    b\ncd");
   // Windows line ends read as "\n" (trim_blocks then applies)

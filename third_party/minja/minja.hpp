@@ -2011,6 +2011,41 @@ static std::string html_escape(const std::string & s) {
   return result;
 }
 
+// megakernel: jinja2's tests that take an argument (`x is divisibleby 3`, `x is in seq`,
+// `x is eq y`, `is ne`, `is lt`/`le`/`gt`/`ge` and their symbols, `is equalto`).
+class TestExpr : public Expression {
+    std::shared_ptr<Expression> left;
+    std::string name;
+    std::vector<std::shared_ptr<Expression>> args;
+    bool negated;
+public:
+    TestExpr(const Location & loc, std::shared_ptr<Expression> && l, std::string n, std::vector<std::shared_ptr<Expression>> && a, bool neg)
+        : Expression(loc), left(std::move(l)), name(std::move(n)), args(std::move(a)), negated(neg) {}
+    Value do_evaluate(const std::shared_ptr<Context> & context) const override {
+        auto l = left->evaluate(context);
+        if (args.size() != 1) throw std::runtime_error("test '" + name + "' takes one argument");
+        auto a = args[0]->evaluate(context);
+        bool r;
+        if (name == "divisibleby") {
+          if (l.is_number_integer() && a.is_number_integer()) {
+            if (a.get<int64_t>() == 0) throw std::runtime_error("divisibleby 0");
+            r = a.get<int64_t>() == -1 || l.get<int64_t>() % a.get<int64_t>() == 0;
+          } else {
+            if (a.get<double>() == 0) throw std::runtime_error("divisibleby 0");
+            r = std::fmod(l.get<double>(), a.get<double>()) == 0;
+          }
+        } else if (name == "eq" || name == "equalto" || name == "==") r = l == a;
+        else if (name == "ne" || name == "!=") r = l != a;
+        else if (name == "lt" || name == "lessthan" || name == "<") r = l < a;
+        else if (name == "le" || name == "<=") r = l <= a;
+        else if (name == "gt" || name == "greaterthan" || name == ">") r = l > a;
+        else if (name == "ge" || name == ">=") r = l >= a;
+        else if (name == "in") r = in(l, a);
+        else throw std::runtime_error("test '" + name + "' with an argument is not supported");
+        return negated ? !r : r;
+    }
+};
+
 class MethodCallExpr : public Expression {
     std::shared_ptr<Expression> object;
     std::shared_ptr<VariableExpr> method;
@@ -2559,6 +2594,26 @@ private:
 
               auto identifier = parseIdentifier();
               if (!identifier) throw std::runtime_error("Expected identifier after 'is' keyword");
+
+              // megakernel: a test with an argument, as jinja2's parse_test: `is divisibleby(3)`, or one
+              // value after the name (`is divisibleby 3`, `is in [1, 2]`, `is eq x`)
+              consumeSpaces();
+              std::vector<std::shared_ptr<Expression>> test_args;
+              if (peekSymbols({ "(" })) {
+                auto call = parseCallArgs();
+                if (!call.kwargs.empty()) throw std::runtime_error("test '" + identifier->get_name() + "' takes no named arguments");
+                test_args = std::move(call.args);
+              } else if (it != end) {
+                static std::regex stop_words(R"((and|or|else|if|not|is|in)\b)");
+                const char c = *it;
+                const bool starts_value = c == '\'' || c == '"' || c == '[' || c == '{' || std::isdigit(static_cast<unsigned char>(c)) ||
+                                          std::isalpha(static_cast<unsigned char>(c)) || c == '_';
+                std::smatch m;
+                if (starts_value && !std::regex_search(it, end, m, stop_words, std::regex_constants::match_continuous))
+                  test_args.push_back(parseValueExpression());
+              }
+              if (!test_args.empty())
+                return std::make_shared<TestExpr>(left->location, std::move(left), identifier->get_name(), std::move(test_args), negated);
 
               return std::make_shared<BinaryOpExpr>(
                   left->location,
@@ -3579,6 +3634,33 @@ inline std::shared_ptr<Context> Context::builtins() {
   });
   globals.set("equalto", equalto);
   globals.set("==", equalto);
+  // megakernel: jinja2's comparison tests by name, for select / selectattr ('eq', 'gt', ...)
+  globals.set("eq", equalto);
+  auto compare_test = [](const std::string & name, int kind) {
+    return simple_function(name, { "value", "other" }, [kind](const std::shared_ptr<Context> &, Value & args) -> Value {
+      auto & a = args.at("value");
+      auto & b = args.at("other");
+      switch (kind) {
+        case 0: return a != b;
+        case 1: return a < b;
+        case 2: return a <= b;
+        case 3: return a > b;
+        default: return a >= b;
+      }
+    });
+  };
+  globals.set("ne", compare_test("ne", 0));
+  globals.set("lt", compare_test("lt", 1));
+  globals.set("le", compare_test("le", 2));
+  globals.set("gt", compare_test("gt", 3));
+  globals.set("ge", compare_test("ge", 4));
+  globals.set("divisibleby", simple_function("divisibleby", { "value", "num" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
+    auto & a = args.at("value");
+    auto & n = args.at("num");
+    if (n.get<double>() == 0) throw std::runtime_error("divisibleby 0");
+    if (a.is_number_integer() && n.is_number_integer()) return n.get<int64_t>() == -1 || a.get<int64_t>() % n.get<int64_t>() == 0;
+    return std::fmod(a.get<double>(), n.get<double>()) == 0;
+  }));
   globals.set("length", simple_function("length", { "items" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
       auto & items = args.at("items");
       return (int64_t) items.size();
