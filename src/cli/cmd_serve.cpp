@@ -375,8 +375,18 @@ class Server {
                                     "completions; use /v1/completions with a prompt",
                                     o_.model_id),
                         "invalid_request_error", "messages", ""};
+      // Template variables the client adds (llama.cpp's server and vLLM take them the same way), e.g.
+      // Qwen3's {"enable_thinking": false}; the conversation itself is not one of them.
+      json kwargs = nullptr;
+      if (const json* k = field(body, "chat_template_kwargs"); k && !k->is_null()) {
+        if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object of template variables");
+        for (const auto& [key, value] : k->items())
+          if (key == "messages" || key == "add_generation_prompt" || key == "bos_token" || key == "eos_token")
+            bad("chat_template_kwargs", fmt::format("'chat_template_kwargs' cannot set '{}' (it comes from the request and the model)", key));
+        kwargs = *k;
+      }
       try {
-        prompt = render_model_chat(s_.model, *tok, messages, o_.template_file);
+        prompt = render_model_chat(s_.model, *tok, messages, o_.template_file, kwargs);
       } catch (const Error& ex) {
         bad("messages", for_client(ex.what()));
       }

@@ -149,6 +149,8 @@ std::string render_chat_template(const std::string& source, const nlohmann::orde
         {"bos_token", o.bos_token},
         {"eos_token", o.eos_token},
     }));
+    if (o.extra.is_object())
+      for (const auto& [key, value] : o.extra.items()) ctx->set(key, minja::Value(value));
     const std::time_t now = o.now != 0 ? o.now : std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
     ctx->set("strftime_now", minja::Value::callable([now](const std::shared_ptr<minja::Context>&,
                                                             minja::ArgumentsValue& args) -> minja::Value {
@@ -209,9 +211,11 @@ ChatRenderOptions chat_options_for(const ModelFile& model, const Tokenizer& toke
 }
 
 std::string render_model_chat(const ModelFile& model, const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
-                              const std::string& template_file) {
+                              const std::string& template_file, const nlohmann::ordered_json& extra) {
   const std::string source = template_file.empty() ? model_chat_template(model) : read_text(template_file);
-  return render_chat_template(source, messages, chat_options_for(model, tokenizer));
+  ChatRenderOptions o = chat_options_for(model, tokenizer);
+  o.extra = extra;
+  return render_chat_template(source, messages, o);
 }
 
 ChatConversation::ChatConversation(Session& session, std::string template_source, std::optional<std::string> system_prompt)

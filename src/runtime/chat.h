@@ -23,6 +23,9 @@ struct ChatRenderOptions {
   std::string bos_token, eos_token;  // the vocabulary's BOS/EOS text ("" when it has none)
   bool add_generation_prompt = true;  // end with the header of the assistant's turn
   std::time_t now = 0;                // strftime_now's time (local time zone); 0 = the current time
+  // More template variables (serve's chat_template_kwargs, e.g. Qwen3's enable_thinking), set after
+  // the ones above; a JSON object (null: none).
+  nlohmann::ordered_json extra;
 };
 
 // The model's own chat template. Throws mk::Error when the model has none (suggesting
@@ -60,8 +63,9 @@ ChatRenderOptions chat_options_for(const ModelFile& model, const Tokenizer& toke
 
 // The prompt text for `messages` with the generation prompt: the template from `template_file`
 // when not empty (as llama.cpp's --chat-template-file), else the model's own.
+// `extra`: ChatRenderOptions::extra.
 std::string render_model_chat(const ModelFile& model, const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
-                              const std::string& template_file = "");
+                              const std::string& template_file = "", const nlohmann::ordered_json& extra = nullptr);
 
 // A multi-turn conversation on one Session: each reply renders the whole conversation with the
 // template and evaluates only the tokens past what the KV cache already holds (the cache is reset

@@ -701,6 +701,7 @@ def template_checks():
               "{% endfor %}{% endfor %}{% endif %}"
               "{% if messages[-1].content == 'huge' %}{{ 'x' * 100000000000 }}{% endif %}"
               "{% if messages[-1].content == 'range' %}{{ range(10000000000) | length }}{% endif %}"
+              "{% if enable_thinking is defined and not enable_thinking %}<no thinking>{% endif %}"
               "assistant:")
     tpl.close()
     srv = Server(STORIES, "--parallel", "2", "--chat-template-file", tpl.name)
@@ -723,6 +724,19 @@ def template_checks():
               f"hostile template on {content!r}: 400 naming the limit in {time.time() - t0:.1f} s ({st}: {text[:160]})")
     st, _, _ = chat("Once upon a time")
     check(st == 200, f"the server goes on after the hostile renders ({st})")
+    # chat_template_kwargs: variables for the template (Qwen3's enable_thinking), as llama.cpp's server
+    st_a, _, ta = chat("Once upon a time", chat_template_kwargs={"enable_thinking": False})
+    st_b, _, tb = chat("Once upon a time", chat_template_kwargs={"enable_thinking": True})
+    st_c, _, tc = chat("Once upon a time")
+    ok = st_a == st_b == st_c == 200
+    pa, pb, pc = ((json.loads(t)["usage"]["prompt_tokens"] if ok else -1) for t in (ta, tb, tc))
+    check(ok and pa > pb == pc, f"chat_template_kwargs reach the template: prompt tokens {pa} with enable_thinking false, "
+          f"{pb} true, {pc} without ({st_a} {st_b} {st_c})")
+    for kwargs, want in [([1], "must be an object"), ({"messages": []}, "cannot set 'messages'")]:
+        st, _, text = chat("Once upon a time", chat_template_kwargs=kwargs)
+        err = json.loads(text).get("error", {}) if st == 400 else {}
+        check(st == 400 and err.get("param") == "chat_template_kwargs" and want in err.get("message", ""),
+              f"chat_template_kwargs {kwargs!r}: 400 naming it ({st}: {text[:160]})")
     srv.blocks_free_at_end("after the hostile templates")
     check(srv.stop() == 0, "template server: exit code 0")
     with open(tpl.name, "w") as f:
