@@ -277,9 +277,10 @@ TEST(ChatTemplate, MoreFiltersAsJinja2) {
                 R"T({{ [1,'a',none]|select('string')|list }}|{{ [1,'a',none]|reject('none')|list }}|{{ [1,2]|select('equalto', 2)|list }}|)T"
                 R"T({{ [{'a':1},{'b':2}]|selectattr('a', 'defined')|list }}|{{ [{'a':0},{'a':2}]|selectattr('a')|list }}|)T"
                 R"T({{ [{'a':0},{'a':2}]|rejectattr('a')|list }}|{{ [{'a':1},{'a':2}]|rejectattr('a', 'equalto', 1)|list }}|)T"
-                R"T({{ {'a':[1,2],'b':none}|tojson(separators=(',',':')) }}|{{ [1, 'a', none, true, 1.5] }})T",
+                R"T({{ {'a':[1,2],'b':none}|tojson(separators=(',',':')) }}|{{ [1, 'a', none, true, 1.5] }}|)T"
+                R"T({{ {'b':1,'a':'é','c':{'z':[],'y':2}}|tojson(sort_keys=true) }}|{{ {'a':'é'}|tojson(ensure_ascii=true) }})T",
                 msgs, o),
-            R"T((12(23))31|1010|[1, 2]|[0, None, '']|[1, 3]|['a']|[1, 'a']|[2]|[{'a': 1}]|[{'a': 2}]|[{'a': 0}]|[{'a': 2}]|{"a":[1,2],"b":null}|[1, 'a', None, True, 1.5])T");
+            R"T((12(23))31|1010|[1, 2]|[0, None, '']|[1, 3]|['a']|[1, 'a']|[2]|[{'a': 1}]|[{'a': 2}]|[{'a': 0}]|[{'a': 2}]|{"a":[1,2],"b":null}|[1, 'a', None, True, 1.5]|{"a": "é", "b": 1, "c": {"y": 2, "z": []}}|{"a": "\u00e9"})T");
   // Scopes, as jinja2 (new-user trial 37; upstream: a macro call wrote its parameters and sets into
   // the defining scope, replacing `messages`; a set carried over to the next loop iteration; the loop
   // variable leaked out), and three more differences: tojson(indent) of {} / [], a dict looked up

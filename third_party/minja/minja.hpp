@@ -318,9 +318,9 @@ private:
   static void track(const std::shared_ptr<ObjectType> & o) { if (created() && o) track_in(created()->objects, o); }
 
   /* Python-style string repr */
-  static void dump_string(const json & primitive, std::ostringstream & out, char string_quote = '\'') {
+  static void dump_string(const json & primitive, std::ostringstream & out, char string_quote = '\'', bool ensure_ascii = false) {
     if (!primitive.is_string()) throw std::runtime_error("Value is not a string: " + primitive.dump());
-    auto s = primitive.dump();
+    auto s = primitive.dump(-1, ' ', ensure_ascii);
     if (string_quote == '"' || s.find('\'') != std::string::npos) {
       out << s;
       return;
@@ -339,9 +339,18 @@ private:
     }
     out << string_quote;
   }
-  // megakernel: seps, when given, are json.dumps' separators (item, key), as HF's tojson takes them
+public:
+  // megakernel: json.dumps' separators (item, key), ensure_ascii and sort_keys, as HF's tojson takes them
+  struct JsonStyle {
+    bool custom_seps = false;
+    std::string item_sep = ", ", key_sep = ": ";
+    bool ensure_ascii = false, sort_keys = false;
+  };
+private:
   void dump(std::ostringstream & out, int indent = -1, int level = 0, bool to_json = false,
-            const std::pair<std::string, std::string> * seps = nullptr) const {
+            const JsonStyle * style = nullptr) const {
+    const JsonStyle * seps = style && style->custom_seps ? style : nullptr;
+    const bool ensure_ascii = style && style->ensure_ascii;
     ValueNestingGuard nesting;  // megakernel
     auto print_indent = [&](int level) {
       if (indent > 0) {
@@ -351,7 +360,7 @@ private:
     };
     auto print_sub_sep = [&]() {
       if (seps) {
-        out << seps->first;
+        out << seps->item_sep;
         if (indent >= 0) print_indent(level + 1);
         return;
       }
@@ -370,22 +379,28 @@ private:
       print_indent(level + 1);
       for (size_t i = 0; i < array_->size(); ++i) {
         if (i) print_sub_sep();
-        (*array_)[i].dump(out, indent, level + 1, to_json, seps);
+        (*array_)[i].dump(out, indent, level + 1, to_json, style);
       }
       print_indent(level);
       out << "]";
     } else if (object_) {
       out << "{";
       print_indent(level + 1);
-      for (auto begin = object_->begin(), it = begin; it != object_->end(); ++it) {
-        if (it != begin) print_sub_sep();
+      std::vector<ObjectType::const_iterator> order;
+      for (auto i = object_->begin(); i != object_->end(); ++i) order.push_back(i);
+      if (style && style->sort_keys)
+        std::stable_sort(order.begin(), order.end(), [](const auto & a, const auto & b) { return a->first < b->first; });
+      bool first_key = true;
+      for (const auto & it : order) {
+        if (!first_key) print_sub_sep();
+        first_key = false;
         if (it->first.is_string()) {
-          dump_string(it->first, out, string_quote);
+          dump_string(it->first, out, string_quote, ensure_ascii);
         } else {
           out << string_quote << it->first.dump() << string_quote;
         }
-        out << (seps ? seps->second : ": ");
-        it->second.dump(out, indent, level + 1, to_json, seps);
+        out << (seps ? seps->key_sep : ": ");
+        it->second.dump(out, indent, level + 1, to_json, style);
       }
       print_indent(level);
       out << "}";
@@ -395,6 +410,8 @@ private:
       out << (this->to_bool() ? "True" : "False");
     } else if (is_string() && !to_json) {
       dump_string(primitive_, out, string_quote);
+    } else if (is_string() && ensure_ascii) {
+      dump_string(primitive_, out, string_quote, true);
     } else if (is_number_float()) {
       // megakernel: Python's repr (1e15 is 1000000000000000.0; inf, nan), also for json.dumps
       // (Infinity, NaN); nlohmann wrote 1e+15 and null
@@ -760,10 +777,10 @@ public:
     dump(out, indent, 0, to_json);
     return out.str();
   }
-  // megakernel: JSON with json.dumps' separators (item, key)
-  std::string dump_json(int indent, const std::pair<std::string, std::string> & seps) const {
+  // megakernel: JSON in a json.dumps style (separators, ensure_ascii, sort_keys)
+  std::string dump_json(int indent, const JsonStyle & style) const {
     std::ostringstream out;
-    dump(out, indent, 0, /* to_json= */ true, &seps);
+    dump(out, indent, 0, /* to_json= */ true, &style);
     return out.str();
   }
 
@@ -3368,16 +3385,24 @@ inline std::shared_ptr<Context> Context::builtins() {
   globals.set("raise_exception", simple_function("raise_exception", { "message" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
     throw std::runtime_error(args.at("message").get<std::string>());
   }));
-  globals.set("tojson", simple_function("tojson", { "value", "indent", "separators" }, [](const std::shared_ptr<Context> &, Value & args) {
-    // megakernel: HF's tojson also takes json.dumps' separators, e.g. (',', ':')
-    const int indent = static_cast<int>(args.get<int64_t>("indent", -1));
+  globals.set("tojson", simple_function("tojson", { "value", "indent", "separators", "ensure_ascii", "sort_keys" }, [](const std::shared_ptr<Context> &, Value & args) {
+    // megakernel: HF's tojson also takes json.dumps' separators (e.g. (',', ':')), ensure_ascii and
+    // sort_keys
+    const Value iv = args.contains("indent") ? args.at("indent") : Value();
+    if (!iv.is_null() && !iv.is_number_integer()) throw std::runtime_error("tojson: indent must be an integer");
+    const int indent = iv.is_null() ? -1 : static_cast<int>(std::clamp<int64_t>(iv.get<int64_t>(), -1, 64));
+    Value::JsonStyle style;
     if (args.contains("separators") && !args.at("separators").is_null()) {
       auto & sv = args.at("separators");
       if (!sv.is_array() || sv.size() != 2 || !sv.at(0).is_string() || !sv.at(1).is_string())
         throw std::runtime_error("tojson: separators must be a pair of strings");
-      return Value(args.at("value").dump_json(indent, {sv.at(0).get<std::string>(), sv.at(1).get<std::string>()}));
+      style.custom_seps = true;
+      style.item_sep = sv.at(0).get<std::string>();
+      style.key_sep = sv.at(1).get<std::string>();
     }
-    return Value(args.at("value").dump(indent, /* to_json= */ true));
+    style.ensure_ascii = args.contains("ensure_ascii") && args.at("ensure_ascii").to_bool();
+    style.sort_keys = args.contains("sort_keys") && args.at("sort_keys").to_bool();
+    return Value(args.at("value").dump_json(indent, style));
   }));
   globals.set("items", simple_function("items", { "object" }, [](const std::shared_ptr<Context> &, Value & args) {
     auto items = Value::array();
