@@ -2041,24 +2041,12 @@ public:
     Value do_evaluate(const std::shared_ptr<Context> & context) const override {
         auto l = left->evaluate(context);
         if (args.size() != 1) throw std::runtime_error("test '" + name + "' takes one argument");
-        auto a = args[0]->evaluate(context);
-        bool r;
-        if (name == "divisibleby") {
-          if (l.is_number_integer() && a.is_number_integer()) {
-            if (a.get<int64_t>() == 0) throw std::runtime_error("divisibleby 0");
-            r = a.get<int64_t>() == -1 || l.get<int64_t>() % a.get<int64_t>() == 0;
-          } else {
-            if (a.get<double>() == 0) throw std::runtime_error("divisibleby 0");
-            r = std::fmod(l.get<double>(), a.get<double>()) == 0;
-          }
-        } else if (name == "eq" || name == "equalto" || name == "==") r = l == a;
-        else if (name == "ne" || name == "!=") r = l != a;
-        else if (name == "lt" || name == "lessthan" || name == "<") r = l < a;
-        else if (name == "le" || name == "<=") r = l <= a;
-        else if (name == "gt" || name == "greaterthan" || name == ">") r = l > a;
-        else if (name == "ge" || name == ">=") r = l >= a;
-        else if (name == "in") r = in(l, a);
-        else throw std::runtime_error("test '" + name + "' with an argument is not supported");
+        // the test is the builtin of that name (Context::builtins: eq, ne, lt, ..., divisibleby, in),
+        // the same function select/selectattr call by name
+        auto fn = context->get(name);
+        if (!fn.is_callable()) throw std::runtime_error("test '" + name + "' with an argument is not supported");
+        ArgumentsValue call_args{{l, args[0]->evaluate(context)}, {}};
+        const bool r = fn.call(context, call_args).to_bool();
         return negated ? !r : r;
     }
 };
@@ -3679,6 +3667,8 @@ inline std::shared_ptr<Context> Context::builtins() {
   globals.set("le", compare_test("le", 2));
   globals.set("gt", compare_test("gt", 3));
   globals.set("ge", compare_test("ge", 4));
+  globals.set("lessthan", compare_test("lessthan", 1));
+  globals.set("greaterthan", compare_test("greaterthan", 3));
   globals.set("divisibleby", simple_function("divisibleby", { "value", "num" }, [](const std::shared_ptr<Context> &, Value & args) -> Value {
     auto & a = args.at("value");
     auto & n = args.at("num");
