@@ -25,6 +25,9 @@ void add_serve_command(CLI::App& app);
 // or more" (CLI11 puts the option's name first).
 // integer_at_least's upper bound is the target's own limit (default: an int's), so a value the
 // option cannot hold is "out of range: it must be at most 2147483647", not CLI11's "Could not convert".
+// Attach these numeric validators with ->transform(), not ->check(): they write the checked value
+// back in plain decimal ("+5" -> "5", "010" -> "10"), which CLI11 (strtoll base 0) would otherwise
+// read as octal; ->check() discards the rewrite.
 CLI::Validator integer_range(int64_t lo, int64_t hi);
 CLI::Validator integer_at_least(int64_t lo, int64_t hi = INT32_MAX);
 // A uint64 option (--seed): 0 to 2^64-1; "-1" and "2^64" are out of range, not wrapped.
