@@ -100,6 +100,9 @@ class DecoderBuilder {
       fail("{}: RoPE dimension count {} must be even and at most head_dim {}", m_.path, s_.n_rot, hd);
     if (!(s_.rope_theta > 0) || !std::isfinite(s_.rope_theta))
       fail("{}: RoPE theta must be a positive number, got {}", m_.path, s_.rope_theta);
+    for (const auto& [what, cap] : {std::pair<const char*, double>{"attention logit soft-capping", s_.attn_softcap},
+                                    {"final logit soft-capping", s_.final_softcap}})
+      if (!(cap >= 0) || !std::isfinite(cap)) fail("{}: {} must be a positive number (or 0: none), got {}", m_.path, what, cap);
     if (s_.sliding_window > 0) {
       checked_hparam("sliding_window", s_.sliding_window, where + "sliding window");
       if (!(s_.rope_theta_swa > 0) || !std::isfinite(s_.rope_theta_swa))
@@ -158,6 +161,7 @@ class DecoderBuilder {
       int vc = g_.add(Op::kv_store, {v, g_.add_kv_cache(il, "v", s_.n_ctx, kv_dim, s_.kv_pool_tokens, s_.kv_block_size)}, {}, b + ".v_cache");
       Attrs attn = {{"n_head", hp_.n_head}, {"n_head_kv", hp_.n_head_kv}, {"head_dim", hd}, {"scale", scale}};
       if (swa(il)) attn["window"] = s_.sliding_window;
+      if (s_.attn_softcap > 0) attn["softcap"] = s_.attn_softcap;
       int a = g_.add(Op::attention, {q, kc, vc}, attn, b + ".attn");
       int o = linear(a, b + ".attn_output", n_embd, q_dim, b + ".attn_out");
       if (s_.post_norms) o = norm(o, b + ".post_attention_norm", n_embd, b + ".attn_post_norm");
@@ -178,6 +182,7 @@ class DecoderBuilder {
     int cls = weight("output.weight", {hp_.n_vocab, n_embd}, false);
     if (cls < 0) cls = emb;  // tied embeddings: the classifier is the token embedding
     int logits = g_.add(Op::matmul, {x, cls}, {}, "logits_all");
+    if (s_.final_softcap > 0) logits = g_.add(Op::softcap, {logits}, {{"cap", s_.final_softcap}}, "logits_softcap");
     int out = s_.all_logits ? logits : g_.add(Op::last_row, {logits}, {}, "logits");
     g_.add_output(out, "logits");
     // Greedy decoding reads 16 bytes per row instead of the row (Backend::forward_greedy).

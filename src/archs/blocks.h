@@ -40,6 +40,9 @@ struct DecoderSpec {
   // Gemma 2/3: RMSNorm of the attention and FFN outputs (post_attention_norm, post_ffw_norm) before
   // each residual add.
   bool post_norms = false;
+  // Gemma 2: logit soft-capping, x -> cap * tanh(x / cap), of every attention score (after the
+  // scale, before the softmax) and of the output logits; 0 = none.
+  double attn_softcap = 0.0, final_softcap = 0.0;
 
   bool qk_norm = false;                // Qwen3: RMSNorm over each head of q and k
   std::string ffn_act = "silu";        // silu | gelu | gelu_tanh

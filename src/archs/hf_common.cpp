@@ -99,7 +99,7 @@ bool hf_bf16_buffers(const nlohmann::ordered_json& c) {
   return false;
 }
 
-bool hf_windowed_family(const std::string& arch) { return arch == "gemma3_text"; }
+bool hf_windowed_family(const std::string& arch) { return arch == "gemma2" || arch == "gemma3_text"; }
 
 DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default, bool windowed,
                           const nlohmann::ordered_json* rope_config) {

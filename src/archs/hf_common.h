@@ -33,7 +33,7 @@ std::string hf_llama_tensor_name(const std::string& canonical, bool tied);
 DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default, bool windowed = false,
                           const nlohmann::ordered_json* rope_config = nullptr);
 
-// Families whose description applies sliding-window attention (gemma3_text): read_hf_hparams
+// Families whose description applies sliding-window attention (gemma2, gemma3_text): read_hf_hparams
 // does not cap n_ctx_train at their window.
 bool hf_windowed_family(const std::string& arch);
 

@@ -37,6 +37,7 @@ struct FamilyKeys {
   std::initializer_list<const char*> suffixes;
 };
 const FamilyKeys kFamilyKeys[] = {
+    {"gemma2", {"attention.sliding_window", "attn_logit_softcapping", "final_logit_softcapping"}},
     {"gemma3", {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"}},
     {"phi3", {"attention.sliding_window"}},
 };

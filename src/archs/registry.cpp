@@ -22,6 +22,7 @@ const ArchEntry kArchs[] = {
     {"gguf", "qwen3", read_gguf_llama_hparams, build_gguf_qwen3},
     {"gguf", "gemma", read_gguf_llama_hparams, build_gguf_gemma},
     {"gguf", "phi3", read_gguf_llama_hparams, build_gguf_phi3},
+    {"gguf", "gemma2", read_gguf_llama_hparams, build_gguf_gemma2},
     {"gguf", "gemma3", read_gguf_llama_hparams, build_gguf_gemma3},
     {"hf", "llama", read_hf_hparams, build_hf_llama},
     {"hf", "mistral", read_hf_hparams, build_hf_llama},
@@ -29,6 +30,7 @@ const ArchEntry kArchs[] = {
     {"hf", "qwen3", read_hf_hparams, build_hf_qwen3},
     {"hf", "gemma", read_hf_hparams, build_hf_gemma},
     {"hf", "phi3", read_hf_hparams, build_hf_phi3},
+    {"hf", "gemma2", read_hf_hparams, build_hf_gemma2},
     {"hf", "gemma3_text", read_hf_hparams, build_hf_gemma3},
     {"hf", "gpt2", read_hf_hparams, build_hf_gpt2},
 };

@@ -11,6 +11,7 @@ Graph build_gguf_qwen2(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_qwen3(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_gemma(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_phi3(const ModelFile& m, const BuildOptions& o);
+Graph build_gguf_gemma2(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_gemma3(const ModelFile& m, const BuildOptions& o);
 
 // Hugging Face directories (hparams: read_hf_hparams in hf_common.h serves them all).
@@ -19,6 +20,7 @@ Graph build_hf_qwen2(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_qwen3(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_gemma(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_phi3(const ModelFile& m, const BuildOptions& o);
+Graph build_hf_gemma2(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_gemma3(const ModelFile& m, const BuildOptions& o);  // gemma3_text
 Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o);
 

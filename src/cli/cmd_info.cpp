@@ -26,13 +26,15 @@ void print_positions_and_attention(const ModelFile& m, const Hparams& hp) {
   std::map<std::string, int> ropes;  // description -> layers (q's rope node per layer)
   int n_attn = 0, n_window = 0;
   int64_t window = 0;
-  double scale = 0;
+  double scale = 0, attn_cap = 0, logit_cap = 0;
   for (const auto& n : g.nodes) {
     if (n.op == Op::attention) {
       ++n_attn;
       scale = n.attr_float("scale");
+      attn_cap = n.attr_float("softcap", 0.0);
       if (n.attrs.count("window")) ++n_window, window = n.attr_int("window");
     }
+    if (n.op == Op::softcap) logit_cap = n.attr_float("cap");
     const bool q_rope = n.name.size() > 7 && n.name.compare(n.name.size() - 7, 7, ".q_rope") == 0;
     if (!q_rope) continue;
     std::string d = fmt::format("{}, n_rot {}, theta {}", n.attr_str("mode"), n.attr_int("n_rot"), value(n.attrs.at("theta")));
@@ -53,7 +55,9 @@ void print_positions_and_attention(const ModelFile& m, const Hparams& hp) {
   std::printf("rope:         %s\n", rope.empty() ? "none" : rope.c_str());
   std::string attn = fmt::format("scale {:g}", scale);
   if (n_window > 0) attn += fmt::format(", sliding window {} on {} of {} layers", window, n_window, n_attn);
+  if (attn_cap > 0) attn += fmt::format(", scores soft-capped at {:g}", attn_cap);
   std::printf("attention:    %s\n", attn.c_str());
+  if (logit_cap > 0) std::printf("logits:       soft-capped at %s\n", fmt::format("{:g}", logit_cap).c_str());
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "ir/fused.h"
 #include "ir/topk.h"
 #include "support/error.h"
@@ -164,6 +166,10 @@ void infer_node(const Graph& g, Node& n) {
     case Op::scale:
       n.attr_float("s");
       [[fallthrough]];
+    case Op::softcap:
+      if (n.op == Op::softcap && !(n.attr_float("cap") > 0 && std::isfinite(n.attr_float("cap"))))
+        fail("{}: cap {} must be a positive number", where(), n.attr_float("cap"));
+      [[fallthrough]];
     case Op::silu:
     case Op::gelu:
     case Op::gelu_tanh:
@@ -213,6 +219,8 @@ void infer_node(const Graph& g, Node& n) {
       int64_t nh = n.attr_int("n_head"), nkv = n.attr_int("n_head_kv"), hd = n.attr_int("head_dim");
       n.attr_float("scale");
       if (n.attr_int("window", 0) < 0) fail("{}: window {} must be >= 0 (0 = none)", where(), n.attr_int("window", 0));
+      if (const double cap = n.attr_float("softcap", 0.0); !(cap >= 0) || !std::isfinite(cap))
+        fail("{}: softcap {} must be >= 0 (0 = none)", where(), cap);
       if (nh <= 0 || nkv <= 0 || nh % nkv) fail("{}: n_head {} is not a multiple of n_head_kv {}", where(), nh, nkv);
       need_eq(q.shape[1], SymExpr::constant(nh * hd), "q columns");
       need_eq(k.shape[1], SymExpr::constant(nkv * hd), "k columns");

@@ -1,5 +1,5 @@
 // Numerics shared by every backend, so the reference, the CPU interpreter and generated CUDA agree
-// on constants: RoPE inverse frequencies (incl. llama3 scaling) and GELU forms.
+// on constants: RoPE inverse frequencies (incl. llama3 scaling), GELU forms and soft-capping.
 #pragma once
 #include <cmath>
 #include <vector>
@@ -21,5 +21,7 @@ inline float gelu_tanh_approx(float x) {
   return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+// Logit soft-capping (Gemma 2; llama.cpp: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap, in float).
+inline float softcap(float x, float cap) { return cap * std::tanh(x * (1.0f / cap)); }
 
 }  // namespace mk

@@ -101,6 +101,7 @@ std::string Program::op_str(int i) const {
   const bool attn = o.opcode == Opcode::attention || o.opcode == Opcode::attention_partial;
   if (o.opcode == Opcode::scale || attn) s += fmt::format(" scale={}", o.scale);
   if (attn && o.window > 0) s += fmt::format(" window={}", o.window);
+  if (o.opcode == Opcode::softcap || (attn && o.softcap > 0)) s += fmt::format(" softcap={}", o.softcap);
   if (attn || o.opcode == Opcode::attention_combine)
     s += fmt::format(" n_head={} n_head_kv={} head_dim={}", o.n_head, o.n_head_kv, o.head_dim);
   if (o.opcode == Opcode::attention_partial || o.opcode == Opcode::attention_combine)
@@ -276,6 +277,7 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
     case Opcode::silu:
     case Opcode::gelu:
     case Opcode::gelu_tanh:
+    case Opcode::softcap:
       read(o.x, zero, R, in.c0, in.c1);
       write(o.out, zero, R, in.c0, in.c1);
       break;

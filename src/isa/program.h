@@ -92,6 +92,7 @@ struct OpDesc {
   double eps = 0, weight_offset = 0, scale = 1;  // norms; scale op / attention scale
   int64_t group = 0;                             // rms_norm group (columns per statistic)
   int64_t head_dim = 0, n_rot = 0, n_head = 0, n_head_kv = 0;
+  double softcap = 0;  // softcap op: the cap; attention: scores s -> softcap * tanh(s / softcap) (0 = none)
   int64_t window = 0;  // attention: sliding window (0 = none), row r reads [max(0, pos[r] - window + 1), pos[r]]
   int64_t attn_splits = 1;  // attention_partial/_combine: ranges each row's cached positions are cut into
   bool rope_halves = false;

@@ -24,6 +24,7 @@ bool row_inputs(const Graph& g, const Node& n, std::vector<bool>& row_aligned) {
     case Op::layer_norm:
     case Op::matmul:
     case Op::scale:
+    case Op::softcap:
     case Op::silu:
     case Op::gelu:
     case Op::gelu_tanh:

@@ -363,6 +363,7 @@ class Lowering {
         d.head_dim = n.attr_int("head_dim");
         d.scale = n.attr_float("scale");
         d.window = n.attr_int("window", 0);
+        d.softcap = n.attr_float("softcap", 0.0);
         d.k = d.head_dim;
         d.out = act(n);
         value_buf_[static_cast<size_t>(n.id)] = d.out;
@@ -409,13 +410,15 @@ class Lowering {
       case Op::scale:
       case Op::silu:
       case Op::gelu:
-      case Op::gelu_tanh: {
+      case Op::gelu_tanh:
+      case Op::softcap: {
         Opcode opc = n.op == Op::scale ? Opcode::scale : n.op == Op::silu ? Opcode::silu
-                     : n.op == Op::gelu ? Opcode::gelu : Opcode::gelu_tanh;
+                     : n.op == Op::gelu ? Opcode::gelu : n.op == Op::gelu_tanh ? Opcode::gelu_tanh : Opcode::softcap;
         OpDesc d = desc(n, opc);
         d.x = buf(in(0));
         d.k = d.cols;
         if (n.op == Op::scale) d.scale = n.attr_float("s");
+        if (n.op == Op::softcap) d.softcap = n.attr_float("cap");
         d.out = act(n);
         value_buf_[static_cast<size_t>(n.id)] = d.out;
         emit(d, cheap_width(d.cols, 16));

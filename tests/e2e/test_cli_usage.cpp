@@ -785,7 +785,7 @@ TEST(E2ECliUsage, RunTimingLineWithoutADecodeStep) {
 // `info` names the positional encoding and the attention the graph runs, per group of layers
 // (it printed none of RoPE's theta, scaling or the sliding window; trial 31 leftover): Gemma 3's
 // local layers rotate with theta 1e4 under a window of 8, its global layer with 1e6; Llama 3.1
-// scaling lists its parameters; GPT-2 has learned positions, no RoPE.
+// scaling lists its parameters; GPT-2 has learned positions, no RoPE; Gemma 2's soft-caps.
 TEST(E2ECliUsage, InfoNamesRopeAndAttention) {
   Result r = cli("info -m \"" + std::string(MK_SOURCE_DIR) + "/tests/data/gemma3/gemma3-tiny.f32.gguf\"");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -803,4 +803,11 @@ TEST(E2ECliUsage, InfoNamesRopeAndAttention) {
   r = cli("info -m synth:stories260k");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(has(r.out, "\nrope:         adjacent, n_rot 8, theta 10000\n")) << r.out;
+  EXPECT_FALSE(has(r.out, "soft-capped")) << r.out;
+  // Gemma 2: one RoPE for both kinds of layer, every other layer local, both soft-caps.
+  r = cli("info -m \"" + std::string(MK_SOURCE_DIR) + "/tests/data/gemma2/hf\"");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "\nrope:         halves, n_rot 16, theta 10000\nattention:    scale 0.25, sliding window 8 on 2 of 4 "
+                         "layers, scores soft-capped at 2\nlogits:       soft-capped at 6\n"))
+      << r.out;
 }

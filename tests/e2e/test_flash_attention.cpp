@@ -2,7 +2,7 @@
 // split of each row's cached positions) and attention_combine (log-sum-exp merge).
 //   - op level: a graph of attention alone on random q/k/v (paged, ragged batch, rows shorter than
 //     the split count) gives the unsplit op's output within 1e-6 (relative) for S = 2, 3, 4, 7, 16
-//     on cpu and cuda-emu;
+//     on cpu and cuda-emu; with soft-capped scores too (S = 1, 3);
 //   - stories260K reproduces llama2.c's greedy reference token for token with S = 1, 2, 4, 7 on cpu
 //     and cuda-emu (prompt rows shorter than S included);
 //   - the HF fixtures stay within their tolerances with 3 splits (all on cpu, float32 on cuda-emu);
@@ -42,6 +42,7 @@ const std::string kStories = std::string(MK_SHARED_DIR) + "/models/stories260K/"
 // in a paged pool, the attention output is the graph's "logits" output (every row).
 struct AttnModel {
   int64_t n_vocab = 40, n_head = 6, n_head_kv = 2, head_dim = 20, n_ctx = 48, block = 4, pool = 192;
+  double softcap = 0;  // the attention op's score soft-cap (0 = none)
 };
 
 ModelFile attn_model(const AttnModel& c, uint64_t seed) {
@@ -80,10 +81,10 @@ Graph attn_graph(const AttnModel& c) {
   int kc = g.add(Op::kv_store, {k, g.add_kv_cache(0, "k", c.n_ctx, kv_dim, c.pool, c.block)}, {}, "k_cache");
   int vc = g.add(Op::kv_store, {v, g.add_kv_cache(0, "v", c.n_ctx, kv_dim, c.pool, c.block)}, {}, "v_cache");
   // A scale of 1.5 / sqrt(head_dim) sharpens the softmax, so that the splits' maxima differ.
-  int a = g.add(Op::attention, {q, kc, vc},
-                {{"n_head", c.n_head}, {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim},
-                 {"scale", 1.5 / std::sqrt(static_cast<double>(c.head_dim))}},
-                "attn");
+  Attrs attrs = {{"n_head", c.n_head}, {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim},
+                 {"scale", 1.5 / std::sqrt(static_cast<double>(c.head_dim))}};
+  if (c.softcap > 0) attrs["softcap"] = c.softcap;
+  int a = g.add(Op::attention, {q, kc, vc}, attrs, "attn");
   g.add_output(a, "logits");
   return g;
 }
@@ -160,6 +161,25 @@ INSTANTIATE_TEST_SUITE_P(Splits, FlashAttentionOp,
                              if (ch == '-') ch = '_';
                            return s;
                          });
+
+// Soft-capped scores (Gemma 2: s -> cap * tanh(s / cap) before the softmax) on every path: whole
+// and split attention on cpu and cuda-emu equal the reference's double-precision op within 1e-6,
+// and the cap changes the output (scores here have a spread of ~1.5, the cap is 1).
+TEST(FlashAttentionSoftcap, EveryPathCapsTheScoresAsTheReference) {
+  AttnModel c;
+  c.softcap = 1.0;
+  ModelFile m = attn_model(c, 5);
+  const std::vector<float> want = run_attn("reference", -1, 1, c, m);
+  AttnModel uncapped = c;
+  uncapped.softcap = 0;
+  EXPECT_GT(test::rel_l2(run_attn("reference", -1, 1, uncapped, m), want), 0.05);
+  for (const char* backend : {"cpu", "cuda-emu"})
+    for (const int splits : {1, 3}) {
+      const std::vector<float> got = run_attn(backend, splits, 3, c, m);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_LT(test::rel_l2(got, want), 1e-6) << backend << " attn_splits " << splits;
+    }
+}
 
 TEST(FlashAttentionProgram, SplitsLowerToPartialAndCombine) {
   AttnModel c;

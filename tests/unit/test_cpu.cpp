@@ -17,6 +17,7 @@
 #include "model/synth.h"
 #include "passes/pass.h"
 #include "runtime/session.h"
+#include "support/compare.h"
 #include "support/error.h"
 #include "support/tiny_model.h"
 
@@ -295,7 +296,8 @@ TEST(CpuVmath, ExpWithinOneUlpAndSpansEqualScalar) {
 // attention over an f16 KV cache on AVX-512 (kernels.cpp attention_f16: scores 16 positions at a
 // time through dot_f32's lane tree, K and V converted in registers) gives the portable path's bits,
 // for head_dim 64 (5 heads per KV group: a pass of 4 heads and one of 1) and 128 (3 per group), over
-// ragged batches whose rows attend to 1 .. 70 positions (tails of 16 and of the prefetch window).
+// ragged batches whose rows attend to 1 .. 70 positions (tails of 16 and of the prefetch window),
+// with and without soft-capped scores.
 TEST(CpuAttention, Avx512F16PathEqualsPortable) {
   if (!cpu::attention_avx512_enabled()) GTEST_SKIP() << "built without AVX-512";
   for (const SynthSpec& spec : {SynthSpec{"attn64", 96, 640, 2, 10, 2, 128, 128, DType::Q8_0},
@@ -303,7 +305,7 @@ TEST(CpuAttention, Avx512F16PathEqualsPortable) {
     const ModelFile m = make_synthetic_model(spec, true);
     BuildOptions bo{128, false};
     bo.kv_pool_tokens = 4 * 128;
-    const Graph g = build_graph(m, bo);
+    Graph g = build_graph(m, bo);
     auto run = [&](bool avx512) {
       cpu::set_attention_avx512(avx512);
       auto b = make_backend("cpu", g, m, cpu_opts(2));
@@ -335,12 +337,19 @@ TEST(CpuAttention, Avx512F16PathEqualsPortable) {
       }
       return all;
     };
-    const std::vector<float> fast = run(true), portable = run(false);
-    cpu::set_attention_avx512(true);
-    ASSERT_EQ(fast.size(), portable.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < fast.size(); ++i) differ += std::bit_cast<uint32_t>(fast[i]) != std::bit_cast<uint32_t>(portable[i]);
-    EXPECT_EQ(differ, 0u) << spec.name << ": " << differ << " of " << fast.size() << " logits differ";
+    std::vector<float> uncapped;
+    for (const double cap : {0.0, 0.75}) {  // Gemma 2's soft-capped scores (0 = none)
+      for (Node& n : g.nodes)
+        if (n.op == Op::attention) n.attrs["softcap"] = cap;
+      const std::vector<float> fast = run(true), portable = run(false);
+      cpu::set_attention_avx512(true);
+      ASSERT_EQ(fast.size(), portable.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < fast.size(); ++i) differ += std::bit_cast<uint32_t>(fast[i]) != std::bit_cast<uint32_t>(portable[i]);
+      EXPECT_EQ(differ, 0u) << spec.name << " softcap " << cap << ": " << differ << " of " << fast.size() << " logits differ";
+      if (cap == 0) uncapped = fast;
+      else EXPECT_GT(test::rel_l2(fast, uncapped), 1e-3) << spec.name << ": the cap changed nothing";
+    }
   }
 }
 

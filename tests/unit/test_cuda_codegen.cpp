@@ -185,6 +185,12 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
                                              }),
                        ScheduleKind::dynamic, 256));
   add("quant-stories260K-q4_1", compile_for_h200(quant::quantize_model(load_model(kStories), DType::Q4_1), ScheduleKind::dynamic, 256));
+  // Sliding windows (Gemma 3) and soft-capped attention scores and logits (Gemma 2), whole and split attention.
+  for (const char* family : {"gemma2", "gemma3"})
+    for (const int64_t splits : {1, 3})
+      add(fmt::format("{}-tiny-s{}", family, splits),
+          compile_for_h200(load_model(fmt::format("{}/tests/data/{}/{}-tiny.f32.gguf", MK_SOURCE_DIR, family, family)),
+                           ScheduleKind::dynamic, 64, splits));
   // The benchmark shapes, from tensors without data (no multi-GB allocation), cut to 2 layers: the
   // device functions depend on the shapes, not on the layer count, and the passes take ~30 s on
   // the full 8B program (56k instructions).

@@ -1,15 +1,18 @@
-// The keys and tensors of Gemma 3, Llama 3 rope_freqs and Phi-3 LongRoPE: honoured as the graph
-// shows (which layers are windowed, which RoPE base and factors each uses), or refused by name.
-// The logits themselves are checked against llama.cpp in tests/e2e (test_gemma3.cpp,
+// The keys and tensors of Gemma 2, Gemma 3, Llama 3 rope_freqs and Phi-3 LongRoPE: honoured as the
+// graph shows (which layers are windowed and soft-capped, which RoPE base and factors each uses), or
+// refused by name. The logits themselves are checked against llama.cpp in tests/e2e (test_gemma2.cpp, test_gemma3.cpp,
 // test_phi3_longrope.cpp, test_gguf_families.cpp).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <tuple>
 #include <sstream>
 
 #include "archs/arch.h"
@@ -22,6 +25,7 @@ namespace mk {
 namespace {
 
 const std::string kData = std::string(MK_SOURCE_DIR) + "/tests/data/";
+const std::string kGemma2 = kData + "gemma2/gemma2-tiny.f32.gguf";
 const std::string kGemma3 = kData + "gemma3/gemma3-tiny.f32.gguf";
 const std::string kPhi3 = kData + "phi3_longrope/phi3-longrope.f32.gguf";
 const std::string kStories = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
@@ -101,6 +105,45 @@ TEST(GgufGemma3, BadKeysAreRefusedByName) {
   EXPECT_TRUE(has(build_error(
                       kStories, [](ModelFile& m) { m.metadata["llama.attention.sliding_window"] = 8u; }, 16),
                   "sliding-window attention"));
+}
+
+// Gemma 2: llama.cpp's defaults where a key is absent (window 4096 on the even layers, caps 50 and
+// 30), 0 turns a window or a cap off, and a negative or non-finite cap is refused by name.
+TEST(GgufGemma2, WindowsAndSoftCapsWithLlamaCppDefaults) {
+  const auto view = [](const ModelFile& m) {
+    const Graph g = build_graph(m, {32, false});
+    std::vector<int64_t> windows;
+    std::vector<double> caps;
+    double final_cap = 0;
+    for (const Node& n : g.nodes) {
+      if (n.op == Op::attention) windows.push_back(n.attr_int("window", 0)), caps.push_back(n.attr_float("softcap", 0));
+      if (n.op == Op::softcap) final_cap = n.attr_float("cap");
+    }
+    return std::tuple{windows, caps, final_cap};
+  };
+  ModelFile m = load_model(kGemma2);
+  EXPECT_EQ(view(m), (std::tuple{std::vector<int64_t>{8, 0, 8, 0}, std::vector<double>(4, 2.0), 6.0}));
+  for (const char* k : {"gemma2.attention.sliding_window", "gemma2.attn_logit_softcapping", "gemma2.final_logit_softcapping"})
+    m.metadata.erase(k);
+  EXPECT_EQ(view(m), (std::tuple{std::vector<int64_t>{4096, 0, 4096, 0}, std::vector<double>(4, 50.0), 30.0}));
+  m.metadata["gemma2.attention.sliding_window"] = 0u;
+  m.metadata["gemma2.attn_logit_softcapping"] = 0.0;
+  m.metadata["gemma2.final_logit_softcapping"] = 0.0;
+  EXPECT_EQ(view(m), (std::tuple{std::vector<int64_t>(4, 0), std::vector<double>(4, 0.0), 0.0}));
+  for (const double bad : {-1.0, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    EXPECT_TRUE(has(build_error(kGemma2, [&](ModelFile& f) { f.metadata["gemma2.attn_logit_softcapping"] = bad; }),
+                    "gemma2.attn_logit_softcapping"))
+        << bad;
+    EXPECT_TRUE(has(build_error(kGemma2, [&](ModelFile& f) { f.metadata["gemma2.final_logit_softcapping"] = bad; }),
+                    "gemma2.final_logit_softcapping"))
+        << bad;
+  }
+  EXPECT_TRUE(has(build_error(kGemma2, [](ModelFile& f) { f.metadata["gemma2.attention.sliding_window"] = -3; }),
+                  "gemma2.attention.sliding_window"));
+  // Other families still refuse the caps (llama: attention logit soft-capping is not supported).
+  EXPECT_TRUE(has(build_error(
+                      kStories, [](ModelFile& f) { f.metadata["llama.attn_logit_softcapping"] = 50.0; }, 16),
+                  "attention logit soft-capping"));
 }
 
 // Keys and string values read from a GGUF reach error messages (and the `run --ids` warning, which

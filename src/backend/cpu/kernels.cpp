@@ -393,6 +393,12 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
 struct KvRange {
   int64_t begin, end;
 };
+
+// One attention score from its dot product q.k: scaled, then soft-capped when cap > 0 (Gemma 2).
+inline float attn_score(float dot, float scale, float cap) {
+  const float s = dot * scale;
+  return cap > 0 ? softcap(s, cap) : s;
+}
 KvRange attn_kv_range(const Ctx& c, const OpDesc& o, int64_t r) {
   const int64_t end = int64_t{c.ibuf(c.p.positions_buffer)[r]} + 1;
   return {o.window > 0 ? std::max<int64_t>(0, end - o.window) : 0, end};
@@ -640,18 +646,18 @@ void attn_pv_f16_heads(const uint16_t* const* vr, int64_t n, const float* p, int
 // Softmax of one head's n scores with an f16 cache, in place (attention's operations: scale, max,
 // exp(s - max), sum in double, p = round_f16(e / sum)). The double sum is attn_sum_f64's: 16 lanes,
 // then attn_sum_tree.
-void attn_softmax_f16(float* sc, int64_t n, float scale) {
+void attn_softmax_f16(float* sc, int64_t n, float scale, float cap) {
   const __m512 vs = _mm512_set1_ps(scale);
   __m512 vm = _mm512_set1_ps(-INFINITY);
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
+  for (; j + 16 <= n && cap == 0; j += 16) {
     const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(sc + j), vs);
     _mm512_storeu_ps(sc + j, v);
     vm = _mm512_max_ps(vm, v);
   }
   float mx = _mm512_reduce_max_ps(vm);
   for (; j < n; ++j) {
-    sc[j] = sc[j] * scale;
+    sc[j] = attn_score(sc[j], scale, cap);
     mx = std::max(mx, sc[j]);
   }
   exp_sub_span(sc, sc, n, mx);
@@ -680,7 +686,7 @@ void attention_f16_hd(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R)
   const uint16_t* vh = c.hbuf(o.z);
   float* out = c.buf(o.out);
   const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
-  const float scale = static_cast<float>(o.scale);
+  const float scale = static_cast<float>(o.scale), cap = static_cast<float>(o.softcap);
   const int64_t sst = attn_score_stride(c.p), np = attn_pass_heads(o);
   // `attention`'s scratch layout; the K/V row pointers are halves here, the last part the lanes
   float* score = c.scratch;                                              // [np][sst]
@@ -699,7 +705,7 @@ void attention_f16_hd(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R)
     attn_scores_f16<HD>(q16, nh, kr, n_kv, score, sst, lanes);
     for (int64_t j = 0; j < n_kv; ++j) kr[j] = vh + int64_t{kv_row[j]} * vs + g * HD;
     for (int64_t j = 0; j < std::min<int64_t>(kAttnPf, n_kv); ++j) prefetch_row_f16(kr[j], HD);
-    for (int64_t hh = 0; hh < nh; ++hh) attn_softmax_f16(score + hh * sst, n_kv, scale);
+    for (int64_t hh = 0; hh < nh; ++hh) attn_softmax_f16(score + hh * sst, n_kv, scale, cap);
     std::fill(acc, acc + nh * cst, 0.0f);
     attn_pv_f16_heads<HD>(kr, n_kv, score, sst, nh, acc, cst);
     for (int64_t hh = 0; hh < nh; ++hh) {  // sum = 1 (the probabilities are normalised)
@@ -736,7 +742,7 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   const uint16_t* vh = half ? c.hbuf(o.z) : nullptr;
   float* out = c.buf(o.out);
   const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
-  const float scale = static_cast<float>(o.scale);
+  const float scale = static_cast<float>(o.scale), cap = static_cast<float>(o.softcap);
   const int64_t sst = attn_score_stride(c.p), np = attn_pass_heads(o);
   float* score = c.scratch;                                          // [np][sst]
   int32_t* kv_row = reinterpret_cast<int32_t*>(score + np * sst);    // [sst] pool row of each position
@@ -789,7 +795,7 @@ void attention(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       float* sc = score + hh * sst;
       float mx = -INFINITY;
       for (int64_t j = 0; j < n_kv; ++j) {
-        sc[j] = sc[j] * scale;
+        sc[j] = attn_score(sc[j], scale, cap);
         mx = std::max(mx, sc[j]);
       }
       exp_sub_span(sc, sc, n_kv, mx);
@@ -830,7 +836,7 @@ void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
   const float* vc = c.buf(o.z);
   float* out = c.buf(o.out);
   const int64_t qs = c.cols(o.x), ks = c.cols(o.y), vs = c.cols(o.z), os = c.cols(o.out);
-  const float scale = static_cast<float>(o.scale);
+  const float scale = static_cast<float>(o.scale), cap = static_cast<float>(o.softcap);
   float* score = c.scratch;
   int32_t* kv_row = reinterpret_cast<int32_t*>(c.scratch + c.p.n_ctx + 16);
   float* q16 = c.scratch + 2 * (c.p.n_ctx + 16) + hd + 16;
@@ -869,7 +875,7 @@ void attention_partial(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R
       float mx = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {
         if (j + kKvPrefetchAhead < n) prefetch(false, j + kKvPrefetchAhead);
-        score[j] = dot(qh, krow(j), hd) * scale;
+        score[j] = attn_score(dot(qh, krow(j), hd), scale, cap);
         mx = std::max(mx, score[j]);
       }
       float sum = 0;
@@ -1140,15 +1146,17 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
     case Opcode::scale:
     case Opcode::silu:
     case Opcode::gelu:
-    case Opcode::gelu_tanh: {
+    case Opcode::gelu_tanh:
+    case Opcode::softcap: {
       const float* x = c.buf(o.x);
       float* out = c.buf(o.out);
-      const float s = static_cast<float>(o.scale);
+      const float s = static_cast<float>(o.scale), cap = static_cast<float>(o.softcap);
       for (int64_t r = 0; r < R; ++r)
         for (int64_t j = c0; j < c1; ++j) {
           float v = x[r * o.cols + j];
           out[r * o.cols + j] = o.opcode == Opcode::scale ? v * s : o.opcode == Opcode::silu ? silu_f32(v)
-                                : o.opcode == Opcode::gelu ? gelu_erf(v) : gelu_tanh_approx(v);
+                                : o.opcode == Opcode::gelu ? gelu_erf(v) : o.opcode == Opcode::gelu_tanh ? gelu_tanh_approx(v)
+                                                                                                          : softcap(v, cap);
         }
       return;
     }

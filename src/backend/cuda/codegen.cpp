@@ -283,6 +283,7 @@ class Generator {
                          op.n_head / op.n_head_kv, stride(op.x), stride(op.y), stride(op.z), stride(op.out));
         b += fmt::format("  static constexpr double SCALE = {};\n", lit(op.scale));
         b += fmt::format("  static constexpr int WIN = {};  // sliding window (0 = none)\n", op.window);
+        b += fmt::format("  static constexpr double SOFTCAP = {};  // score soft-capping (0 = none)\n", lit(op.softcap));
         if (p_.kv_block_size <= 0) fail("cuda codegen: {}: attention without a paged KV cache", op.name);
         b += fmt::format("  static constexpr int KVB = {}, MB = {};  // KV block rows, block-table columns\n", p_.kv_block_size,
                          p_.max_blocks_per_seq());
@@ -331,14 +332,15 @@ class Generator {
       case Opcode::scale:
       case Opcode::silu:
       case Opcode::gelu:
-      case Opcode::gelu_tanh: {
+      case Opcode::gelu_tanh:
+      case Opcode::softcap: {
         const int opc = op.opcode == Opcode::add ? 0 : op.opcode == Opcode::mul ? 1 : op.opcode == Opcode::scale ? 2
-                        : op.opcode == Opcode::silu ? 3 : op.opcode == Opcode::gelu ? 4 : 5;
+                        : op.opcode == Opcode::silu ? 3 : op.opcode == Opcode::gelu ? 4 : op.opcode == Opcode::gelu_tanh ? 5 : 6;
         if (opc <= 1 && op.y < 0 && op.bias < 0) fail("cuda codegen: {}: second operand missing", op.name);
         b += fmt::format("  using BiasW = {};\n  static constexpr int OPC = {}, XS = {}, YS = {}, OS = {};\n", vtype(op.bias, op),
                          opc, stride(op.x), stride(op.y), stride(op.out));
-        b += fmt::format("  static constexpr bool HAS_BIAS = {};\n  static constexpr double SCALE = {};\n",
-                         op.y < 0 && op.bias >= 0 ? "true" : "false", lit(op.scale));
+        b += fmt::format("  static constexpr bool HAS_BIAS = {};\n  static constexpr double SCALE = {}, SOFTCAP = {};\n",
+                         op.y < 0 && op.bias >= 0 ? "true" : "false", lit(op.scale), lit(op.softcap));
         *smem_floats = 4;
         break;
       }

@@ -188,6 +188,12 @@ class ReferenceBackend final : public Backend {
           for (auto& v : out) v *= s;
           break;
         }
+        case Op::softcap: {
+          const double cap = n.attr_float("cap");
+          out.assign(in(0), in(0) + in_len(0));
+          for (auto& v : out) v = static_cast<float>(cap * std::tanh(v / cap));
+          break;
+        }
         case Op::silu:
         case Op::gelu:
         case Op::gelu_tanh: {
@@ -230,6 +236,7 @@ class ReferenceBackend final : public Backend {
           int64_t nh = n.attr_int("n_head"), nkv = n.attr_int("n_head_kv"), hd = n.attr_int("head_dim");
           double scale = n.attr_float("scale");
           const int64_t window = n.attr_int("window", 0);  // sliding window (0 = none)
+          const double cap = n.attr_float("softcap", 0.0);  // score soft-capping (0 = none)
           int64_t kv_cols = nkv * hd;
           out.assign(static_cast<size_t>(rows * cols), 0.0f);
           std::vector<double> score;
@@ -253,7 +260,7 @@ class ReferenceBackend final : public Backend {
                 const float* kj = &k[kv_row[static_cast<size_t>(j)] * kv_cols + hk * hd];
                 double d = 0;
                 for (int64_t i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kj[i];
-                score[j] = d * scale;
+                score[j] = cap > 0 ? cap * std::tanh(d * scale / cap) : d * scale;
                 mx = std::max(mx, score[j]);
               }
               double sum = 0;

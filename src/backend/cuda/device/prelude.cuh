@@ -591,6 +591,14 @@ __device__ __forceinline__ void mk_kv_range(const MkOpArgs& a, int r, int* begin
   *end = mk_ld_i32(a.pos + r) + 1;
   *begin = C::WIN > 0 && *end > C::WIN ? *end - C::WIN : 0;
 }
+// One score from its dot product q.k: scaled, then soft-capped when C::SOFTCAP > 0 (Gemma 2; the
+// CPU's attn_score: ir/ops.h softcap).
+template <class C>
+__device__ __forceinline__ float mk_attn_score(float t) {
+  const float d = t * (float)C::SCALE;
+  if constexpr (C::SOFTCAP > 0) return (float)C::SOFTCAP * tanhf(d * (1.0f / (float)C::SOFTCAP));
+  return d;
+}
 // Shared memory of mk_attend_head, in floats (codegen.cpp sizes it from the same formula).
 #define MK_ATTN_SMEM(HD) ((HD) + MK_WARPS * ((HD) + 2) + 2 * MK_WARPS * 32)
 // One head h of row r over positions [lo, hi) (pool rows through the block table bt). PARTIAL:
@@ -629,7 +637,7 @@ __device__ void mk_attend_head(const MkOpArgs& a, int r, int h, const int* bt, i
       } else {
         for (int i = 0; i < HD; ++i) t += qs[i] * mk_ld(kr + i);
       }
-      d = t * (float)C::SCALE;
+      d = mk_attn_score<C>(t);
     }
     const float mn = fmaxf(m, mk_warp_max(d));  // finite: row j0 exists
     const float corr = expf(m - mn);            // 0 when m = -inf
@@ -744,7 +752,7 @@ __device__ void mk_attend_group(const MkOpArgs& a, int r, int g, const int* bt, 
     float corr[G];
 #pragma unroll
     for (int hh = 0; hh < G; ++hh) {
-      const float d = j < hi ? t[hh] * (float)C::SCALE : MK_NEG_INF;
+      const float d = j < hi ? mk_attn_score<C>(t[hh]) : MK_NEG_INF;
       const float mn = fmaxf(m[hh], mk_warp_max(d));  // finite: row j0 exists
       corr[hh] = expf(m[hh] - mn);                    // 0 when m = -inf
       const float p = j < hi ? expf(d - mn) : 0.0f;
@@ -1019,7 +1027,7 @@ __device__ void mk_layer_norm(const MkInstr& in, const MkOpArgs& a, const MkSym&
   }
 }
 
-// Elementwise ops: OPC 0 add, 1 mul, 2 scale, 3 silu, 4 gelu, 5 gelu_tanh. y is a second activation
+// Elementwise ops: OPC 0 add, 1 mul, 2 scale, 3 silu, 4 gelu, 5 gelu_tanh, 6 softcap. y is a second activation
 // or (HAS_BIAS) a weight row broadcast over rows.
 template <class C>
 __device__ void mk_eltwise(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
@@ -1033,6 +1041,8 @@ __device__ void mk_eltwise(const MkInstr& in, const MkOpArgs& a, const MkSym& s,
       o = C::OPC == 0 ? v + y : v * y;
     } else if constexpr (C::OPC == 2) {
       o = v * (float)C::SCALE;
+    } else if constexpr (C::OPC == 6) {
+      o = (float)C::SOFTCAP * tanhf(v * (1.0f / (float)C::SOFTCAP));
     } else {
       o = mk_act<C::OPC - 2>(v);
     }
