@@ -182,7 +182,7 @@ TEST(GgufQuantDamaged, UnknownTypesStayErrors) {
     std::memcpy(bad.data() + type_at, &id, 4);
     expect_error(bad, "tensor x at offset");
     expect_error(bad, "unsupported tensor type " + text + " (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, "
-                      "q2_K, q3_K, q4_K, q5_K, q6_K)");
+                      "q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl)");
   }
 }
 

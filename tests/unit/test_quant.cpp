@@ -87,7 +87,7 @@ TEST(QuantTable, LayoutsAndIdsAreGgmls) {
   } rows[] = {{DType::Q4_0, "q4_0", 2, 32, 18},    {DType::Q4_1, "q4_1", 3, 32, 20},   {DType::Q5_0, "q5_0", 6, 32, 22},
               {DType::Q5_1, "q5_1", 7, 32, 24},    {DType::Q8_0, "q8_0", 8, 32, 34},   {DType::Q2_K, "q2_K", 10, 256, 84},
               {DType::Q3_K, "q3_K", 11, 256, 110}, {DType::Q4_K, "q4_K", 12, 256, 144}, {DType::Q5_K, "q5_K", 13, 256, 176},
-              {DType::Q6_K, "q6_K", 14, 256, 210}};
+              {DType::Q6_K, "q6_K", 14, 256, 210}, {DType::IQ4_NL, "iq4_nl", 20, 32, 18}};
   ASSERT_EQ(quant::quant_types().size(), std::size(rows));
   for (const Row& r : rows) {
     const QuantType* q = quant::quant_type(r.t);
@@ -331,6 +331,11 @@ std::array<int32_t, 32> block_ints(DType t, const uint8_t* b) {
         std::memcpy(&qh, b + 4, 4);
         q[j] = nib(8, j) | static_cast<int>(((qh >> j) & 1) << 4);
         break;
+      case DType::IQ4_NL: {  // ggml-common.h kvalues_iq4nl
+        static constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+        q[j] = kValues[nib(2, j)];
+        break;
+      }
       default: q[j] = static_cast<int8_t>(b[2 + j]);  // q8_0
     }
   return q;
@@ -340,10 +345,41 @@ std::array<int32_t, 32> block_ints(DType t, const uint8_t* b) {
 // an exact integer dot per block, acc = fma(d_w * d_x, dot, acc) (q4_1: and summs = fma(m_w, s_x,
 // summs)) in block order, acc (+ summs). q5_0, q5_1: ggml's AVX2 ggml_vec_dot_*_q8_*
 // (arch/x86/quants.c), lanes of 4 integer products, fma(d_w * d_x, lane, acc), hsum_float_8, plus sum
-// of fma(m_w, s_x, .) for q5_1.
+// of fma(m_w, s_x, .) for q5_1. iq4_nl: ggml_vec_dot_iq4_nl_q8_0 (AVX2): those lanes for blocks in
+// pairs, the even block of a pair in one accumulator and the odd in another, hsum_float_8 of their
+// sum, then a last unpaired block added as d_x * d_w * (its integer dot).
 float dot_act_model(const QuantType* q, const uint8_t* wrow, const uint8_t* xq, int64_t n) {
   const bool has_min = q->act->block_bytes == 36;
   const int xqs = has_min ? 4 : 2;
+  if (q->dtype == DType::IQ4_NL) {
+    float acc[2][8] = {};
+    const int64_t nb = n / 32;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2)
+      for (int k = 0; k < 2; ++k) {
+        const uint8_t* blk = wrow + (b + k) * q->block_bytes;
+        const uint8_t* y = xq + (b + k) * q->act->block_bytes;
+        const auto qw = block_ints(q->dtype, blk);
+        for (int l = 0; l < 8; ++l) {
+          int32_t s = 0;
+          for (int e = 4 * l; e < 4 * l + 4; ++e) s += qw[static_cast<size_t>(e)] * static_cast<int8_t>(y[xqs + e]);
+          acc[k][l] = std::fma(f16_at(y) * f16_at(blk), static_cast<float>(s), acc[k][l]);
+        }
+      }
+    float a[8];
+    for (int l = 0; l < 8; ++l) a[l] = acc[0][l] + acc[1][l];
+    const float t0 = a[4] + a[0], t1 = a[5] + a[1], t2 = a[6] + a[2], t3 = a[7] + a[3];
+    float r = (t0 + t2) + (t1 + t3);
+    if (b < nb) {
+      const uint8_t* blk = wrow + b * q->block_bytes;
+      const uint8_t* y = xq + b * q->act->block_bytes;
+      const auto qw = block_ints(q->dtype, blk);
+      int32_t s = 0;
+      for (int e = 0; e < 32; ++e) s += qw[static_cast<size_t>(e)] * static_cast<int8_t>(y[xqs + e]);
+      r += f16_at(y) * f16_at(blk) * static_cast<float>(s);
+    }
+    return r;
+  }
   if (q->dtype == DType::Q4_0 || q->dtype == DType::Q4_1 || q->dtype == DType::Q8_0) {
     float acc = 0, summs = 0;
     for (int64_t b = 0; b < n / 32; ++b) {
@@ -492,7 +528,7 @@ TEST(QuantAct, EveryVariantOfDotActIsItsModel) {
       }
     }
   }
-  EXPECT_EQ(with_act, 5);  // q4_0, q4_1, q5_0, q5_1, q8_0
+  EXPECT_EQ(with_act, 6);  // q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl
 }
 
 namespace {
@@ -1097,7 +1133,7 @@ TEST(QuantCuda, CodegenReadsEveryTypeRaw) {
     o.weight_dtypes = cuda::device_weight_dtypes(p);
     EXPECT_EQ(o.weight_dtypes.front(), p.weights.front().dtype);
     const std::string code = cuda::generate_cuda(p, o).code;
-    std::string name = "MkQ" + std::string(q->name.substr(1));
+    std::string name = q->dtype == DType::IQ4_NL ? "MkIQ4_NL" : "MkQ" + std::string(q->name.substr(1));
     EXPECT_NE(code.find("using W = " + name + ";"), std::string::npos) << q->name;
     EXPECT_NE(code.find(fmt::format("WRS = {};", cuda::device_row_bytes(q->dtype, 64))), std::string::npos) << q->name;
   }

@@ -98,6 +98,22 @@ struct MkQ8_0 {
     for (int j = 0; j < 32; ++j) y[j] = mk_q2f<128>(mk_qb(w, o + 2 + j) ^ 0x80u) * d;  // (i8) q
   }
 };
+// iq4_nl: { f16 d; u8 qs[16] }, 18 bytes; nibbles as q4_0, each an index into ggml's
+// kvalues_iq4nl; d * kvalues_iq4nl[q].
+__constant__ float mk_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+struct MkIQ4_NL {
+  static constexpr bool kQuant = true;
+  static constexpr int QK = 32, BYTES = 18, UB = 8;
+  __device__ static __forceinline__ void deq32(const mk_u32* w, int o, int g, float* y) {
+    const float d = mk_qf16(w, o);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const mk_u32 q = mk_qb(w, o + 2 + j);
+      y[j] = d * mk_kvalues_iq4nl[q & 15u];
+      y[j + 16] = d * mk_kvalues_iq4nl[q >> 4];
+    }
+  }
+};
 // q2_K: { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }, 84 bytes, 256 elements. Group g: nb = g / 4,
 // j = g % 4; element 16 h + l is bits 2j..2j+1 of qs[32 nb + 16 h + l], sub-block 8 nb + 2 j + h
 // (scale: low nibble, min: high nibble); (d * sc) * q - (dmin * m).
