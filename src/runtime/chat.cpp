@@ -221,7 +221,23 @@ std::string render_model_chat(const ModelFile& model, const Tokenizer& tokenizer
 ChatConversation::ChatConversation(Session& session, std::string template_source, std::optional<std::string> system_prompt)
     : session_(session), template_(std::move(template_source)) {
   if (!session_.tokenizer) fail("chat: the session has no tokenizer");
-  if (system_prompt) messages_.push_back({{"role", "system"}, {"content", std::move(*system_prompt)}});
+  if (!system_prompt) return;
+  messages_.push_back({{"role", "system"}, {"content", std::move(*system_prompt)}});
+  // A system prompt that alone fills the context would drop every turn with advice (/reset, a
+  // shorter message) that cannot help: refused here, measured with an empty user turn.
+  nlohmann::ordered_json probe = messages_;
+  probe.push_back({{"role", "user"}, {"content", ""}});
+  std::vector<int32_t> ids;
+  try {
+    ids = session_.tokenizer->encode(render_chat_template(template_, probe, chat_options_for(session_.model, *session_.tokenizer)),
+                                     /*add_bos=*/false, /*parse_special=*/true);
+  } catch (const Error&) {
+    return;  // the template's own error comes with the first turn
+  }
+  if (static_cast<int64_t>(ids.size()) >= session_.n_ctx)
+    fail("chat: the system prompt takes {} tokens with the chat template (and an empty first message), but the context "
+         "holds {}; use a shorter system prompt or a larger -c",
+         ids.size(), session_.n_ctx);
 }
 
 void ChatConversation::reset() {

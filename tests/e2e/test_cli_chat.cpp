@@ -139,6 +139,34 @@ TEST(E2EChatCli, FailedTurnIsDroppedAndTheChatGoesOn) {
   EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 2) << replies << out;
 }
 
+// A system prompt that alone fills the context is refused before any line is read (trial 38: every
+// turn was dropped with advice, /reset or a shorter message, that could not help); one that fits
+// with room to spare is not.
+TEST(E2EChatCli, SystemPromptLongerThanTheContextIsRefusedAtStart) {
+  std::string long_system;
+  for (int i = 0; i < 120; ++i) long_system += "word ";
+  const std::string err_path = (std::filesystem::path(::testing::TempDir()) / "mk_chat_long_system.txt").string();
+  const auto chat = [&](const std::string& system, int* status) {
+    const std::string cmd = "printf 'Hello\n' | " + std::string(MK_CLI_PATH) + " chat --temp 0 -n 2 -c 128 -m " + kDir +
+                            " --chat-template-file " + kTemplate + " --system '" + system + "' 2>" + err_path;
+    const std::string replies = mk::test::run_shell(cmd, status);
+    std::stringstream err;
+    err << std::ifstream(err_path).rdbuf();
+    std::filesystem::remove(err_path);
+    return std::pair{replies, err.str()};
+  };
+  int status = 0;
+  auto [replies, err] = chat(long_system, &status);
+  EXPECT_EQ(status, 1) << err;
+  EXPECT_TRUE(replies.empty()) << replies;
+  EXPECT_NE(err.find("error: chat: the system prompt takes "), std::string::npos) << err;
+  EXPECT_NE(err.find("but the context holds 128; use a shorter system prompt or a larger -c"), std::string::npos) << err;
+  EXPECT_EQ(err.find("turn is dropped"), std::string::npos) << err;
+  std::tie(replies, err) = chat("Be brief.", &status);
+  EXPECT_EQ(status, 0) << err;
+  EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 1) << replies << err;
+}
+
 // A turn that fails before its step (here: invalid UTF-8 in the line, named at its offset in the line)
 // is dropped from the conversation too: the next turn is answered (it failed the same way while the
 // bad turn stayed).
