@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "quant/avx2.h"
 #include "quant/quant_impl.h"
 
 namespace mk::quant {
@@ -105,12 +106,77 @@ MK_QUANT_DOT(dot, kQK, kBytes, dequant_block)
   }
   return r;
 }
-MK_QUANT_DOT_ACT_SPEC(dot_act, dot_act_spec)
+
+// The same with AVX2, as ggml's: a block's 32 weights looked up in the table with vpshufb (low
+// nibbles -> elements 0..15, high -> 16..31), |w| times y with w's sign (vpmaddubsw: at most
+// 2 x 127 x 127 per int16, exact), pairs to int32 lanes (vpmaddwd with ones), one fma per block into
+// the even or odd accumulator. NA activation rows share each block's lookup (dot_act4: NA = 4).
+template <int NA>
+MK_AVX2_FN inline void dot_act_rows_avx2(const uint8_t* p, const uint8_t* const* y, int64_t n, float* out) {
+  const int64_t nb = n / kQK;
+  const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kValues));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[NA][2];
+  for (int a = 0; a < NA; ++a) acc[a][0] = acc[a][1] = _mm256_setzero_ps();
+  const auto lanes = [&](const uint8_t* blk, const uint8_t* yb, __m256i w, __m256i aw) {
+    const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + 2));
+    (void)blk;
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(yv, w)), ones);
+  };
+  const auto weights = [&](const uint8_t* blk, __m256i* w, __m256i* aw) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    *w = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), m4)),
+                          _mm_shuffle_epi8(values, _mm_and_si128(q, m4)));
+    *aw = _mm256_sign_epi8(*w, *w);
+  };
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2)
+    for (int k = 0; k < 2; ++k) {
+      const uint8_t* blk = p + (b + k) * kBytes;
+      __m256i w, aw;
+      weights(blk, &w, &aw);
+      const float dw = ld_f16c(blk);
+      for (int a = 0; a < NA; ++a) {
+        const uint8_t* yb = y[a] + (b + k) * 34;
+        const __m256 dd = _mm256_set1_ps(ld_f16c(yb) * dw);
+        acc[a][k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes(blk, yb, w, aw)), acc[a][k]);
+      }
+    }
+  for (int a = 0; a < NA; ++a) {
+    float r = hsum_float_8(_mm256_add_ps(acc[a][0], acc[a][1]));
+    if (b < nb) {  // the unpaired last block: its exact integer dot, one multiply-add
+      const uint8_t* blk = p + b * kBytes;
+      const uint8_t* yb = y[a] + b * 34;
+      __m256i w, aw;
+      weights(blk, &w, &aw);
+      alignas(32) int32_t s[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(s), lanes(blk, yb, w, aw));
+      const int32_t total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+      r += ld_f16c(blk) * ld_f16c(yb) * static_cast<float>(total);
+    }
+    out[a] = r;
+  }
+}
+MK_AVX2_FN float dot_act_avx2_hand(const void* w, const void* xq, int64_t n) {
+  const uint8_t* y = static_cast<const uint8_t*>(xq);
+  float r;
+  dot_act_rows_avx2<1>(static_cast<const uint8_t*>(w), &y, n, &r);
+  return r;
+}
+MK_AVX2_FN void dot_act4_avx2(const void* w, const void* const* xq, int64_t n, float* out) {
+  const uint8_t* y[4] = {static_cast<const uint8_t*>(xq[0]), static_cast<const uint8_t*>(xq[1]),
+                         static_cast<const uint8_t*>(xq[2]), static_cast<const uint8_t*>(xq[3])};
+  dot_act_rows_avx2<4>(static_cast<const uint8_t*>(w), y, n, out);
+}
+
+MK_QUANT_DOT_ACT_SPEC_HAND_AVX2(dot_act, dot_act_spec, dot_act_avx2_hand)
+MK_QUANT_DOT_ACT4_HAND_AVX2(dot_act4, dot_act, dot_act4_avx2)
 }  // namespace
 
-// No gemm_act yet: the CPU interpreter takes dot_act per (weight row, activation row) for these rows
+// No gemm_act yet: the CPU interpreter takes dot_act4 / dot_act per weight row for these rows
 // (kernels.cpp), the same bits.
 extern const QuantType kIQ4_NL = {DType::IQ4_NL, "iq4_nl", 20, kQK, kBytes, dequantize_blocks<kQK, kBytes, dequant_block>,
                                   quantize_row, dot, {dot_generic, dot_avx2, dot_avx512}, find_bad_scale,
-                                  &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}};
+                                  &kQ8_0Act, dot_act, {dot_act_generic, dot_act_avx2, dot_act_avx512}, dot_act4};
 }  // namespace mk::quant
