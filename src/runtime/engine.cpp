@@ -120,6 +120,7 @@ struct Engine::Seq {
   clock::time_point submitted, deadline = clock::time_point::max(), last_token;
   double ttft_ms = 0;
   bool finished = false;
+  bool in_running = false;  // admitted into running_ (under mu_)
   explicit Seq(RequestParams p) : params(std::move(p)), sampler(params.sampler) {
     for (int32_t t : params.prompt_ids) sampler.accept(t);  // the penalty window starts with the prompt
   }
@@ -189,7 +190,8 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   {
     std::lock_guard lock(mu_);
     if (draining_) throw EngineBusy("the server is shutting down", true);
-    const int64_t free_slots = std::max<int64_t>(o_.parallel - static_cast<int64_t>(running_.size()), 0);
+    const int64_t free_slots =
+        std::max<int64_t>(o_.parallel - (static_cast<int64_t>(running_.size()) - finished_unreaped_), 0);
     if (static_cast<int64_t>(queue_.size()) >= o_.max_queue + free_slots) {
       ++stats_.requests_rejected;
       throw EngineBusy(fmt::format("the queue is full (--max-queue {} beyond --parallel {})", o_.max_queue, o_.parallel), false);
@@ -205,7 +207,7 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
 
 void Engine::update_gauges_locked() {
   stats_.queue_depth = static_cast<int64_t>(queue_.size());
-  stats_.running = static_cast<int64_t>(running_.size());
+  stats_.running = static_cast<int64_t>(running_.size()) - finished_unreaped_;
   stats_.kv_blocks_used = blocks_.n_used();
   stats_.kv_blocks_free = blocks_.n_free();
 }
@@ -243,6 +245,7 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
     // pool's counts from other threads.
     std::lock_guard lock(mu_);
     blocks_.release(s.blocks);
+    if (s.in_running) ++finished_unreaped_;
     update_gauges_locked();
     ++stats_.finished[finish_reason_name(why)];  // before the client learns of the end: /metrics read
                                                  // after a reply's last byte counts its request
@@ -348,7 +351,7 @@ bool Engine::step() {
   std::vector<std::unique_ptr<Seq>> dropped;
   {
     std::lock_guard lock(mu_);  // running_ changes only under mu_ (submit and stats read its size)
-    std::erase_if(running_, [](const auto& s) { return s->finished; });
+    finished_unreaped_ -= static_cast<int64_t>(std::erase_if(running_, [](const auto& s) { return s->finished; }));
     for (auto it = queue_.begin(); it != queue_.end();) {
       if ((*it)->req->cancelled_ || now >= (*it)->deadline) {
         dropped.push_back(std::move(*it));
@@ -361,6 +364,7 @@ bool Engine::step() {
       Seq& s = *queue_.front();
       int64_t need = blocks_.blocks_for(s.n_prompt + std::max<int64_t>(s.max_tokens - 1, 0));
       if (!blocks_.allocate(need, s.blocks)) break;  // the head waits for blocks; nobody overtakes it
+      s.in_running = true;
       running_.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
@@ -393,7 +397,7 @@ bool Engine::step() {
     }
   run_batch(seqs, rows);
   std::lock_guard lock(mu_);
-  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  finished_unreaped_ -= static_cast<int64_t>(std::erase_if(running_, [](const auto& s) { return s->finished; }));
   update_gauges_locked();
   return true;
 }

@@ -194,6 +194,10 @@ class Engine {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Seq>> queue_;
   std::vector<std::unique_ptr<Seq>> running_;  // scheduler thread only
+  // Sequences of running_ already finished (their client may have its whole reply) but not yet
+  // erased from it: their slots count as free for admission (a client with --parallel 1 that sends
+  // its next request on the last byte of a reply is not refused with 429). Under mu_.
+  int64_t finished_unreaped_ = 0;
   EngineStats stats_;
   bool draining_ = false, stop_ = false, started_ = false;
   std::thread thread_;
