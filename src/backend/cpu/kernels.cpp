@@ -43,10 +43,17 @@ const float* weight_span(const WeightRef& w, int64_t row, int64_t c0, int64_t c1
   return tmp;
 }
 
-// x / rms(x) * (w + offset) over n elements (w may be null).
+// x / rms(x) * (w + offset) over n elements (w may be null), with the arithmetic of ggml's
+// rms_norm_f32 (ggml-cpu ops.cpp): each square a float product, summed in order in double; the mean
+// rounded to float; scale = 1 / sqrtf(mean + eps) in float; (x * scale) * w. An activation row quantized
+// to q8_0 after the norm (the q/k/v and gate/up matmuls) rounds some elements the other way when the
+// scale differs in its last bit, which on real weights (SmolLM2's few large channels) moved logits by
+// up to 0.2 against llama.cpp's on one token (trial 38); random weights hid it.
 void rms_norm_span(const float* x, const float* w, double offset, double eps, int64_t n, float* out) {
-  double ss = dot(x, x, n);
-  float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  double ss = 0;
+  for (int64_t j = 0; j < n; ++j) ss += static_cast<double>(x[j] * x[j]);
+  const float mean = static_cast<float>(ss / static_cast<double>(n));
+  const float inv = 1.0f / std::sqrt(mean + static_cast<float>(eps));
   float off = static_cast<float>(offset);
   if (w)
     for (int64_t j = 0; j < n; ++j) out[j] = x[j] * inv * (w[j] + off);
