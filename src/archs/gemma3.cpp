@@ -59,10 +59,12 @@ std::vector<bool> hf_swa_layers(const nlohmann::ordered_json& c, int64_t n_layer
 
 // query_pre_attn_scalar ** -0.5 (default 256), the HF Gemma 2/3 attention scale.
 double hf_query_pre_attn_scale(const nlohmann::ordered_json& c) {
-  const double qpas = c.contains("query_pre_attn_scalar") && c["query_pre_attn_scalar"].is_number()
-                          ? c["query_pre_attn_scalar"].get<double>()
-                          : 256.0;
-  if (!(qpas > 0) || !std::isfinite(qpas)) fail("config.json: query_pre_attn_scalar must be a positive number");
+  // Absent: the config class's default; null or not a number fails in transformers (None ** -0.5).
+  const double qpas = !c.contains("query_pre_attn_scalar")       ? 256.0
+                      : c["query_pre_attn_scalar"].is_number() ? c["query_pre_attn_scalar"].get<double>()
+                                                               : -1.0;
+  if (!(qpas > 0) || !std::isfinite(qpas))
+    fail("config.json: query_pre_attn_scalar = {} must be a positive number", clip(c.value("query_pre_attn_scalar", nlohmann::ordered_json(nullptr)).dump()));
   return 1.0 / std::sqrt(qpas);
 }
 

@@ -225,14 +225,23 @@ ChatConversation::ChatConversation(Session& session, std::string template_source
   messages_.push_back({{"role", "system"}, {"content", std::move(*system_prompt)}});
   // A system prompt that alone fills the context would drop every turn with advice (/reset, a
   // shorter message) that cannot help: refused here, measured with an empty user turn.
-  nlohmann::ordered_json probe = messages_;
-  probe.push_back({{"role", "user"}, {"content", ""}});
+  // A template that refuses a system message (Gemma's: "System role not supported") would fail every
+  // turn the same way, /reset included: refused here too.
+  const auto render = [&](const char* user) {
+    nlohmann::ordered_json probe = messages_;
+    probe.push_back({{"role", "user"}, {"content", user}});
+    return session_.tokenizer->encode(render_chat_template(template_, probe, chat_options_for(session_.model, *session_.tokenizer)),
+                                      /*add_bos=*/false, /*parse_special=*/true);
+  };
   std::vector<int32_t> ids;
   try {
-    ids = session_.tokenizer->encode(render_chat_template(template_, probe, chat_options_for(session_.model, *session_.tokenizer)),
-                                     /*add_bos=*/false, /*parse_special=*/true);
+    ids = render("");
   } catch (const Error&) {
-    return;  // the template's own error comes with the first turn
+    try {
+      ids = render("Hello");  // a template that only minds the empty message is not refused
+    } catch (const Error& e) {
+      fail("chat: the chat template cannot take this system prompt ({}); run without --system", e.what());
+    }
   }
   if (static_cast<int64_t>(ids.size()) >= session_.n_ctx)
     fail("chat: the system prompt takes {} tokens with the chat template (and an empty first message), but the context "
@@ -255,6 +264,9 @@ GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOpt
   try {  // a turn that fails anywhere (the template, the tokenizer, the step) did not happen
     const std::string rendered = render_chat_template(template_, messages_, chat_options_for(session_.model, *session_.tokenizer));
     const std::vector<int32_t> ids = session_.tokenizer->encode(rendered, /*add_bos=*/false, /*parse_special=*/true);
+    if (static_cast<int64_t>(ids.size()) > session_.n_ctx)
+      fail("the conversation with this turn is {} tokens, more than the context ({}){}", ids.size(), session_.n_ctx,
+           messages_.size() > 2 ? "; a larger -c holds more" : "; use a shorter message or a larger -c");
     const bool extends = cached_.size() < ids.size() && std::equal(cached_.begin(), cached_.end(), ids.begin()) &&
                          static_cast<int64_t>(cached_.size()) == session_.n_past;
     if (!extends) {

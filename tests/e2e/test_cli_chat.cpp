@@ -167,6 +167,57 @@ TEST(E2EChatCli, SystemPromptLongerThanTheContextIsRefusedAtStart) {
   EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 1) << replies << err;
 }
 
+// A template that refuses a system message (Gemma's) is named once at start when --system is given,
+// not per turn (trial 39); without --system the same template chats.
+TEST(E2EChatCli, TemplateThatRefusesTheSystemRoleIsNamedAtStart) {
+  const std::string tmpl = (std::filesystem::path(::testing::TempDir()) / "mk_no_system.jinja").string();
+  std::ofstream(tmpl) << "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                         "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  const std::string err_path = (std::filesystem::path(::testing::TempDir()) / "mk_chat_no_system.txt").string();
+  const auto chat = [&](const std::string& extra, int* status) {
+    const std::string replies = mk::test::run_shell("printf 'Hello\\nAgain\\n' | " + std::string(MK_CLI_PATH) +
+                                                        " chat --temp 0 -n 2 -c 128 -m " + kDir + " --chat-template-file " +
+                                                        tmpl + extra + " 2>" + err_path,
+                                                    status);
+    std::stringstream err;
+    err << std::ifstream(err_path).rdbuf();
+    return std::pair{replies, err.str()};
+  };
+  int status = 0;
+  auto [replies, err] = chat(" --system 'Be brief.'", &status);
+  EXPECT_EQ(status, 1) << err;
+  EXPECT_TRUE(replies.empty()) << replies;
+  EXPECT_NE(err.find("error: chat: the chat template cannot take this system prompt ("), std::string::npos) << err;
+  EXPECT_NE(err.find("System role not supported"), std::string::npos) << err;
+  EXPECT_NE(err.find("run without --system"), std::string::npos) << err;
+  EXPECT_EQ(err.find("turn is dropped"), std::string::npos) << err;
+  std::tie(replies, err) = chat("", &status);
+  EXPECT_EQ(status, 0) << err;
+  EXPECT_EQ(std::count(replies.begin(), replies.end(), '\n'), 2) << replies << err;
+  std::filesystem::remove(tmpl);
+  std::filesystem::remove(err_path);
+}
+
+// When the conversation has filled the context, the next turn's error says so (it said "prompt is 16
+// tokens but only 0 fit ... use a shorter prompt"; trial 39).
+TEST(E2EChatCli, TurnPastAFullContextNamesTheConversation) {
+  const std::string err_path = (std::filesystem::path(::testing::TempDir()) / "mk_chat_full.txt").string();
+  int status = 0;
+  mk::test::run_shell("printf 'Hello\\nAgain\\n' | " + std::string(MK_CLI_PATH) + " chat --temp 0 -n 200 -c 128 -m " +
+                          kDir + " --chat-template-file " + kTemplate + " 2>" + err_path,
+                      &status);
+  std::stringstream err;
+  err << std::ifstream(err_path).rdbuf();
+  std::filesystem::remove(err_path);
+  const std::string out = err.str();
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("note: the context (128 tokens) is full"), std::string::npos) << out;
+  EXPECT_NE(out.find("error: the conversation with this turn is "), std::string::npos) << out;
+  EXPECT_NE(out.find("tokens, more than the context (128); a larger -c holds more (the turn is dropped"), std::string::npos) << out;
+  EXPECT_EQ(out.find("only 0 fit"), std::string::npos) << out;
+}
+
 // A turn that fails before its step (here: invalid UTF-8 in the line, named at its offset in the line)
 // is dropped from the conversation too: the next turn is answered (it failed the same way while the
 // bad turn stayed).

@@ -178,6 +178,20 @@ TEST(E2EGemma2Hf, BadSoftCapIsNamed) {
       EXPECT_NE(std::string(err.what()).find("attn_logit_softcapping"), std::string::npos) << err.what();
     }
   }
+  // query_pre_attn_scalar: null is refused by name (transformers fails on None ** -0.5); absent is 256.
+  c["query_pre_attn_scalar"] = nullptr;
+  std::ofstream(dir + "/config.json") << c.dump();
+  {
+    ModelFile m = load_model(dir);
+    try {
+      build_graph(m, {32, true});
+      ADD_FAILURE() << "accepted query_pre_attn_scalar = null";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("query_pre_attn_scalar = null must be a positive number"), std::string::npos)
+          << err.what();
+    }
+  }
+  c.erase("query_pre_attn_scalar");
   // null: no capping (transformers skips the tanh), so the logits are far from the capped ones.
   c["attn_logit_softcapping"] = nullptr;
   std::ofstream(dir + "/config.json") << c.dump();
