@@ -69,7 +69,7 @@ inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_
 }  // namespace
 
 Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bool act_quant, bool kv_f16)
-    : p_(std::move(program)), tracing_(trace), kv_f16_(kv_f16) {
+    : p_(std::move(program)), tracing_(trace), kv_f16_(kv_f16), gelu_f16_(act_quant) {
   validate_program(p_);
   t0_ = 0;
   t0_ = now_ns();
@@ -335,6 +335,7 @@ void Interpreter::run_step(int w, uint32_t epoch) {
   float* scratch = scratch_[static_cast<size_t>(w)];
   StepMemory m{arena_, kv_, weights_.data(), sym_, kv_f16_, scratch + scratch_floats_, act_key_.data(),
                act_slot_.data(), act_shared_.get(), epoch, want_topk_};
+  m.gelu_f16 = gelu_f16_;
   const uint64_t n = p_.instrs.size();
   auto exec = [&](uint64_t idx) -> bool {
     const Instr& in = p_.instrs[idx];

@@ -35,8 +35,9 @@ class Interpreter {
  public:
   // Binds the program's weights to `model` (dtype and shape checked), validates the program and
   // starts program.workers - 1 threads (the caller of step() is worker 0). Throws mk::Error on a mismatch or an invalid program.
-  // act_quant: matmuls over quantized weights whose type has an 8-bit activation block (all ten)
-  // quantize the activation rows as llama.cpp does (kernels.h WeightRef::act_q8).
+  // act_quant: matmuls over quantized weights whose type has an 8-bit activation block (all eleven)
+  // quantize the activation rows as llama.cpp does (kernels.h WeightRef::act_q8), and GELU (tanh form)
+  // goes through llama.cpp's f16 table (StepMemory::gelu_f16).
   // kv_f16: K/V/query/probabilities rounded to f16 as llama.cpp's f16 KV cache (StepMemory::kv_f16).
   Interpreter(Program program, const ModelFile& model, bool trace = false, bool act_quant = false, bool kv_f16 = false);
   ~Interpreter();
@@ -109,6 +110,7 @@ class Interpreter {
 
   bool tracing_ = false;
   bool kv_f16_ = false;
+  bool gelu_f16_ = false;
   bool want_topk_ = true;
   std::vector<std::vector<TraceEvent>> trace_;
   std::vector<std::pair<int64_t, int64_t>> step_times_;

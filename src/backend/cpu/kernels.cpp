@@ -115,9 +115,35 @@ void rope_span(const OpDesc& o, float* v, int64_t c0, int64_t n, int64_t r, int6
   }
 }
 
-// t[i] = act(a, t[i]) * u[i] for i < n (a GLU's gate and up values); SiLU 16 at a time.
-void glu_mul(Act a, float* t, const float* u, int64_t n) {
+// ggml's f16 GELU table (ggml-cpu.c ggml_table_gelu_f16: f16(ggml_gelu_f32(x)) for every half x,
+// the formula's operations in its order), as floats.
+const float* gelu_f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t i = 0; i < 65536; ++i) {
+      const float x = f16_to_f32(static_cast<uint16_t>(i));
+      const float g = 0.5f * x * (1.0f + std::tanh(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x)));
+      t[i] = f16_to_f32(f32_to_f16(g));
+    }
+    return t;
+  }();
+  return table.data();
+}
+// GELU as llama.cpp's CPU computes it (StepMemory::gelu_f16; ggml_vec_gelu_f32 / ggml_vec_geglu_f32).
+inline float gelu_ggml(float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  return gelu_f16_table()[f32_to_f16(x)];
+}
+
+// t[i] = act(a, t[i]) * u[i] for i < n (a GLU's gate and up values); SiLU 16 at a time. gelu_f16:
+// GELU (tanh form) through llama.cpp's table.
+void glu_mul(Act a, float* t, const float* u, int64_t n, bool gelu_f16) {
   if (a == Act::silu) return silu_mul_span(t, u, n);
+  if (a == Act::gelu_tanh && gelu_f16) {
+    for (int64_t i = 0; i < n; ++i) t[i] = gelu_ggml(t[i]) * u[i];
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) t[i] = act(a, t[i]) * u[i];
 }
 
@@ -288,7 +314,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       if (direct) return;
       if (o.glu != Act::none) {
         U.quant->gemm_act_packed(U.packed + g0 * U.packed_group_bytes, T, xu, urow, R, K, utile, T);
-        glu_mul(o.glu, tile, utile, R * T);
+        glu_mul(o.glu, tile, utile, R * T, c.m.gelu_f16);
       }
     } else if (W.quant->gemm_act && (o.glu == Act::none || U.quant->gemm_act)) {
       // Register-blocked tiles (several weight rows x several activation rows per pass, VNNI where
@@ -297,7 +323,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       if (direct) return;
       if (o.glu != Act::none) {
         U.quant->gemm_act(U.data + static_cast<size_t>(in.c0) * U.row_bytes, U.row_bytes, T, xu, urow, R, K, utile, T);
-        glu_mul(o.glu, tile, utile, R * T);
+        glu_mul(o.glu, tile, utile, R * T, c.m.gelu_f16);
       }
     } else {  // types without gemm_act (q5_0, q5_1): dot_act4 / dot_act per weight row
       for (int64_t j = in.c0; j < in.c1; ++j) {
@@ -369,7 +395,7 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     }
     if (glu)
       for (int64_t r = 0; r < R; ++r)
-        glu_mul(o.glu, tile + r * T, utile + r * T, T);
+        glu_mul(o.glu, tile + r * T, utile + r * T, T, c.m.gelu_f16);
   }
   const int64_t oc = c.cols(o.out);
   const int32_t* slot = o.epi == Epi::store || o.epi == Epi::rope_store ? c.ibuf(c.p.kv_slot_buffer) : nullptr;
@@ -1162,7 +1188,8 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
         for (int64_t j = c0; j < c1; ++j) {
           float v = x[r * o.cols + j];
           out[r * o.cols + j] = o.opcode == Opcode::scale ? v * s : o.opcode == Opcode::silu ? silu_f32(v)
-                                : o.opcode == Opcode::gelu ? gelu_erf(v) : o.opcode == Opcode::gelu_tanh ? gelu_tanh_approx(v)
+                                : o.opcode == Opcode::gelu ? gelu_erf(v)
+                                : o.opcode == Opcode::gelu_tanh ? (c.m.gelu_f16 ? gelu_ggml(v) : gelu_tanh_approx(v))
                                                                                                           : softcap(v, cap);
         }
       return;

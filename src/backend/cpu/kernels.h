@@ -82,6 +82,10 @@ struct StepMemory {
   // false: the step's caller reads no `topk` output (plain logits or greedy ids), so the topk op's
   // tiles only signal (its output is left as it was); saves a pass over every logits row.
   bool want_topk = true;
+  // llama.cpp's GELU (ggml-cpu GGML_GELU_FP16, the default): x rounded to f16 and looked up in a
+  // table of f16(ggml_gelu_f32(x)); 0 for x <= -10, x for x >= 10. With act_quant (llama.cpp's
+  // numerics); else the tanh formula in float (transformers' gelu_pytorch_tanh).
+  bool gelu_f16 = false;
 };
 
 // v rounded to the nearest IEEE half (ties to even), as float.
