@@ -60,6 +60,39 @@ void print_positions_and_attention(const ModelFile& m, const Hparams& hp) {
   if (logit_cap > 0) std::printf("logits:       soft-capped at %s\n", fmt::format("{:g}", logit_cap).c_str());
 }
 
+// A GGUF file that load_model refuses for a tensor type it does not read (iq4_xs, iq2_*, tq*): what
+// it holds, types named as ggml names them, then the refusal (new-user trials 38, 39: info printed
+// only the error, so one could not see which tensors were of which type). False: not such a file
+// (the caller rethrows).
+bool print_unreadable_gguf(const std::string& path, const Error& refusal) {
+  if (std::string(refusal.what()).find("unsupported tensor type") == std::string::npos) return false;
+  std::vector<GgufTensorListing> tensors;
+  ModelFile m;
+  try {
+    m = load_gguf_metadata(path);
+    tensors = list_gguf_tensors(path);
+  } catch (const Error&) {
+    return false;
+  }
+  std::printf("model:        %s (gguf)\n", printable(path).c_str());
+  if (m.has("general.architecture") && m.metadata.at("general.architecture").is_string())
+    std::printf("architecture: %s\n", printable(m.get_str("general.architecture")).c_str());
+  std::printf("%zu %s:\n", tensors.size(), tensors.size() == 1 ? "tensor" : "tensors");
+  std::map<std::string, std::pair<size_t, bool>> per_type;  // type -> (tensors, readable)
+  for (const auto& t : tensors) {
+    std::printf("  %-40s %-6s %-20s %s\n", printable(t.name).c_str(), t.type.c_str(), shape_str(t.shape).c_str(),
+                t.supported ? fmt::format("{} bytes", t.nbytes).c_str() : "(type not supported)");
+    auto& e = per_type[t.type];
+    ++e.first;
+    e.second = t.supported;
+  }
+  for (const auto& [type, e] : per_type)
+    std::printf("  %-6s %zu %s%s\n", type.c_str(), e.first, e.first == 1 ? "tensor" : "tensors",
+                e.second ? "" : " (not supported)");
+  std::fflush(stdout);
+  return true;
+}
+
 }  // namespace
 
 void add_info_command(CLI::App& app) {
@@ -67,7 +100,13 @@ void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "print a model's architecture, hyperparameters and tensors");
   cmd->add_option("-m,--model", *path, "model file or directory")->required();
   cmd->callback([path] {
-    ModelFile m = open_model(*path, /*with_data=*/false);
+    ModelFile m;
+    try {
+      m = open_model(*path, /*with_data=*/false);
+    } catch (const Error& e) {
+      if (!print_unreadable_gguf(*path, e)) throw;
+      fail("{} (the model cannot be run; its tensors are listed above)", e.what());
+    }
     if (m.format == "gguf" && m.tensors().empty()) {
       // A vocab-only GGUF (llama.cpp's ggml-vocab-*.gguf): what it holds, not "missing tensor token_embd.weight".
       std::printf("model:        %s (gguf)\n", printable(m.path).c_str());

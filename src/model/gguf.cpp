@@ -270,7 +270,33 @@ class GgufParser {
     fail("{}: metadata general.alignment {} must be a nonzero power of two", path(), v.get<int64_t>());
   }
 
-  WeightTensor read_tensor_info(uint64_t index, uint64_t& rel_offset) {
+ public:
+  // Every tensor info's name, ggml type and shape, the types not checked (info's listing of a file
+  // whose types cannot be read).
+  std::vector<GgufTensorListing> list() {
+    ModelFile m;
+    read_header();
+    for (uint64_t i = 0; i < kv_count_; ++i) read_kv(m, i);
+    std::vector<GgufTensorListing> out;
+    for (uint64_t i = 0; i < tensor_count_; ++i) {
+      uint64_t rel_offset = 0;
+      GgufTensorListing e;
+      WeightTensor t = read_tensor_info(i, rel_offset, &e.ggml_type);
+      e.name = t.name;
+      e.shape = t.shape;
+      e.type = ggml_type_str(e.ggml_type);
+      e.type = e.type.substr(0, e.type.find(' '));
+      e.supported = dtype_from_ggml(e.ggml_type).has_value();
+      e.nbytes = e.supported ? t.nbytes : 0;
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+
+ private:
+  // raw_type: when not null, a tensor of a type this loader does not read is returned (dtype F32,
+  // nbytes 0) with its ggml type id here instead of failing.
+  WeightTensor read_tensor_info(uint64_t index, uint64_t& rel_offset, uint32_t* raw_type = nullptr) {
     size_t at = r_.offset();
     WeightTensor t;
     t.name = read_string(fmt::format("name of tensor info {}", index));
@@ -297,6 +323,13 @@ class GgufParser {
     uint32_t type = r_.read<uint32_t>(what);
     rel_offset = r_.read<uint64_t>(what);
     auto dtype = dtype_from_ggml(type);
+    if (raw_type) {
+      *raw_type = type;
+      if (!dtype) {
+        for (uint32_t d = n_dims; d-- > 0;) t.shape.push_back(static_cast<int64_t>(ne[d]));
+        return t;
+      }
+    }
     if (!dtype)
       fail("{}: tensor {} at offset {}: unsupported tensor type {} (supported: {})", path(), printable(t.name), at,
            ggml_type_str(type), supported_types());
@@ -321,5 +354,6 @@ ModelFile load_gguf(std::shared_ptr<MappedFile> file) { return GgufParser(std::m
 
 ModelFile load_gguf(const std::string& path) { return load_gguf(MappedFile::open(path)); }
 ModelFile load_gguf_metadata(const std::string& path) { return GgufParser(MappedFile::open(path)).parse(true); }
+std::vector<GgufTensorListing> list_gguf_tensors(const std::string& path) { return GgufParser(MappedFile::open(path)).list(); }
 
 }  // namespace mk

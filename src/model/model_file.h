@@ -91,6 +91,17 @@ void add_gguf_phi3_views(ModelFile& m);
 // Header and metadata only (no tensor infos): enough for the vocabulary, and works for vocab-only
 // files and for files whose tensor types cannot be run.
 ModelFile load_gguf_metadata(const std::string& path);
+// A GGUF file's tensor infos as listed (name, ggml type name such as "iq4_xs", shape outermost
+// first, bytes where the type is one this loader reads, else 0), whatever their types: what `info`
+// shows of a file that load_model refuses for a type. Throws mk::Error on a damaged header.
+struct GgufTensorListing {
+  std::string name, type;
+  uint32_t ggml_type = 0;
+  std::vector<int64_t> shape;
+  size_t nbytes = 0;
+  bool supported = false;
+};
+std::vector<GgufTensorListing> list_gguf_tensors(const std::string& path);
 // What the tokenizer of the model at `path` needs, without reading weights: GGUF metadata, or for
 // an HF directory its config files (tokenizer.json is read by load_hf_tokenizer). Throws like load_model.
 ModelFile load_model_vocab(const std::string& path);

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 
@@ -184,6 +185,34 @@ TEST(GgufQuantDamaged, UnknownTypesStayErrors) {
     expect_error(bad, "unsupported tensor type " + text + " (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, "
                       "q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl)");
   }
+}
+
+// A file with a type this loader does not read (an IQ4_XS file's iq4_xs tensors) is listed with the
+// types as ggml names them before the refusal (new-user trials 38, 39: info printed only the error).
+TEST(GgufQuantCli, InfoListsAFileWithAnUnsupportedType) {
+  const ModelFile m = make_file({{"token_embd.weight", DType::Q8_0, {8, 256}}, {"blk.0.attn_q.weight", DType::Q8_0, {256, 256}}});
+  std::string bytes = test::gguf_bytes(m);
+  const std::string name = "blk.0.attn_q.weight";
+  const size_t name_at = bytes.find(name);
+  ASSERT_NE(name_at, std::string::npos);
+  const uint32_t iq4_xs = 23;
+  std::memcpy(bytes.data() + name_at + name.size() + 4 + 2 * 8, &iq4_xs, 4);  // name, n_dims, ne[0], ne[1]
+  const std::string path = (std::filesystem::temp_directory_path() / "mk_quant_info_iq4xs.gguf").string();
+  std::ofstream(path, std::ios::binary) << bytes;
+  int status = 0;
+  const std::string out = test::run_cli("info -m " + path, &status);
+  std::filesystem::remove(path);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("model:        " + path + " (gguf)\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 tensors:\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  blk.0.attn_q.weight                      iq4_xs [256, 256]           (type not supported)\n"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("  token_embd.weight                        q8_0   [8, 256]             2176 bytes\n"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  iq4_xs 1 tensor (not supported)\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("error: " + path + ": tensor blk.0.attn_q.weight at offset"), std::string::npos) << out;
+  EXPECT_NE(out.find("unsupported tensor type iq4_xs (23)"), std::string::npos) << out;
+  EXPECT_NE(out.find("(the model cannot be run; its tensors are listed above)"), std::string::npos) << out;
 }
 
 TEST(GgufQuantCli, InfoShowsBytesPerType) {
