@@ -38,15 +38,10 @@ inline int nearest_index(float v) {
 void quantize_row(const float* x, void* dst, int64_t n) {
   uint8_t* b = static_cast<uint8_t*>(dst);
   for (int64_t i = 0; i < n / kQK; ++i, x += kQK, b += kBytes) {
-    float amax = 0, max = 0;
-    for (int j = 0; j < kQK; ++j)
-      if (std::fabs(x[j]) > amax) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
+    const float max = max_by_magnitude(x, kQK);
     int q[kQK] = {};
     float d = 0;
-    if (amax > 0) {
+    if (max != 0) {
       const float id = static_cast<float>(kValues[0]) / max;
       double sxq = 0, sqq = 0;
       for (int j = 0; j < kQK; ++j) {
@@ -119,9 +114,8 @@ MK_AVX2_FN inline void dot_act_rows_avx2(const uint8_t* p, const uint8_t* const*
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[NA][2];
   for (int a = 0; a < NA; ++a) acc[a][0] = acc[a][1] = _mm256_setzero_ps();
-  const auto lanes = [&](const uint8_t* blk, const uint8_t* yb, __m256i w, __m256i aw) {
+  const auto lanes = [&](const uint8_t* yb, __m256i w, __m256i aw) {
     const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + 2));
-    (void)blk;
     return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(yv, w)), ones);
   };
   const auto weights = [&](const uint8_t* blk, __m256i* w, __m256i* aw) {
@@ -140,7 +134,7 @@ MK_AVX2_FN inline void dot_act_rows_avx2(const uint8_t* p, const uint8_t* const*
       for (int a = 0; a < NA; ++a) {
         const uint8_t* yb = y[a] + (b + k) * 34;
         const __m256 dd = _mm256_set1_ps(ld_f16c(yb) * dw);
-        acc[a][k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes(blk, yb, w, aw)), acc[a][k]);
+        acc[a][k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes(yb, w, aw)), acc[a][k]);
       }
     }
   for (int a = 0; a < NA; ++a) {
@@ -151,7 +145,7 @@ MK_AVX2_FN inline void dot_act_rows_avx2(const uint8_t* p, const uint8_t* const*
       __m256i w, aw;
       weights(blk, &w, &aw);
       alignas(32) int32_t s[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(s), lanes(blk, yb, w, aw));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(s), lanes(yb, w, aw));
       const int32_t total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
       r += ld_f16c(blk) * ld_f16c(yb) * static_cast<float>(total);
     }

@@ -26,12 +26,7 @@ inline void dequant_block(const uint8_t* b, float* y) {
 void quantize_row(const float* x, void* dst, int64_t n) {
   uint8_t* b = static_cast<uint8_t*>(dst);
   for (int64_t i = 0; i < n / kQK; ++i, x += kQK, b += kBytes) {
-    float amax = 0, max = 0;
-    for (int j = 0; j < kQK; ++j)
-      if (std::fabs(x[j]) > amax) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
+    const float max = max_by_magnitude(x, kQK);
     const float d = max / -16, id = d != 0 ? 1.0f / d : 0.0f;
     st_f16(b, d);
     uint32_t qh = 0;

@@ -242,6 +242,17 @@ void dequantize_blocks(const void* src, float* dst, int64_t n) {
 // ggml's nearest_int: round half away from zero is not what it does; it rounds to nearest even via
 // the 1.5 * 2^23 trick. Used by the K-quant quantizers.
 inline int nearest_int(float f) { return static_cast<int>(std::lrintf(f)); }
+// The first element of largest magnitude (0 for an all-zero block): the scale's sign and size in
+// ggml's quantize_row_q4_0_ref / q5_0_ref / iq4_nl's start.
+inline float max_by_magnitude(const float* x, int n) {
+  float amax = 0, max = 0;
+  for (int j = 0; j < n; ++j)
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  return max;
+}
 inline float amax(const float* x, int n) {
   float m = 0;
   for (int i = 0; i < n; ++i) m = std::fmax(m, std::fabs(x[i]));

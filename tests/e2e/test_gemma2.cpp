@@ -46,21 +46,6 @@ const Expected& expected() {
   return e;
 }
 
-std::vector<float> flat(const std::vector<std::vector<float>>& rows, size_t from = 0) {
-  std::vector<float> r;
-  for (size_t i = from; i < rows.size(); ++i) r.insert(r.end(), rows[i].begin(), rows[i].end());
-  return r;
-}
-
-std::vector<int64_t> argmax_rows(const std::vector<float>& logits, int64_t n_vocab) {
-  std::vector<int64_t> r;
-  for (size_t i = 0; i + static_cast<size_t>(n_vocab) <= logits.size(); i += static_cast<size_t>(n_vocab))
-    r.push_back(std::max_element(logits.begin() + static_cast<int64_t>(i),
-                                 logits.begin() + static_cast<int64_t>(i) + n_vocab) -
-                (logits.begin() + static_cast<int64_t>(i)));
-  return r;
-}
-
 std::vector<float> run_prompt(const Graph& g, const ModelFile& m, const std::string& backend) {
   BackendOptions bo;
   bo.threads = 3;
@@ -77,12 +62,12 @@ class E2EGemma2 : public ::testing::TestWithParam<std::string> {};
 TEST_P(E2EGemma2, GgufLogitsMatchLlamaCpp) {
   const Expected& e = expected();
   const std::vector<float> got = prompt_logits(kGguf, GetParam());
-  const std::vector<float> want = flat(e.logits);
+  const std::vector<float> want = test::flat_rows(e.logits);
   ASSERT_EQ(got.size(), want.size());
   const double err = test::rel_l2(got, want);
   EXPECT_LT(err, kTolLlamaCpp) << GetParam();
   const int64_t n_vocab = static_cast<int64_t>(e.logits[0].size());
-  EXPECT_EQ(argmax_rows(got, n_vocab), argmax_rows(want, n_vocab));
+  EXPECT_EQ(test::argmax_rows(got, n_vocab), test::argmax_rows(want, n_vocab));
   // The final soft-cap bounds every logit by the cap (llama.cpp's largest is within 0.1% of it).
   EXPECT_LE(*std::max_element(got.begin(), got.end()), e.final_softcap);
   RecordProperty("rel_l2", std::to_string(err));
@@ -103,7 +88,7 @@ TEST_P(E2EGemma2, PrefillThenOneTokenStepsMatchLlamaCpp) {
     std::vector<float> l = b->forward(std::span<const int32_t>(e.prompt.data() + p, 1), static_cast<int64_t>(p));
     got.insert(got.end(), l.begin(), l.end());
   }
-  EXPECT_LT(test::rel_l2(got, flat(e.logits, n_prefill - 1)), kTolLlamaCpp) << GetParam();
+  EXPECT_LT(test::rel_l2(got, test::flat_rows(e.logits, n_prefill - 1)), kTolLlamaCpp) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, E2EGemma2, ::testing::Values("reference", "cpu", "cuda-emu"), [](const auto& info) {
@@ -123,16 +108,16 @@ TEST(E2EGemma2Numerics, CpuWithLlamaCppsGeluMatchesTo1e5) {
   bo.act_quant = "on";
   bo.kv_type = "f32";
   const std::vector<float> got = make_backend("cpu", g, m, bo)->forward(expected().prompt, 0);
-  EXPECT_LT(test::rel_l2(got, flat(expected().logits)), 1e-5);
+  EXPECT_LT(test::rel_l2(got, test::flat_rows(expected().logits)), 1e-5);
   bo.act_quant = "off";
-  EXPECT_GT(test::rel_l2(make_backend("cpu", g, m, bo)->forward(expected().prompt, 0), flat(expected().logits)), 2e-5);
+  EXPECT_GT(test::rel_l2(make_backend("cpu", g, m, bo)->forward(expected().prompt, 0), test::flat_rows(expected().logits)), 2e-5);
 }
 
 TEST(E2EGemma2Hf, HfDirectoryEqualsGguf) {
   const std::vector<float> gguf = prompt_logits(kGguf, "cpu");
   const std::vector<float> hf = prompt_logits(kDir + "hf", "cpu");
   EXPECT_LT(test::rel_l2(hf, gguf), 1e-6);
-  EXPECT_LT(test::rel_l2(hf, flat(expected().logits)), kTolLlamaCpp);
+  EXPECT_LT(test::rel_l2(hf, test::flat_rows(expected().logits)), kTolLlamaCpp);
 }
 
 TEST(E2EGemma2Graph, WindowsAndSoftCapsAsTheFileSays) {
@@ -163,7 +148,7 @@ TEST(E2EGemma2Graph, WindowsAndSoftCapsAsTheFileSays) {
 // tanh(x / cap) * cap is x): the logits leave llama.cpp's by far more than the tolerance.
 TEST(E2EGemma2Graph, WithoutEitherSoftCapTheLogitsDiffer) {
   ModelFile m = load_model(kGguf);
-  const std::vector<float> want = flat(expected().logits);
+  const std::vector<float> want = test::flat_rows(expected().logits);
   for (const bool attn : {true, false}) {
     Graph g = build_graph(m, {32, true});
     for (Node& n : g.nodes) {
@@ -212,7 +197,7 @@ TEST(E2EGemma2Hf, BadSoftCapIsNamed) {
   c["attn_logit_softcapping"] = nullptr;
   std::ofstream(dir + "/config.json") << c.dump();
   const std::vector<float> uncapped = prompt_logits(dir, "cpu");
-  EXPECT_GT(test::rel_l2(uncapped, flat(expected().logits)), 20 * kTolLlamaCpp);
+  EXPECT_GT(test::rel_l2(uncapped, test::flat_rows(expected().logits)), 20 * kTolLlamaCpp);
 }
 
 }  // namespace

@@ -45,21 +45,6 @@ const Expected& expected() {
   return e;
 }
 
-std::vector<float> flat(const std::vector<std::vector<float>>& rows, size_t from = 0, size_t to = SIZE_MAX) {
-  std::vector<float> r;
-  for (size_t i = from; i < std::min(to, rows.size()); ++i) r.insert(r.end(), rows[i].begin(), rows[i].end());
-  return r;
-}
-
-std::vector<int64_t> argmax_rows(const std::vector<float>& logits, int64_t n_vocab) {
-  std::vector<int64_t> r;
-  for (size_t i = 0; i + static_cast<size_t>(n_vocab) <= logits.size(); i += static_cast<size_t>(n_vocab))
-    r.push_back(
-        std::max_element(logits.begin() + static_cast<int64_t>(i), logits.begin() + static_cast<int64_t>(i) + n_vocab) -
-        (logits.begin() + static_cast<int64_t>(i)));
-  return r;
-}
-
 // Every row's logits of the whole prompt in one step.
 std::vector<float> prompt_logits(const std::string& path, const std::string& backend, Graph* graph_out = nullptr) {
   ModelFile m = load_model(path);
@@ -76,12 +61,12 @@ class E2EGemma3 : public ::testing::TestWithParam<std::string> {};
 TEST_P(E2EGemma3, GgufLogitsMatchLlamaCpp) {
   const Expected& e = expected();
   const std::vector<float> got = prompt_logits(kGguf, GetParam());
-  const std::vector<float> want = flat(e.logits);
+  const std::vector<float> want = test::flat_rows(e.logits);
   ASSERT_EQ(got.size(), want.size());
   const double err = test::rel_l2(got, want);
   EXPECT_LT(err, kTolLlamaCpp) << GetParam();
   const int64_t n_vocab = static_cast<int64_t>(e.logits[0].size());
-  EXPECT_EQ(argmax_rows(got, n_vocab), argmax_rows(want, n_vocab));
+  EXPECT_EQ(test::argmax_rows(got, n_vocab), test::argmax_rows(want, n_vocab));
   RecordProperty("rel_l2", std::to_string(err));
 }
 
@@ -104,7 +89,7 @@ TEST(E2EGemma3Decode, PrefillThenOneTokenStepsMatchLlamaCpp) {
     std::vector<float> l = b->forward(std::span<const int32_t>(e.prompt.data() + p, 1), static_cast<int64_t>(p));
     got.insert(got.end(), l.begin(), l.end());
   }
-  const std::vector<float> want = flat(e.logits, n_prefill - 1);
+  const std::vector<float> want = test::flat_rows(e.logits, n_prefill - 1);
   EXPECT_LT(test::rel_l2(got, want), kTolLlamaCpp);
 }
 
@@ -119,16 +104,16 @@ TEST(E2EGemma3Numerics, CpuWithLlamaCppsGeluMatchesTo1e5) {
   bo.act_quant = "on";
   bo.kv_type = "f32";
   const std::vector<float> got = make_backend("cpu", g, m, bo)->forward(expected().prompt, 0);
-  EXPECT_LT(test::rel_l2(got, flat(expected().logits)), 1e-5);
+  EXPECT_LT(test::rel_l2(got, test::flat_rows(expected().logits)), 1e-5);
   bo.act_quant = "off";
-  EXPECT_GT(test::rel_l2(make_backend("cpu", g, m, bo)->forward(expected().prompt, 0), flat(expected().logits)), 2e-5);
+  EXPECT_GT(test::rel_l2(make_backend("cpu", g, m, bo)->forward(expected().prompt, 0), test::flat_rows(expected().logits)), 2e-5);
 }
 
 TEST(E2EGemma3Hf, HfDirectoryEqualsGguf) {
   const std::vector<float> gguf = prompt_logits(kGguf, "cpu");
   const std::vector<float> hf = prompt_logits(kDir + "hf", "cpu");
   EXPECT_LT(test::rel_l2(hf, gguf), 1e-6);
-  EXPECT_LT(test::rel_l2(hf, flat(expected().logits)), kTolLlamaCpp);
+  EXPECT_LT(test::rel_l2(hf, test::flat_rows(expected().logits)), kTolLlamaCpp);
 }
 
 TEST(E2EGemma3Window, WithoutTheWindowRowsPastItDiffer) {
@@ -148,7 +133,7 @@ TEST(E2EGemma3Window, WithoutTheWindowRowsPastItDiffer) {
   const size_t n_vocab = e.logits[0].size(), w = static_cast<size_t>(e.window);
   // Rows inside the window do not see the difference; every later one does, far beyond the tolerance.
   const std::vector<float> inside(got.begin(), got.begin() + static_cast<int64_t>(w * n_vocab));
-  EXPECT_LT(test::rel_l2(inside, flat(e.logits, 0, w)), kTolLlamaCpp);
+  EXPECT_LT(test::rel_l2(inside, test::flat_rows(e.logits, 0, w)), kTolLlamaCpp);
   for (size_t r = w; r < e.prompt.size(); ++r) {
     const std::vector<float> row(got.begin() + static_cast<int64_t>(r * n_vocab),
                                  got.begin() + static_cast<int64_t>((r + 1) * n_vocab));
