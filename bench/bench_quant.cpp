@@ -243,6 +243,7 @@ BENCHMARK_CAPTURE(BM_QuantGemmStreamed, Q6_K_avx512vnni, DType::Q6_K, 3)->Arg(1)
 BENCHMARK_CAPTURE(BM_QuantGemmStreamed, Q4_1_avx512vnni, DType::Q4_1, 3)->Arg(1)->Arg(4)->Arg(16)->UseRealTime();
 MK_QUANT_GEMM_BENCH(Q5_K)
 MK_QUANT_GEMM_BENCH(Q6_K)
+MK_QUANT_GEMM_BENCH(IQ4_NL)
 
 // One thread, timed in process CPU time: comparable between variants on a shared, loaded machine.
 #define MK_QUANT_DOT_BENCH(T)                                                                               \

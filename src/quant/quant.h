@@ -114,8 +114,10 @@ struct QuantType {
   // src/quant/gemm_x86.h: 4 weight rows x 8 activation rows per pass with AVX-512
   // VNNI, 2 x 4 with AVX2 / AVX-VNNI; src/quant/k_gemm_x86.h for the K-quants: 2 x 4 per pass over
   // q8_K super-blocks, and src/quant/k_gemm_pp.h for q4_K/q5_K/q6_K prefill with AVX-512 VNNI: 2 x up
-  // to 16, both weight rows in one register): for batched decode and prefill. Every type has one (nullptr would mean not
-  // written); picks the best variant this CPU runs once (gemm_isa).
+  // to 16, both weight rows in one register; iq4_nl: src/quant/iq4_nl.cpp, a pair of blocks per
+  // register, 4 x 4 or 2 x 8 with AVX-512 VNNI, dot_act4 per weight row with AVX2): for batched decode
+  // and prefill. Every type has one (nullptr would mean not written); picks the best variant this CPU
+  // runs once (gemm_isa).
   using GemmActFn = void (*)(const void* w, size_t w_stride, int64_t nw, const void* xq, size_t xq_stride,
                              int64_t na, int64_t n, float* out, int64_t ldo);
   GemmActFn gemm_act = nullptr;

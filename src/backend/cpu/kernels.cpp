@@ -295,13 +295,6 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
         cache_tag[1] = key;
       }
     }
-    // dot_act of weight row `row` against activation rows r..r+3 (four rows sharing each weight block).
-    const auto dot4 = [&](const quant::QuantType* q, const uint8_t* row, const uint8_t* xs, size_t xrow, int64_t r,
-                          float* o4) {
-      const void* xr[4] = {xs + r * xrow, xs + (r + 1) * xrow, xs + (r + 2) * xrow, xs + (r + 3) * xrow};
-      if (q->dot_act4) return q->dot_act4(row, xr, K, o4);
-      for (int i = 0; i < 4; ++i) o4[i] = q->dot_act(row, xr[i], K);
-    };
     // A plain matmul (no GLU, no epilogue, a float output: the logits) writes its rows where they
     // go instead of through the tile (16 rows of 49152 logits are 3 MB a step).
     const bool direct = o.glu == Act::none && o.epi == Epi::none && !c.half(o.out);
@@ -316,31 +309,14 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
         U.quant->gemm_act_packed(U.packed + g0 * U.packed_group_bytes, T, xu, urow, R, K, utile, T);
         glu_mul(o.glu, tile, utile, R * T, c.m.gelu_f16);
       }
-    } else if (W.quant->gemm_act && (o.glu == Act::none || U.quant->gemm_act)) {
+    } else {
       // Register-blocked tiles (several weight rows x several activation rows per pass, VNNI where
-      // the CPU has it): the same bits as dot_act per element.
+      // the CPU has it; every quantized type has one): the same bits as dot_act per element.
       W.quant->gemm_act(W.data + static_cast<size_t>(in.c0) * W.row_bytes, W.row_bytes, T, xw, wrow, R, K, dst, ldd);
       if (direct) return;
       if (o.glu != Act::none) {
         U.quant->gemm_act(U.data + static_cast<size_t>(in.c0) * U.row_bytes, U.row_bytes, T, xu, urow, R, K, utile, T);
         glu_mul(o.glu, tile, utile, R * T, c.m.gelu_f16);
-      }
-    } else {  // types without gemm_act (q5_0, q5_1): dot_act4 / dot_act per weight row
-      for (int64_t j = in.c0; j < in.c1; ++j) {
-        const uint8_t* wr = W.data + static_cast<size_t>(j) * W.row_bytes;
-        const uint8_t* ur = o.glu != Act::none ? U.data + static_cast<size_t>(j) * U.row_bytes : nullptr;
-        int64_t r = 0;
-        for (; r + 4 <= R; r += 4) {
-          float v[4], u[4];
-          dot4(W.quant, wr, xw, wrow, r, v);
-          if (ur) dot4(U.quant, ur, xu, urow, r, u);
-          for (int i = 0; i < 4; ++i) tile[(r + i) * T + (j - in.c0)] = ur ? act(o.glu, v[i]) * u[i] : v[i];
-        }
-        for (; r < R; ++r) {
-          float v = W.quant->dot_act(wr, xw + r * wrow, K);
-          if (ur) v = act(o.glu, v) * U.quant->dot_act(ur, xu + r * urow, K);
-          tile[r * T + (j - in.c0)] = v;
-        }
       }
     }
   } else if (R == 1 && W.quant) {
