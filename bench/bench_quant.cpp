@@ -244,6 +244,7 @@ BENCHMARK_CAPTURE(BM_QuantGemmStreamed, Q4_1_avx512vnni, DType::Q4_1, 3)->Arg(1)
 MK_QUANT_GEMM_BENCH(Q5_K)
 MK_QUANT_GEMM_BENCH(Q6_K)
 MK_QUANT_GEMM_BENCH(IQ4_NL)
+MK_QUANT_GEMM_BENCH(IQ4_XS)
 
 // One thread, timed in process CPU time: comparable between variants on a shared, loaded machine.
 #define MK_QUANT_DOT_BENCH(T)                                                                               \

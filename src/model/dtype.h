@@ -10,12 +10,13 @@
 namespace mk {
 
 // I32 is used for token ids and positions in the IR, never for weights.
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL };
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS };
 // Every DType, for parsers and tests.
 inline constexpr DType kAllDTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::I32,
                                        DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K,
-                                       DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
-// True for the ggml block types (Q4_0 ... Q6_K, IQ4_NL).
+                                       DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL,
+                                       DType::IQ4_XS};
+// True for the ggml block types (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS).
 bool dtype_is_quantized(DType t);
 
 std::string_view dtype_name(DType t);

@@ -16,7 +16,7 @@ namespace mk::quant {
 namespace {
 using namespace detail;
 constexpr int kQK = 32, kBytes = 18;
-constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+constexpr const int8_t* kValues = kValuesIq4nl;
 
 inline void dequant_block(const uint8_t* b, float* y) {
   const float d = ld_f16(b);
@@ -25,14 +25,6 @@ inline void dequant_block(const uint8_t* b, float* y) {
     y[j] = d * static_cast<float>(kValues[qs[j] & 0x0f]);
     y[j + 16] = d * static_cast<float>(kValues[qs[j] >> 4]);
   }
-}
-
-// The table index nearest to v (ties to the lower index).
-inline int nearest_index(float v) {
-  int best = 0;
-  for (int i = 1; i < 16; ++i)
-    if (std::fabs(v - static_cast<float>(kValues[i])) < std::fabs(v - static_cast<float>(kValues[best]))) best = i;
-  return best;
 }
 
 // Round to the nearest table entry under d = (value of largest magnitude) / -127 (ggml
@@ -48,7 +40,7 @@ void quantize_row(const float* x, void* dst, int64_t n) {
       const float id = static_cast<float>(kValues[0]) / max;
       double sxq = 0, sqq = 0;
       for (int j = 0; j < kQK; ++j) {
-        q[j] = nearest_index(x[j] * id);
+        q[j] = nearest_iq4nl_index(x[j] * id);
         sxq += static_cast<double>(x[j]) * kValues[q[j]];
         sqq += static_cast<double>(kValues[q[j]]) * kValues[q[j]];
       }

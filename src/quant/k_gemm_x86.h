@@ -1,5 +1,5 @@
-// Register-blocked tiles of dot_act (quant.h QuantType::gemm_act) for the K-quants q4_K, q5_K and
-// q6_K against q8_K activations: several weight rows x several activation rows per pass over the
+// Register-blocked tiles of dot_act (quant.h QuantType::gemm_act) for the K-quants (and iq4_xs,
+// which has their super-block shape) against q8_K activations: several weight rows x several activation rows per pass over the
 // 256-element super-blocks, each weight super-block unpacked once for all activation rows and each
 // activation chunk loaded once for all weight rows.
 //
@@ -9,13 +9,14 @@
 // lanes of its own (acc_m = fma(-d_x * dmin, float(mins lanes), acc_m)), q5_K's as one scalar
 // chain; ggml's hsum_float_8 and the minimum added at the end. The integer lanes are exact however
 // they are formed (no int16 step overflows: weights <= 63, |y| <= 127, maddubs pairs <= 16002, q6_K's
-// -32 offset folded in as maddubs(q, y) - maddubs(32, y) <= 24130), so the variants differ only in
+// -32 offset folded in as maddubs(q, y) - maddubs(32, y) <= 24130; iq4_xs's table values |q| <= 127,
+// pairs <= 32258), so the variants differ only in
 // how they form them:
 //   avx2        vpmaddubsw, vpmaddwd with the scales, vpaddd (ggml's sequence), one chunk per register
 //   avxvnni     vpmaddubsw, then vpdpwssd (multiply by the scales and add in one) on 256 bits
 //   avx512vnni  q4_K, q5_K, q6_K: the packed-pair tiles of k_gemm_pp.h (vpmaddubsw + vpdpwssd on 512
-//               bits, both weight rows in one register, 2 x up to 16); q2_K, q3_K: the 256-bit tile
-//               with EVEX vpdpwssd.
+//               bits, both weight rows in one register, 2 x up to 16); q2_K, q3_K, iq4_xs: the
+//               256-bit tile with EVEX vpdpwssd.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -27,7 +28,7 @@
 
 namespace mk::quant::detail {
 
-enum class KGemmKind { q2_K, q3_K, q4_K, q5_K, q6_K };
+enum class KGemmKind { q2_K, q3_K, q4_K, q5_K, q6_K, iq4_xs };
 
 template <KGemmKind K>
 struct KGemmLayout {
@@ -35,7 +36,8 @@ struct KGemmLayout {
                                 : K == KGemmKind::q3_K ? 110
                                 : K == KGemmKind::q4_K ? 144
                                 : K == KGemmKind::q5_K ? 176
-                                                       : 210;
+                                : K == KGemmKind::q6_K ? 210
+                                                       : 136;
   static constexpr bool kMin = K == KGemmKind::q4_K || K == KGemmKind::q5_K;  // 6-bit mins (scales_mins_k4)
   static constexpr int kD = K == KGemmKind::q2_K ? 80 : K == KGemmKind::q3_K ? 108 : K == KGemmKind::q6_K ? 208 : 0;
   static constexpr bool kPp = K == KGemmKind::q4_K || K == KGemmKind::q5_K || K == KGemmKind::q6_K;  // k_gemm_pp.h
@@ -46,7 +48,7 @@ struct KHead {
   float d, dmin;
   __m128i mins;       // 8 x i16 (q4_K, q5_K)
   __m256i mins16;     // q2_K: the 16 4-bit mins as i16
-  int16_t sc16[16];   // q3_K: the 16 signed scales
+  int16_t sc16[16];   // q3_K, iq4_xs: the 16 signed scales (iq4_xs: one per 32, twice)
   __m256i hmask;      // q3_K: the 32 high-bit bytes
   __m256i scx;        // q4_K/q5_K: the 8 scales as i16 in both 128-bit lanes; q6_K: the 16 as i16, even
                       // groups in the low lane, odd in the high (chunk c's pair by one vpshufb: kScPick)
@@ -77,6 +79,8 @@ MK_AVX2_FN inline void k_head(const uint8_t* p, KHead& h) {
   } else if constexpr (K == KGemmKind::q3_K) {
     for (int g = 0; g < 16; ++g) h.sc16[g] = static_cast<int16_t>(scale6(p + 96, g));
     h.hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  } else if constexpr (K == KGemmKind::iq4_xs) {
+    for (int g = 0; g < 16; ++g) h.sc16[g] = static_cast<int16_t>(iq4_xs_scale(p, g / 2));
   } else if constexpr (K == KGemmKind::q6_K) {  // [even groups | odd groups] as i16
     const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
     h.scx = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
@@ -85,8 +89,8 @@ MK_AVX2_FN inline void k_head(const uint8_t* p, KHead& h) {
 
 // Chunk c (elements 32 c .. 32 c + 31) of a weight super-block: its integers as 32 unsigned bytes and
 // the scales of its two 16-element groups as 16 x i16 (ggml's maddubs/madd operands).
-// q3_K's integers are signed (-4..3): q holds |q| and `neg` their signs (0xff where negative), for
-// maddubs(|q|, y with q's sign) as ggml's mul_sum_i8_pairs does.
+// q3_K's and iq4_xs's integers are signed (q3_K -4..3, iq4_xs the table's -127..113): the tiles take
+// maddubs(|q|, y with q's sign) as ggml's mul_sum_i8_pairs / mul_add_epi8 do.
 template <KGemmKind K>
 MK_AVX2_FN inline void k_chunk256(const uint8_t* p, const KHead& h, int c, __m256i& q, __m256i& sc) {
   const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -100,6 +104,13 @@ MK_AVX2_FN inline void k_chunk256(const uint8_t* p, const KHead& h, int c, __m25
     const __m256i clear = _mm256_andnot_si256(_mm256_srl_epi16(h.hmask, _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
     q = _mm256_sub_epi8(lo, _mm256_slli_epi16(clear, 2));  // signed, -4..3
     sc = _mm256_set_m128i(_mm_set1_epi16(h.sc16[2 * c + 1]), _mm_set1_epi16(h.sc16[2 * c]));
+  } else if constexpr (K == KGemmKind::iq4_xs) {  // signed table values: low nibbles, then high
+    const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kValuesIq4nl));
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 + 16 * c));
+    const __m128i m4x = _mm_set1_epi8(0x0f);
+    q = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4x)),
+                         _mm_shuffle_epi8(values, _mm_and_si128(bits, m4x)));
+    sc = _mm256_set1_epi16(h.sc16[2 * c]);
   } else if constexpr (K == KGemmKind::q6_K) {
     const int nb = c / 4, g = c % 4;
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * nb + 32 * (g % 2)));
@@ -192,7 +203,7 @@ MK_AVX2_FN inline float k_finish(__m256 acc, __m128 acc_m, float summs) {
           if constexpr (K == KGemmKind::q6_K) off = _mm256_maddubs_epi16(_mm256_set1_epi8(32), qy);           \
           for (int i = 0; i < NW; ++i) {                                                                      \
             __m256i p16;                                                                                      \
-            if constexpr (K == KGemmKind::q3_K) /* signed x signed: |q| times y with q's sign */              \
+            if constexpr (K == KGemmKind::q3_K || K == KGemmKind::iq4_xs) /* signed: |q| x y with q's sign */ \
               p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q[i], q[i]), _mm256_sign_epi8(qy, q[i]));           \
             else                                                                                              \
               p16 = _mm256_maddubs_epi16(q[i], qy);                                                           \

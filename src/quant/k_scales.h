@@ -42,6 +42,13 @@ inline int scale6(const uint8_t* s, int k) {
   return (lo | (hi << 4)) - 32;
 }
 
+// iq4_xs's signed scale of sub-block s < 8 (ls - 32) from its block b (ggml-common.h block_iq4_xs:
+// scales_h:u16@2, scales_l:u8[4]@4): the low 4 bits nibble s % 2 of scales_l[s / 2], the top 2 bits
+// bits 2s..2s+1 of scales_h (dequantize_row_iq4_xs).
+inline int iq4_xs_scale(const uint8_t* b, int s) {
+  const unsigned h = static_cast<unsigned>(b[2]) | static_cast<unsigned>(b[3]) << 8;
+  return static_cast<int>(((b[4 + s / 2] >> (4 * (s % 2))) & 0x0fu) | (((h >> (2 * s)) & 3u) << 4)) - 32;
+}
 inline void pack_scale_min_k4(const uint8_t* sc, const uint8_t* m, uint8_t* s) {
   for (int j = 0; j < 12; ++j) s[j] = 0;
   for (int j = 0; j < 8; ++j) {

@@ -16,11 +16,11 @@
 
 namespace mk::quant {
 
-extern const QuantType kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_NL;
+extern const QuantType kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_NL, kIQ4_XS;
 
 namespace {
-const std::array<const QuantType*, 11> kTypes = {&kQ4_0, &kQ4_1, &kQ5_0, &kQ5_1, &kQ8_0,  &kQ2_K,
-                                                 &kQ3_K, &kQ4_K, &kQ5_K, &kQ6_K, &kIQ4_NL};
+const std::array<const QuantType*, 12> kTypes = {&kQ4_0, &kQ4_1, &kQ5_0, &kQ5_1, &kQ8_0,   &kQ2_K,
+                                                 &kQ3_K, &kQ4_K, &kQ5_K, &kQ6_K, &kIQ4_NL, &kIQ4_XS};
 }  // namespace
 
 namespace detail {

@@ -20,6 +20,7 @@
 //   q5_K  13   256    176   as q4_K, qh[32]@16 (5th bits), qs[128]@48      (d*sc) * q - (dmin*m)
 //   q6_K  14   256    210   ql[128]@0 qh[64]@128 scales:i8[16]@192 d:f16@208 (d*sc) * (q - 32)
 //   iq4_nl 20   32     18   d:f16@0 qs[16]@2 (nibbles as q4_0)              d * kvalues_iq4nl[q]
+//   iq4_xs 23  256    136   d:f16@0 scales_h:u16@2 scales_l[4]@4 qs[128]@8  (d * (ls - 32)) * kvalues_iq4nl[q]
 //
 // Every product and sum is one float32 operation in the order shown (no fused multiply-add), which
 // is what ggml's reference `dequantize_row_*` and gguf-py's `gguf.quants` compute: dequantization is

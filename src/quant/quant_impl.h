@@ -253,6 +253,15 @@ inline float max_by_magnitude(const float* x, int n) {
     }
   return max;
 }
+// ggml-common.h kvalues_iq4nl: the 16 values a 4-bit index of iq4_nl and iq4_xs stands for.
+inline constexpr int8_t kValuesIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// The kValuesIq4nl index nearest to v (ties to the lower index): the iq4 quantizers' rounding.
+inline int nearest_iq4nl_index(float v) {
+  int best = 0;
+  for (int i = 1; i < 16; ++i)
+    if (std::fabs(v - static_cast<float>(kValuesIq4nl[i])) < std::fabs(v - static_cast<float>(kValuesIq4nl[best]))) best = i;
+  return best;
+}
 inline float amax(const float* x, int n) {
   float m = 0;
   for (int i = 0; i < n; ++i) m = std::fmax(m, std::fabs(x[i]));

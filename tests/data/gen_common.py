@@ -31,6 +31,62 @@ def finish_gguf(w):
     w.close()
 
 
+def write_tiny_llama(path, rng, n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx):
+    """An f32 llama GGUF with random weights drawn from `rng` (gains that keep activations O(1)), for a
+    quantizer to rewrite (llama_cpp_quantize)."""
+    import gguf
+
+    head_dim = n_embd // n_head
+
+    def mat(n_out, n_in, gain=1.5):
+        return (rng.standard_normal((n_out, n_in)) * gain / np.sqrt(n_in)).astype(np.float32)
+
+    def norm_w(n):
+        return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_uint32("llama.context_length", n_ctx)
+    w.add_uint32("llama.embedding_length", n_embd)
+    w.add_uint32("llama.block_count", n_layer)
+    w.add_uint32("llama.feed_forward_length", n_ff)
+    w.add_uint32("llama.attention.head_count", n_head)
+    w.add_uint32("llama.attention.head_count_kv", n_head_kv)
+    w.add_uint32("llama.rope.dimension_count", head_dim)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    add_placeholder_vocab(w, n_vocab)
+    w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
+    w.add_tensor("output_norm.weight", norm_w(n_embd))
+    w.add_tensor("output.weight", mat(n_vocab, n_embd, 4.0))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", norm_w(n_embd))
+        w.add_tensor(p + "attn_q.weight", mat(n_embd, n_embd))
+        w.add_tensor(p + "attn_k.weight", mat(n_head_kv * head_dim, n_embd))
+        w.add_tensor(p + "attn_v.weight", mat(n_head_kv * head_dim, n_embd))
+        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_embd, 1.0))
+        w.add_tensor(p + "ffn_norm.weight", norm_w(n_embd))
+        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff, 1.0))
+    finish_gguf(w)
+
+
+def llama_cpp_quantize(src, out, ftype):
+    """llama.cpp's quantizer (llama_model_quantize, one thread) from GGUF `src` to `out` with
+    `ftype` (a llama_cpp.LLAMA_FTYPE_MOSTLY_* constant); returns {tensor name: ggml type name}."""
+    import ctypes
+
+    import gguf
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = 1
+    rc = llama_cpp.llama_model_quantize(src.encode(), out.encode(), ctypes.byref(params))
+    assert rc == 0, rc
+    return {t.name: t.tensor_type.name.lower() for t in gguf.GGUFReader(out).tensors}
+
+
 def write_safetensors(path, tensors):
     """One safetensors file of f32 tensors, in the dict's order, header padded to 8 bytes."""
     header, offset, blobs = {}, 0, []

@@ -504,7 +504,7 @@ TEST_P(E2ECudaEmuQuant, LogitsMatchTheCpuBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(E2ECudaEmu, E2ECudaEmuQuant,
-                         ::testing::Values("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q6_K", "q5_K", "q3_K", "q2_K", "iq4_nl", "mix"),
+                         ::testing::Values("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q6_K", "q5_K", "q3_K", "q2_K", "iq4_nl", "iq4_xs", "mix"),
                          [](const auto& info) { return info.param; });
 
 // Float matmuls with several K steps per lane (K = 288 and 768 > 256 elements a warp covers per

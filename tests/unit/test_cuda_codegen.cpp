@@ -188,6 +188,9 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
   // iq4_nl with q5_0, q5_1 and q8_0, as llama.cpp's quantizer mixes them (tests/data/iq4_nl).
   add("iq4_nl-tiny-q3_k_m", compile_for_h200(load_model(std::string(MK_SOURCE_DIR) + "/tests/data/iq4_nl/tiny-q3_k_m.gguf"),
                                              ScheduleKind::dynamic, 64));
+  // iq4_xs with q6_K, as llama.cpp's IQ4_XS quantizer wrote them (tests/data/iq4_xs).
+  add("iq4_xs-tiny", compile_for_h200(load_model(std::string(MK_SOURCE_DIR) + "/tests/data/iq4_xs/tiny-iq4_xs.gguf"),
+                                      ScheduleKind::dynamic, 64));
   // Sliding windows (Gemma 3) and soft-capped attention scores and logits (Gemma 2), whole and split attention.
   for (const char* family : {"gemma2", "gemma3"})
     for (const int64_t splits : {1, 3})

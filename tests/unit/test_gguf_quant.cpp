@@ -183,11 +183,11 @@ TEST(GgufQuantDamaged, UnknownTypesStayErrors) {
     std::memcpy(bad.data() + type_at, &id, 4);
     expect_error(bad, "tensor x at offset");
     expect_error(bad, "unsupported tensor type " + text + " (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, "
-                      "q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl)");
+                      "q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs)");
   }
 }
 
-// A file with a type this loader does not read (an IQ4_XS file's iq4_xs tensors) is listed with the
+// A file with a type this loader does not read (an IQ3_S file's iq3_s tensors) is listed with the
 // types as ggml names them before the refusal (new-user trials 38, 39: info printed only the error).
 TEST(GgufQuantCli, InfoListsAFileWithAnUnsupportedType) {
   const ModelFile m = make_file({{"token_embd.weight", DType::Q8_0, {8, 256}}, {"blk.0.attn_q.weight", DType::Q8_0, {256, 256}}});
@@ -195,9 +195,9 @@ TEST(GgufQuantCli, InfoListsAFileWithAnUnsupportedType) {
   const std::string name = "blk.0.attn_q.weight";
   const size_t name_at = bytes.find(name);
   ASSERT_NE(name_at, std::string::npos);
-  const uint32_t iq4_xs = 23;
-  std::memcpy(bytes.data() + name_at + name.size() + 4 + 2 * 8, &iq4_xs, 4);  // name, n_dims, ne[0], ne[1]
-  const std::string path = (std::filesystem::temp_directory_path() / "mk_quant_info_iq4xs.gguf").string();
+  const uint32_t iq3_s = 21;
+  std::memcpy(bytes.data() + name_at + name.size() + 4 + 2 * 8, &iq3_s, 4);  // name, n_dims, ne[0], ne[1]
+  const std::string path = (std::filesystem::temp_directory_path() / "mk_quant_info_iq3s.gguf").string();
   std::ofstream(path, std::ios::binary) << bytes;
   int status = 0;
   const std::string out = test::run_cli("info -m " + path, &status);
@@ -205,13 +205,13 @@ TEST(GgufQuantCli, InfoListsAFileWithAnUnsupportedType) {
   EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find("model:        " + path + " (gguf)\n"), std::string::npos) << out;
   EXPECT_NE(out.find("2 tensors:\n"), std::string::npos) << out;
-  EXPECT_NE(out.find("  blk.0.attn_q.weight                      iq4_xs [256, 256]           (type not supported)\n"),
+  EXPECT_NE(out.find("  blk.0.attn_q.weight                      iq3_s  [256, 256]           (type not supported)\n"),
             std::string::npos) << out;
   EXPECT_NE(out.find("  token_embd.weight                        q8_0   [8, 256]             2176 bytes\n"), std::string::npos)
       << out;
-  EXPECT_NE(out.find("  iq4_xs 1 tensor (not supported)\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  iq3_s  1 tensor (not supported)\n"), std::string::npos) << out;
   EXPECT_NE(out.find("error: " + path + ": tensor blk.0.attn_q.weight at offset"), std::string::npos) << out;
-  EXPECT_NE(out.find("unsupported tensor type iq4_xs (23)"), std::string::npos) << out;
+  EXPECT_NE(out.find("unsupported tensor type iq3_s (21)"), std::string::npos) << out;
   EXPECT_NE(out.find("(the model cannot be run; its tensors are listed above)"), std::string::npos) << out;
 }
 

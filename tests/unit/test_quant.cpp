@@ -87,7 +87,8 @@ TEST(QuantTable, LayoutsAndIdsAreGgmls) {
   } rows[] = {{DType::Q4_0, "q4_0", 2, 32, 18},    {DType::Q4_1, "q4_1", 3, 32, 20},   {DType::Q5_0, "q5_0", 6, 32, 22},
               {DType::Q5_1, "q5_1", 7, 32, 24},    {DType::Q8_0, "q8_0", 8, 32, 34},   {DType::Q2_K, "q2_K", 10, 256, 84},
               {DType::Q3_K, "q3_K", 11, 256, 110}, {DType::Q4_K, "q4_K", 12, 256, 144}, {DType::Q5_K, "q5_K", 13, 256, 176},
-              {DType::Q6_K, "q6_K", 14, 256, 210}, {DType::IQ4_NL, "iq4_nl", 20, 32, 18}};
+              {DType::Q6_K, "q6_K", 14, 256, 210}, {DType::IQ4_NL, "iq4_nl", 20, 32, 18},
+              {DType::IQ4_XS, "iq4_xs", 23, 256, 136}};
   ASSERT_EQ(quant::quant_types().size(), std::size(rows));
   for (const Row& r : rows) {
     const QuantType* q = quant::quant_type(r.t);
@@ -622,7 +623,7 @@ TEST(QuantActK, Q8KBytesEqualGgmlsQuantizer) {
 }
 
 TEST(QuantActK, EveryVariantOfDotActEqualsGgmlsVecDot) {
-  // ggml_vec_dot_qN_K_q8_K (AVX2 build) of two weight rows per type (6 blocks with extreme f16
+  // ggml_vec_dot_qN_K_q8_K / ggml_vec_dot_iq4_xs_q8_K (llama.cpp's x86 build) of two weight rows per type (6 blocks with extreme f16
   // scales, 6 with realistic ones) against ggml's q8_K blocks of 4 activation rows: every variant,
   // and dot_act4, gives exactly ggml's bits.
   const auto xq = read_bin("q8_K.out.bin");
@@ -659,7 +660,7 @@ TEST(QuantActK, EveryVariantOfDotActEqualsGgmlsVecDot) {
       }
     }
   }
-  EXPECT_EQ(n_types, 5);
+  EXPECT_EQ(n_types, 6);  // q2_K .. q6_K, iq4_xs
   EXPECT_NE(quant::quant_type(DType::Q4_K)->dot_act4, nullptr);
   EXPECT_NE(quant::quant_type(DType::Q6_K)->dot_act4, nullptr);
   EXPECT_NE(quant::quant_type(DType::Q5_K)->dot_act4, nullptr);

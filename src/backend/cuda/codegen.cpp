@@ -26,6 +26,7 @@ constexpr QuantDev kQuantDev[] = {
     {DType::Q5_1, "MkQ5_1", 32, 24, 4},   {DType::Q8_0, "MkQ8_0", 32, 34, 4},   {DType::Q2_K, "MkQ2_K", 256, 84, 1},
     {DType::Q3_K, "MkQ3_K", 256, 110, 1}, {DType::Q4_K, "MkQ4_K", 256, 144, 1}, {DType::Q5_K, "MkQ5_K", 256, 176, 1},
     {DType::Q6_K, "MkQ6_K", 256, 210, 1}, {DType::IQ4_NL, "MkIQ4_NL", 32, 18, 8},
+    {DType::IQ4_XS, "MkIQ4_XS", 256, 136, 1},
 };
 const QuantDev* quant_dev(DType t) {
   for (const QuantDev& q : kQuantDev)
@@ -61,7 +62,7 @@ const char* weight_type(DType t, const std::string& what) {
     default:
       if (const QuantDev* q = quant_dev(t)) return q->name;
       fail("cuda codegen: {}: weights of type {} are not supported (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, "
-           "q3_K, q4_K, q5_K, q6_K, iq4_nl)",
+           "q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs)",
            what, dtype_name(t));
   }
 }

@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LIB = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
 # (name, ggml id, bytes per block, offsets of the f16 scale fields)
 TYPES = [("q2_K", 10, 84, [80, 82]), ("q3_K", 11, 110, [108]), ("q4_K", 12, 144, [0, 2]),
-         ("q5_K", 13, 176, [0, 2]), ("q6_K", 14, 210, [208])]
+         ("q5_K", 13, 176, [0, 2]), ("q6_K", 14, 210, [208]), ("iq4_xs", 23, 136, [0])]
 Q8_K, N, ROWS = 15, 1536, 4
 
 

@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TYPES = [
     (T.Q4_0, [0], 24), (T.Q4_1, [0, 2], 24), (T.Q5_0, [0], 24), (T.Q5_1, [0, 2], 24), (T.Q8_0, [0], 24),
     (T.Q2_K, [80, 82], 6), (T.Q3_K, [108], 6), (T.Q4_K, [0, 2], 6), (T.Q5_K, [0, 2], 6), (T.Q6_K, [208], 6),
-    (T.IQ4_NL, [0], 24),  # last: the fixtures of the types above keep their bytes (the same random stream)
+    (T.IQ4_NL, [0], 24), (T.IQ4_XS, [0], 6),  # appended: the types above keep their bytes (one random stream)
 ]
 EXTREMES = [0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x0000, 0x8000, 0x3C00, 0x0400]
 
@@ -41,7 +41,7 @@ def main():
     rng = np.random.default_rng(20261130)
     for qt, offsets, n_blocks in TYPES:
         block_size, type_size = GGML_QUANT_SIZES[qt]
-        name = qt.name.lower().replace("_k", "_K")  # iq4_nl stays lower case
+        name = qt.name.lower().replace("_k", "_K")  # iq4_nl, iq4_xs stay lower case
         blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
         for b in range(n_blocks):
             for k, off in enumerate(offsets):

@@ -114,6 +114,24 @@ struct MkIQ4_NL {
     }
   }
 };
+// iq4_xs: { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }, 136 bytes, 256 elements. Sub-block g:
+// 6-bit scale ls = nibble g % 2 of scales_l[g / 2] | (bits 2g..2g+1 of scales_h) << 4; element l < 16
+// the low nibble of qs[16 g + l], l + 16 its high nibble; (d * (ls - 32)) * kvalues_iq4nl[q].
+struct MkIQ4_XS {
+  static constexpr bool kQuant = true;
+  static constexpr int QK = 256, BYTES = 136, UB = 1;
+  __device__ static __forceinline__ void deq32(const mk_u32* w, int o, int g, float* y) {
+    const mk_u32 ls = ((mk_qb(w, o + 4 + (g >> 1)) >> (4 * (g & 1))) & 15u) |
+                      ((((mk_qb(w, o + 2) | (mk_qb(w, o + 3) << 8)) >> (2 * g)) & 3u) << 4);
+    const float dl = mk_qf16(w, o) * static_cast<float>(static_cast<int>(ls) - 32);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const mk_u32 q = mk_qb(w, o + 8 + 16 * g + j);
+      y[j] = dl * mk_kvalues_iq4nl[q & 15u];
+      y[j + 16] = dl * mk_kvalues_iq4nl[q >> 4];
+    }
+  }
+};
 // q2_K: { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }, 84 bytes, 256 elements. Group g: nb = g / 4,
 // j = g % 4; element 16 h + l is bits 2j..2j+1 of qs[32 nb + 16 h + l], sub-block 8 nb + 2 j + h
 // (scale: low nibble, min: high nibble); (d * sc) * q - (dmin * m).
