@@ -53,6 +53,12 @@ Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o) {
   if (c.contains("scale_attn_weights") && c["scale_attn_weights"].is_boolean() && !c["scale_attn_weights"].get<bool>())
     s.attn_scale = 1.0;
   s.resolve = gpt2_tensor_name;
+  // Every projection and LayerNorm of GPT-2 has a bias: a checkpoint without them is refused by name
+  // (build_decoder takes biases as optional).
+  for (int64_t il = 0; il < s.hp.n_layer; ++il)
+    for (const char* part : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_up", "ffn_down"})
+      if (const std::string name = gpt2_tensor_name(fmt::format("blk.{}.{}.bias", il, part)); !m.find(name))
+        fail("{}: missing tensor {}", m.path, name);
   return build_decoder(m, s);
 }
 

@@ -18,11 +18,43 @@ double config_float(const nlohmann::ordered_json& c, std::initializer_list<const
   return def;
 }
 
-// The attention window, or 0 when attention is not windowed.
-int64_t sliding_window(const nlohmann::ordered_json& c) {
-  if (c.contains("use_sliding_window") && c["use_sliding_window"].is_boolean() && !c["use_sliding_window"].get<bool>())
-    return 0;
-  return hf_hparam(c, "sliding_window", {"sliding_window"}, 0);
+// A boolean config field: its value, `def` when absent or null; anything else is refused by name.
+bool config_bool(const nlohmann::ordered_json& c, const char* key, bool def) {
+  if (!c.contains(key) || c[key].is_null()) return def;
+  if (!c[key].is_boolean()) fail("config.json: {} must be true or false, got {}", key, clip(c[key].dump()));
+  return c[key].get<bool>();
+}
+
+// The sliding-window layers of the Llama-like families as transformers builds them (0 / empty: none):
+// MistralConfig and Phi3Config window every layer when sliding_window is set; Qwen2Config and
+// Qwen3Config only with use_sliding_window (default false), and then the layers from
+// max_window_layers (default 28) on; a layer_types list, where given, names the sliding layers.
+// LlamaConfig has no window (a sliding_window key there is ignored, as transformers ignores it).
+void hf_sliding_layers(const nlohmann::ordered_json& c, const std::string& arch, int64_t n_layer, DecoderSpec& s) {
+  const bool qwen = arch == "qwen2" || arch == "qwen3";
+  if (arch != "mistral" && arch != "phi3" && !qwen) return;
+  if (qwen && !config_bool(c, "use_sliding_window", false)) return;
+  const int64_t w = hf_hparam(c, "sliding_window", {"sliding_window"}, 0);
+  if (w <= 0) return;
+  std::vector<bool> layers(static_cast<size_t>(n_layer), true);
+  if (c.contains("layer_types") && !c["layer_types"].is_null()) {
+    const auto& lt = c["layer_types"];
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != n_layer)
+      fail("config.json: layer_types must list one type per layer ({} layers)", n_layer);
+    for (size_t i = 0; i < lt.size(); ++i) {
+      const std::string v = lt[i].is_string() ? lt[i].get<std::string>() : "";
+      if (v != "sliding_attention" && v != "full_attention")
+        fail("config.json: layer_types entry {} is not sliding_attention or full_attention", clip(lt[i].dump()));
+      layers[i] = v == "sliding_attention";
+    }
+  } else if (qwen) {
+    const int64_t from = hf_config_int(c, {"max_window_layers"}, 28);
+    for (int64_t i = 0; i < n_layer; ++i) layers[static_cast<size_t>(i)] = i >= from;
+  }
+  s.sliding_window = w;
+  s.swa_layers = std::move(layers);
+  s.rope_theta_swa = s.rope_theta;  // one RoPE for both kinds
+  s.rope_scaling_swa = s.rope_scaling;
 }
 
 }  // namespace
@@ -52,7 +84,6 @@ Hparams read_hf_hparams(const ModelFile& m) {
   hp.head_dim = hf_hparam(c, "head_dim", {"head_dim"}, hp.n_embd / hp.n_head);
   hp.n_ff = hf_hparam(c, "n_ff", {"intermediate_size", "n_inner"}, 4 * hp.n_embd);
   hp.n_ctx_train = hf_hparam(c, "n_ctx", {"max_position_embeddings", "n_positions"}, 2048);
-  if (int64_t w = sliding_window(c); w > 0 && w < hp.n_ctx_train && !hf_windowed_family(hp.arch)) hp.n_ctx_train = w;
   hp.norm_eps = config_float(c, {"rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"}, 1e-5);
   return hp;
 }
@@ -90,7 +121,8 @@ std::string hf_activation(const nlohmann::ordered_json& c) {
   if (act == "silu" || act == "swish") return "silu";
   if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast") return "gelu_tanh";
   if (act == "gelu") return "gelu";
-  fail("config.json: unsupported activation {} (supported: silu, gelu, gelu_pytorch_tanh, gelu_new)", clip(act));
+  fail("config.json: unsupported activation {} (supported: silu, swish, gelu, gelu_pytorch_tanh, gelu_new, gelu_fast)",
+       clip(act));
 }
 
 bool hf_bf16_buffers(const nlohmann::ordered_json& c) {
@@ -99,17 +131,12 @@ bool hf_bf16_buffers(const nlohmann::ordered_json& c) {
   return false;
 }
 
-bool hf_windowed_family(const std::string& arch) { return arch == "gemma2" || arch == "gemma3_text"; }
-
 DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default, bool windowed,
                           const nlohmann::ordered_json* rope_config) {
   const auto& c = hf_config(m);
   DecoderSpec s;
   s.hp = read_hf_hparams(m);
   s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.hp.n_ctx_train;
-  if (int64_t w = sliding_window(c); !windowed && w > 0 && s.n_ctx > w)
-    fail("{}: context of {} tokens exceeds the sliding attention window of {} (windowed attention is not supported)",
-         m.path, s.n_ctx, w);
   s.all_logits = o.all_logits;
   s.kv_pool_tokens = o.kv_pool_tokens;
   s.kv_block_size = o.kv_block_size;
@@ -145,12 +172,28 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
 
   if (hf_bf16_buffers(c)) s.rope_scaling["freq_dtype"] = std::string("bf16");
 
-  const bool tied = c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean()
-                        ? c["tie_word_embeddings"].get<bool>()
-                        : tied_default;
+  const bool tied = config_bool(c, "tie_word_embeddings", tied_default);
+  if (!windowed) hf_sliding_layers(c, s.hp.arch, s.hp.n_layer, s);
   if (!tied && !m.find("lm_head.weight"))
     fail("{}: missing tensor lm_head.weight (tie_word_embeddings is false)", m.path);
-  s.resolve = [tied](const std::string& canonical) { return hf_llama_tensor_name(canonical, tied); };
+  // Biases as the config builds the layers (transformers leaves a tensor the model has no place for
+  // unused): q/k/v always for Qwen2; attention_bias (q/k/v/o) and mlp_bias (gate/up/down) for the
+  // configs that have them (Llama; Qwen3 and Gemma: attention_bias); none for Mistral and Phi-3.
+  const std::string& arch = s.hp.arch;
+  const bool has_attn_bias_key = arch == "llama" || arch == "qwen3" || arch.starts_with("gemma");
+  const bool attn_bias = has_attn_bias_key && config_bool(c, "attention_bias", false);
+  const bool mlp_bias = arch == "llama" && config_bool(c, "mlp_bias", false);
+  const bool qkv_bias = arch == "qwen2" || attn_bias;
+  s.resolve = [tied, attn_bias, mlp_bias, qkv_bias](const std::string& canonical) -> std::string {
+    if (canonical.ends_with(".bias")) {
+      const bool qkv = canonical.ends_with(".attn_q.bias") || canonical.ends_with(".attn_k.bias") ||
+                       canonical.ends_with(".attn_v.bias");
+      const bool ffn = canonical.ends_with(".ffn_gate.bias") || canonical.ends_with(".ffn_up.bias") ||
+                       canonical.ends_with(".ffn_down.bias");
+      if (qkv ? !qkv_bias : canonical.ends_with(".attn_output.bias") ? !attn_bias : ffn ? !mlp_bias : false) return "";
+    }
+    return hf_llama_tensor_name(canonical, tied);
+  };
   return s;
 }
 

@@ -13,9 +13,8 @@ const nlohmann::ordered_json& hf_config(const ModelFile& m);
 
 // Hyperparameters from config.json, accepting both the Llama spelling (hidden_size,
 // num_hidden_layers, ...) and GPT-2's (n_embd, n_layer, n_head, n_positions, n_inner).
-// head_dim defaults to n_embd / n_head; num_key_value_heads to n_head; a sliding attention window
-// (sliding_window, unless use_sliding_window is false) caps n_ctx_train, since attention over the
-// whole context equals windowed attention only up to the window.
+// head_dim defaults to n_embd / n_head; num_key_value_heads to n_head; n_ctx_train is
+// max_position_embeddings (a sliding window does not limit it: hf_llama_spec windows the layers).
 Hparams read_hf_hparams(const ModelFile& m);
 
 // The canonical (GGUF) name -> transformers Llama-layout name; "" for tensors this layout lacks.
@@ -25,17 +24,14 @@ std::string hf_llama_tensor_name(const std::string& canonical, bool tied);
 // A DecoderSpec for Llama-layout checkpoints: RMSNorm, SiLU-gated FFN, RoPE on halves of each head
 // (transformers' rotate_half) with read_hf_rope's theta/scaling/partial rotary factor, the
 // classifier tied or lm_head per tie_word_embeddings (absent: `tied_default`, the family's
-// transformers default). Throws when lm_head.weight is required but missing, or when the
-// requested context exceeds a sliding attention window.
-// `windowed`: the family applies the sliding window itself (DecoderSpec::sliding_window), so a
-// context beyond the window is fine. `rope_config`: read RoPE settings from this object instead of
+// transformers default; a tie_word_embeddings that is not a boolean is refused). Throws when
+// lm_head.weight is required but missing. Sliding-window attention as transformers' Mistral, Phi-3,
+// Qwen2 and Qwen3 configs ask (sliding_window on every layer; Qwen: with use_sliding_window, from
+// max_window_layers on; or per layer_types), with the one RoPE.
+// `windowed`: the family sets its windows itself (Gemma 2 / 3). `rope_config`: read RoPE settings from this object instead of
 // config.json (a per-layer-type part of `rope_parameters`); null = config.json.
 DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_default, bool windowed = false,
                           const nlohmann::ordered_json* rope_config = nullptr);
-
-// Families whose description applies sliding-window attention (gemma2, gemma3_text): read_hf_hparams
-// does not cap n_ctx_train at their window.
-bool hf_windowed_family(const std::string& arch);
 
 // transformers computes a checkpoint in its config dtype (`dtype`, older `torch_dtype`): for
 // bfloat16, the model's non-persistent buffers — RoPE's inv_freq, Gemma's sqrt(hidden_size)

@@ -217,6 +217,55 @@ TEST(GgufRopeFactors, Phi3LongRopePicksFactorsByContext) {
                   "phi3.rope.scaling.attn_factor = 0 must be a positive number"));
 }
 
+// HF sliding windows as transformers' configs ask (new-user trial 40: the window used to cap the
+// context instead): MistralConfig / Phi3Config window every layer when sliding_window is set;
+// Qwen2Config / Qwen3Config only with use_sliding_window, from max_window_layers on (or per
+// layer_types); LlamaConfig ignores the key. max_position_embeddings stays the training context.
+TEST(HfSlidingWindow, LayersAsTransformersConfigsSay) {
+  const std::string hf = std::string(MK_SHARED_DIR) + "/fixtures/hf/";
+  if (!std::filesystem::is_directory(hf)) GTEST_SKIP() << "no fixtures under " << hf;
+  const auto windows = [&](const std::string& dir, const std::function<void(nlohmann::ordered_json&)>& edit) {
+    ModelFile m = load_model(hf + dir);
+    edit(m.metadata["hf.config"]);
+    EXPECT_EQ(read_hparams(m).n_ctx_train, m.metadata["hf.config"]["max_position_embeddings"].get<int64_t>()) << dir;
+    return layers(build_graph(m, {64, false})).window;  // a context past every window
+  };
+  using W = std::vector<int64_t>;
+  EXPECT_EQ(windows("mistral_float32", [](auto&) {}), (W{0, 0, 0}));  // sliding_window null
+  EXPECT_EQ(windows("mistral_float32", [](auto& c) { c["sliding_window"] = 4; }), (W{4, 4, 4}));
+  EXPECT_EQ(windows("phi3_float32", [](auto& c) { c["sliding_window"] = 6; }), (W{6, 6, 6}));
+  EXPECT_EQ(windows("llama_gqa_float32", [](auto& c) { c["sliding_window"] = 4; }), (W{0, 0, 0}));
+  // Qwen2: use_sliding_window false (the fixture's) or absent: no window; true: layers >= max_window_layers.
+  EXPECT_EQ(windows("qwen2_bias_float32", [](auto& c) { c["sliding_window"] = 4; }), (W{0, 0, 0}));
+  EXPECT_EQ(windows("qwen2_bias_float32", [](auto& c) { c["sliding_window"] = 4; c.erase("use_sliding_window"); }), (W{0, 0, 0}));
+  EXPECT_EQ(windows("qwen2_bias_float32", [](auto& c) {
+              c["sliding_window"] = 4;
+              c["use_sliding_window"] = true;
+              c["max_window_layers"] = 1;
+              c.erase("layer_types");  // transformers >= 4.53 saves the list (here all full_attention)
+            }),
+            (W{0, 4, 4}));
+  EXPECT_EQ(windows("qwen3_qknorm_float32", [](auto& c) {
+              c["sliding_window"] = 5;
+              c["use_sliding_window"] = true;
+              c["max_window_layers"] = 0;
+              c.erase("layer_types");
+            }),
+            (W{5, 5, 5}));
+  EXPECT_EQ(windows("mistral_float32", [](auto& c) {
+              c["sliding_window"] = 4;
+              c["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention"};
+            }),
+            (W{4, 0, 4}));
+  // Booleans that are not booleans are refused by name (a "true" string used to read as false).
+  ModelFile m = load_model(hf + "qwen2_bias_float32");
+  m.metadata["hf.config"]["tie_word_embeddings"] = "true";
+  EXPECT_TRUE(has(test::error_of([&] { build_graph(m, {16, false}); }), "tie_word_embeddings must be true or false, got \"true\""));
+  m.metadata["hf.config"]["tie_word_embeddings"] = false;
+  m.metadata["hf.config"]["use_sliding_window"] = 1;
+  EXPECT_TRUE(has(test::error_of([&] { build_graph(m, {16, false}); }), "use_sliding_window must be true or false, got 1"));
+}
+
 TEST(HfGemma3, LayerTypesRopeParametersAndRefusals) {
   const std::string dir = kData + "gemma3/hf";
   ModelFile m = load_model(dir);
