@@ -188,6 +188,7 @@ bool get_bool(const json& body, const char* name, bool def) {
 struct ParsedRequest {
   RequestParams params;
   bool stream = false, include_usage = false, return_token_ids = false;
+  bool tokens_as_ids = false;  // logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
 };
 
 // Why text cannot be tokenized: the model has no tokenizer, or the one it carries is damaged (named
@@ -307,6 +308,9 @@ class Server {
       }
     }
     r.return_token_ids = get_bool(body, "return_token_ids", false);
+    // Without a tokenizer every token's text is "", so logprobs name tokens by id (as vLLM's
+    // return_tokens_as_token_ids, which a client may also ask for): alternatives stay apart.
+    r.tokens_as_ids = get_bool(body, "return_tokens_as_token_ids", false) || !s_.tokenizer;
     auto& p = r.params;
     p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0, 0, 2));
     const double top_p = get_number(body, "top_p", 1.0, 0, 1, /*above_lo=*/true);
@@ -470,8 +474,10 @@ class Server {
   // top_logprobs (per token an object from token text to logprob: the alternatives and the chosen
   // token, so up to n + 1), text_offset (characters into the completion's text)}. A token's text is
   // its bytes in context, invalid UTF-8 (part of a character) shown as U+FFFD; `offset` carries the
-  // text offset across a stream's chunks.
-  static json logprobs_json(const std::vector<GeneratedLogprob>& lps, bool chat, int64_t& offset) {
+  // text offset across a stream's chunks. `as_ids`: tokens named "token_id:N" instead of their text
+  // (text offsets still count the text).
+  static json logprobs_json(const std::vector<GeneratedLogprob>& lps, bool chat, int64_t& offset, bool as_ids) {
+    auto name = [as_ids](const TokenLogprob& t) { return as_ids ? fmt::format("token_id:{}", t.id) : t.bytes; };
     auto bytes = [](const std::string& b) {
       json a = json::array();
       for (unsigned char c : b) a.push_back(c);
@@ -481,8 +487,8 @@ class Server {
       json content = json::array();
       for (const auto& g : lps) {
         json top = json::array();
-        for (const auto& t : g.top) top.push_back({{"token", t.bytes}, {"logprob", t.logprob}, {"bytes", bytes(t.bytes)}});
-        content.push_back({{"token", g.token.bytes},
+        for (const auto& t : g.top) top.push_back({{"token", name(t)}, {"logprob", t.logprob}, {"bytes", bytes(t.bytes)}});
+        content.push_back({{"token", name(g.token)},
                            {"logprob", g.token.logprob},
                            {"bytes", bytes(g.token.bytes)},
                            {"top_logprobs", std::move(top)}});
@@ -491,12 +497,12 @@ class Server {
     }
     json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), text_offset = json::array();
     for (const auto& g : lps) {
-      tokens.push_back(g.token.bytes);
+      tokens.push_back(name(g.token));
       token_logprobs.push_back(g.token.logprob);
       json top = json::object();
       for (const auto& t : g.top)
-        if (!top.contains(t.bytes)) top[t.bytes] = t.logprob;  // tokens of the same text: the likelier
-      if (!top.contains(g.token.bytes)) top[g.token.bytes] = g.token.logprob;
+        if (!top.contains(name(t))) top[name(t)] = t.logprob;  // tokens of the same text: the likelier
+      if (!top.contains(name(g.token))) top[name(g.token)] = g.token.logprob;
       top_logprobs.push_back(std::move(top));
       text_offset.push_back(offset);
       for (unsigned char c : g.token.bytes) offset += (c & 0xC0) != 0x80;  // characters: lead bytes
@@ -540,7 +546,7 @@ class Server {
         else
           choice["text"] = out.text;
         int64_t offset = 0;
-        choice["logprobs"] = pr.params.logprobs >= 0 ? logprobs_json(out.logprobs, chat, offset) : json(nullptr);
+        choice["logprobs"] = pr.params.logprobs >= 0 ? logprobs_json(out.logprobs, chat, offset, pr.tokens_as_ids) : json(nullptr);
         choice["finish_reason"] = finish_name(out.finish);
         if (pr.return_token_ids) choice["token_ids"] = out.token_ids;
         return json{{"id", id},
@@ -615,7 +621,7 @@ class Server {
           int64_t offset = 0;
           auto take_logprobs = [&]() -> json {
             if (pr.params.logprobs < 0 || lps.empty()) return nullptr;
-            json j = logprobs_json(lps, chat, offset);
+            json j = logprobs_json(lps, chat, offset, pr.tokens_as_ids);
             lps.clear();
             return j;
           };

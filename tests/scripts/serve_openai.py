@@ -240,6 +240,16 @@ def stories_checks():
     check(sum((x.tokens for x in streamed_lp), []) == lp.tokens and sum((x.text_offset for x in streamed_lp), []) == lp.text_offset
           and sum((x.token_logprobs for x in streamed_lp), []) == lp.token_logprobs,
           f"streamed logprobs ({len(streamed_lp)} chunks) equal the non-streamed ones")
+    # return_tokens_as_token_ids (vLLM's): tokens named "token_id:N", the same logprobs and offsets.
+    r = c.completions.create(model="x", prompt=prompt, max_tokens=20, temperature=0, logprobs=3,
+                             extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True})
+    lpi = r.choices[0].logprobs
+    check(lpi.tokens == [f"token_id:{i}" for i in r.choices[0].token_ids] and lpi.token_logprobs == lp.token_logprobs
+          and [sorted(t.values()) for t in lpi.top_logprobs] == [sorted(t.values()) for t in lp.top_logprobs]
+          and all(all(k.startswith("token_id:") for k in t) for t in lpi.top_logprobs) and lpi.text_offset == lp.text_offset,
+          "return_tokens_as_token_ids names the tokens token_id:N, logprobs and offsets unchanged")
+    expect_error(srv, {"prompt": prompt, "logprobs": 1, "return_tokens_as_token_ids": "x"}, 400, "return_tokens_as_token_ids",
+                 what="return_tokens_as_token_ids 'x'")
     r = c.completions.create(model="x", prompt=prompt, max_tokens=20, temperature=0)
     check(r.choices[0].logprobs is None, "no logprobs asked: logprobs null")
     expect_error(srv, {"prompt": prompt, "logprobs": 21}, 400, "logprobs", what="logprobs 21")
@@ -660,6 +670,15 @@ def damaged_tokenizer_checks():
     st, _, text = srv.raw("POST", "/v1/completions", {"prompt": [1, 403], "max_tokens": 2, "temperature": 0,
                                                       "return_token_ids": True})
     check(st == 200 and len(json.loads(text)["choices"][0]["token_ids"]) == 2, f"a prompt of ids is served ({st})")
+    # Without a tokenizer every token's text is "": logprobs name tokens by id, so the alternatives
+    # stay apart (new-user trial 40: 3 asked, 1 shown).
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": [1, 403], "max_tokens": 2, "temperature": 0,
+                                                      "logprobs": 3, "return_token_ids": True})
+    ch = json.loads(text)["choices"][0] if st == 200 else {}
+    lp = ch.get("logprobs") or {}
+    check(st == 200 and lp.get("tokens") == [f"token_id:{i}" for i in ch["token_ids"]]
+          and all(len(t) >= 3 and all(k.startswith("token_id:") for k in t) for t in lp["top_logprobs"]),
+          f"logprobs without a usable tokenizer name tokens token_id:N, 3 alternatives each ({st}: {text[:160]})")
     st, _, text = srv.raw("POST", "/v1/completions", {"prompt": [1, 403], "max_tokens": 2, "stop": "x"})
     err = json.loads(text).get("error", {}) if st == 400 else {}
     check(st == 400 and err.get("param") == "stop" and "stop strings cannot match" in err.get("message", ""),
