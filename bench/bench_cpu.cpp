@@ -96,6 +96,13 @@ std::string smollm2_path() {
   return cache + "/megakernel/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
+// Any GGUF named by MK_BENCH_MODEL (its batched-decode ratio next to SmolLM2 Q4_1's: other block
+// types, e.g. llama.cpp's Q3_K_M / IQ4_XS requantizations); skipped when unset.
+std::string env_model_path() {
+  const char* p = std::getenv("MK_BENCH_MODEL");
+  return p && *p ? p : "(MK_BENCH_MODEL unset)";
+}
+
 bool model_present(benchmark::State& state, const std::string& path) {
   if (path.rfind("synth:", 0) == 0 || std::filesystem::exists(path)) return true;
   state.SkipWithError((path + " not found (scripts/get-model.sh smollm2)").c_str());
@@ -273,5 +280,7 @@ BENCHMARK_CAPTURE(BM_CpuBatchedDecode, synth110m_cpu_t2_seqs8, kSynth110M, 2, 8)
 BENCHMARK_CAPTURE(BM_CpuBatchedDecode, synth110m_cpu_t2_seqs16, kSynth110M, 2, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuBatchedDecode, smollm2_cpu_t2_seqs1, smollm2_path(), 2, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuBatchedDecode, smollm2_cpu_t2_seqs16, smollm2_path(), 2, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuBatchedDecode, env_model_cpu_t2_seqs1, env_model_path(), 2, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuBatchedDecode, env_model_cpu_t2_seqs16, env_model_path(), 2, 16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuPrefill, synth110m_cpu_t2_prompt150, kSynth110M, 2, 150)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuPrefill, smollm2_cpu_t2_prompt150, smollm2_path(), 2, 150)->Unit(benchmark::kMillisecond)->UseRealTime();
