@@ -31,8 +31,50 @@ constexpr const char* kLlama3 =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kQwen2 =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char* kBloom =
+// Seed-Coder: Qwen2's regex with single digits and no newline after punctuation.
+constexpr const char* kSeedCoder =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// BLOOM (and Poro, GPT3-Finnish, Viking): an optional space, then a run of anything but whitespace,
+// . , ! ? and seven non-ASCII stops and commas (ellipsis, ideographic full stop and comma, fullwidth
+// comma, danda, Arabic full stop and comma) -- and ( | ), which BLOOM's tokenizer.json writes
+// inside its class as if they were grouping. What the regex does not match (whitespace runs,
+// punctuation runs) is kept whole as the text between matches: "x\t\ty" is "x", "\t\t", "y".
+constexpr const char* kBloom = R"( ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+)";
+// Tekken (Mistral-Nemo) and GPT-4o (Phi-4-mini, Llama 4) split words at case changes. Their
+// tokenizer.json classes [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] / [\p{Ll}\p{Lm}\p{Lo}\p{M}] are, as in
+// llama.cpp, "a letter other than a-z" / "a letter other than A-Z": any letter outside ASCII counts
+// as both cases, and marks are not letters. Tekken keeps single digits and a slash or newlines after
+// punctuation; GPT-4o adds the contractions to the word and groups digits by three.
+constexpr const char* kTekken =
+    R"([^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt4o =
+    R"([^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?)"
+    R"(|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?)"
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// DeepSeek LLM: newlines alone; a run of cased letters (the ranges of DeepSeek's tokenizer.json:
+// Latin, Greek, Cyrillic, Armenian, Georgian, Cherokee, Glagolitic, Coptic, Deseret, Osage, Old
+// Hungarian, Warang Citi, Adlam, ...) with one optional whitespace before it; a run of ASCII and
+// full-width punctuation, quotes and CJK stops with one optional whitespace; trailing whitespace;
+// a CJK and Hangul run (U+0800..U+9FA5, so Indic and kana too); then digit runs. llama.cpp matches
+// these classes on text where each whitespace character outside ASCII stands as \v, so none is
+// part of a run: U+3000 is left out of the punctuation range U+3000..U+3002, and the CJK run takes
+// no whitespace (U+2009, U+2028, U+3000 are inside U+0800..U+4E00).
+constexpr const char* kDeepseekLetters =
+    R"(\s?[A-Za-z\x{B5}\x{C0}-\x{D6}\x{D8}-\x{F6}\x{F8}-\x{1BA}\x{1BC}-\x{1BF}\x{1C4}-\x{293}\x{295}-\x{2AF})"
+    R"(\x{370}-\x{373}\x{376}\x{377}\x{37B}-\x{37D}\x{37F}\x{386}\x{388}-\x{38A}\x{38C}\x{38E}-\x{3A1})"
+    R"(\x{3A3}-\x{3F5}\x{3F7}-\x{481}\x{48A}-\x{52F}\x{531}-\x{556}\x{10A0}-\x{10C5}\x{13A0}-\x{13F5})"
+    R"(\x{13F8}-\x{13FD}\x{1C90}-\x{1CBA}\x{1CBD}-\x{1CBF}\x{1D00}-\x{1D2B}\x{1D6B}-\x{1D77}\x{1D79}-\x{1D9A})"
+    R"(\x{1E00}-\x{1F15}\x{1F18}-\x{1F1D}\x{1F20}-\x{1F45}\x{1F48}-\x{1F4D}\x{1F50}-\x{1F57}\x{1F59}\x{1F5B})"
+    R"(\x{1F5D}\x{1F5F}-\x{1F7D}\x{1F80}-\x{1FB4}\x{1FB6}-\x{1FBC}\x{1FBE}\x{1FC2}-\x{1FC4}\x{1FC6}-\x{1FCC})"
+    R"(\x{1FD0}-\x{1FD3}\x{1FD6}-\x{1FDB}\x{1FE0}-\x{1FEC}\x{1FF2}-\x{1FF4}\x{1FF6}-\x{1FFC}\x{2102}\x{2107})"
+    R"(\x{210A}-\x{2113}\x{2115}\x{2119}-\x{211D}\x{2124}\x{2126}\x{2128}\x{212A}-\x{212D}\x{212F}-\x{2134})"
+    R"(\x{2139}\x{213C}-\x{213F}\x{2145}-\x{2149}\x{214E}\x{2183}\x{2184}\x{2C00}-\x{2C7B}\x{2C7E}-\x{2CE4})"
+    R"(\x{2CEB}-\x{2CEE}\x{2CF2}\x{2CF3}\x{A640}-\x{A66D}\x{A680}-\x{A69B}\x{A722}-\x{A76F}\x{A771}-\x{A787})"
+    R"(\x{A78B}-\x{A78E}\x{AB70}-\x{ABBF}\x{FB00}-\x{FB06}\x{FB13}-\x{FB17}\x{FF21}-\x{FF3A}\x{FF41}-\x{FF5A})"
+    R"(\x{10400}-\x{1044F}\x{104B0}-\x{104D3}\x{104D8}-\x{104FB}\x{10C80}-\x{10CB2}\x{10CC0}-\x{10CF2})"
+    R"(\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}]+)";
+constexpr const char* kDeepseekPunct = R"(\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3001}\x{3002}]+)";
+constexpr const char* kDeepseekCjk = R"((?:(?!\s)[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}])+)";
 
 struct PreTokenizer {
   std::vector<const char*> names;
@@ -45,12 +87,17 @@ const std::vector<PreTokenizer>& pre_tokenizers() {
   static const std::vector<PreTokenizer> table = {
       {{"default"}, {R"([\p{P}\$\+<=>\^~\|]+)", kGpt2, R"(\p{N}+)", "[0-9][0-9][0-9]"}},
       {{"llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral"}, {kLlama3}, true, true},
-      {{"dbrx", "smaug-bpe"}, {kLlama3}},
+      {{"dbrx", "smaug-bpe", "chatglm-bpe"}, {kLlama3}},
       {{"gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion"}, {kGpt2}},
       {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {kQwen2}},
       {{"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}, {R"(\p{N})", kGpt2}},
       {{"falcon"}, {R"([\p{P}\$\+<=>\^~\|`]+)", kGpt2, "[0-9][0-9][0-9]"}},
-      {{"poro-chat", "bloom", "gpt3-finnish", "seed-coder"}, {kBloom}},
+      {{"poro-chat", "bloom", "gpt3-finnish"}, {kBloom}},
+      {{"viking"}, {kBloom, R"(\p{N})"}},
+      {{"seed-coder"}, {kSeedCoder}},
+      {{"tekken"}, {kTekken}, true, true},
+      {{"gpt-4o", "llama4"}, {kGpt4o}},
+      {{"deepseek-llm"}, {R"([\r\n])", kDeepseekLetters, kDeepseekPunct, R"(\s+\z)", kDeepseekCjk, R"(\p{N}+)"}},
   };
   return table;
 }
