@@ -477,7 +477,12 @@ class Server {
   // text offset across a stream's chunks. `as_ids`: tokens named "token_id:N" instead of their text
   // (text offsets still count the text).
   static json logprobs_json(const std::vector<GeneratedLogprob>& lps, bool chat, int64_t& offset, bool as_ids) {
-    auto name = [as_ids](const TokenLogprob& t) { return as_ids ? fmt::format("token_id:{}", t.id) : t.bytes; };
+    // The text as the client will read it (invalid UTF-8 -> U+FFFD, as json_text writes it), so that
+    // two tokens shown alike are one key of a completions top_logprobs object, not two keys that
+    // collide in the client's parser (new-user trial 41: cut emoji bytes).
+    auto name = [as_ids](const TokenLogprob& t) {
+      return as_ids ? fmt::format("token_id:{}", t.id) : json::parse(json_text(json(t.bytes))).get<std::string>();
+    };
     auto bytes = [](const std::string& b) {
       json a = json::array();
       for (unsigned char c : b) a.push_back(c);
@@ -499,10 +504,12 @@ class Server {
     for (const auto& g : lps) {
       tokens.push_back(name(g.token));
       token_logprobs.push_back(g.token.logprob);
+      // the chosen token first (its key then agrees with token_logprobs), then the alternatives;
+      // tokens shown alike keep the first (likelier) value
       json top = json::object();
+      top[name(g.token)] = g.token.logprob;
       for (const auto& t : g.top)
-        if (!top.contains(name(t))) top[name(t)] = t.logprob;  // tokens of the same text: the likelier
-      if (!top.contains(name(g.token))) top[name(g.token)] = g.token.logprob;
+        if (!top.contains(name(t))) top[name(t)] = t.logprob;
       top_logprobs.push_back(std::move(top));
       text_offset.push_back(offset);
       for (unsigned char c : g.token.bytes) offset += (c & 0xC0) != 0x80;  // characters: lead bytes

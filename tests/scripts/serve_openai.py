@@ -623,6 +623,16 @@ def chat_checks():
     check(streamed == [e.token for e in content], "streamed chat logprobs equal the non-streamed ones")
     expect_error(srv, {"messages": [{"role": "user", "content": q}], "top_logprobs": 2}, 400, "top_logprobs",
                  path="/v1/chat/completions", what="top_logprobs without logprobs")
+    # Completions top_logprobs after cut emoji bytes: tokens shown alike (U+FFFD) are one key, and the
+    # chosen token's key carries its own logprob (new-user trial 41: a likelier token of the same
+    # text was overwritten by a less likely one in the client's parser).
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": "Here are some emojis: \U0001F600 \U0001F603 \U0001F389 \U0001F680",
+                                                      "max_tokens": 4, "temperature": 0, "logprobs": 20})
+    lp = json.loads(text)["choices"][0]["logprobs"] if st == 200 else {}
+    check(st == 200 and all(abs(top[t] - x) < 1e-12 and max(top.values()) <= x + 1e-12
+                            for t, x, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]))
+          and any("\ufffd" in t for t in lp["tokens"]),
+          f"completions logprobs after cut characters: each chosen token's key holds its logprob ({st}: {text[:200]})")
     # Batched chat on a quantized GQA model: 8 requests, 4 at a time, each equal to `run --chat` alone.
     questions = ["What is the capital of France?", "Name a color.", "How many legs does a cat have?", "Say hello."]
     refs = {}
