@@ -87,6 +87,24 @@ def llama_cpp_quantize(src, out, ftype):
     return {t.name: t.tensor_type.name.lower() for t in gguf.GGUFReader(out).tensors}
 
 
+def quantized_llama_fixture(here, out_name, dims, weight_seed, prompt_seed, ftype):
+    """A tiny random llama (write_tiny_llama with dims = (n_vocab, n_embd, n_layer, n_head, n_head_kv,
+    n_ff, n_ctx)) quantized by llama.cpp with `ftype` to here/out_name, and here/expected.json:
+    {"source", "prompt_ids" (20 ids), "types": {tensor: type}, "logits": llama.cpp's at every
+    position (f32 KV cache)}. The f32 source is not kept."""
+    n_vocab, n_ctx = dims[0], dims[-1]
+    prompt = [int(x) for x in np.random.default_rng(prompt_seed).integers(3, n_vocab, size=20)]
+    src, out = os.path.join(here, "tiny.f32.gguf"), os.path.join(here, out_name)
+    write_tiny_llama(src, np.random.default_rng(weight_seed), *dims)
+    types = llama_cpp_quantize(src, out, ftype)
+    os.remove(src)
+    logits = llama_cpp_logits(out, prompt, n_ctx)
+    with open(os.path.join(here, "expected.json"), "w") as f:
+        json.dump({"source": "llama-cpp-python 0.3.16 (llama.cpp), f32 KV cache", "prompt_ids": prompt,
+                   "types": types, "logits": rounded(logits)}, f)
+    print("wrote", out, sorted(set(types.values())), "argmax", logits.argmax(-1).tolist())
+
+
 def write_safetensors(path, tensors):
     """One safetensors file of f32 tensors, in the dict's order, header padded to 8 bytes."""
     header, offset, blobs = {}, 0, []
