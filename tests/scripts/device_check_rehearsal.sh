@@ -39,6 +39,9 @@ for part in part1 part2; do
       grep -qx "greedy_${backends##* }_s$s.json" <<<"$entries" || bad "part1: tarball lacks greedy_${backends##* }_s$s.json"
     done
     [[ $(grep -c '^hf_.*_bfloat16.json$' <<<"$entries") == 9 ]] || bad "part1: tarball lacks the 9 HF fixture results"
+    for fx in gemma2 gemma3 phi3_longrope iq4_nl iq4_xs; do
+      grep -qx "fx_$fx.json" <<<"$entries" || bad "part1: tarball lacks fx_$fx.json (the in-repo fixture rows)"
+    done
     grep -q '^PASS: .*logits: relative L2' "$log" || bad "part1: no passing logits row"
     grep -q '^PASS: host compile of synth:llama3.2-1b' "$log" || bad "part1: no host compile row"
   else
