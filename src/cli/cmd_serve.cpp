@@ -55,6 +55,7 @@ struct ServeOptions {
   size_t max_body = 1 << 20;
   std::string template_file;
   std::string model_id;
+  bool prefix_cache = true;
 };
 
 // --timeout above a year would overflow the deadline arithmetic for no use (0 means no limit);
@@ -466,7 +467,8 @@ class Server {
   json usage(const RequestOutput& out) {
     return {{"prompt_tokens", out.n_prompt},
             {"completion_tokens", out.n_generated},
-            {"total_tokens", out.n_prompt + out.n_generated}};
+            {"total_tokens", out.n_prompt + out.n_generated},
+            {"prompt_tokens_details", {{"cached_tokens", out.n_cached}}}};
   }
 
   // OpenAI's logprobs object for generated tokens. Chat: {"content": [{token, logprob, bytes,
@@ -1016,6 +1018,7 @@ void serve(ServeOptions o) {
   eo.n_ctx = s.n_ctx;
   eo.n_vocab = s.hparams.n_vocab;
   eo.stop_at_bos = s.stop_at_bos;
+  eo.prefix_cache = o.prefix_cache;
   Engine engine(*s.backend, s.tokenizer.get(), eo);
   if (!engine.paged() && o.parallel > 1)
     std::fprintf(stderr, "note: backend '%s' has no paged KV cache: requests run one at a time\n",
@@ -1162,6 +1165,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-body", o->max_body, "largest request body in bytes (larger: HTTP 413)")
       ->capture_default_str()
       ->transform(integer_range(1, kMaxBodyLimit));
+  cmd->add_flag("!--no-prefix-cache", o->prefix_cache,
+                "compute every prompt in full (default: a prompt that begins as an earlier request's did, in whole "
+                "KV blocks, reuses that request's KV cache rows)");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 chat template to use instead of the model's");
   cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)")
       ->check(not_empty);

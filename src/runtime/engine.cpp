@@ -94,6 +94,7 @@ bool Request::wait(RequestOutput& out, std::chrono::milliseconds timeout) {
     out.error = pending_.error;
     out.n_prompt = pending_.n_prompt;
     out.n_generated = pending_.n_generated;
+    out.n_cached = pending_.n_cached;
     out.ttft_ms = pending_.ttft_ms;
   }
   return true;
@@ -111,6 +112,9 @@ struct Engine::Seq {
   std::vector<int32_t> tokens;
   int64_t n_prompt = 0, n_computed = 0, n_generated = 0, max_tokens = 0;
   std::vector<int32_t> blocks;
+  int64_t n_cached = 0;     // prompt rows taken from the prefix cache at admission
+  int64_t n_keyed = 0;      // leading blocks keyed in the prefix cache (runtime/kv_blocks.h)
+  uint64_t prefix_key = 0;  // the key of blocks[n_keyed - 1] (0: none)
   Sampler sampler;
   Utf8Stream utf8;
   std::string text;  // generated text so far (valid UTF-8)
@@ -131,6 +135,7 @@ Engine::Engine(Backend& backend, const Tokenizer* tokenizer, EngineOptions optio
       tok_(tokenizer),
       o_(options),
       paged_(backend.kv_pool_blocks() > 0),
+      prefix_cache_(paged_ && options.prefix_cache),
       max_rows_(paged_ ? backend.max_batch_rows() : options.n_ctx),
       n_vocab_(options.n_vocab),
       blocks_(pool_blocks(backend, options), block_size(backend)) {
@@ -210,6 +215,7 @@ void Engine::update_gauges_locked() {
   stats_.running = static_cast<int64_t>(running_.size()) - finished_unreaped_;
   stats_.kv_blocks_used = blocks_.n_used();
   stats_.kv_blocks_free = blocks_.n_free();
+  stats_.kv_blocks_cached = blocks_.n_cached();
 }
 
 EngineStats Engine::stats() const {
@@ -258,6 +264,7 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
     p.error = error;
     p.n_prompt = s.n_prompt;
     p.n_generated = s.n_generated;
+    p.n_cached = s.n_cached;
     p.ttft_ms = s.ttft_ms;
   }
   s.req->cv_.notify_all();
@@ -363,7 +370,19 @@ bool Engine::step() {
     while (!queue_.empty() && static_cast<int>(running_.size()) < o_.parallel) {
       Seq& s = *queue_.front();
       int64_t need = blocks_.blocks_for(s.n_prompt + std::max<int64_t>(s.max_tokens - 1, 0));
-      if (!blocks_.allocate(need, s.blocks)) break;  // the head waits for blocks; nobody overtakes it
+      // The prompt's longest cached prefix in whole blocks, short of its last token (whose row gives
+      // the first logits); then blocks of its own for the rest.
+      const int64_t hit = prefix_cache_ ? blocks_.acquire_prefix(std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.n_prompt)),
+                                                                  (s.n_prompt - 1) / blocks_.block_size(), s.blocks, s.prefix_key)
+                                        : 0;
+      if (!blocks_.allocate(need - hit, s.blocks)) {  // the head waits for blocks; nobody overtakes it
+        blocks_.release(s.blocks);
+        s.prefix_key = 0;
+        break;
+      }
+      s.n_keyed = hit;
+      s.n_cached = s.n_computed = hit * blocks_.block_size();
+      stats_.prompt_tokens_cached += static_cast<uint64_t>(s.n_cached);
       s.in_running = true;
       running_.push_back(std::move(queue_.front()));
       queue_.pop_front();
@@ -464,7 +483,10 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     for (Seq* s : seqs) finish(*s, FinishReason::error, msg);
     return;
   }
-  for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->n_computed += rows[i];
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i]->n_computed += rows[i];
+    if (prefix_cache_) key_full_blocks(*seqs[i]);
+  }
   const auto now = clock::now();
   std::vector<Choice> chosen(wanted.size());
   auto choose_rows = [&](size_t from, size_t to) {
@@ -491,6 +513,16 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     for (auto& t : pool) t.join();
   }
   for (size_t k = 0; k < wanted.size(); ++k) emit(*wanted[k], chosen[k], now);
+}
+
+// Keys every block of s whose rows all hold KV now, so that later requests can share its prefix.
+void Engine::key_full_blocks(Seq& s) {
+  const int64_t bs = blocks_.block_size();
+  std::lock_guard lock(mu_);  // the pool's bookkeeping changes under mu_
+  for (; (s.n_keyed + 1) * bs <= s.n_computed; ++s.n_keyed)
+    s.prefix_key = blocks_.add_key(s.blocks[static_cast<size_t>(s.n_keyed)], s.prefix_key,
+                                   std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.n_keyed * bs),
+                                                                              static_cast<size_t>(bs)));
 }
 
 void Engine::start() {
@@ -571,10 +603,13 @@ std::string prometheus_text(const EngineStats& s) {
   counter("generated_tokens_total", "Tokens generated.", s.generated_tokens);
   counter("steps_total", "Batches run (forward steps).", s.steps);
   counter("batch_rows_total", "Rows (tokens) of all batches run.", s.batch_rows);
+  counter("prompt_tokens_cached_total", "Prompt tokens whose KV came from the prefix cache.", s.prompt_tokens_cached);
   gauge("queue_depth", "Requests waiting for admission.", s.queue_depth);
   gauge("requests_running", "Sequences admitted and not yet ended.", s.running);
   gauge("kv_blocks_used", "KV cache blocks held by sequences.", s.kv_blocks_used);
-  gauge("kv_blocks_free", "KV cache blocks free.", s.kv_blocks_free);
+  gauge("kv_blocks_free", "KV cache blocks free (cached ones included).", s.kv_blocks_free);
+  gauge("kv_blocks_cached", "Free KV cache blocks still holding a prefix that later requests can reuse.",
+        s.kv_blocks_cached);
   gauge("kv_block_size", "Token rows per KV cache block.", s.kv_block_size);
   histogram("time_to_first_token_seconds", "From the request's arrival to its first generated token.", s.ttft);
   histogram("inter_token_latency_seconds", "Between consecutive generated tokens of a request.", s.itl);

@@ -8,6 +8,11 @@
 // (EngineOptions::parallel) and KV blocks for its prompt + max_tokens are free; nobody overtakes it.
 // The queue is bounded: submit() throws EngineBusy when it is full.
 //
+// Prefix caching (EngineOptions::prefix_cache, runtime/kv_blocks.h): the whole blocks of KV a
+// sequence computed stay keyed by their tokens after it ends; a request whose prompt begins with the
+// same tokens (a system prompt, the earlier turns of a chat) starts its prefill after them. A row's
+// numbers do not depend on the batch it is computed in, so the tokens are the same as without it.
+//
 // A backend without a paged KV pool (kv_pool_blocks() == 0) runs one sequence at a time through
 // forward(tokens, n_past), the whole prompt in one step: the same results as `run`.
 //
@@ -41,6 +46,7 @@ struct EngineOptions {
   int64_t n_vocab = 0;        // logits row length; required
   int64_t prefill_chunk = 0;  // most prompt rows of one sequence per step; 0 = as many as the batch holds
   bool stop_at_bos = false;   // llama2.c convention: the model ends a story with BOS
+  bool prefix_cache = true;   // reuse the KV blocks of earlier requests' prefixes (paged backends)
 };
 
 struct RequestParams {
@@ -70,6 +76,7 @@ struct RequestOutput {
   FinishReason finish = FinishReason::none;
   std::string error;
   int64_t n_prompt = 0, n_generated = 0;  // set when done
+  int64_t n_cached = 0;                   // prompt tokens whose KV came from the prefix cache; set when done
   double ttft_ms = 0;                     // submit to first token; set when done (0: no token)
 };
 
@@ -118,8 +125,10 @@ struct Histogram {
 struct EngineStats {
   uint64_t requests_submitted = 0, requests_rejected = 0, prompt_tokens = 0, generated_tokens = 0;
   uint64_t steps = 0, batch_rows = 0;
+  uint64_t prompt_tokens_cached = 0;  // prompt tokens of admitted requests read from the prefix cache
   std::map<std::string, uint64_t> finished;  // by finish_reason_name
   int64_t queue_depth = 0, running = 0, kv_blocks_used = 0, kv_blocks_free = 0, kv_block_size = 0;
+  int64_t kv_blocks_cached = 0;  // free blocks (counted in kv_blocks_free) still holding a cached prefix
   Histogram ttft, itl;  // time to first token, inter-token latency (seconds)
 };
 // Prometheus text exposition format (version 0.0.4), metric names prefixed "megakernel_".
@@ -181,11 +190,13 @@ class Engine {
   bool emit(Seq& s, const Choice& c, std::chrono::steady_clock::time_point now);
   void run_batch(std::vector<Seq*>& batch_seqs, const std::vector<int64_t>& n_rows_of);
   void update_gauges_locked();
+  void key_full_blocks(Seq& s);
 
   Backend& backend_;
   const Tokenizer* tok_;
   EngineOptions o_;
   bool paged_;
+  bool prefix_cache_;
   int64_t max_rows_;
   int64_t n_vocab_ = 0;
   KvBlockAllocator blocks_;

@@ -653,6 +653,39 @@ def chat_checks():
     check(srv.stop() == 0, "chat server: exit code 0")
 
 
+def prefix_cache_checks():
+    """A prompt that begins as an earlier one did, in whole 16-token KV blocks, reuses its KV rows:
+    usage.prompt_tokens_details.cached_tokens says how many, the text equals `run` alone; the cached
+    blocks count as free (0 used at the end); --no-prefix-cache computes every prompt in full."""
+    story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
+             "One day, she saw a big red ball in the park.")
+    for flags, want_cached in (((), True), (("--no-prefix-cache",), False)):
+        srv = Server(STORIES, "--parallel", "4", *flags)
+        first = srv.client.completions.create(model="x", prompt=story, max_tokens=24, temperature=0)
+        outs = []
+        for tail, temp in ((" She ran to", 0), (" Her mom said", 0), (" She ran to", 0.7)):
+            r = srv.client.completions.create(model="x", prompt=story + tail, max_tokens=24, temperature=temp, seed=3)
+            ref = run_cli(STORIES, story + tail, 24, "--temp", str(temp), "--seed", "3", "--top-k", "0", "--top-p", "1")
+            details = r.usage.prompt_tokens_details
+            cached = details.cached_tokens if details else None
+            outs.append((r.choices[0].text == ref["text"], cached, r.usage.prompt_tokens))
+        label = "prefix cache" if want_cached else "--no-prefix-cache"
+        check(all(same for same, _, _ in outs), f"{label}: each reply equals `run` alone ({outs})")
+        n_story = first.usage.prompt_tokens
+        if want_cached:
+            check(first.usage.prompt_tokens_details.cached_tokens == 0
+                  and all(c is not None and c > 0 and c % 16 == 0 and c < n for _, c, n in outs)
+                  and all(c >= (n_story - 1) // 16 * 16 for _, c, _ in outs),
+                  f"{label}: usage.prompt_tokens_details.cached_tokens counts the shared {n_story}-token story's whole blocks ({outs})")
+            m = srv.metrics()
+            check(m["megakernel_prompt_tokens_cached_total"] == sum(c for _, c, _ in outs) and m["megakernel_kv_blocks_cached"] > 0,
+                  f"{label}: /metrics counts the cached prompt tokens and blocks")
+        else:
+            check(all(c == 0 for _, c, _ in outs), f"{label}: no cached tokens ({outs})")
+        srv.blocks_free_at_end(label)
+        check(srv.stop() == 0, f"{label} server: exit code 0")
+
+
 def damaged_tokenizer_checks():
     """stories260K.gguf with tokenizer.ggml.model "llamx": the tokenizer is there but unusable. The
     server starts for prompts of token ids and says so; a text prompt and a chat get 400 naming the
@@ -747,7 +780,7 @@ def template_checks():
     st2, _, t2 = chat("Once upon\na time")
     ok = st1 == 200 and st2 == 200
     check(ok and json.loads(t1)["choices"][0]["message"] == json.loads(t2)["choices"][0]["message"]
-          and json.loads(t1)["usage"] == json.loads(t2)["usage"],
+          and all(json.loads(t1)["usage"][k] == json.loads(t2)["usage"][k] for k in ("prompt_tokens", "completion_tokens")),
           f"content parts joined with a newline: the reply of the joined string ({st1} {st2})")
     for content, want in [("recurse", "nested more than 256 calls deep"), ("loop", "evaluation steps"),
                           ("huge", "template limit: a string of"), ("range", "range() of more than 100000")]:
@@ -1036,6 +1069,7 @@ if __name__ == "__main__":
     stories_checks()
     auth_and_queue_checks()
     nonstream_disconnect_checks()
+    prefix_cache_checks()
     damaged_tokenizer_checks()
     half_close_checks()
     utf8_checks()

@@ -1,7 +1,8 @@
 // Continuous-batching engine (runtime/engine.h) and KV block allocator (runtime/kv_blocks.h) on a
 // fake backend: a deterministic toy whose logits are a hash of the tokens of the row's sequence,
-// read through the block table from the KV pool it writes. A wrong block table, a block shared by
-// two live sequences or a stale block changes the logits, so "batched == alone" checks the tables.
+// read through the block table from the KV pool it writes. A wrong block table, a block written while
+// another live sequence holds it, a cached prefix block holding other tokens or a stale block changes
+// the logits (or throws), so "batched == alone" checks the tables.
 #include <atomic>
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -54,8 +56,10 @@ class FakeBackend : public Backend {
   std::vector<float> forward(const StepBatch& b) override {
     if (!paged_) return Backend::forward(b);
     if (b.n_rows() == 0 || b.n_rows() > max_rows_) throw Error("fake: bad number of rows");
-    // Rows of a sequence consecutive with consecutive positions; tables disjoint and inside the pool.
-    std::set<int32_t> seen_seq, blocks_seen;
+    // Rows of a sequence consecutive with consecutive positions; tables inside the pool; a block in
+    // two tables (a shared prefix) is only read.
+    std::set<int32_t> seen_seq;
+    std::map<int32_t, int> tables_of;
     for (int64_t r = 0; r < b.n_rows(); ++r) {
       int32_t s = b.seq[r];
       bool continues = r > 0 && b.seq[r - 1] == s;
@@ -65,10 +69,12 @@ class FakeBackend : public Backend {
     for (const auto& t : b.block_tables)
       for (int32_t blk : t) {
         if (blk < 0 || blk >= n_blocks_) throw Error("fake: block outside the pool");
-        if (!blocks_seen.insert(blk).second) throw Error("fake: a block is in two tables");
+        ++tables_of[blk];
       }
     for (int64_t r = 0; r < b.n_rows(); ++r) {
       if (b.tokens[r] == kPoison) throw Error("fake: poisoned token");
+      if (tables_of[static_cast<int32_t>(pool_row(b, r, b.positions[r]) / block_size_)] > 1)
+        throw Error("fake: a row writes a block that another sequence holds");
       pool_[static_cast<size_t>(pool_row(b, r, b.positions[r]))] = b.tokens[r];
     }
     std::vector<float> out;
@@ -185,6 +191,55 @@ TEST(KvBlocks, AllocateReleaseAndExhaustion) {
   EXPECT_THROW(KvBlockAllocator(4, 0), Error);
 }
 
+// Prefix caching: blocks keyed by their tokens chained to the prefix before them are cached when
+// released, found again by a sequence beginning with the same tokens (whole blocks only, up to a
+// limit), shared while held, and evicted last-block-first once the free list is empty.
+TEST(KvBlocks, PrefixCacheKeysSharesAndEvicts) {
+  KvBlockAllocator a(6, 2);
+  const std::vector<int32_t> toks = {5, 6, 7, 8, 9, 10, 11};
+  std::vector<int32_t> t1;
+  ASSERT_TRUE(a.allocate(4, t1));
+  uint64_t key = 0;
+  for (size_t i = 0; i < 3; ++i) key = a.add_key(t1[i], key, std::span<const int32_t>(toks).subspan(2 * i, 2));
+  EXPECT_EQ(key, KvBlockAllocator::chain_key(KvBlockAllocator::chain_key(KvBlockAllocator::chain_key(0, {{5, 6}}), {{7, 8}}),
+                                             {{9, 10}}));
+  // Held by t1 and found: shared (two references).
+  std::vector<int32_t> t2;
+  uint64_t k2 = 0;
+  EXPECT_EQ(a.acquire_prefix(toks, 2, t2, k2), 2);  // at most 2 blocks asked
+  EXPECT_EQ(t2, std::vector<int32_t>(t1.begin(), t1.begin() + 2));
+  EXPECT_EQ(k2, KvBlockAllocator::chain_key(KvBlockAllocator::chain_key(0, {{5, 6}}), {{7, 8}}));
+  EXPECT_EQ(a.n_used(), 4);
+  a.release(t1);  // blocks 0, 1 still held by t2; 2 cached; 3 (never keyed) free
+  EXPECT_EQ(a.n_used(), 2);
+  EXPECT_EQ(a.n_cached(), 1);
+  a.release(t2);
+  EXPECT_EQ(a.n_used(), 0);
+  EXPECT_EQ(a.n_cached(), 3);
+  EXPECT_EQ(a.n_free(), 6);
+  // Another second block: only the first matches. Another first block: nothing (a key names the prefix).
+  std::vector<int32_t> t3;
+  uint64_t k3 = 0;
+  EXPECT_EQ(a.acquire_prefix(std::vector<int32_t>{5, 6, 7, 9, 9, 10}, 3, t3, k3), 1);
+  EXPECT_EQ(t3, (std::vector<int32_t>{0}));
+  EXPECT_EQ(a.acquire_prefix(std::vector<int32_t>{4, 6, 7, 8}, 2, t3, k3), 0);
+  EXPECT_EQ(a.n_cached(), 2);
+  a.release(t3);
+  // Plain free blocks go first (3 of them: 3, 4, 5), then the cached prefix from its end (block 2).
+  std::vector<int32_t> t4;
+  ASSERT_TRUE(a.allocate(4, t4));
+  EXPECT_EQ(std::set<int32_t>(t4.begin(), t4.end()), (std::set<int32_t>{2, 3, 4, 5}));
+  EXPECT_EQ(a.n_cached(), 2);
+  std::vector<int32_t> t5;
+  uint64_t k5 = 0;
+  EXPECT_EQ(a.acquire_prefix(toks, 3, t5, k5), 2);  // block 2 lost its key
+  EXPECT_EQ(a.n_free(), 0);
+  EXPECT_FALSE(a.allocate(1, t5));
+  a.release(t4);
+  a.release(t5);
+  EXPECT_EQ(a.n_used(), 0);
+}
+
 TEST(StopStrings, FindsEarliestAndHoldsBackPrefixes) {
   EXPECT_EQ(scan_stop_strings("hello world", {"wor", "lo"}).found, 3u);
   StopScan s = scan_stop_strings("the end of", {"of the"});
@@ -218,6 +273,7 @@ TEST(Engine, BatchedEqualsAloneAndFreesEveryBlock) {
   EngineStats st = e.stats();
   EXPECT_EQ(st.kv_blocks_used, 0);
   EXPECT_EQ(st.kv_blocks_free, 24);
+  EXPECT_EQ(st.prompt_tokens_cached, 0u);  // no prompt begins as another's for a whole block
   EXPECT_EQ(st.running, 0);
   EXPECT_EQ(st.queue_depth, 0);
   EXPECT_EQ(st.finished["length"], static_cast<uint64_t>(n));
@@ -230,6 +286,97 @@ TEST(Engine, BatchedEqualsAloneAndFreesEveryBlock) {
   EXPECT_NE(prom.find("megakernel_kv_blocks_used 0\n"), std::string::npos);
   EXPECT_NE(prom.find(fmt::format("megakernel_generated_tokens_total {}\n", gen)), std::string::npos);
   EXPECT_NE(prom.find("megakernel_time_to_first_token_seconds_count 12\n"), std::string::npos);
+}
+
+// Prefix caching in the engine: a prompt that begins with whole blocks an earlier request computed
+// (its prompt, or its prompt and generated tokens: a chat's next turn) starts after them, while
+// that request still runs or after it ended, and gets the tokens it gets alone without the cache
+// (the fake's logits are a function of the tokens it reads back through the block tables). The last
+// prompt token is always computed (its row gives the first logits); every block is free at the end.
+TEST(Engine, PrefixCacheSkipsSharedPromptBlocksAndChangesNoToken) {
+  const std::vector<int32_t> shared = {30, 31, 32, 33, 34, 35, 36, 37, 38};  // 2 whole blocks of 4, and one more
+  auto request = [&](std::vector<int32_t> tail, int64_t max_tokens, size_t keep = 9) {
+    RequestParams p;
+    p.prompt_ids.assign(shared.begin(), shared.begin() + static_cast<long>(keep));
+    p.prompt_ids.insert(p.prompt_ids.end(), tail.begin(), tail.end());
+    p.max_tokens = max_tokens;
+    p.sampler.temperature = 0.7f;
+    p.sampler.seed = 5;
+    return p;
+  };
+  auto alone = [](const RequestParams& p) {
+    FakeBackend b(64, 4, 64, 5);
+    EngineOptions o = engine_options(1);
+    o.prefix_cache = false;
+    Engine e(b, nullptr, o);
+    auto r = e.submit(p);
+    run_until_idle(e);
+    RequestOutput out = collect(*r);
+    EXPECT_EQ(out.n_cached, 0);
+    return out.token_ids;
+  };
+  // One after another: A, then prompts sharing 2 blocks with it, an 8-token prompt (1 block: its last
+  // token is computed), and A's prompt + A's reply + one token (4 blocks, 2 of them generated rows).
+  {
+    FakeBackend b(64, 4, 64, 5);
+    Engine e(b, nullptr, engine_options(4));
+    const RequestParams a = request({20, 21}, 8);
+    auto ra = e.submit(a);
+    run_until_idle(e);
+    const RequestOutput out_a = collect(*ra);
+    EXPECT_EQ(out_a.token_ids, alone(a));
+    EXPECT_EQ(out_a.n_cached, 0);
+    RequestParams next_turn = a;
+    next_turn.prompt_ids.insert(next_turn.prompt_ids.end(), out_a.token_ids.begin(), out_a.token_ids.end());
+    next_turn.prompt_ids.push_back(40);  // 11 + 8 + 1 = 20 tokens; A computed rows 0..17
+    const std::vector<std::pair<RequestParams, int64_t>> cases = {
+        {request({22}, 6), 8}, {a, 8}, {request({}, 5, 8), 4}, {request({23, 24, 25, 26, 27}, 3), 8}, {next_turn, 16}};
+    uint64_t cached = 0;
+    for (const auto& [p, want_cached] : cases) {
+      const int64_t rows_before = static_cast<int64_t>(e.stats().batch_rows);
+      auto r = e.submit(p);
+      run_until_idle(e);
+      const RequestOutput out = collect(*r);
+      EXPECT_EQ(out.token_ids, alone(p)) << p.prompt_ids.size();
+      EXPECT_EQ(out.n_cached, want_cached) << p.prompt_ids.size();
+      // Rows computed: the prompt past the cached part, and every generated token but the last.
+      EXPECT_EQ(static_cast<int64_t>(e.stats().batch_rows) - rows_before,
+                static_cast<int64_t>(p.prompt_ids.size()) - want_cached + out.n_generated - 1);
+      cached += static_cast<uint64_t>(want_cached);
+    }
+    const EngineStats st = e.stats();
+    EXPECT_EQ(st.prompt_tokens_cached, cached);
+    EXPECT_EQ(st.kv_blocks_used, 0);
+    EXPECT_EQ(st.kv_blocks_free, 64);
+    EXPECT_GT(st.kv_blocks_cached, 4);
+    EXPECT_NE(prometheus_text(st).find(fmt::format("megakernel_prompt_tokens_cached_total {}\n", cached)), std::string::npos);
+  }
+  // While A still runs: B and C take A's first two blocks (held by both), compute their own rows in
+  // blocks of their own, and a 12-block pool makes admission evict cached blocks for D.
+  {
+    FakeBackend b(64, 4, 12, 5);
+    Engine e(b, nullptr, engine_options(4));
+    const RequestParams a = request({20, 21}, 12), bb = request({22}, 9), c = request({20, 21}, 6);
+    auto ra = e.submit(a);
+    for (int i = 0; i < 4; ++i) e.step();  // A's 11 prompt rows at 5 a step, then a decode step
+    auto rb = e.submit(bb), rc = e.submit(c);
+    RequestParams d;
+    d.prompt_ids = {50, 51, 52, 53, 54, 55, 56, 57, 58};
+    d.max_tokens = 14;  // 6 blocks: waits for A's and B's blocks
+    auto rd = e.submit(d);
+    run_until_idle(e);
+    EXPECT_EQ(collect(*ra).token_ids, alone(a));
+    for (const auto& [r, p] : {std::pair{rb, bb}, std::pair{rc, c}}) {
+      const RequestOutput out = collect(*r);
+      EXPECT_EQ(out.token_ids, alone(p));
+      EXPECT_EQ(out.n_cached, 8);
+    }
+    const RequestOutput out_d = collect(*rd);
+    EXPECT_EQ(out_d.token_ids, alone(d));
+    EXPECT_EQ(out_d.n_cached, 0);
+    EXPECT_EQ(e.stats().kv_blocks_used, 0);
+    EXPECT_EQ(e.stats().kv_blocks_free, 12);
+  }
 }
 
 // Rows drawn from whole logits rows of a large vocabulary (top_k 0) are chosen on several threads
@@ -345,6 +492,7 @@ TEST(Engine, FcfsAdmissionQueueBoundAndRequestChecks) {
   FakeBackend b(64, 4, 8, 16);  // 32 KV rows
   EngineOptions o = engine_options(4, 64);
   o.max_queue = 1;
+  o.prefix_cache = false;  // bq would take a's first two blocks
   Engine e(b, nullptr, o);
   RequestParams big = make_request(0);
   big.prompt_ids.assign(10, 11);
@@ -739,6 +887,81 @@ SessionOptions stories_gguf_session(const std::string& backend) {
   so.backend_options.threads = backend == "reference" ? 0 : 2;
   so.n_ctx = 256;
   return so;
+}
+
+// Prefix caching on the real cpu backend: a row's numbers do not depend on the step that computes
+// it, so requests whose prompts begin with blocks an earlier request computed (a shared system
+// prompt; the previous turn and its reply) give the same tokens and the same logprobs, to the bit,
+// as without the cache: float32 weights (stories260K.gguf, f32 KV) and q4_1 weights with q8_0
+// activations and an f16 KV cache (synth:stories260k:q4_1), 16-row blocks.
+TEST(E2EServeEngine, PrefixCacheGivesTheSameBitsAsComputingThePrompt) {
+  for (const std::string model : {std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf",
+                                  std::string("synth:stories260k:q4_1")}) {
+    SessionOptions so = stories_gguf_session("cpu");
+    so.model_path = model;
+    so.need_tokenizer = false;
+    so.kv_pool_seqs = 4;
+    if (model[0] == '/' && !std::filesystem::exists(model)) GTEST_SKIP() << model << " not found";
+    Session cached(so), plain(so);
+    ASSERT_EQ(cached.backend->kv_block_size(), 16);
+    EngineOptions eo = engine_options(4, 256, cached.hparams.n_vocab);
+    eo.prefill_chunk = 7;
+    Engine e(*cached.backend, nullptr, eo);
+    eo.prefix_cache = false;
+    Engine ref(*plain.backend, nullptr, eo);
+    auto request = [](std::vector<int32_t> ids, float temperature) {
+      RequestParams p;
+      p.prompt_ids = std::move(ids);
+      p.max_tokens = 12;
+      p.sampler.temperature = temperature;
+      p.sampler.seed = 9;
+      p.logprobs = 3;
+      return p;
+    };
+    std::vector<int32_t> system;
+    for (int i = 0; i < 37; ++i) system.push_back(1 + (i * 37 + 11) % 500);
+    auto run = [&](Engine& eng, const std::vector<RequestParams>& ps) {
+      std::vector<std::shared_ptr<Request>> rs;
+      for (const auto& p : ps) rs.push_back(eng.submit(p));
+      run_until_idle(eng);
+      std::vector<RequestOutput> outs;
+      for (auto& r : rs) outs.push_back(collect(*r));
+      return outs;
+    };
+    auto with = [&](std::vector<int32_t> tail) {
+      std::vector<int32_t> v = system;
+      v.insert(v.end(), tail.begin(), tail.end());
+      return v;
+    };
+    const RequestParams first = request(with({7, 8, 9}), 0.0f);
+    const RequestOutput a = run(e, {first})[0];
+    EXPECT_EQ(a.n_cached, 0);
+    RequestParams turn2 = first;
+    turn2.prompt_ids.insert(turn2.prompt_ids.end(), a.token_ids.begin(), a.token_ids.end());
+    turn2.prompt_ids.insert(turn2.prompt_ids.end(), {12, 13});  // 40 + 12 + 2: rows 0..50 computed by `first`
+    const std::vector<RequestParams> later = {request(with({20}), 0.8f), request(with({21, 22, 23, 24, 25}), 0.0f), turn2};
+    const std::vector<RequestOutput> got = run(e, later), want = run(ref, later);
+    const std::vector<int64_t> want_cached = {32, 32, 48};
+    for (size_t i = 0; i < later.size(); ++i) {
+      const std::string at = fmt::format("{} request {}", model, i);
+      EXPECT_EQ(got[i].n_cached, want_cached[i]) << at;
+      EXPECT_EQ(want[i].n_cached, 0) << at;
+      EXPECT_EQ(got[i].token_ids, want[i].token_ids) << at;
+      ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << at;
+      for (size_t k = 0; k < got[i].logprobs.size(); ++k) {
+        EXPECT_EQ(got[i].logprobs[k].token.logprob, want[i].logprobs[k].token.logprob) << at << " token " << k;
+        ASSERT_EQ(got[i].logprobs[k].top.size(), 3u);
+        for (size_t t = 0; t < 3; ++t) {
+          EXPECT_EQ(got[i].logprobs[k].top[t].id, want[i].logprobs[k].top[t].id) << at;
+          EXPECT_EQ(got[i].logprobs[k].top[t].logprob, want[i].logprobs[k].top[t].logprob) << at;
+        }
+      }
+    }
+    EXPECT_EQ(e.stats().prompt_tokens_cached, 32u + 32u + 48u);
+    EXPECT_EQ(e.stats().kv_blocks_used, 0);
+    // The cached rows were not computed again: `e` ran `first` too.
+    EXPECT_EQ(e.stats().batch_rows, ref.stats().batch_rows - 112 + static_cast<uint64_t>(a.n_prompt + a.n_generated - 1));
+  }
 }
 
 TEST(E2EPenalties, GreedyMatchesLlamaCpp) {
