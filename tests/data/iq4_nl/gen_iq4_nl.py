@@ -11,7 +11,7 @@ of 32, not of 256) as f32, has llama.cpp quantize it to Q3_K_M, and stores:
                      chose); the f32 source is not kept
   expected.json      {"prompt_ids", "types": {tensor: type}, "logits": [n_tokens][n_vocab]}: llama.cpp's
                      logits at every position (f32 KV cache, no flash attention), the oracle of
-                     tests/e2e/test_iq4_nl.cpp.
+                     tests/e2e/test_iq4.cpp.
 """
 import os
 import sys

@@ -10,7 +10,7 @@ matrix), and stored:
                      llama.cpp chose); the f32 source is not kept
   expected.json      {"prompt_ids", "types": {tensor: type}, "logits": [n_tokens][n_vocab]}: llama.cpp's
                      logits at every position (f32 KV cache, no flash attention), the oracle of
-                     tests/e2e/test_iq4_xs.cpp.
+                     tests/e2e/test_iq4.cpp.
 """
 import os
 import sys
