@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <iterator>
 #include <atomic>
 #include <cctype>
@@ -275,7 +276,7 @@ class Server {
       return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0) ||
              (v.is_string() && v.get<std::string>().empty()) || ((v.is_object() || v.is_array()) && v.empty());
     };
-    for (const char* name : {"echo", "suffix", "logit_bias", "tools", "functions", "prediction", "audio",
+    for (const char* name : {"echo", "suffix", "tools", "functions", "prediction", "audio",
                              // llama.cpp server's samplers (0 = off)
                              "mirostat", "dry_multiplier", "xtc_probability", "n_probs", "grammar", "json_schema"})
       if (const json* v = field(body, name); v && !neutral(*v)) bad(name, fmt::format("'{}' is not supported", name));
@@ -325,6 +326,35 @@ class Server {
     p.sampler.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", 0.0, -2, 2));
     p.sampler.repeat_penalty = static_cast<float>(get_number(body, "repeat_penalty", 1.0, 0, 1e6, /*above_lo=*/true));
     p.sampler.penalty_last_n = static_cast<int>(get_int(body, "repeat_last_n", 64, -1, INT32_MAX));
+    // OpenAI's logit_bias {"<token id>": bias}, or llama.cpp's [[id, bias], ...]: bias in [-100, 100].
+    if (const json* lb = field(body, "logit_bias")) {
+      const int64_t n_vocab = s_.hparams.n_vocab;
+      auto add = [&](const std::string& key, int64_t id, const json& bias) {
+        if (id < 0 || id >= n_vocab)
+          bad("logit_bias", fmt::format("'logit_bias': token {} is outside the vocabulary [0, {})", key, n_vocab));
+        if (!bias.is_number() || !(bias.get<double>() >= -100 && bias.get<double>() <= 100))
+          bad("logit_bias", fmt::format("'logit_bias': the bias of token {} must be a number between -100 and 100, got {}", key,
+                                        clip_json(bias)));
+        p.sampler.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias.get<double>()));
+      };
+      if (lb->is_object()) {
+        for (const auto& [key, bias] : lb->items()) {
+          int64_t id = -1;
+          const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+          if (ec != std::errc() || end != key.data() + key.size() || key.empty() || key[0] == '+')
+            bad("logit_bias", fmt::format("'logit_bias' keys must be token ids, got {}", clip_json(json(key))));
+          add(key, id, bias);
+        }
+      } else if (lb->is_array()) {
+        for (const json& pair : *lb) {
+          if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer())
+            bad("logit_bias", fmt::format("'logit_bias' as an array holds [token id, bias] pairs, got {}", clip_json(pair)));
+          add(pair[0].dump(), pair[0].get<int64_t>(), pair[1]);
+        }
+      } else {
+        bad("logit_bias", "'logit_bias' must be an object from token ids to biases");
+      }
+    }
     // No seed, or -1 (llama.cpp's "random"): a random one. Seeds above INT64_MAX (up to 2^64 - 1, as
     // `run --seed` takes) are used as they are.
     const json* sv = field(body, "seed");

@@ -144,7 +144,7 @@ void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptio
       ->capture_default_str()->transform(number_range(0, 1, false, /*as_float=*/true));
   cmd->add_option("--repeat-penalty", sampler.repeat_penalty,
                   "llama.cpp's repeat penalty on the tokens of the last --repeat-last-n (1 = off)")
-      ->capture_default_str()->transform(number_range(0, HUGE_VAL, /*above_lo=*/true, /*as_float=*/true));
+      ->capture_default_str()->transform(number_range(0, 1e6, /*above_lo=*/true, /*as_float=*/true));
   cmd->add_option("--presence-penalty", sampler.presence_penalty, "OpenAI's presence penalty, -2 to 2 (0 = off)")
       ->capture_default_str()->transform(number_range(-2, 2, false, /*as_float=*/true));
   cmd->add_option("--frequency-penalty", sampler.frequency_penalty, "OpenAI's frequency penalty, -2 to 2 (0 = off)")
@@ -152,6 +152,32 @@ void add_generation_options(CLI::App* cmd, SessionOptions& session, SamplerOptio
   cmd->add_option("--repeat-last-n", sampler.penalty_last_n,
                   "the penalties' window: the last N tokens, prompt included (-1 = all, 0 = penalties off)")
       ->capture_default_str()->transform(integer_range(-1, INT32_MAX));
+  // llama.cpp's syntax: TOKEN_ID followed by a signed bias (15043+1, 15043-1.5).
+  cmd->add_option_function<std::vector<std::string>>(
+         "-l,--logit-bias",
+         [&sampler](const std::vector<std::string>& items) {
+           for (const std::string& item : items) {
+             const size_t at = item.find_first_of("+-", 1);
+             int64_t id = -1;
+             double bias = 0;
+             const char* b = item.data();
+             const char* e = item.data() + item.size();
+             auto [id_end, id_ec] = std::from_chars(b, at == std::string::npos ? e : b + at, id);
+             const char* bias_start = at == std::string::npos ? e : b + at + (item[at] == '+' ? 1 : 0);
+             auto [bias_end, bias_ec] = std::from_chars(bias_start, e, bias);
+             if (at == std::string::npos || id_ec != std::errc() || id_end != b + at || bias_ec != std::errc() ||
+                 bias_end != e || (item[at] == '+' && bias_start < e && (*bias_start == '-' || *bias_start == '+')))
+               throw CLI::ValidationError("--logit-bias", fmt::format("'{}' is not TOKEN_ID followed by a signed bias (15043+1, 15043-1.5)", item));
+             if (id < 0 || id > INT32_MAX) throw CLI::ValidationError("--logit-bias", fmt::format("token id {} is out of range", id));
+             if (!(bias >= -100 && bias <= 100))
+               throw CLI::ValidationError("--logit-bias", fmt::format("the bias of token {} must be between -100 and 100, got {}", id, bias));
+             sampler.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+           }
+         },
+         "add a bias to a token's logit before sampling, as llama.cpp's -l: TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-100 "
+         "(bias -100 to 100; repeat for more tokens)")
+      ->type_name("ID(+/-)BIAS")
+      ->allow_extra_args(false);
   cmd->add_option("-c,--ctx-size", session.n_ctx, "context length (0 = the model's, at most 4096)")
       ->transform(integer_at_least(0));
   cmd->add_option("--backend", session.backend, "backend: reference, cpu, ... (default: the fastest available)")

@@ -175,6 +175,11 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
          n_prompt, p.max_tokens);
   if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs)
     invalid("logprobs", "logprobs must be between 0 and {} alternatives, got {}", kMaxTopLogprobs, p.logprobs);
+  try {
+    check_logit_bias(p.sampler, n_vocab_);
+  } catch (const Error& e) {
+    throw RequestInvalid(e.what(), "logit_bias");
+  }
   auto seq = std::make_unique<Seq>(std::move(p));  // Sampler checks temperature/top_k/top_p
   seq->n_prompt = n_prompt;
   seq->max_tokens = seq->params.max_tokens < 0 ? o_.n_ctx - n_prompt : seq->params.max_tokens;

@@ -1,6 +1,7 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -48,6 +49,15 @@ Sampler::Sampler(SamplerOptions o) : o_(o), rng_(o.seed) {
   if (!(o_.frequency_penalty >= -2 && o_.frequency_penalty <= 2))
     fail("frequency penalty must be in [-2, 2], got {}", o_.frequency_penalty);
   if (o_.penalty_last_n < -1) fail("the penalty window must be -1 (all), 0 (off) or more tokens, got {}", o_.penalty_last_n);
+  for (const auto& [id, bias] : o_.logit_bias) {
+    if (id < 0) fail("logit bias: token id {} is negative", id);
+    if (!(bias >= -100 && bias <= 100)) fail("logit bias of token {} must be in [-100, 100], got {}", id, bias);
+  }
+}
+
+void check_logit_bias(const SamplerOptions& o, int64_t n_vocab) {
+  for (const auto& [id, bias] : o.logit_bias)
+    if (id < 0 || id >= n_vocab) fail("logit bias: token {} is outside the vocabulary [0, {})", id, n_vocab);
 }
 
 bool Sampler::penalizes() const {
@@ -67,16 +77,20 @@ void Sampler::accept(int32_t token) {
 
 int32_t Sampler::sample(std::span<const float> logits) {
   check_finite_logits(logits, "the row being sampled");
-  if (!penalizes() || counts_.empty()) return sample_unpenalized(logits);
-  // The penalized row: only the window's tokens change (ids outside the row are ignored).
+  if (o_.logit_bias.empty() && (!penalizes() || counts_.empty())) return sample_unpenalized(logits);
+  // The changed row: only the biased tokens and the window's change (ids outside the row are ignored).
   std::vector<float> row(logits.begin(), logits.end());
+  for (const auto& [id, bias] : o_.logit_bias)
+    if (static_cast<size_t>(id) < row.size()) row[static_cast<size_t>(id)] += bias;
   for (const auto& [id, n] : counts_) {
     if (id < 0 || static_cast<size_t>(id) >= row.size()) continue;
     float& l = row[static_cast<size_t>(id)];
     l = l > 0 ? l / o_.repeat_penalty : l * o_.repeat_penalty;
     l -= static_cast<float>(n) * o_.frequency_penalty + o_.presence_penalty;
+    // An extreme penalty (1e-30 divides a logit past the float range) saturates: the token is the
+    // likeliest (or least likely) there is, not a broken row.
+    l = std::clamp(l, -FLT_MAX, FLT_MAX);
   }
-  check_finite_logits(row, "the row being sampled, after the repetition penalties");
   return sample_unpenalized(row);
 }
 
@@ -163,7 +177,7 @@ int32_t Sampler::sample_row(std::span<const float> logits) {
 }
 
 bool Sampler::covered_by(int64_t n_candidates, int64_t n_vocab) const {
-  if (n_candidates < 1 || penalizes()) return false;
+  if (n_candidates < 1 || changes_row()) return false;
   if (o_.temperature == 0) return true;
   const int64_t k = o_.top_k > 0 && o_.top_k < n_vocab ? o_.top_k : n_vocab;
   return k <= n_candidates;

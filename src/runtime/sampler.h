@@ -2,7 +2,8 @@
 // (nucleus, Holtzman et al. 2019) + min-p (Nguyen et al. 2024) with a seeded generator, so a seed
 // reproduces a run exactly. Repetition penalties first change the logits of the tokens seen in a
 // window of the last penalty_last_n tokens (the prompt's and the generated ones, given by accept()).
-// Order, as Hugging Face's logits processors: penalties, temperature, top-k, top-p, min-p, draw.
+// Order: logit biases and penalties (llama.cpp's sampler chain), then as Hugging Face's logits
+// processors: temperature, top-k, top-p, min-p, draw.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -11,6 +12,8 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace mk {
 
@@ -29,6 +32,10 @@ struct SamplerOptions {
   // (1 if it occurs); 0 = off, each in [-2, 2].
   float presence_penalty = 0.0f, frequency_penalty = 0.0f;
   int penalty_last_n = 64;  // the window: the last n tokens; -1 = every token accepted; 0 = no penalties
+  // OpenAI's logit_bias: (token id, bias) pairs, each bias in [-100, 100] added to the token's logit
+  // before the penalties (-100 all but bans it). Ids must be in the vocabulary (the caller checks;
+  // ids outside the row are ignored); a repeated id adds up.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 class Sampler {
@@ -37,18 +44,20 @@ class Sampler {
   explicit Sampler(SamplerOptions o);
   // Adds a token to the penalty window (each prompt token, then each generated one).
   void accept(int32_t token);
-  // Whether a penalty is on: then the choice needs the whole row (covered_by is false, and greedy
-  // decoding takes the argmax of the penalized row).
+  // Whether a penalty is on.
   bool penalizes() const;
-  // Whether the token is the argmax of the model's own row (temperature 0 and no penalty), which the
-  // backend's greedy op (forward_greedy, decode_greedy) picks where the logits are.
-  bool decides_by_argmax() const { return o_.temperature == 0 && !penalizes(); }
+  // Whether a penalty or a logit bias changes the row: then the choice needs the whole row
+  // (covered_by is false, and greedy decoding takes the argmax of the changed row).
+  bool changes_row() const { return penalizes() || !o_.logit_bias.empty(); }
+  // Whether the token is the argmax of the model's own row (temperature 0, no penalty, no bias),
+  // which the backend's greedy op (forward_greedy, decode_greedy) picks where the logits are.
+  bool decides_by_argmax() const { return o_.temperature == 0 && !changes_row(); }
   // Throws mk::Error when a logit is NaN or infinite (see check_finite_logits): such a row has no
   // meaningful distribution, and which token "wins" would depend on where the bad value sits.
   int32_t sample(std::span<const float> logits);
   // Whether sample_top can decide from a row's first n_candidates in by-logit order (the backend's
   // `topk` op, backend/step_batch.h TopKRow): greedy, or top_k in [1, n_candidates] (or a vocabulary
-  // of at most n_candidates tokens). top_k = 0 needs the whole row, and so do penalties.
+  // of at most n_candidates tokens). top_k = 0 needs the whole row, and so do penalties and biases.
   bool covered_by(int64_t n_candidates, int64_t n_vocab) const;
   // The token sample() gives for the full row, from its best candidates: ids/logits sorted by logit
   // descending, ties to the lower id (what sample() sorts by), finite (the caller refuses rows with
@@ -101,6 +110,10 @@ struct GeneratedLogprob {
 // token's bytes in context.
 GeneratedLogprob generated_logprob(std::span<const float> logits, int32_t id, int n_top,
                                    const std::function<std::string(int32_t)>& bytes_of = {});
+
+// Throws mk::Error "logit bias: token 70000 is outside the vocabulary [0, 49152)" for a biased id
+// past the vocabulary (Sampler checks the rest: ids >= 0, biases in [-100, 100]).
+void check_logit_bias(const SamplerOptions& o, int64_t n_vocab);
 
 // Index of the largest value; ties go to the lowest index. NaN values never win, wherever they sit;
 // -1 when every value is NaN. (Diagnostics only: generation refuses non-finite rows first.)

@@ -216,6 +216,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   // Log-probabilities are of the whole row.
   if (o.logprobs < -1 || o.logprobs > kMaxTopLogprobs)
     fail("logprobs must be between 0 and {} alternatives, got {}", kMaxTopLogprobs, o.logprobs);
+  check_logit_bias(o.sampler, s.hparams.n_vocab);
   const bool greedy = sampler.decides_by_argmax() && o.logprobs < 0;
   const bool top = !greedy && o.logprobs < 0 && sampler.covered_by(kTopK, s.hparams.n_vocab);
   GreedyRow g;

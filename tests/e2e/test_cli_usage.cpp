@@ -118,8 +118,13 @@ TEST(E2ECliUsage, NumericOptionsRefuseWhatTheyCannotHold) {
       {run + "--top-p 0", "error: --top-p: 0 is out of range: it must be more than 0 and at most 1"},
       // In range as a double, out of range as the float the sampler uses: the user's value is named.
       {run + "--top-p 1e-300", "error: --top-p: 1e-300 rounds to 0 as a 32-bit float, which is out of range: it must be more than 0 and at most 1"},
-      {run + "--repeat-penalty 0", "error: --repeat-penalty: 0 is out of range: it must be more than 0 (a finite number)"},
-      {run + "--repeat-penalty 1e39", "error: --repeat-penalty: 1e39 rounds to inf as a 32-bit float, which is out of range: it must be more than 0 (at most 3.40282e+38)"},
+      {run + "--repeat-penalty 0", "error: --repeat-penalty: 0 is out of range: it must be more than 0 and at most 1000000"},
+      {run + "--repeat-penalty 1e39", "error: --repeat-penalty: 1e39 is out of range: it must be more than 0 and at most 1000000"},
+      {run + "--repeat-penalty 2e6", "error: --repeat-penalty: 2e6 is out of range: it must be more than 0 and at most 1000000"},
+      {run + "-l 5", "error: --logit-bias: '5' is not TOKEN_ID followed by a signed bias (15043+1, 15043-1.5)"},
+      {run + "-l 5+101", "error: --logit-bias: the bias of token 5 must be between -100 and 100, got 101"},
+      {run + "-l 5+nan", "error: --logit-bias: the bias of token 5 must be between -100 and 100"},
+      {run + "--logit-bias 3000000000+1", "error: --logit-bias: token id 3000000000 is out of range"},
       {"chat -m synth:tiny --top-p 1e-46", "error: --top-p: 1e-46 rounds to 0 as a 32-bit float"},
       {run + "--temp 1e39", "error: --temp: 1e39 rounds to inf as a 32-bit float, which is out of range: it must be 0 or more"},
       {"run -m synth:tiny --ids 1 -n 3000000000", "error: --n-predict: 3000000000 is out of range: it must be at most 2147483647"},
@@ -715,7 +720,7 @@ TEST(E2ECliUsage, RunHelpShowsGenerationDefaults) {
   Result r = cli("run --help");
   EXPECT_EQ(r.status, 0);
   for (const char* want : {"--n-predict INT:INT>=0=256", "--temp FLOAT:NUMBER>=0=0.8", "--top-k INT:INT>=0=40",
-                           "(0 - 1]=0.95", "=42", "--repeat-penalty FLOAT:NUMBER>0=1"})
+                           "(0 - 1]=0.95", "=42", "--repeat-penalty FLOAT:NUMBER in (0 - 1000000]=1"})
     EXPECT_TRUE(has(r.out, want)) << want << "\n" << r.out;
   Result c = cli("chat --help");
   EXPECT_TRUE(has(c.out, "--n-predict INT:INT>=0=1024")) << c.out;

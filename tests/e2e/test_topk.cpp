@@ -472,6 +472,71 @@ TEST(Sampler, PenaltiesChangeTheWindowsLogits) {
   }
 }
 
+// OpenAI's logit_bias: added to the token's logits before the penalties; -100 all but bans a
+// token; a biased sampler needs the whole row (no argmax op, no top-k candidates); ids past the
+// vocabulary and biases outside [-100, 100] are refused.
+TEST(Sampler, LogitBiasMovesTokensBeforeThePenalties) {
+  const std::vector<float> row = {2.0f, 1.9f, -1.0f, -1.05f, 0.5f};
+  SamplerOptions so{0.0f, 0, 1.0f, 1};
+  so.logit_bias = {{0, -0.2f}};  // 1.8 < 1.9
+  Sampler bias(so);
+  EXPECT_FALSE(bias.decides_by_argmax());
+  EXPECT_FALSE(bias.covered_by(kTopK, kTopK));
+  EXPECT_FALSE(bias.penalizes());
+  EXPECT_EQ(bias.sample(row), 1);
+  so.logit_bias = {{3, 1.5f}, {3, 1.5f}};  // repeated ids add up: -1.05 + 3 = 1.95 < 2
+  EXPECT_EQ(Sampler(so).sample(row), 0);
+  so.logit_bias = {{3, 1.5f}, {3, 1.6f}};  // 2.05
+  EXPECT_EQ(Sampler(so).sample(row), 3);
+  so.logit_bias = {{0, -100}, {1, -100}, {4, -100}, {2, -100}};
+  so.temperature = 1.0f;
+  Sampler ban(so);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(ban.sample(row), 3);
+  // Bias first, then llama.cpp's repeat penalty (llama.cpp's sampler chain): token 4 seen, biased by
+  // 1.5: (0.5 + 1.5) / 1.1 = 1.82 < 1.9 (penalty first would give 0.5 / 1.1 + 1.5 = 1.95 > 1.9).
+  so = SamplerOptions{0.0f, 0, 1.0f, 1};
+  so.logit_bias = {{4, 1.5f}};
+  so.repeat_penalty = 1.1f;
+  Sampler both(so);
+  EXPECT_EQ(both.sample(row), 0);  // nothing seen yet: 0.5 + 1.5 = 2.0 ties token 0; ties go to the lower id
+  both.accept(0);
+  both.accept(4);
+  EXPECT_EQ(both.sample(row), 1);
+  for (auto bad : std::vector<std::function<void(SamplerOptions&)>>{[](SamplerOptions& o) { o.logit_bias = {{1, 100.5f}}; },
+                                                                      [](SamplerOptions& o) { o.logit_bias = {{-1, 1}}; },
+                                                                      [](SamplerOptions& o) { o.logit_bias = {{1, NAN}}; }}) {
+    SamplerOptions o;
+    bad(o);
+    EXPECT_THROW(Sampler{o}, Error);
+  }
+  so = SamplerOptions{};
+  so.logit_bias = {{4, 1}};
+  EXPECT_NO_THROW(check_logit_bias(so, 5));
+  EXPECT_THROW(check_logit_bias(so, 4), Error);
+}
+
+// A penalty so strong that it pushes a logit past the float range saturates it (the likeliest or
+// least likely token there is) instead of failing the row as non-finite.
+TEST(Sampler, ExtremePenaltiesSaturate) {
+  const std::vector<float> row = {2.0f, 1.9f, -1.0f, -1.05f, 0.5f};
+  for (float temperature : {0.0f, 0.8f}) {
+    SamplerOptions so{temperature, 0, 1.0f, 1};
+    so.repeat_penalty = 1e-38f;  // 0.5 / 1e-38 overflows: token 4 becomes the likeliest there is
+    Sampler tiny(so);
+    tiny.accept(4);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(tiny.sample(row), 4);
+    so.repeat_penalty = 1e6f;
+    Sampler huge(so);
+    huge.accept(2);
+    huge.accept(3);
+    const std::vector<float> low = {-1e38f, -3e38f, -1e38f, -2e38f, -1e38f};  // x 1e6 overflows to -inf
+    for (int i = 0; i < 20; ++i) {
+      const int32_t t = huge.sample(low);
+      EXPECT_TRUE(t == 0 || t == 4) << t;
+    }
+  }
+}
+
 // row_logprobs is the log-softmax of the row: exp of every logprob sums to 1, each equals
 // l - log(sum exp l) computed here in long double, and `top` holds the n best by (logit desc, id asc),
 // ties included, for n = 0, 1, 7 and more than the row; generated_logprob adds the chosen token

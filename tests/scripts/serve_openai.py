@@ -208,7 +208,20 @@ def stories_checks():
     st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2, "best_of": 1.0, "n": 1.0})
     check(st == 200, f"best_of 1.0 and n 1.0 (whole numbers written as floats) are served ({st}: {text[:120]})")
     expect_error(srv, {"prompt": prompt, "echo": True}, 400, "echo", what="echo (not supported, not ignored)")
-    expect_error(srv, {"prompt": prompt, "logit_bias": {"5": 10}}, 400, "logit_bias", what="logit_bias (not supported)")
+    # logit_bias: OpenAI's {"id": bias} and llama.cpp's [[id, bias]] change the reply as `run -l ID-100` does.
+    first = ref["generated_ids"][0]
+    ref_lb = run_cli(STORIES, prompt, 12, "--temp", "0", "-l", f"{first}-100", "-l", "5+3")
+    outs = [c.completions.create(model="x", prompt=prompt, max_tokens=12, temperature=0, logit_bias=lb).choices[0].text
+            for lb in ({str(first): -100, "5": 3},)] + [
+        json.loads(srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                                       "logit_bias": [[first, -100], [5, 3]]})[2])["choices"][0]["text"]]
+    check(ref_lb["generated_ids"][0] != first and all(o == ref_lb["text"] for o in outs),
+          f"logit_bias (object and array forms) equals `run -l {first}-100 -l 5+3`: {outs} vs {ref_lb['text']!r}")
+    # A penalty that pushes a logit past the float range saturates it (new-user trial 42: HTTP 500, "logits are not finite").
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "repeat_penalty": 1e-38})
+    check(st == 200 and json.loads(text)["usage"]["completion_tokens"] == 8, f"repeat_penalty 1e-38: served ({st}: {text[:160]})")
+    for lb in ({"512": 1}, {"5": "x"}, {"5": 101}, {"abc": 1}, {"-1": 1}, 5, [[5]], [["5", 1]]):
+        expect_error(srv, {"prompt": prompt, "logit_bias": lb}, 400, "logit_bias", what=f"logit_bias {lb}")
     # The penalties and min-p (OpenAI's fields and llama.cpp server's) change the reply as `run`'s flags do.
     ref_pen = run_cli(STORIES, prompt, 40, "--temp", "0", "--presence-penalty", "0.5", "--frequency-penalty", "0.3",
                       "--repeat-penalty", "1.2", "--repeat-last-n", "32", "--min-p", "0.1")
