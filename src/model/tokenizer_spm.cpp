@@ -375,6 +375,20 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::shared_ptr<MappedFile> fi
   vocab.bos_id = 1 < n_vocab ? 1 : -1;
   vocab.eos_id = 2 < n_vocab ? 2 : -1;
   vocab.unk_id = 0;
+  // llama2.c's tokenizer.py writes BOS and EOS as "\n<s>\n" and "\n</s>\n" (for its own printing).
+  // Their SentencePiece names, and token types as the GGUF of the same model has (unknown, control,
+  // byte, normal), so that `<s>` / `</s>` in a prompt or a chat template's bos_token are the tokens,
+  // as with the .gguf and llama.cpp (run.c matches no special text at all).
+  const std::pair<int32_t, std::string_view> names[] = {{0, "<unk>"}, {1, "\n<s>\n"}, {2, "\n</s>\n"}};
+  for (const auto& [id, written] : names)
+    if (id < n_vocab && vocab.pieces[static_cast<size_t>(id)] == written)
+      vocab.pieces[static_cast<size_t>(id)] = id == 0 ? "<unk>" : id == 1 ? "<s>" : "</s>";
+  vocab.types.reserve(static_cast<size_t>(n_vocab));
+  for (int32_t i = 0; i < n_vocab; ++i)
+    vocab.types.push_back(i == 0 ? kTypeUnknown
+                          : i <= 2 ? kTypeControl
+                          : parse_byte_piece(vocab.pieces[static_cast<size_t>(i)]) >= 0 ? kTypeByte
+                                                                                          : kTypeNormal);
   try {
     return make_spm_tokenizer(std::move(vocab));
   } catch (const Error& e) {

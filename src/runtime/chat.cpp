@@ -100,11 +100,33 @@ nlohmann::ordered_json check_chat_messages(const nlohmann::ordered_json& message
         text += part["text"].get_ref<const std::string&>();
       }
       c = std::move(text);
-    } else if (c.is_null()) {
-      c = "";  // as llama.cpp's server and the OpenAI API take it (Jinja would print "None")
-    } else if (!c.is_string()) {
+    } else if (!c.is_null() && !c.is_string()) {
       throw bad(path + ".content", "must be a string, null or an array of parts");
     }
+    // tool_calls (OpenAI's: [{"id", "type": "function", "function": {"name", "arguments"}}]) go to
+    // the template as they are, once their shape is known to be that.
+    bool has_calls = false;
+    if (auto it = m.find("tool_calls"); it != m.end() && !it->is_null()) {
+      if (!it->is_array()) throw bad(path + ".tool_calls", "must be an array of tool calls");
+      for (size_t j = 0; j < it->size(); ++j) {
+        const auto& call = (*it)[j];
+        const std::string call_path = fmt::format("{}.tool_calls[{}]", path, j);
+        if (!call.is_object()) throw bad(call_path, "a tool call must be an object {\"type\": \"function\", \"function\": {...}}");
+        auto fn = call.find("function");
+        if (fn == call.end() || !fn->is_object()) throw bad(call_path + ".function", "missing, or not an object");
+        auto name = fn->find("name");
+        if (name == fn->end() || !name->is_string()) throw bad(call_path + ".function.name", "missing, or not a string");
+        auto args = fn->find("arguments");
+        if (args != fn->end() && !args->is_string() && !args->is_object())
+          throw bad(call_path + ".function.arguments", "must be a string (JSON) or an object");
+      }
+      has_calls = !it->empty();
+    }
+    // No text: null for an assistant turn of tool calls (templates such as DeepSeek-R1's write the
+    // calls only when `content is none`, as llama.cpp's server passes it), else "" (as llama.cpp's
+    // server and the OpenAI API take it; Jinja would print "None").
+    if (c.is_null() || (has_calls && c.is_string() && c.get_ref<const std::string&>().empty()))
+      c = has_calls ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json("");
   }
   return out;
 }

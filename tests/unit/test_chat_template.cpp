@@ -336,6 +336,35 @@ TEST(ChatTemplate, MessagePartsAndRoles) {
   EXPECT_EQ(param_of(R"([{"role": "user"}])"), "messages[0].content");
   // an assistant turn may leave content out (OpenAI: a turn of tool calls), as null: ""
   EXPECT_EQ(check_chat_messages(J::parse(R"([{"role": "user", "content": "w?"}, {"role": "assistant", "tool_calls": []}])"), "")[1]["content"], "");
+  // An assistant turn of tool calls without text keeps content null (DeepSeek-R1's template writes the
+  // calls only when `content is none`; trial 42: they were lost), missing or "" alike; the calls'
+  // shape is checked.
+  const J calls = check_chat_messages(J::parse(R"([{"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21}"},
+      {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]},
+      {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "g"}}]},
+      {"role": "assistant", "content": "Calling.", "tool_calls": [{"function": {"name": "h"}}]}])"),
+                                      "");
+  EXPECT_TRUE(calls[1]["content"].is_null());
+  EXPECT_TRUE(calls[3]["content"].is_null());
+  EXPECT_TRUE(calls[4]["content"].is_null());
+  EXPECT_EQ(calls[5]["content"], "Calling.");
+  ChatRenderOptions co;
+  EXPECT_EQ(render_chat_template("{% for m in messages %}{% if m['role'] == 'assistant' and m['content'] is none %}"
+                                 "{% for t in m['tool_calls'] %}<call {{ t['function']['name'] }}>{% endfor %}"
+                                 "{% else %}[{{ m['content'] }}]{% endif %}{% endfor %}",
+                                 calls, co),
+            "[Weather in Paris?]<call get_weather>[{\"temp\": 21}]<call f><call g>[Calling.]");
+  EXPECT_EQ(param_of(R"([{"role": "assistant", "content": null, "tool_calls": "abc"}])", &msg), "messages[0].tool_calls");
+  EXPECT_EQ(msg, "messages[0].tool_calls: must be an array of tool calls");
+  EXPECT_EQ(param_of(R"([{"role": "assistant", "tool_calls": [3]}])"), "messages[0].tool_calls[0]");
+  EXPECT_EQ(param_of(R"([{"role": "assistant", "tool_calls": [{"type": "function"}]}])"), "messages[0].tool_calls[0].function");
+  EXPECT_EQ(param_of(R"([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}])"),
+            "messages[0].tool_calls[0].function.name");
+  EXPECT_EQ(param_of(R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}])"),
+            "messages[0].tool_calls[0].function.arguments");
   EXPECT_EQ(param_of(R"([3])"), "messages[0]");
   EXPECT_EQ(param_of(R"({"role": "user"})"), "messages");
   EXPECT_EQ(param_of(R"([])"), "messages");

@@ -165,9 +165,13 @@ TEST_F(TokenizerTok512, MatchesSentencePiece) {
                                   337, 266, 443}));
   EXPECT_EQ(tok_->encode("a\tb", true), (std::vector<int32_t>{1, 261, 12, 430}));
   EXPECT_EQ(tok_->encode("日本語", true), (std::vector<int32_t>{1, 410, 233, 154, 168, 233, 159, 175, 235, 173, 161}));
-  // Literal "<0x41>" and "<s>" are text, never byte or control pieces.
+  // Literal "<0x41>" is text, never a byte piece; "<s>" is text without parse_special (SentencePiece's
+  // encode), BOS with it (llama.cpp's and the .gguf form's: trial 42).
   EXPECT_EQ(tok_->encode("<0x41>", true), (std::vector<int32_t>{1, 410, 504, 477, 444, 484, 475, 505}));
-  EXPECT_EQ(tok_->encode("<s>", true), (std::vector<int32_t>{1, 410, 504, 419, 505}));
+  EXPECT_EQ(tok_->encode("<s>", true, false), (std::vector<int32_t>{1, 410, 504, 419, 505}));
+  EXPECT_EQ(tok_->encode("<s>", true), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(tok_->token_text(1), "<s>");  // tokenizer.bin writes "\n<s>\n": a chat template's bos_token
+  EXPECT_EQ(tok_->token_text(2), "</s>");
 }
 
 TEST_F(TokenizerTok512, ByteFallbackUsesBytePieces) {
@@ -377,10 +381,11 @@ TEST(TokenizerGguf, SpecialPiecesInTextAreTheirIds) {
             cat({plain->encode("x", false), {502, 502}, plain->encode("y", false)}));
   // Text without special pieces encodes as before.
   EXPECT_EQ(tok->encode("Once upon a time", true, true), plain->encode("Once upon a time", true, true));
-  // A llama2.c tokenizer.bin has no token types: its "<s>" is text, as in run.c.
+  // A llama2.c tokenizer.bin has no token types; it gets the GGUF form's (unknown 0, control 1 and
+  // 2 named <s> and </s>, bytes), so its "<s>" and "</s>" parse as the GGUF's do (run.c parses none).
   const auto bin = load_llama2c_tokenizer(kTok512, 512);
-  EXPECT_EQ(bin->encode("<s>hi", false, true).size(), plain->encode("<s>hi", false, false).size());
-  EXPECT_NE(bin->encode("<s>hi", false, true)[0], 1);
+  EXPECT_EQ(bin->encode("<s>hi</s>", false, true), cat({{1}, plain->encode("hi", false, false), {2}}));
+  EXPECT_EQ(bin->encode("<s>hi", false, false), plain->encode("<s>hi", false, false));
 }
 
 // llama.cpp's load-time rules (llama-vocab.cpp), compared with llama-cpp-python 0.3.16 on copies of
