@@ -33,6 +33,7 @@
 #include "cli/commands.h"
 #include "cli/http_connections.h"
 #include "runtime/chat.h"
+#include "model/tokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "support/env.h"
@@ -191,6 +192,9 @@ struct ParsedRequest {
   RequestParams params;
   bool stream = false, include_usage = false, return_token_ids = false;
   bool tokens_as_ids = false;  // logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
+  bool echo = false;           // completions: the reply's text (and logprobs) begin with the prompt's
+  std::string echo_text;           // with echo: the prompt's text
+  std::vector<int32_t> prompt_ids;  // with echo
 };
 
 // Why text cannot be tokenized: the model has no tokenizer, or the one it carries is damaged (named
@@ -276,10 +280,12 @@ class Server {
       return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0) ||
              (v.is_string() && v.get<std::string>().empty()) || ((v.is_object() || v.is_array()) && v.empty());
     };
-    for (const char* name : {"echo", "suffix", "tools", "functions", "prediction", "audio",
+    if (!chat) r.echo = get_bool(body, "echo", false);
+    for (const char* name : {chat ? "echo" : "", "suffix", "tools", "functions", "prediction", "audio",
                              // llama.cpp server's samplers (0 = off)
                              "mirostat", "dry_multiplier", "xtc_probability", "n_probs", "grammar", "json_schema"})
-      if (const json* v = field(body, name); v && !neutral(*v)) bad(name, fmt::format("'{}' is not supported", name));
+      if (const json* v = *name ? field(body, name) : nullptr; v && !neutral(*v))
+        bad(name, fmt::format("'{}' is not supported", name));
     for (const char* name : {"typical_p", "tfs_z"})  // llama.cpp's, 1 = off
       if (const json* v = field(body, name); v && !(v->is_number() && v->get<double>() == 1.0))
         bad(name, fmt::format("'{}' is not supported (only 1, off)", name));
@@ -367,9 +373,10 @@ class Server {
     }
     p.ignore_eos = get_bool(body, "ignore_eos", false);
     const char* max_name = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    p.max_tokens = get_int(body, max_name, -1, 1, INT64_MAX);
+    // 0 with echo: the prompt alone, e.g. for its log-probabilities (OpenAI's legacy completions).
+    p.max_tokens = get_int(body, max_name, -1, r.echo ? 0 : 1, INT64_MAX);
     if (field(body, "max_completion_tokens") && field(body, "max_tokens") &&
-        get_int(body, "max_tokens", -1, 1, INT64_MAX) != p.max_tokens)
+        get_int(body, "max_tokens", -1, r.echo ? 0 : 1, INT64_MAX) != p.max_tokens)
       bad("max_tokens", "'max_tokens' and 'max_completion_tokens' differ; give one of them");
     if (const json* st = field(body, "stop")) {
       if (st->is_string()) {
@@ -429,7 +436,8 @@ class Server {
     } else {
       const json* pr = field(body, "prompt");
       if (!pr) bad("prompt", "'prompt' is required");
-      if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) pr = &(*pr)[0];
+      // One prompt in a list (a string, or token ids: lm-evaluation-harness sends [[ids]]).
+      if (pr->is_array() && pr->size() == 1 && ((*pr)[0].is_string() || (*pr)[0].is_array())) pr = &(*pr)[0];
       if (pr->is_string()) {
         if (!tok) bad("prompt", no_tokenizer(s_, o_.session.model_path, o_.model_id) + ": send the prompt as an array of token ids");
         p.prompt_ids = tok->encode(pr->get<std::string>(), /*add_bos=*/true, /*parse_special=*/true);
@@ -461,6 +469,18 @@ class Server {
                       e_.n_ctx(), n_prompt, p.max_tokens, max_name, max_name),
           "invalid_request_error", max_name, "context_length_exceeded"};
     if (o_.timeout_s > 0) p.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000));
+    p.prompt_logprobs = r.echo && p.logprobs >= 0;
+    if (r.echo) {  // the prompt as the reply shows it: its tokens' bytes in context, whole characters
+      Utf8Stream utf8;
+      int32_t prev = -1;
+      if (tok)
+        for (int32_t id : p.prompt_ids) {
+          r.echo_text += utf8.push(tok->token_bytes(prev, id));
+          prev = id;
+        }
+      r.echo_text += utf8.flush();
+      r.prompt_ids = p.prompt_ids;
+    }
     return r;
   }
 
@@ -552,6 +572,27 @@ class Server {
             {"text_offset", std::move(text_offset)}};
   }
 
+  // Completions logprobs of an echoed prompt: its first token (no context: null logprob and
+  // alternatives, as OpenAI's), then one entry per later prompt token, then `generated`'s.
+  json echo_logprobs_json(const ParsedRequest& pr, const std::vector<GeneratedLogprob>& prompt_lps,
+                          const std::vector<GeneratedLogprob>& generated, int64_t& offset) const {
+    const Tokenizer* tok = s_.tokenizer.get();
+    const int32_t first = pr.prompt_ids.empty() ? -1 : pr.prompt_ids[0];
+    const std::string first_bytes = tok && first >= 0 ? tok->token_bytes(-1, first) : std::string();
+    json head = {{"tokens", json::array({pr.tokens_as_ids ? fmt::format("token_id:{}", first)
+                                                          : json::parse(json_text(json(first_bytes))).get<std::string>()})},
+                 {"token_logprobs", json::array({nullptr})},
+                 {"top_logprobs", json::array({nullptr})},
+                 {"text_offset", json::array({offset})}};
+    for (unsigned char c : first_bytes) offset += (c & 0xC0) != 0x80;
+    for (const auto* part : {&prompt_lps, &generated}) {
+      json j = logprobs_json(*part, false, offset, pr.tokens_as_ids);
+      for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+        for (auto& v : j[k]) head[k].push_back(std::move(v));
+    }
+    return head;
+  }
+
   json chunk(const std::string& id, bool chat, int64_t created, json choice) {
     return {{"id", id},
             {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -583,9 +624,11 @@ class Server {
         if (chat)
           choice["message"] = {{"role", "assistant"}, {"content", out.text}};
         else
-          choice["text"] = out.text;
+          choice["text"] = pr.echo ? pr.echo_text + out.text : out.text;
         int64_t offset = 0;
-        choice["logprobs"] = pr.params.logprobs >= 0 ? logprobs_json(out.logprobs, chat, offset, pr.tokens_as_ids) : json(nullptr);
+        choice["logprobs"] = pr.params.logprobs < 0 ? json(nullptr)
+                             : pr.echo           ? echo_logprobs_json(pr, out.prompt_logprobs, out.logprobs, offset)
+                                                 : logprobs_json(out.logprobs, chat, offset, pr.tokens_as_ids);
         choice["finish_reason"] = finish_name(out.finish);
         if (pr.return_token_ids) choice["token_ids"] = out.token_ids;
         return json{{"id", id},
@@ -664,6 +707,24 @@ class Server {
             lps.clear();
             return j;
           };
+          // echo: the prompt's chunk first; with logprobs it waits for the prompt's entries, which
+          // come with the first token (or the end).
+          bool echo_pending = pr.echo;
+          auto send_echo = [&](std::vector<GeneratedLogprob>& prompt_lps) {
+            echo_pending = false;
+            json c = {{"index", 0}, {"text", pr.echo_text}};
+            c["logprobs"] = pr.params.logprobs >= 0 ? echo_logprobs_json(pr, prompt_lps, {}, offset) : json(nullptr);
+            c["finish_reason"] = nullptr;
+            if (pr.return_token_ids) c["token_ids"] = json::array();
+            return send(ck(c));
+          };
+          if (echo_pending && pr.params.logprobs < 0) {
+            std::vector<GeneratedLogprob> none;
+            if (!send_echo(none)) {
+              req->cancel();
+              return false;
+            }
+          }
           for (;;) {
             RequestOutput out;
             if (!req->wait(out, heartbeat_every_)) {
@@ -676,6 +737,12 @@ class Server {
                 return false;
               }
               continue;
+            }
+            if (echo_pending && (out.done || !out.token_ids.empty() || !out.prompt_logprobs.empty())) {
+              if (!(out.done && failed(out)) && !send_echo(out.prompt_logprobs)) {
+                req->cancel();
+                return false;
+              }
             }
             all.token_ids.insert(all.token_ids.end(), out.token_ids.begin(), out.token_ids.end());
             std::move(out.logprobs.begin(), out.logprobs.end(), std::back_inserter(lps));

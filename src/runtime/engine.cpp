@@ -85,9 +85,11 @@ bool Request::wait(RequestOutput& out, std::chrono::milliseconds timeout) {
   out.text += pending_.text;
   out.token_ids.insert(out.token_ids.end(), pending_.token_ids.begin(), pending_.token_ids.end());
   std::move(pending_.logprobs.begin(), pending_.logprobs.end(), std::back_inserter(out.logprobs));
+  std::move(pending_.prompt_logprobs.begin(), pending_.prompt_logprobs.end(), std::back_inserter(out.prompt_logprobs));
   pending_.text.clear();
   pending_.token_ids.clear();
   pending_.logprobs.clear();
+  pending_.prompt_logprobs.clear();
   if (pending_.done) {
     out.done = true;
     out.finish = pending_.finish;
@@ -121,6 +123,7 @@ struct Engine::Seq {
   size_t sent = 0;   // text[0, sent) has been published
   std::vector<int32_t> new_ids;
   std::vector<GeneratedLogprob> new_logprobs;  // of new_ids, when params.logprobs >= 0
+  std::vector<GeneratedLogprob> prompt_lps;    // prompt tokens' entries not yet published (prompt_logprobs)
   clock::time_point submitted, deadline = clock::time_point::max(), last_token;
   double ttft_ms = 0;
   bool finished = false;
@@ -169,12 +172,15 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   if (n_prompt >= o_.n_ctx)
     invalid("prompt", "the prompt is {} tokens but the context is {} tokens (the prompt and at least one generated token must fit)",
          n_prompt, o_.n_ctx);
-  if (p.max_tokens == 0 || p.max_tokens < -1) invalid("max_tokens", "max_tokens must be at least 1, got {}", p.max_tokens);
+  if (p.max_tokens < -1) invalid("max_tokens", "max_tokens must be at least 0, got {}", p.max_tokens);
   if (p.max_tokens > o_.n_ctx - n_prompt)
     invalid("max_tokens", "the context is {} tokens, but {} in the prompt + {} max_tokens do not fit; lower max_tokens", o_.n_ctx,
          n_prompt, p.max_tokens);
   if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs)
     invalid("logprobs", "logprobs must be between 0 and {} alternatives, got {}", kMaxTopLogprobs, p.logprobs);
+  if (p.prompt_logprobs && p.logprobs < 0) invalid("logprobs", "prompt log-probabilities need logprobs >= 0");
+  if (p.prompt_logprobs && !paged_)
+    invalid("logprobs", "prompt log-probabilities need a backend with a paged KV cache ('{}' has none)", backend_.name());
   try {
     check_logit_bias(p.sampler, n_vocab_);
   } catch (const Error& e) {
@@ -241,6 +247,8 @@ void Engine::publish(Seq& s, bool final) {
   s.new_ids.clear();
   std::move(s.new_logprobs.begin(), s.new_logprobs.end(), std::back_inserter(p.logprobs));
   s.new_logprobs.clear();
+  std::move(s.prompt_lps.begin(), s.prompt_lps.end(), std::back_inserter(p.prompt_logprobs));
+  s.prompt_lps.clear();
 }
 
 void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
@@ -377,7 +385,7 @@ bool Engine::step() {
       int64_t need = blocks_.blocks_for(s.n_prompt + std::max<int64_t>(s.max_tokens - 1, 0));
       // The prompt's longest cached prefix in whole blocks, short of its last token (whose row gives
       // the first logits); then blocks of its own for the rest.
-      const int64_t hit = prefix_cache_ ? blocks_.acquire_prefix(std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.n_prompt)),
+      const int64_t hit = prefix_cache_ && !s.params.prompt_logprobs ? blocks_.acquire_prefix(std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.n_prompt)),
                                                                   (s.n_prompt - 1) / blocks_.block_size(), s.blocks, s.prefix_key)
                                         : 0;
       if (!blocks_.allocate(need - hit, s.blocks)) {  // the head waits for blocks; nobody overtakes it
@@ -428,7 +436,15 @@ bool Engine::step() {
 
 void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows) {
   StepBatch b;
-  std::vector<Seq*> wanted;  // the sequence of each logit row
+  // The logit rows of the step: a sequence's last row when it samples its next token, and with
+  // prompt_logprobs every prompt row before its last (row p scores prompt token p + 1).
+  struct Want {
+    Seq* s;
+    int64_t pos;
+    bool sample;
+  };
+  std::vector<Want> wanted;
+  bool prompt_rows = false;
   for (size_t i = 0; i < seqs.size(); ++i) {
     Seq& s = *seqs[i];
     for (int64_t r = 0; r < rows[i]; ++r) {
@@ -436,23 +452,30 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
       b.tokens.push_back(s.tokens[static_cast<size_t>(pos)]);
       b.positions.push_back(static_cast<int32_t>(pos));
       b.seq.push_back(static_cast<int32_t>(i));
+      if (s.params.prompt_logprobs && pos + 1 < s.n_prompt) {
+        b.logit_rows.push_back(static_cast<int32_t>(b.n_rows() - 1));
+        wanted.push_back({&s, pos, false});
+        prompt_rows = true;
+      }
     }
-    if (s.n_computed + rows[i] == static_cast<int64_t>(s.tokens.size())) {
+    if (s.n_computed + rows[i] == static_cast<int64_t>(s.tokens.size()) && s.max_tokens > 0) {
       b.logit_rows.push_back(static_cast<int32_t>(b.n_rows() - 1));
-      wanted.push_back(&s);
+      wanted.push_back({&s, s.n_computed + rows[i] - 1, true});
     }
     b.block_tables.push_back(s.blocks);
   }
+  const bool no_rows_wanted = wanted.empty();
   std::vector<float> logits;
   std::vector<GreedyRow> greedy;
   std::vector<TopKRow> top;
   // Every wanted row greedy: the backend picks the tokens where the logits are (a GPU returns 16
   // bytes per row instead of n_vocab floats). Every wanted row greedy or top-k sampled with
   // top_k <= kTopK: the backend returns each row's kTopK best candidates (16 + 8 * kTopK bytes).
-  bool all_greedy = paged_ && !wanted.empty(), all_top = all_greedy;
-  for (Seq* s : wanted) {
-    all_greedy &= s->sampler.decides_by_argmax() && s->params.logprobs < 0;
-    all_top &= s->sampler.covered_by(kTopK, n_vocab_) && s->params.logprobs < 0;
+  // Prompt rows need their whole logits.
+  bool all_greedy = paged_ && !no_rows_wanted && !prompt_rows, all_top = all_greedy;
+  for (const Want& w : wanted) {
+    all_greedy &= w.s->sampler.decides_by_argmax() && w.s->params.logprobs < 0;
+    all_top &= w.s->sampler.covered_by(kTopK, n_vocab_) && w.s->params.logprobs < 0;
   }
   all_top &= !all_greedy;
   try {
@@ -461,7 +484,7 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     } else if (all_top) {
       top = backend_.forward_topk(b);
     } else if (paged_) {
-      logits = backend_.forward(b);
+      logits = backend_.forward(b);  // no rows for a step of prompt chunks only
     } else {
       MK_CHECK(seqs.size() == 1);
       Seq& s = *seqs[0];
@@ -494,13 +517,31 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   }
   const auto now = clock::now();
   std::vector<Choice> chosen(wanted.size());
+  auto row_of = [&](size_t k) {
+    return std::span<const float>(logits.data() + k * static_cast<size_t>(n_vocab_), static_cast<size_t>(n_vocab_));
+  };
   auto choose_rows = [&](size_t from, size_t to) {
-    for (size_t k = from; k < to; ++k)
-      chosen[k] = all_greedy ? choose(*wanted[k], {}, &greedy[k], nullptr)
-                  : all_top  ? choose(*wanted[k], {}, nullptr, &top[k])
-                             : choose(*wanted[k], std::span<const float>(logits.data() + k * static_cast<size_t>(n_vocab_),
-                                                                         static_cast<size_t>(n_vocab_)),
-                                      nullptr, nullptr);
+    for (size_t k = from; k < to; ++k) {
+      const Want& w = wanted[k];
+      if (!w.sample) {  // a prompt row: the next prompt token's entry (a non-finite row ends the request)
+        Choice& c = chosen[k];
+        try {
+          check_finite_logits(row_of(k), fmt::format("position {}", w.pos));
+          const auto& t = w.s->tokens;
+          const int32_t prev = t[static_cast<size_t>(w.pos)];
+          c.id = t[static_cast<size_t>(w.pos + 1)];
+          c.lp = generated_logprob(row_of(k), c.id, w.s->params.logprobs, [&](int32_t x) {
+            return tok_ ? tok_->token_bytes(prev, x) : std::string();
+          });
+        } catch (const Error& e) {
+          c.error = e.what();
+        }
+        continue;
+      }
+      chosen[k] = all_greedy ? choose(*w.s, {}, &greedy[k], nullptr)
+                  : all_top  ? choose(*w.s, {}, nullptr, &top[k])
+                             : choose(*w.s, row_of(k), nullptr, nullptr);
+    }
   };
   // Rows drawn from whole logits rows (~1 ms each at a 49152-token vocabulary on a Zen 1 core) are
   // shared out over a few threads; each touches only its own sequence's sampler.
@@ -517,7 +558,20 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     choose_rows(0, std::min(wanted.size(), per));
     for (auto& t : pool) t.join();
   }
-  for (size_t k = 0; k < wanted.size(); ++k) emit(*wanted[k], chosen[k], now);
+  // In row order: a sequence's prompt entries come before its first token.
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    Seq& s = *wanted[k].s;
+    if (s.finished) continue;
+    if (wanted[k].sample) {
+      emit(s, chosen[k], now);
+    } else if (!chosen[k].error.empty()) {
+      finish(s, FinishReason::error, chosen[k].error);
+    } else {
+      s.prompt_lps.push_back(std::move(chosen[k].lp));
+    }
+  }
+  for (Seq* s : seqs)  // max_tokens 0: the request ends once its prompt is read
+    if (!s->finished && s->max_tokens == 0 && s->n_computed >= s->n_prompt) finish(*s, FinishReason::length);
 }
 
 // Keys every block of s whose rows all hold KV now, so that later requests can share its prefix.

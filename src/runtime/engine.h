@@ -51,7 +51,9 @@ struct EngineOptions {
 
 struct RequestParams {
   std::vector<int32_t> prompt_ids;  // evaluated as given (the caller adds BOS / renders the chat template)
-  int64_t max_tokens = -1;          // most generated tokens (>= 1); -1 = until the context is full
+  // Most generated tokens; -1 = until the context is full; 0 = none (the prompt is read, e.g. for
+  // its log-probabilities, and the request ends with "length").
+  int64_t max_tokens = -1;
   SamplerOptions sampler;
   std::vector<std::string> stop;  // stop strings: generation ends before the first occurrence in the text
   bool ignore_eos = false;
@@ -60,6 +62,10 @@ struct RequestParams {
   // tokens at its position (RequestOutput::logprobs, runtime/sampler.h GeneratedLogprob). Such a
   // request is sampled from the whole logits row (not the backend's greedy or top-k ops).
   int logprobs = -1;
+  // With logprobs >= 0: also each prompt token's log-probability given the tokens before it, and
+  // the `logprobs` most likely tokens there (RequestOutput::prompt_logprobs; OpenAI's echo, what
+  // lm-evaluation-harness scores with). Needs the logits of every prompt row: no prefix cache.
+  bool prompt_logprobs = false;
 };
 
 // "stop": EOS/end of turn or a stop string; "length": max_tokens or the context is full;
@@ -72,6 +78,9 @@ struct RequestOutput {
   std::string text;                // valid UTF-8; text that may begin a stop string is held back
   std::vector<int32_t> token_ids;  // generated ids (EOS not included)
   std::vector<GeneratedLogprob> logprobs;  // one per token_ids entry when RequestParams::logprobs >= 0
+  // With RequestParams::prompt_logprobs: one per prompt token after the first (the first has no
+  // context), in order; they arrive before (or with) the first generated token.
+  std::vector<GeneratedLogprob> prompt_logprobs;
   bool done = false;
   FinishReason finish = FinishReason::none;
   std::string error;

@@ -207,7 +207,6 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt, "best_of": 2}, 400, "best_of")
     st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2, "best_of": 1.0, "n": 1.0})
     check(st == 200, f"best_of 1.0 and n 1.0 (whole numbers written as floats) are served ({st}: {text[:120]})")
-    expect_error(srv, {"prompt": prompt, "echo": True}, 400, "echo", what="echo (not supported, not ignored)")
     # logit_bias: OpenAI's {"id": bias} and llama.cpp's [[id, bias]] change the reply as `run -l ID-100` does.
     first = ref["generated_ids"][0]
     ref_lb = run_cli(STORIES, prompt, 12, "--temp", "0", "-l", f"{first}-100", "-l", "5+3")
@@ -217,6 +216,36 @@ def stories_checks():
                                                        "logit_bias": [[first, -100], [5, 3]]})[2])["choices"][0]["text"]]
     check(ref_lb["generated_ids"][0] != first and all(o == ref_lb["text"] for o in outs),
           f"logit_bias (object and array forms) equals `run -l {first}-100 -l 5+3`: {outs} vs {ref_lb['text']!r}")
+    # echo (completions): the prompt's text and, with logprobs, its tokens' entries (the first null, as
+    # OpenAI's) before the reply's; max_tokens 0 with echo scores the prompt alone. lm-evaluation-harness's
+    # loglikelihood request ([[ids]], echo, logprobs 1, max_tokens 1): a prompt of `run`'s greedy ids scores
+    # them with `run --logprobs`'s values.
+    gen = run_cli(STORIES, prompt, 8, "--temp", "0", "--logprobs", "1")
+    ids = gen["prompt_ids"] + gen["generated_ids"]
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": [ids], "max_tokens": 1, "temperature": 0, "logprobs": 1,
+                                                      "echo": True, "seed": 1234})
+    lp = json.loads(text)["choices"][0]["logprobs"] if st == 200 else {}
+    n_ctx = len(gen["prompt_ids"])
+    scored = lp.get("token_logprobs", [])[n_ctx:-1] if lp else []
+    check(st == 200 and len(lp["token_logprobs"]) == len(ids) + 1 and lp["token_logprobs"][0] is None
+          and lp["top_logprobs"][0] is None
+          and len(scored) == 8 and all(abs(a - b["logprob"]) < 1e-5 for a, b in zip(scored, gen["logprobs"]))
+          and all(t == max(top.values()) for t, top in zip(scored, lp["top_logprobs"][n_ctx:-1])),
+          f"echo + logprobs ([[ids]], as lm-evaluation-harness asks): the prompt's entries equal `run --logprobs` ({st}: {text[:200]})")
+    r = c.completions.create(model="x", prompt=prompt, max_tokens=0, echo=True, logprobs=2)
+    ch = r.choices[0]
+    check(ch.text == prompt and ch.finish_reason == "length" and r.usage.completion_tokens == 0
+          and "".join(ch.logprobs.tokens) == prompt and ch.logprobs.text_offset[-1] == len(prompt) - len(ch.logprobs.tokens[-1])
+          and all(2 <= len(t) <= 3 for t in ch.logprobs.top_logprobs[1:]),
+          f"echo, max_tokens 0: the prompt's text and entries only ({ch.text!r}, {ch.logprobs.tokens})")
+    r = c.completions.create(model="x", prompt=prompt, max_tokens=6, echo=True, temperature=0)
+    check(r.choices[0].text == prompt + run_cli(STORIES, prompt, 6, "--temp", "0")["text"], "echo without logprobs: prompt + reply")
+    pieces = [ch.choices[0].text for ch in c.completions.create(model="x", prompt=prompt, max_tokens=6, echo=True, temperature=0,
+                                                                 logprobs=1, stream=True) if ch.choices]
+    check(pieces[0] == prompt and "".join(pieces) == r.choices[0].text, f"streamed echo: the prompt's chunk first ({pieces[:3]})")
+    expect_error(srv, {"prompt": prompt, "max_tokens": 0}, 400, "max_tokens", what="max_tokens 0 without echo")
+    expect_error(srv, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, 400, "echo", path="/v1/chat/completions",
+                 what="chat echo (not supported)")
     # A penalty that pushes a logit past the float range saturates it (new-user trial 42: HTTP 500, "logits are not finite").
     st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "repeat_penalty": 1e-38})
     check(st == 200 and json.loads(text)["usage"]["completion_tokens"] == 8, f"repeat_penalty 1e-38: served ({st}: {text[:160]})")

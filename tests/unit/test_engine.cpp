@@ -525,8 +525,12 @@ TEST(Engine, FcfsAdmissionQueueBoundAndRequestChecks) {
   p.prompt_ids = {1};
   p.max_tokens = 64;
   EXPECT_THROW(e.submit(p), Error);  // past the context
-  p.max_tokens = 0;
+  p.max_tokens = -2;
   EXPECT_THROW(e.submit(p), Error);
+  p.max_tokens = 1;
+  p.prompt_logprobs = true;  // without logprobs >= 0
+  EXPECT_THROW(e.submit(p), Error);
+  p.prompt_logprobs = false;
   p.prompt_ids.clear();
   p.max_tokens = 1;
   EXPECT_THROW(e.submit(p), Error);
@@ -962,6 +966,72 @@ TEST(E2EServeEngine, PrefixCacheGivesTheSameBitsAsComputingThePrompt) {
     // The cached rows were not computed again: `e` ran `first` too.
     EXPECT_EQ(e.stats().batch_rows, ref.stats().batch_rows - 112 + static_cast<uint64_t>(a.n_prompt + a.n_generated - 1));
   }
+}
+
+// Prompt log-probabilities (OpenAI's echo with logprobs; lm-evaluation-harness scores with them):
+// each prompt token after the first gets the model's log-softmax entry at its position, with the
+// same bits whether the prompt is read in chunks of 7 rows beside other requests or alone one token
+// at a time; max_tokens 0 reads the prompt and ends ("length", no token); the request's tokens are
+// those it gets without prompt log-probabilities, and no prefix cache is used for it.
+TEST(E2ELogprobs, PromptLogprobsAreTheModelsRowsAtEachPosition) {
+  const SessionOptions so = stories_gguf_session("cpu");
+  Session s(so);
+  EngineOptions eo = engine_options(4, 256, s.hparams.n_vocab);
+  eo.prefill_chunk = 7;
+  Engine e(*s.backend, s.tokenizer.get(), eo);
+  const std::vector<std::string> texts = {"Once upon a time, there was a little dog named Max who loved to run in the park.",
+                                          "The cat sat on the mat", "Lily and Tom"};
+  std::vector<RequestParams> ps;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    RequestParams p;
+    p.prompt_ids = s.tokenizer->encode(texts[i], true, true);
+    p.max_tokens = i == 1 ? 0 : 6;
+    p.sampler.temperature = 0;
+    p.logprobs = i == 2 ? -1 : static_cast<int>(i) + 2;
+    p.prompt_logprobs = i != 2;
+    ps.push_back(p);
+  }
+  // A cached copy of the first prompt's blocks must not stand in for its rows.
+  RequestParams warm = ps[0];
+  warm.prompt_logprobs = false;
+  warm.logprobs = -1;
+  auto rw = e.submit(warm);
+  run_until_idle(e);
+  const RequestOutput w = collect(*rw);
+  std::vector<std::shared_ptr<Request>> rs;
+  for (const auto& p : ps) rs.push_back(e.submit(p));
+  run_until_idle(e);
+  Session one(so);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const RequestOutput out = collect(*rs[i]);
+    const auto& ids = ps[i].prompt_ids;
+    EXPECT_EQ(out.finish, FinishReason::length) << i;
+    EXPECT_EQ(out.n_cached, 0) << i;
+    if (!ps[i].prompt_logprobs) {
+      EXPECT_TRUE(out.prompt_logprobs.empty());
+      continue;
+    }
+    if (i == 0) EXPECT_EQ(out.token_ids, w.token_ids);
+    EXPECT_EQ(out.n_generated, ps[i].max_tokens) << i;
+    ASSERT_EQ(out.prompt_logprobs.size(), ids.size() - 1) << i;
+    one.reset();
+    for (size_t k = 0; k + 1 < ids.size(); ++k) {
+      const std::vector<float> row = one.eval(std::span<const int32_t>(&ids[k], 1));
+      const GeneratedLogprob want = generated_logprob(row, ids[k + 1], ps[i].logprobs,
+                                                      [&](int32_t t) { return s.tokenizer->token_bytes(ids[k], t); });
+      const GeneratedLogprob& got = out.prompt_logprobs[k];
+      const std::string at = fmt::format("request {} position {}", i, k + 1);
+      EXPECT_EQ(got.token.id, ids[k + 1]) << at;
+      EXPECT_EQ(got.token.logprob, want.token.logprob) << at;
+      EXPECT_EQ(got.token.bytes, want.token.bytes) << at;
+      ASSERT_EQ(got.top.size(), want.top.size()) << at;
+      for (size_t t = 0; t < got.top.size(); ++t) {
+        EXPECT_EQ(got.top[t].id, want.top[t].id) << at;
+        EXPECT_EQ(got.top[t].logprob, want.top[t].logprob) << at;
+      }
+    }
+  }
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
 }
 
 TEST(E2EPenalties, GreedyMatchesLlamaCpp) {
