@@ -129,7 +129,7 @@ void add_chat_command(CLI::App& app) {
       }
     }
     s.backend->finish();
-    if (failed) fail("chat: {} of {} turns failed (see above)", failed, turns);
+    if (failed) fail("chat: {} of {} turn{} failed (see above)", failed, turns, turns == 1 ? "" : "s");
   });
 }
 

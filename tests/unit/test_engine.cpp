@@ -897,11 +897,14 @@ SessionOptions stories_gguf_session(const std::string& backend) {
 // it, so requests whose prompts begin with blocks an earlier request computed (a shared system
 // prompt; the previous turn and its reply) give the same tokens and the same logprobs, to the bit,
 // as without the cache: float32 weights (stories260K.gguf, f32 KV) and q4_1 weights with q8_0
-// activations and an f16 KV cache (synth:stories260k:q4_1), 16-row blocks.
+// activations and an f16 KV cache (synth:stories260k:q4_1) on cpu, and the CUDA megakernel's source
+// on cuda-emu (attention through shared block tables on the device code), 16-row blocks.
 TEST(E2EServeEngine, PrefixCacheGivesTheSameBitsAsComputingThePrompt) {
-  for (const std::string model : {std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf",
-                                  std::string("synth:stories260k:q4_1")}) {
-    SessionOptions so = stories_gguf_session("cpu");
+  for (const auto& [model, backend] : std::vector<std::pair<std::string, std::string>>{
+           {std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf", "cpu"},
+           {"synth:stories260k:q4_1", "cpu"},
+           {"synth:stories260k:q4_1", "cuda-emu"}}) {
+    SessionOptions so = stories_gguf_session(backend);
     so.model_path = model;
     so.need_tokenizer = false;
     so.kv_pool_seqs = 4;
@@ -947,7 +950,7 @@ TEST(E2EServeEngine, PrefixCacheGivesTheSameBitsAsComputingThePrompt) {
     const std::vector<RequestOutput> got = run(e, later), want = run(ref, later);
     const std::vector<int64_t> want_cached = {32, 32, 48};
     for (size_t i = 0; i < later.size(); ++i) {
-      const std::string at = fmt::format("{} request {}", model, i);
+      const std::string at = fmt::format("{} on {} request {}", model, backend, i);
       EXPECT_EQ(got[i].n_cached, want_cached[i]) << at;
       EXPECT_EQ(want[i].n_cached, 0) << at;
       EXPECT_EQ(got[i].token_ids, want[i].token_ids) << at;
