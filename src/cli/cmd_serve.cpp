@@ -295,12 +295,20 @@ class Server {
     if (const json* v = field(body, "modalities");
         v && !(v->is_array() && std::all_of(v->begin(), v->end(), [](const json& m) { return m == "text"; })))
       bad("modalities", fmt::format("'modalities' {} is not supported: only [\"text\"]", clip_json(*v)));
-    // The values that ask for what the server does anyway: plain text, no tool calls.
+    // Plain text, or one JSON object (constrained decoding: runtime/json_prefix.h).
     if (const json* v = field(body, "response_format")) {
       const json* type = v->is_object() ? field(*v, "type") : nullptr;
-      if (!v->is_object() || (!v->empty() && !(type && type->is_string() && type->get<std::string>() == "text")))
+      const std::string t = type && type->is_string() ? type->get<std::string>() : "";
+      if (v->is_object() && t == "json_object") {
+        if (!s_.tokenizer)
+          throw HttpError{400, no_tokenizer(s_, o_.session.model_path, o_.model_id) + ", so replies have no text to hold JSON",
+                          "invalid_request_error", "response_format", ""};
+        r.params.json_object = true;
+      } else if (!v->is_object() || (!v->empty() && t != "text")) {
         bad("response_format",
-            fmt::format("'response_format' {} is not supported: only {{\"type\": \"text\"}}", clip_json(*v)));
+            fmt::format("'response_format' {} is not supported: only {{\"type\": \"text\"}} and {{\"type\": \"json_object\"}}",
+                        clip_json(*v)));
+      }
     }
     if (const json* v = field(body, "tool_choice"); v && !(v->is_string() && v->get<std::string>() == "none"))
       bad("tool_choice", fmt::format("'tool_choice' {} is not supported: only \"none\" (tools are not supported)",

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <optional>
 
 #include "ir/topk.h"
 #include "support/error.h"
@@ -128,6 +129,7 @@ struct Engine::Seq {
   double ttft_ms = 0;
   bool finished = false;
   bool in_running = false;  // admitted into running_ (under mu_)
+  std::optional<JsonObjectPrefix> json;  // the reply so far, with RequestParams::json_object
   explicit Seq(RequestParams p) : params(std::move(p)), sampler(params.sampler) {
     for (int32_t t : params.prompt_ids) sampler.accept(t);  // the penalty window starts with the prompt
   }
@@ -186,7 +188,19 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   } catch (const Error& e) {
     throw RequestInvalid(e.what(), "logit_bias");
   }
+  if (p.json_object) {
+    if (!tok_) invalid("response_format", "a JSON reply needs the model's tokenizer, and this model has none");
+    std::call_once(json_mask_once_, [&] {
+      std::vector<std::string> bytes(static_cast<size_t>(n_vocab_));
+      // A token's bytes after an ordinary token (only a token right after BOS would differ: SentencePiece
+      // drops its leading space).
+      const int32_t prev = tok_->bos_id == 0 ? 1 : 0;
+      for (int32_t id = 0; id < n_vocab_ && id < tok_->n_vocab(); ++id) bytes[static_cast<size_t>(id)] = tok_->token_bytes(prev, id);
+      json_mask_ = std::make_unique<JsonTokenMask>(std::move(bytes));
+    });
+  }
   auto seq = std::make_unique<Seq>(std::move(p));  // Sampler checks temperature/top_k/top_p
+  if (seq->params.json_object) seq->json.emplace();
   seq->n_prompt = n_prompt;
   seq->max_tokens = seq->params.max_tokens < 0 ? o_.n_ctx - n_prompt : seq->params.max_tokens;
   // Reserve blocks for every row the sequence can write: the prompt and all but the last token.
@@ -295,7 +309,13 @@ Engine::Choice Engine::choose(Seq& s, std::span<const float> logits, const Greed
       c.id = s.sampler.sample_top(top->ids, top->logits, n_vocab_);
     } else {
       check_finite_logits(logits, where);
-      c.id = s.sampler.sample(logits);
+      if (s.json) {
+        std::vector<uint8_t> allowed;
+        json_mask_->allowed(*s.json, allowed);
+        c.id = s.sampler.sample(logits, allowed);
+      } else {
+        c.id = s.sampler.sample(logits);
+      }
       if (s.params.logprobs >= 0) {
         const int32_t prev = s.tokens.back();
         c.lp = generated_logprob(logits, c.id, s.params.logprobs, [&](int32_t t) {
@@ -346,6 +366,13 @@ bool Engine::emit(Seq& s, const Choice& c, clock::time_point now) {
     s.text.resize(scan.found);
     finish(s, FinishReason::stop);
     return false;
+  }
+  if (s.json) {  // the token was drawn from the ones that fit
+    MK_CHECK(s.json->feed(json_mask_->bytes(next)), "token {} does not continue the JSON reply", next);
+    if (s.json->complete()) {
+      finish(s, FinishReason::stop);
+      return false;
+    }
   }
   if (s.n_generated >= s.max_tokens || static_cast<int64_t>(s.tokens.size()) >= o_.n_ctx) {
     finish(s, FinishReason::length);
@@ -474,8 +501,8 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   // Prompt rows need their whole logits.
   bool all_greedy = paged_ && !no_rows_wanted && !prompt_rows, all_top = all_greedy;
   for (const Want& w : wanted) {
-    all_greedy &= w.s->sampler.decides_by_argmax() && w.s->params.logprobs < 0;
-    all_top &= w.s->sampler.covered_by(kTopK, n_vocab_) && w.s->params.logprobs < 0;
+    all_greedy &= w.s->sampler.decides_by_argmax() && w.s->params.logprobs < 0 && !w.s->json;
+    all_top &= w.s->sampler.covered_by(kTopK, n_vocab_) && w.s->params.logprobs < 0 && !w.s->json;
   }
   all_top &= !all_greedy;
   try {

@@ -33,6 +33,7 @@
 
 #include "backend/backend.h"
 #include "model/tokenizer.h"
+#include "runtime/json_prefix.h"
 #include "runtime/kv_blocks.h"
 #include "runtime/sampler.h"
 #include "support/error.h"
@@ -66,6 +67,10 @@ struct RequestParams {
   // the `logprobs` most likely tokens there (RequestOutput::prompt_logprobs; OpenAI's echo, what
   // lm-evaluation-harness scores with). Needs the logits of every prompt row: no prefix cache.
   bool prompt_logprobs = false;
+  // The reply is one JSON object (OpenAI's response_format json_object): each token is drawn from
+  // those that keep the text a prefix of one (runtime/json_prefix.h), and the request ends ("stop")
+  // when the object is complete. Needs a tokenizer.
+  bool json_object = false;
 };
 
 // "stop": EOS/end of turn or a stop string; "length": max_tokens or the context is full;
@@ -209,6 +214,8 @@ class Engine {
   int64_t max_rows_;
   int64_t n_vocab_ = 0;
   KvBlockAllocator blocks_;
+  std::once_flag json_mask_once_;
+  std::unique_ptr<JsonTokenMask> json_mask_;  // every token's bytes, made for the first json_object request
 
   mutable std::mutex mu_;  // guards queue_, stats_, draining_, stop_
   std::condition_variable cv_;

@@ -75,9 +75,11 @@ void Sampler::accept(int32_t token) {
   }
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
+int32_t Sampler::sample(std::span<const float> logits) { return sample(logits, {}); }
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const uint8_t> allowed) {
   check_finite_logits(logits, "the row being sampled");
-  if (o_.logit_bias.empty() && (!penalizes() || counts_.empty())) return sample_unpenalized(logits);
+  if (allowed.empty() && o_.logit_bias.empty() && (!penalizes() || counts_.empty())) return sample_unpenalized(logits);
   // The changed row: only the biased tokens and the window's change (ids outside the row are ignored).
   std::vector<float> row(logits.begin(), logits.end());
   for (const auto& [id, bias] : o_.logit_bias)
@@ -90,6 +92,18 @@ int32_t Sampler::sample(std::span<const float> logits) {
     // An extreme penalty (1e-30 divides a logit past the float range) saturates: the token is the
     // likeliest (or least likely) there is, not a broken row.
     l = std::clamp(l, -FLT_MAX, FLT_MAX);
+  }
+  if (!allowed.empty()) {
+    MK_CHECK(allowed.size() == row.size());
+    bool any = false;
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (!allowed[i]) row[i] = -std::numeric_limits<float>::infinity();
+      any |= allowed[i] != 0;
+    }
+    if (!any) fail("no token can continue the constrained output");
+    const int32_t id = sample_unpenalized(row);
+    // (a draw rounded past the last kept weight falls on the last candidate, which may be a masked one)
+    return allowed[static_cast<size_t>(id)] ? id : argmax(row);
   }
   return sample_unpenalized(row);
 }

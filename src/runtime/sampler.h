@@ -55,6 +55,10 @@ class Sampler {
   // Throws mk::Error when a logit is NaN or infinite (see check_finite_logits): such a row has no
   // meaningful distribution, and which token "wins" would depend on where the bad value sits.
   int32_t sample(std::span<const float> logits);
+  // The same over the tokens with allowed[id] != 0 only (constrained decoding: runtime/json_prefix.h),
+  // after the biases and penalties; the others are as if their logit were -inf. Throws mk::Error
+  // when none is allowed.
+  int32_t sample(std::span<const float> logits, std::span<const uint8_t> allowed);
   // Whether sample_top can decide from a row's first n_candidates in by-logit order (the backend's
   // `topk` op, backend/step_batch.h TopKRow): greedy, or top_k in [1, n_candidates] (or a vocabulary
   // of at most n_candidates tokens). top_k = 0 needs the whole row, and so do penalties and biases.

@@ -331,7 +331,8 @@ def stories_checks():
         err = json.loads(text).get("error", {}) if st == 400 else {}
         check(st == 400 and err.get("param") == param and param in err.get("message", ""),
               f"chat message shape: 400 naming {param}, got {st}: {text[:160]}")
-    for extra, param in [({"response_format": {"type": "json_object"}}, "response_format"),
+    for extra, param in [({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+                         ({"response_format": {"type": "grammar"}}, "response_format"),
                          ({"response_format": "text"}, "response_format"),
                          ({"tool_choice": "auto"}, "tool_choice"),
                          ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice")]:
@@ -339,6 +340,19 @@ def stories_checks():
     for extra in [{"response_format": {"type": "text"}}, {"tool_choice": "none"}, {"response_format": {}}, {"seed": -1}]:
         st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2, **extra})
         check(st == 200, f"{extra} accepted ({st}: {text[:120]})")
+    # response_format json_object: every reply is the start of one JSON object, a whole one when it stops
+    # (stories260K writes stories into the strings; some close).
+    outs = []
+    for seed in range(6):
+        ch = c.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=1.5, seed=seed,
+                                  extra_body={"response_format": {"type": "json_object"}}).choices[0]
+        whole = ch.finish_reason == "stop"
+        try:
+            ok = isinstance(json.loads(ch.text), dict) if whole else ch.text.startswith("{")
+        except ValueError:
+            ok = False
+        outs.append((ok, ch.finish_reason, ch.text[:60]))
+    check(all(ok for ok, _, _ in outs), f"response_format json_object: JSON-object replies ({outs})")
     # seed -1 is a random seed (as llama.cpp), not the seed 2^64 - 1.
     r1, r2 = [c.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=1.5, seed=-1).choices[0].text
               for _ in range(2)]
@@ -691,6 +705,14 @@ def chat_checks():
         answers = list(ex.map(ask, questions * 2))
     same = sum(1 for qq, a in answers if a == refs[qq])
     check(same == len(answers), f"batched chat: {same}/{len(answers)} replies equal `run --chat --temp 0` alone")
+    r = srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Describe a cat as a JSON object with keys name, age and color."}],
+                                           max_tokens=100, temperature=0, response_format={"type": "json_object"})
+    try:
+        cat = json.loads(r.choices[0].message.content)
+    except ValueError:
+        cat = None
+    check(r.choices[0].finish_reason == "stop" and isinstance(cat, dict) and {"name", "age", "color"} <= set(cat),
+          f"chat response_format json_object on SmolLM2: a JSON object with the keys asked for ({r.choices[0].message.content!r})")
     srv.blocks_free_at_end("chat")
     check(srv.stop() == 0, "chat server: exit code 0")
 

@@ -19,6 +19,7 @@
 
 #include "model/utf8.h"
 #include "runtime/engine.h"
+#include "runtime/json_prefix.h"
 #include "runtime/kv_blocks.h"
 #include "runtime/session.h"
 #include "support/error.h"
@@ -1035,6 +1036,74 @@ TEST(E2ELogprobs, PromptLogprobsAreTheModelsRowsAtEachPosition) {
     }
   }
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
+}
+
+// response_format json_object (runtime/json_prefix.h) on stories260K, which never saw JSON: the
+// replies are JSON-object prefixes (a whole object, parsed by nlohmann, when one ends with "stop");
+// a greedy reply takes at each step the likeliest token whose bytes continue the prefix (replayed
+// here on a one-sequence session); requests without a tokenizer are refused.
+TEST(E2EServeEngine, JsonObjectRepliesArePrefixesOfOneObject) {
+  const SessionOptions so = stories_gguf_session("cpu");
+  Session s(so);
+  Engine e(*s.backend, s.tokenizer.get(), engine_options(4, 256, s.hparams.n_vocab));
+  std::vector<RequestParams> ps;
+  for (int i = 0; i < 6; ++i) {
+    RequestParams p;
+    p.prompt_ids = s.tokenizer->encode(i % 2 ? "Once upon a time" : "{\"name\": \"Lily\", \"age\":", true, true);
+    p.max_tokens = 48;
+    p.sampler.temperature = i < 2 ? 0.0f : 1.5f;
+    p.sampler.top_k = 0;
+    p.sampler.seed = static_cast<uint64_t>(i);
+    p.json_object = true;
+    if (i >= 4)  // pushed towards closing its strings and the object (a story model writes on and on)
+      for (int32_t t = 0; t < s.hparams.n_vocab; ++t) {
+        const std::string b = s.tokenizer->token_bytes(0, t);
+        if (b == "}" || b == "\"") p.sampler.logit_bias.emplace_back(t, b == "}" ? 12.0f : 6.0f);
+      }
+    ps.push_back(p);
+  }
+  std::vector<std::shared_ptr<Request>> rs;
+  for (const auto& p : ps) rs.push_back(e.submit(p));
+  run_until_idle(e);
+  int completed = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const RequestOutput out = collect(*rs[i]);
+    ASSERT_TRUE(out.finish == FinishReason::stop || out.finish == FinishReason::length) << out.error;
+    JsonObjectPrefix prefix;
+    EXPECT_TRUE(prefix.feed(out.text)) << i << ": " << out.text;
+    EXPECT_EQ(prefix.complete(), out.finish == FinishReason::stop) << out.text;
+    if (out.finish == FinishReason::stop) {
+      ++completed;
+      EXPECT_TRUE(nlohmann::json::parse(out.text).is_object()) << out.text;
+    }
+    if (ps[i].sampler.temperature != 0) continue;
+    // Greedy: the argmax over the allowed tokens of the model's row, step by step.
+    Session one(so);
+    std::vector<float> row = one.eval(ps[i].prompt_ids);
+    JsonObjectPrefix replay;
+    for (size_t k = 0; k < out.token_ids.size(); ++k) {
+      int32_t best = -1;
+      for (int32_t t = 0; t < s.hparams.n_vocab; ++t) {
+        JsonObjectPrefix q = replay;
+        const std::string b = s.tokenizer->token_bytes(1 - (s.tokenizer->bos_id == 1), t);
+        if (b.empty() || !q.feed(b)) continue;
+        if (best < 0 || row[static_cast<size_t>(t)] > row[static_cast<size_t>(best)]) best = t;
+      }
+      ASSERT_EQ(out.token_ids[k], best) << i << " step " << k;
+      ASSERT_TRUE(replay.feed(s.tokenizer->token_bytes(1 - (s.tokenizer->bos_id == 1), best)));
+      row = one.eval(std::span<const int32_t>(&out.token_ids[k], 1));
+    }
+  }
+  EXPECT_GT(completed, 0);
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  Engine no_tok(*s.backend, nullptr, engine_options(1, 256, s.hparams.n_vocab));
+  RequestParams p = ps[0];
+  try {
+    no_tok.submit(p);
+    ADD_FAILURE() << "a JSON request without a tokenizer was taken";
+  } catch (const RequestInvalid& ex) {
+    EXPECT_EQ(ex.param, "response_format");
+  }
 }
 
 TEST(E2EPenalties, GreedyMatchesLlamaCpp) {

@@ -1,0 +1,139 @@
+// JSON-object constrained decoding (runtime/json_prefix.h): the prefix automaton accepts exactly
+// the prefixes of one JSON object (checked against nlohmann's parser on documents it writes and on
+// hand-picked invalid ones, byte by byte), with json.gbnf's whitespace; the token mask allows the
+// tokens whose bytes continue the prefix; the engine's json_object requests give valid JSON.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "runtime/json_prefix.h"
+
+namespace mk {
+namespace {
+
+// How many leading bytes of `text` the automaton takes (text.size() when all).
+size_t accepted(const std::string& text, JsonObjectPrefix* out = nullptr) {
+  JsonObjectPrefix p;
+  size_t i = 0;
+  for (; i < text.size(); ++i)
+    if (!p.feed(static_cast<uint8_t>(text[i]))) break;
+  if (out) *out = p;
+  return i;
+}
+
+bool complete(const std::string& text) {
+  JsonObjectPrefix p;
+  return accepted(text, &p) == text.size() && p.complete();
+}
+
+nlohmann::json random_value(std::mt19937& rng, int depth) {
+  std::uniform_int_distribution<int> kind(0, depth > 3 ? 5 : 7);
+  switch (kind(rng)) {
+    case 0: return nullptr;
+    case 1: return rng() % 2 == 0;
+    case 2: return static_cast<int64_t>(rng() % 2000000) - 1000000;
+    case 3: return std::ldexp(static_cast<double>(rng() % 100000) - 50000, static_cast<int>(rng() % 80) - 40);
+    case 4:
+    case 5: {
+      static const char* pieces[] = {"a", "\"", "\\", "\n", "\t", "\x01", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x99\x82", " ", "/", "x y"};
+      std::string s;
+      for (int i = static_cast<int>(rng() % 6); i > 0; --i) s += pieces[rng() % std::size(pieces)];
+      return s;
+    }
+    case 6: {
+      nlohmann::json a = nlohmann::json::array();
+      for (int i = static_cast<int>(rng() % 4); i > 0; --i) a.push_back(random_value(rng, depth + 1));
+      return a;
+    }
+    default: {
+      nlohmann::json o = nlohmann::json::object();
+      for (int i = static_cast<int>(rng() % 4); i > 0; --i) o["k" + std::to_string(rng() % 9)] = random_value(rng, depth + 1);
+      return o;
+    }
+  }
+}
+
+TEST(JsonPrefix, AcceptsWhatNlohmannWritesAndEveryPrefixOfIt) {
+  std::mt19937 rng(7);
+  for (int n = 0; n < 400; ++n) {
+    nlohmann::json doc = nlohmann::json::object();
+    for (int i = static_cast<int>(rng() % 5); i > 0; --i) doc["key" + std::to_string(i)] = random_value(rng, 1);
+    for (int indent : {-1, 2}) {  // compact, and a newline + 2 spaces a level (at most 20 here)
+      const std::string text = doc.dump(indent);
+      JsonObjectPrefix p;
+      for (size_t i = 0; i < text.size(); ++i) {
+        ASSERT_FALSE(p.complete()) << text << " at " << i;
+        ASSERT_TRUE(p.feed(static_cast<uint8_t>(text[i]))) << text << " at byte " << i;
+      }
+      EXPECT_TRUE(p.complete()) << text;
+      EXPECT_FALSE(p.feed(' ')) << "nothing after the object";
+    }
+  }
+}
+
+TEST(JsonPrefix, RefusesTheByteWhereTextStopsBeingJson) {
+  const std::pair<std::string, size_t> cases[] = {
+      {"[1]", 0},                  // the reply is an object
+      {" {}", 0},                  // from its first byte
+      {"{\"a\":01}", 6},           // no leading zeros
+      {"{\"a\":-}", 6},            // a sign needs digits
+      {"{\"a\":1.}", 7},           // a point needs digits
+      {"{\"a\":1e}", 7},           // an exponent needs digits
+      {"{\"a\":.5}", 5},
+      {"{\"a\":+1}", 5},
+      {"{\"a\":tru}", 8},
+      {"{\"a\":nul1}", 8},
+      {"{\"a\" 1}", 5},            // a colon after a key
+      {"{\"a\":1,}", 7},           // no trailing comma
+      {"{,}", 1},
+      {"{\"a\":[1,]}", 8},
+      {"{\"a\":[1 2]}", 8},
+      {"{1:2}", 1},                // keys are strings
+      {"{\"a\":\"\x01\"}", 6},     // control characters are escaped
+      {"{\"a\":\"\\x\"}", 7},      // unknown escape
+      {"{\"a\":\"\\u12g4\"}", 10},
+      {"{\"\xc0\x80\":1}", 2},     // overlong UTF-8
+      {"{\"\xed\xa0\x80\":1}", 3}, // a surrogate
+      {"{\"\xf5\x80\x80\x80\":1}", 2},
+      {"{\"\xe2\x82\":1}", 4},     // a cut character
+      {"{\"a\":1}}", 7},           // nothing after the object
+      {"{  \"a\":1}", 2},          // whitespace: one space ...
+      {"{ \n\"a\":1}", 2},          // ... or a newline and spaces / tabs
+      {"{\n\n\"a\":1}", 2},
+      {"{\r\n\"a\":1}", 1},
+      {"{\"a\":1\n" + std::string(21, ' ') + "}", 27},  // at most 20 after the newline
+  };
+  for (const auto& [text, at] : cases) {
+    EXPECT_EQ(accepted(text), at) << text;
+    // Every case but the whitespace ones (json.gbnf's rule, stricter than RFC 8259) is invalid JSON.
+    const bool ws_rule = text.find_first_of(" \n\r\t") != std::string::npos;
+    EXPECT_TRUE(ws_rule || !nlohmann::json::accept(text) || text[0] != '{') << text << ": nlohmann takes it";
+  }
+  for (const char* ok : {"{}", "{\"a\":-0.5E-3}", "{\"a\":1e+5,\"b\":[true,false,null,{}],\"c\":\"\\u00e9\\n\\/\"}",
+                         "{ \"a\" : [ 1 , 2 ] }", "{\n\t \"a\":1}", "{\n  \"a\": {\n    \"b\": []\n  }\n}", "{\"\xf0\x9f\x99\x82\":\"\xe2\x82\xac\"}"}) {
+    EXPECT_TRUE(complete(ok)) << ok;
+    EXPECT_TRUE(nlohmann::json::accept(ok)) << ok;
+  }
+  std::string deep = "{\"a\":";
+  for (int i = 1; i < JsonObjectPrefix::kMaxDepth; ++i) deep += "[";
+  EXPECT_EQ(accepted(deep + "["), deep.size());  // nesting deeper than kMaxDepth
+}
+
+TEST(JsonPrefix, TokenMaskAllowsTokensWhoseBytesContinueThePrefix) {
+  const JsonTokenMask mask({"{", "}", "\"a\"", ":", "1", "x", "", "{\"", " \"b\": 2}", "\n\n"});
+  JsonObjectPrefix p;
+  std::vector<uint8_t> allowed;
+  EXPECT_EQ(mask.allowed(p, allowed), 2);
+  EXPECT_EQ(allowed, (std::vector<uint8_t>{1, 0, 0, 0, 0, 0, 0, 1, 0, 0}));
+  ASSERT_TRUE(p.feed("{"));
+  mask.allowed(p, allowed);
+  EXPECT_EQ(allowed, (std::vector<uint8_t>{0, 1, 1, 0, 0, 0, 0, 0, 1, 0}));
+  ASSERT_TRUE(p.feed(mask.bytes(8)));
+  EXPECT_TRUE(p.complete());
+  EXPECT_EQ(mask.allowed(p, allowed), 0);
+}
+
+}  // namespace
+}  // namespace mk
