@@ -299,14 +299,26 @@ class Server {
     if (const json* v = field(body, "response_format")) {
       const json* type = v->is_object() ? field(*v, "type") : nullptr;
       const std::string t = type && type->is_string() ? type->get<std::string>() : "";
-      if (v->is_object() && t == "json_object") {
+      if (v->is_object() && (t == "json_object" || t == "json_schema")) {
         if (!s_.tokenizer)
           throw HttpError{400, no_tokenizer(s_, o_.session.model_path, o_.model_id) + ", so replies have no text to hold JSON",
                           "invalid_request_error", "response_format", ""};
-        r.params.json_object = true;
+        if (t == "json_object") {
+          r.params.json = JsonSchema::any_object();
+        } else {  // OpenAI's {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
+          const json* js = field(*v, "json_schema");
+          const json* schema = js && js->is_object() ? field(*js, "schema") : nullptr;
+          if (!schema) bad("response_format", "'response_format' json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}");
+          try {
+            r.params.json = JsonSchema::compile(*schema);
+          } catch (const Error& ex) {
+            bad("response_format", ex.what());
+          }
+        }
       } else if (!v->is_object() || (!v->empty() && t != "text")) {
         bad("response_format",
-            fmt::format("'response_format' {} is not supported: only {{\"type\": \"text\"}} and {{\"type\": \"json_object\"}}",
+            fmt::format("'response_format' {} is not supported: only {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} "
+                        "and {{\"type\": \"json_schema\", ...}}",
                         clip_json(*v)));
       }
     }

@@ -129,7 +129,7 @@ struct Engine::Seq {
   double ttft_ms = 0;
   bool finished = false;
   bool in_running = false;  // admitted into running_ (under mu_)
-  std::optional<JsonObjectPrefix> json;  // the reply so far, with RequestParams::json_object
+  std::optional<JsonPrefix> json;  // the reply so far, with RequestParams::json
   explicit Seq(RequestParams p) : params(std::move(p)), sampler(params.sampler) {
     for (int32_t t : params.prompt_ids) sampler.accept(t);  // the penalty window starts with the prompt
   }
@@ -188,7 +188,7 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   } catch (const Error& e) {
     throw RequestInvalid(e.what(), "logit_bias");
   }
-  if (p.json_object) {
+  if (p.json) {
     if (!tok_) invalid("response_format", "a JSON reply needs the model's tokenizer, and this model has none");
     std::call_once(json_mask_once_, [&] {
       std::vector<std::string> bytes(static_cast<size_t>(n_vocab_));
@@ -200,7 +200,7 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
     });
   }
   auto seq = std::make_unique<Seq>(std::move(p));  // Sampler checks temperature/top_k/top_p
-  if (seq->params.json_object) seq->json.emplace();
+  if (seq->params.json) seq->json.emplace(*seq->params.json);
   seq->n_prompt = n_prompt;
   seq->max_tokens = seq->params.max_tokens < 0 ? o_.n_ctx - n_prompt : seq->params.max_tokens;
   // Reserve blocks for every row the sequence can write: the prompt and all but the last token.

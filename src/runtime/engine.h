@@ -67,10 +67,11 @@ struct RequestParams {
   // the `logprobs` most likely tokens there (RequestOutput::prompt_logprobs; OpenAI's echo, what
   // lm-evaluation-harness scores with). Needs the logits of every prompt row: no prefix cache.
   bool prompt_logprobs = false;
-  // The reply is one JSON object (OpenAI's response_format json_object): each token is drawn from
-  // those that keep the text a prefix of one (runtime/json_prefix.h), and the request ends ("stop")
-  // when the object is complete. Needs a tokenizer.
-  bool json_object = false;
+  // Non-null: the reply is one JSON value of this schema (OpenAI's response_format json_object:
+  // JsonSchema::any_object(); json_schema: JsonSchema::compile): each token is drawn from those that
+  // keep the text a prefix of one (runtime/json_prefix.h), and the request ends ("stop") when the
+  // value is complete. Needs a tokenizer.
+  std::shared_ptr<const JsonSchema> json;
 };
 
 // "stop": EOS/end of turn or a stop string; "length": max_tokens or the context is full;

@@ -1,26 +1,309 @@
 #include "runtime/json_prefix.h"
 
+#include <fmt/format.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "support/error.h"
+
 namespace mk {
 
 namespace {
+using J = nlohmann::ordered_json;
+
 bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+const JsonSchemaNode kAnyNode{};  // any value; objects of any members
+
+// A string as written between quotes.
+std::string quoted_body(const std::string& s) {
+  const std::string d = J(s).dump();
+  return d.substr(1, d.size() - 2);
+}
+
+std::string pointer_token(const std::string& key) {
+  std::string r;
+  for (char c : key) {
+    if (c == '~') r += "~0";
+    else if (c == '/') r += "~1";
+    else r += c;
+  }
+  return r;
+}
+
+// The first bytes a node's values can start with, as classes: { [ " digit t f n.
+enum Starts : uint8_t { kSObj = 1, kSArr = 2, kSStr = 4, kSNum = 8, kSTrue = 16, kSFalse = 32, kSNull = 64 };
+uint8_t starts(const JsonSchemaNode& n) {
+  uint8_t s = 0;
+  if (n.types & JsonSchemaNode::kObject) s |= kSObj;
+  if (n.types & JsonSchemaNode::kArray) s |= kSArr;
+  if (n.types & JsonSchemaNode::kString) s |= kSStr;
+  if (n.types & (JsonSchemaNode::kNumber | JsonSchemaNode::kInteger)) s |= kSNum;
+  if ((n.types & JsonSchemaNode::kBoolean) && n.allow_true) s |= kSTrue;
+  if ((n.types & JsonSchemaNode::kBoolean) && n.allow_false) s |= kSFalse;
+  if (n.types & JsonSchemaNode::kNull) s |= kSNull;
+  return s;
+}
 }  // namespace
 
-bool JsonObjectPrefix::feed(uint8_t c) {
-  const JsonObjectPrefix saved = *this;
+class JsonSchemaCompiler {
+ public:
+  JsonSchemaCompiler(const J& root, JsonSchema& out) : root_(root), out_(out) {}
+
+  const JsonSchemaNode* node_at(const std::string& ptr) {
+    if (auto it = memo_.find(ptr); it != memo_.end()) return it->second;
+    const J& s = at(ptr, ptr);
+    if (s.is_object() && s.contains("$ref")) {  // a reference: the node of its target
+      for (const auto& [k, v] : s.items())
+        if (k != "$ref" && !annotation(k) && k != "$defs" && k != "definitions")
+          bad(ptr, fmt::format("'{}' beside '$ref' is not supported", k));
+      if (!s["$ref"].is_string()) bad(ptr, "'$ref' must be a string");
+      const std::string ref = s["$ref"].get<std::string>();
+      if (ref.empty() || ref[0] != '#') bad(ptr, fmt::format("'$ref' \"{}\": only references inside the schema (\"#...\") are supported", ref));
+      const std::string target = ref.substr(1);
+      if (!resolving_.insert(ptr).second) bad(ptr, "a cycle of '$ref's that never reaches a schema");
+      const JsonSchemaNode* n = node_at(target);
+      resolving_.erase(ptr);
+      memo_[ptr] = n;
+      return n;
+    }
+    JsonSchemaNode* n = &out_.nodes_.emplace_back();
+    memo_[ptr] = n;  // before its members: a recursive schema refers back to it
+    fill(*n, s, ptr);
+    return n;
+  }
+
+ private:
+  [[noreturn]] static void bad(const std::string& ptr, const std::string& why) {
+    fail("json_schema {}: {}", ptr.empty() ? "(the root)" : ptr, why);
+  }
+  static bool annotation(const std::string& k) {
+    static const std::set<std::string> keys = {"title", "description", "default", "examples", "format",
+                                               "$schema", "$id", "$comment", "readOnly", "writeOnly", "deprecated"};
+    return keys.count(k) != 0;
+  }
+  const J& at(const std::string& ptr, const std::string& where) {
+    try {
+      return root_.at(J::json_pointer(ptr));
+    } catch (const J::exception&) {
+      bad(where, fmt::format("'{}' names nothing in the schema", ptr.empty() ? "#" : "#" + ptr));
+    }
+  }
+
+  void fill(JsonSchemaNode& n, const J& s, const std::string& ptr) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) bad(ptr, "the schema false allows no value");
+      return;  // true: any value
+    }
+    if (!s.is_object()) bad(ptr, "a schema must be an object or a boolean");
+    static const std::set<std::string> known = {"type", "properties", "required", "additionalProperties", "items", "minItems",
+                                                "maxItems", "enum", "const", "anyOf", "oneOf", "$defs", "definitions"};
+    for (const auto& [k, v] : s.items())
+      if (!known.count(k) && !annotation(k)) bad(ptr, fmt::format("'{}' is not supported", k));
+    if (s.contains("anyOf") || s.contains("oneOf")) {
+      for (const char* k : {"type", "properties", "required", "additionalProperties", "items", "enum", "const"})
+        if (s.contains(k)) bad(ptr, fmt::format("'{}' beside 'anyOf' / 'oneOf' is not supported", k));
+      const char* key = s.contains("anyOf") ? "anyOf" : "oneOf";
+      const J& branches = s[key];
+      if (!branches.is_array() || branches.empty()) bad(ptr, fmt::format("'{}' must be a non-empty array", key));
+      n.types = 0;
+      n.allow_true = n.allow_false = false;
+      uint8_t seen = 0;
+      for (size_t i = 0; i < branches.size(); ++i) {
+        const JsonSchemaNode& b = *node_at(fmt::format("{}/{}/{}", ptr, key, i));
+        const uint8_t st = starts(b);
+        if (st & seen)
+          bad(ptr, fmt::format("'{}' branches whose values can begin alike are not supported (branch {})", key, i));
+        seen |= st;
+        n.types |= b.types;
+        if (b.types & JsonSchemaNode::kObject) {
+          n.any_members = b.any_members;
+          n.props = b.props;
+        }
+        if (b.types & JsonSchemaNode::kArray) {
+          n.items = b.items;
+          n.min_items = b.min_items;
+          n.max_items = b.max_items;
+        }
+        if (b.types & JsonSchemaNode::kString) {
+          n.string_enum = b.string_enum;
+          n.enum_strings = b.enum_strings;
+        }
+        n.allow_true |= (b.types & JsonSchemaNode::kBoolean) && b.allow_true;
+        n.allow_false |= (b.types & JsonSchemaNode::kBoolean) && b.allow_false;
+      }
+      return;
+    }
+    // type
+    uint8_t types = JsonSchemaNode::kAny;
+    if (s.contains("type")) {
+      auto one = [&](const J& t) -> uint8_t {
+        static const std::map<std::string, uint8_t> names = {
+            {"object", JsonSchemaNode::kObject}, {"array", JsonSchemaNode::kArray},     {"string", JsonSchemaNode::kString},
+            {"number", JsonSchemaNode::kNumber}, {"integer", JsonSchemaNode::kInteger}, {"boolean", JsonSchemaNode::kBoolean},
+            {"null", JsonSchemaNode::kNull}};
+        if (!t.is_string() || !names.count(t.get<std::string>())) bad(ptr, fmt::format("'type' {} is not a JSON Schema type", t.dump()));
+        return names.at(t.get<std::string>());
+      };
+      const J& t = s["type"];
+      types = 0;
+      if (t.is_array()) {
+        for (const J& x : t) types |= one(x);
+        if (t.empty()) bad(ptr, "'type' is an empty list");
+      } else {
+        types = one(t);
+      }
+      if ((types & JsonSchemaNode::kNumber) && (types & JsonSchemaNode::kInteger)) types &= ~JsonSchemaNode::kInteger;
+    } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
+      types = JsonSchemaNode::kObject;
+    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+      types = JsonSchemaNode::kArray;
+    }
+    n.types = types;
+    // enum / const: strings, booleans, null
+    if (s.contains("enum") || s.contains("const")) {
+      if (s.contains("enum") && s.contains("const")) bad(ptr, "'enum' and 'const' together are not supported");
+      J values = s.contains("const") ? J::array({s["const"]}) : s["enum"];
+      if (!values.is_array() || values.empty()) bad(ptr, "'enum' must be a non-empty array");
+      uint8_t allowed = 0;
+      n.string_enum = true;
+      n.allow_true = n.allow_false = false;
+      for (const J& v : values) {
+        if (v.is_string()) {
+          allowed |= JsonSchemaNode::kString;
+          n.enum_strings.push_back(quoted_body(v.get<std::string>()));
+          if (n.enum_strings.back().size() > 1024) bad(ptr, "an enum string longer than 1024 bytes is not supported");
+        } else if (v.is_boolean()) {
+          allowed |= JsonSchemaNode::kBoolean;
+          (v.get<bool>() ? n.allow_true : n.allow_false) = true;
+        } else if (v.is_null()) {
+          allowed |= JsonSchemaNode::kNull;
+        } else {
+          bad(ptr, fmt::format("'enum' / 'const' value {} is not supported (strings, true, false and null are)", v.dump()));
+        }
+      }
+      if (n.enum_strings.size() > JsonSchema::kMaxChoices)
+        bad(ptr, fmt::format("'enum' of more than {} strings is not supported", JsonSchema::kMaxChoices));
+      n.types &= allowed;
+    }
+    // object
+    if (s.contains("properties")) {
+      const J& props = s["properties"];
+      if (!props.is_object()) bad(ptr, "'properties' must be an object");
+      if (props.size() > JsonSchema::kMaxChoices)
+        bad(ptr, fmt::format("more than {} properties are not supported", JsonSchema::kMaxChoices));
+      n.any_members = false;
+      for (const auto& [k, v] : props.items()) {
+        JsonSchemaNode::Prop p;
+        p.key = quoted_body(k);
+        if (p.key.size() > 1024) bad(ptr, "a property name longer than 1024 bytes is not supported");
+        p.node = node_at(ptr + "/properties/" + pointer_token(k));
+        n.props.push_back(std::move(p));
+      }
+    }
+    if (s.contains("required")) {
+      const J& req = s["required"];
+      if (!req.is_array()) bad(ptr, "'required' must be an array of property names");
+      for (const J& r : req) {
+        auto it = r.is_string() ? std::find_if(n.props.begin(), n.props.end(),
+                                               [&](const JsonSchemaNode::Prop& p) { return p.key == quoted_body(r.get<std::string>()); })
+                                : n.props.end();
+        if (it == n.props.end()) bad(ptr, fmt::format("'required' names {}, which 'properties' does not list", r.dump()));
+        it->required = true;
+      }
+    }
+    if (s.contains("additionalProperties")) {
+      const J& ap = s["additionalProperties"];
+      const bool open = (ap.is_boolean() && ap.get<bool>()) || (ap.is_object() && ap.empty());
+      if (!open && !(ap.is_boolean() && !ap.get<bool>()))
+        bad(ptr, "'additionalProperties' may only be true, false or {}");
+      if (open && !n.any_members) bad(ptr, "'additionalProperties' beside 'properties' is not supported");
+      if (!open && n.props.empty()) n.any_members = false;  // {} only
+    }
+    // array
+    if (s.contains("items")) {
+      const J& it = s["items"];
+      if (it.is_array()) bad(ptr, "'items' as a list (tuples) is not supported");
+      n.items = it.is_boolean() && it.get<bool>() ? nullptr : node_at(ptr + "/items");
+    }
+    auto count = [&](const char* k) -> int64_t {
+      const J& v = s[k];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) bad(ptr, fmt::format("'{}' must be a non-negative integer", k));
+      return v.get<int64_t>();
+    };
+    if (s.contains("minItems")) n.min_items = count("minItems");
+    if (s.contains("maxItems")) n.max_items = count("maxItems");
+    if (n.min_items > n.max_items) bad(ptr, "'minItems' is above 'maxItems'");
+    if (n.types == 0) bad(ptr, "the schema allows no value");
+  }
+
+  const J& root_;
+  JsonSchema& out_;
+  std::map<std::string, const JsonSchemaNode*> memo_;
+  std::set<std::string> resolving_;
+};
+
+std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
+  static const std::shared_ptr<const JsonSchema> s = [] {
+    auto r = std::make_shared<JsonSchema>();
+    JsonSchemaNode& n = r->nodes_.emplace_back();
+    n.types = JsonSchemaNode::kObject;
+    r->root_ = &n;
+    return r;
+  }();
+  return s;
+}
+
+std::shared_ptr<const JsonSchema> JsonSchema::compile(const nlohmann::ordered_json& schema) {
+  auto r = std::make_shared<JsonSchema>();
+  JsonSchemaCompiler c(schema, *r);
+  r->root_ = c.node_at("");
+  if (!(r->root_->types & JsonSchemaNode::kObject)) fail("json_schema: the root must be an object schema (\"type\": \"object\")");
+  return r;
+}
+
+JsonPrefix::JsonPrefix() : JsonPrefix(*JsonSchema::any_object()) {}
+
+JsonPrefix::JsonPrefix(const JsonSchema& schema) : node_(schema.root()) {}
+
+JsonPrefix& JsonPrefix::operator=(const JsonPrefix& o) {
+  s_ = o.s_;
+  ws_ = o.ws_;
+  indent_ = o.indent_;
+  key_ = o.key_;
+  integer_ = o.integer_;
+  left_ = o.left_;
+  lo_ = o.lo_;
+  hi_ = o.hi_;
+  lit_ = o.lit_;
+  off_ = o.off_;
+  digits_ = o.digits_;
+  choices_ = o.choices_;
+  choice_base_ = o.choice_base_;
+  prop_ = o.prop_;
+  node_ = o.node_;
+  depth_ = o.depth_;
+  std::copy(o.frames_.begin(), o.frames_.begin() + o.depth_, frames_.begin());
+  return *this;
+}
+
+bool JsonPrefix::feed(uint8_t c) {
+  const JsonPrefix saved = *this;
   if (step(c)) return true;
   *this = saved;
   return false;
 }
 
-bool JsonObjectPrefix::feed(std::string_view bytes) {
+bool JsonPrefix::feed(std::string_view bytes) {
   for (char c : bytes)
     if (!step(static_cast<uint8_t>(c))) return false;
   return true;
 }
 
-bool JsonObjectPrefix::structural() const {
+bool JsonPrefix::structural() const {
   switch (s_) {
     case S::value: case S::obj_first: case S::obj_key: case S::colon: case S::obj_next: case S::arr_first:
     case S::arr_next:
@@ -31,7 +314,7 @@ bool JsonObjectPrefix::structural() const {
 }
 
 // json.gbnf's ws: "" | " " | "\n" [ \t]{0,20}, between the tokens of the structure.
-bool JsonObjectPrefix::whitespace(uint8_t c) {
+bool JsonPrefix::whitespace(uint8_t c) {
   if (c == ' ' || c == '\t') {
     if (ws_ == Ws::newline && indent_ < kMaxIndent) {
       ++indent_;
@@ -51,54 +334,100 @@ bool JsonObjectPrefix::whitespace(uint8_t c) {
   return false;
 }
 
-void JsonObjectPrefix::value_done() {
-  if (depth_ == 0)
+void JsonPrefix::value_done() {
+  if (depth_ == 0) {
     s_ = S::done;
-  else
-    s_ = (objects_ >> (depth_ - 1)) & 1 ? S::obj_next : S::arr_next;
+    return;
+  }
+  Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  if (f.object) {
+    s_ = S::obj_next;
+  } else {
+    ++f.next;
+    s_ = S::arr_next;
+  }
 }
 
-bool JsonObjectPrefix::value(uint8_t c) {
+bool JsonPrefix::may_close_object() const {
+  const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  const JsonSchemaNode& o = *f.node;
+  if (o.any_members) return true;
+  for (size_t i = static_cast<size_t>(f.next); i < o.props.size(); ++i)
+    if (o.props[i].required) return false;
+  return true;
+}
+
+bool JsonPrefix::may_add_member() const {
+  const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  return f.node->any_members || static_cast<size_t>(f.next) < f.node->props.size();
+}
+
+// A '"' that opens a key: any string, or the properties that may come next (those up to and with
+// the next required one).
+bool JsonPrefix::open_key() {
+  const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  const JsonSchemaNode& o = *f.node;
+  key_ = true;
+  if (o.any_members) {
+    prop_ = -1;
+    s_ = S::str;
+    return true;
+  }
+  choices_ = 0;
+  choice_base_ = f.next;
+  for (size_t i = static_cast<size_t>(f.next); i < o.props.size(); ++i) {
+    choices_ |= uint64_t{1} << (i - static_cast<size_t>(f.next));
+    if (o.props[i].required) break;
+  }
+  if (choices_ == 0) return false;
+  off_ = 0;
+  s_ = S::str_choice;
+  return true;
+}
+
+bool JsonPrefix::value(uint8_t c) {
+  const JsonSchemaNode& n = *node_;
   switch (c) {
     case '{':
     case '[':
-      if (depth_ >= kMaxDepth) return false;
-      objects_ = (objects_ & ~(uint64_t{1} << depth_)) | (uint64_t{c == '{'} << depth_);
-      ++depth_;
+      if (!(n.types & (c == '{' ? JsonSchemaNode::kObject : JsonSchemaNode::kArray)) || depth_ >= kMaxDepth) return false;
+      if (c == '[' && n.max_items == 0 && n.min_items > 0) return false;
+      frames_[static_cast<size_t>(depth_++)] = Frame{&n, 0, c == '{'};
       s_ = c == '{' ? S::obj_first : S::arr_first;
       return true;
     case '"':
+      if (!(n.types & JsonSchemaNode::kString)) return false;
       key_ = false;
-      s_ = S::str;
-      return true;
-    case '-':
-      s_ = S::n_minus;
-      return true;
-    case '0':
-      s_ = S::n_zero;
+      if (n.string_enum) {
+        choices_ = n.enum_strings.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.enum_strings.size()) - 1;
+        off_ = 0;
+        s_ = S::str_choice;
+      } else {
+        s_ = S::str;
+      }
       return true;
     case 't':
-      lit_ = "rue";
-      s_ = S::lit;
-      return true;
     case 'f':
-      lit_ = "alse";
+      if (!(n.types & JsonSchemaNode::kBoolean) || !(c == 't' ? n.allow_true : n.allow_false)) return false;
+      lit_ = c == 't' ? "rue" : "alse";
       s_ = S::lit;
       return true;
     case 'n':
+      if (!(n.types & JsonSchemaNode::kNull)) return false;
       lit_ = "ull";
       s_ = S::lit;
       return true;
     default:
-      if (c >= '1' && c <= '9') {
-        s_ = S::n_int;
-        return true;
-      }
-      return false;
+      if (c != '-' && !is_digit(c)) return false;
+      if (!(n.types & (JsonSchemaNode::kNumber | JsonSchemaNode::kInteger))) return false;
+      integer_ = !(n.types & JsonSchemaNode::kNumber);
+      s_ = c == '-' ? S::n_minus : c == '0' ? S::n_zero : S::n_int;
+      digits_ = 1;
+      return true;
   }
 }
 
-bool JsonObjectPrefix::step(uint8_t c) {
+bool JsonPrefix::step(uint8_t c) {
   if (structural()) {
     if (c == ' ' || c == '\t' || c == '\n' || c == '\r') return c != '\r' && whitespace(c);
     ws_ = Ws::none;
@@ -111,6 +440,7 @@ bool JsonObjectPrefix::step(uint8_t c) {
       return value(c);
     case S::obj_first:
       if (c == '}') {
+        if (!may_close_object()) return false;
         --depth_;
         value_done();
         return true;
@@ -118,38 +448,73 @@ bool JsonObjectPrefix::step(uint8_t c) {
       [[fallthrough]];
     case S::obj_key:
       if (c != '"') return false;
-      key_ = true;
-      s_ = S::str;
-      return true;
-    case S::colon:
+      return open_key();
+    case S::colon: {
       if (c != ':') return false;
+      const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+      node_ = prop_ >= 0 ? f.node->props[static_cast<size_t>(prop_)].node : &kAnyNode;
       s_ = S::value;
       return true;
+    }
     case S::obj_next:
       if (c == ',') {
+        if (!may_add_member()) return false;
         s_ = S::obj_key;
         return true;
       }
-      if (c != '}') return false;
+      if (c != '}' || !may_close_object()) return false;
       --depth_;
       value_done();
       return true;
     case S::arr_first:
+    case S::arr_next: {
+      const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+      const JsonSchemaNode& a = *f.node;
       if (c == ']') {
+        if (f.next < a.min_items) return false;
         --depth_;
         value_done();
         return true;
       }
-      return value(c);
-    case S::arr_next:
-      if (c == ',') {
+      const JsonSchemaNode* items = a.items ? a.items : &kAnyNode;
+      if (s_ == S::arr_next) {
+        if (c != ',' || f.next >= a.max_items) return false;
+        node_ = items;
         s_ = S::value;
         return true;
       }
-      if (c != ']') return false;
-      --depth_;
-      value_done();
+      if (a.max_items == 0) return false;
+      node_ = items;
+      return value(c);
+    }
+    case S::str_choice: {
+      // The bytes must follow one of the candidates: property names (key_) or enum strings.
+      const JsonSchemaNode& owner = key_ ? *frames_[static_cast<size_t>(depth_ - 1)].node : *node_;
+      auto cand = [&](int b) -> const std::string& {
+        return key_ ? owner.props[static_cast<size_t>(choice_base_ + b)].key : owner.enum_strings[static_cast<size_t>(b)];
+      };
+      if (c == '"') {
+        for (int b = 0; b < 64; ++b)
+          if (((choices_ >> b) & 1) && cand(b).size() == off_) {
+            if (key_) {
+              prop_ = choice_base_ + b;
+              frames_[static_cast<size_t>(depth_ - 1)].next = prop_ + 1;
+              s_ = S::colon;
+            } else {
+              value_done();
+            }
+            return true;
+          }
+        return false;
+      }
+      uint64_t next = 0;
+      for (int b = 0; b < 64; ++b)
+        if (((choices_ >> b) & 1) && cand(b).size() > off_ && static_cast<uint8_t>(cand(b)[off_]) == c) next |= uint64_t{1} << b;
+      if (next == 0) return false;
+      choices_ = next;
+      ++off_;
       return true;
+    }
     case S::str:
       if (c == '"') {
         if (key_)
@@ -212,11 +577,13 @@ bool JsonObjectPrefix::step(uint8_t c) {
       }
       if (!is_digit(c)) return false;
       s_ = S::n_int;
+      digits_ = 1;
       return true;
     case S::n_dot:
     case S::n_esign:
       if (!is_digit(c)) return false;
       s_ = s_ == S::n_dot ? S::n_frac : S::n_exp;
+      digits_ = 1;
       return true;
     case S::n_e:
       if (c == '+' || c == '-') {
@@ -225,18 +592,19 @@ bool JsonObjectPrefix::step(uint8_t c) {
       }
       if (!is_digit(c)) return false;
       s_ = S::n_exp;
+      digits_ = 1;
       return true;
     case S::n_int:
     case S::n_frac:
     case S::n_exp:
-      if (is_digit(c)) return true;
+      if (is_digit(c)) return ++digits_ <= (s_ == S::n_frac ? kMaxFraction : kMaxDigits);  // json.gbnf's bounds
       [[fallthrough]];
     case S::n_zero:
-      if (c == '.' && (s_ == S::n_zero || s_ == S::n_int)) {
+      if (c == '.' && !integer_ && (s_ == S::n_zero || s_ == S::n_int)) {
         s_ = S::n_dot;
         return true;
       }
-      if ((c == 'e' || c == 'E') && s_ != S::n_exp) {
+      if ((c == 'e' || c == 'E') && !integer_ && s_ != S::n_exp) {
         s_ = S::n_e;
         return true;
       }
@@ -250,13 +618,14 @@ bool JsonObjectPrefix::step(uint8_t c) {
   return false;
 }
 
-int64_t JsonTokenMask::allowed(const JsonObjectPrefix& prefix, std::vector<uint8_t>& allowed) const {
+int64_t JsonTokenMask::allowed(const JsonPrefix& prefix, std::vector<uint8_t>& allowed) const {
   allowed.assign(bytes_.size(), 0);
   int64_t n = 0;
+  JsonPrefix p;
   for (size_t id = 0; id < bytes_.size(); ++id) {
     const std::string& b = bytes_[id];
     if (b.empty()) continue;
-    JsonObjectPrefix p = prefix;
+    p = prefix;
     if (p.feed(b)) {
       allowed[id] = 1;
       ++n;

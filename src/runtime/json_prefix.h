@@ -1,59 +1,134 @@
-// Constrained decoding of one JSON object (OpenAI's response_format {"type": "json_object"}).
+// Constrained decoding of JSON replies: OpenAI's response_format {"type": "json_object"} (any one
+// JSON object) and {"type": "json_schema"} (an object of a JSON Schema, the subset below).
 //
-// JsonObjectPrefix is a byte-level pushdown automaton that accepts exactly the prefixes of one JSON
-// object (RFC 8259: objects, arrays, strings with escapes and strictly valid UTF-8 (RFC 3629), no
-// control characters, numbers, true/false/null), with the whitespace of llama.cpp's
-// grammars/json.gbnf between tokens: none, one space, or a newline and at most 20 spaces or tabs (a
-// model cannot stall in whitespace). Nesting deeper than kMaxDepth is refused.
+// JsonSchema compiles a schema (JSON Schema 2020-12 keywords): `type` (a name or a list),
+// `properties` + `required` (members come in the schema's order, as OpenAI's structured outputs and
+// llama.cpp's json-schema-to-grammar write them; a required one cannot be skipped; no other keys
+// unless the object lists no properties), `additionalProperties` false (the default here) or, for an
+// object without properties, true / {}, `items`, `minItems`, `maxItems`, `enum` / `const` of
+// strings, booleans and null, `anyOf` / `oneOf` whose branches start differently (e.g. pydantic's
+// Optional: [X, {"type": "null"}]), `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion
+// allowed), and annotations (title, description, default, examples, format, $schema, $id, $comment).
+// Any other keyword (pattern, minLength, minimum, allOf, ...) is refused by name rather than ignored.
+//
+// JsonPrefix is a byte-level pushdown automaton over one JSON value of such a schema (the root must
+// be an object): RFC 8259 syntax, strictly valid UTF-8 in strings (RFC 3629), no control
+// characters, and the whitespace of llama.cpp's grammars/json.gbnf between tokens (none, one space,
+// or a newline and at most 20 spaces or tabs: a model cannot stall in whitespace), numbers of at
+// most 16 digits before the point and in the exponent (json.gbnf's bound) and 32 after it. Nesting deeper than kMaxDepth is refused. Property names and enum strings must be written as nlohmann writes
+// them (the same escapes).
 //
 // JsonTokenMask turns it into a token mask: a token may follow when all its bytes continue the
 // prefix; tokens without bytes (control tokens) never do. The engine samples from the allowed
-// tokens and ends the request when the object is complete.
+// tokens and ends the request when the value is complete.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace mk {
 
-class JsonObjectPrefix {
+struct JsonSchemaNode {
+  enum Type : uint8_t { kObject = 1, kArray = 2, kString = 4, kNumber = 8, kInteger = 16, kBoolean = 32, kNull = 64, kAny = 127 };
+  uint8_t types = kAny;
+  bool any_members = true;  // an object of any keys and values (no `properties`)
+  struct Prop {
+    std::string key;  // the name as written between quotes (nlohmann's escapes)
+    const JsonSchemaNode* node = nullptr;
+    bool required = false;
+  };
+  std::vector<Prop> props;                // in order
+  const JsonSchemaNode* items = nullptr;  // array items; null: any value
+  int64_t min_items = 0, max_items = INT64_MAX;
+  bool string_enum = false;               // a string is one of enum_strings
+  std::vector<std::string> enum_strings;  // as written between quotes
+  bool allow_true = true, allow_false = true;  // with kBoolean
+};
+
+class JsonSchema {
+ public:
+  static constexpr size_t kMaxChoices = 64;  // properties of an object, strings of an enum
+  // Any one JSON object (json_object).
+  static std::shared_ptr<const JsonSchema> any_object();
+  // Compiles a schema; throws mk::Error naming what is not supported or malformed (with its JSON
+  // pointer, e.g. "/properties/age: 'minimum' is not supported").
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::ordered_json& schema);
+  const JsonSchemaNode* root() const { return root_; }
+
+ private:
+  std::deque<JsonSchemaNode> nodes_;  // stable addresses
+  const JsonSchemaNode* root_ = nullptr;
+  friend class JsonSchemaCompiler;
+};
+
+class JsonPrefix {
  public:
   static constexpr int kMaxDepth = 64;
   static constexpr int kMaxIndent = 20;  // spaces / tabs after a newline
+  static constexpr int kMaxDigits = 16;    // of a number's integral part and exponent (json.gbnf's bound)
+  static constexpr int kMaxFraction = 32;  // of its fraction (json.gbnf: any; 17 significant digits need ~22)
+  // One JSON object of any shape (json_object).
+  JsonPrefix();
+  // One value of `schema` (kept alive by the caller).
+  explicit JsonPrefix(const JsonSchema& schema);
+  JsonPrefix(const JsonPrefix& o) { *this = o; }
+  JsonPrefix& operator=(const JsonPrefix& o);  // copies only the open frames
   // Appends a byte; returns false (and leaves the state unchanged) when the text would no longer be
-  // the start of one JSON object.
+  // the start of a value of the schema.
   bool feed(uint8_t c);
   // Appends bytes; false (state unspecified) at the first that does not fit.
   bool feed(std::string_view bytes);
-  // Whether the text is one whole JSON object.
+  // Whether the text is one whole value.
   bool complete() const { return s_ == S::done; }
 
  private:
   enum class S : uint8_t {
     start, value, obj_first, obj_key, colon, obj_next, arr_first, arr_next,
-    str, str_esc, str_u, str_utf8,
+    str, str_esc, str_u, str_utf8, str_choice,
     n_minus, n_zero, n_int, n_dot, n_frac, n_e, n_esign, n_exp,
     lit, done
   };
   enum class Ws : uint8_t { none, space, newline };
+  struct Frame {
+    const JsonSchemaNode* node;
+    int32_t next = 0;   // object: the index of the property after the last one written; array: items written
+    bool object = false;
+  };
   bool step(uint8_t c);
-  bool value(uint8_t c);   // the first byte of a value
+  bool value(uint8_t c);  // the first byte of a value of node_
   bool whitespace(uint8_t c);
-  void value_done();       // a value ended: the container's next state, or done
+  void value_done();      // a value ended: the container's next state, or done
   bool structural() const;
+  bool open_key();        // a '"' where a key may start: its choices
+  bool may_close_object() const;
+  bool may_add_member() const;
 
   S s_ = S::start;
   Ws ws_ = Ws::none;
   uint8_t indent_ = 0;             // spaces / tabs after the newline
   bool key_ = false;               // the string being read is an object key
+  bool integer_ = false;           // the number being read must be an integer
   uint8_t left_ = 0;               // hex digits of \uXXXX, or UTF-8 continuation bytes, still due
   uint8_t lo_ = 0x80, hi_ = 0xBF;  // the range of the next UTF-8 continuation byte
   const char* lit_ = nullptr;      // the rest of true / false / null
-  uint8_t depth_ = 0;
-  uint64_t objects_ = 0;           // bit i: level i is an object (else an array)
+  uint16_t off_ = 0;               // bytes of a choice string read
+  uint8_t digits_ = 0;             // digits of the number part being read
+  uint64_t choices_ = 0;           // str_choice: the candidates (bits of props from choice_base_, or enum strings)
+  int32_t choice_base_ = 0;        // key choices: the property index of bit 0
+  int32_t prop_ = -1;              // the property whose value comes next (after a key)
+  const JsonSchemaNode* node_ = nullptr;  // the schema of the value being read (or about to be)
+  int depth_ = 0;
+  std::array<Frame, kMaxDepth> frames_{};
 };
+
+using JsonObjectPrefix = JsonPrefix;
 
 // The mask over a vocabulary: `token_bytes[id]` the bytes token id adds to the text.
 class JsonTokenMask {
@@ -61,7 +136,7 @@ class JsonTokenMask {
   explicit JsonTokenMask(std::vector<std::string> token_bytes) : bytes_(std::move(token_bytes)) {}
   // allowed[id] = 1 when token id's bytes continue `prefix` (allowed is resized to the vocabulary);
   // returns how many are.
-  int64_t allowed(const JsonObjectPrefix& prefix, std::vector<uint8_t>& allowed) const;
+  int64_t allowed(const JsonPrefix& prefix, std::vector<uint8_t>& allowed) const;
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
   int64_t n_vocab() const { return static_cast<int64_t>(bytes_.size()); }
 

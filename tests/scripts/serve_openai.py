@@ -331,7 +331,10 @@ def stories_checks():
         err = json.loads(text).get("error", {}) if st == 400 else {}
         check(st == 400 and err.get("param") == param and param in err.get("message", ""),
               f"chat message shape: 400 naming {param}, got {st}: {text[:160]}")
-    for extra, param in [({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    for extra, param in [({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}}}, "response_format"),
+                         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                             "type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}}}}, "response_format"),
+                         ({"response_format": {"type": "json_schema"}}, "response_format"),
                          ({"response_format": {"type": "grammar"}}, "response_format"),
                          ({"response_format": "text"}, "response_format"),
                          ({"tool_choice": "auto"}, "tool_choice"),
@@ -353,6 +356,24 @@ def stories_checks():
             ok = False
         outs.append((ok, ch.finish_reason, ch.text[:60]))
     check(all(ok for ok, _, _ in outs), f"response_format json_object: JSON-object replies ({outs})")
+    # json_schema: an object of the schema (here an enum and a bounded list: every reply completes).
+    schema = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad", "sleepy"]},
+                                               "n": {"type": "integer"},
+                                               "friends": {"type": "array", "items": {"enum": ["Tom", "Lily"]}, "maxItems": 2}},
+              "required": ["mood", "friends"]}
+    outs = []
+    for seed in range(4):
+        ch = c.completions.create(model="x", prompt=prompt, max_tokens=80, temperature=1.0, seed=seed, extra_body={
+            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}}).choices[0]
+        try:
+            d = json.loads(ch.text)
+            ok = (ch.finish_reason == "stop" and list(d)[0] == "mood" and d["mood"] in ("happy", "sad", "sleepy")
+                  and isinstance(d.get("n", 0), int) and len(d["friends"]) <= 2 and set(d["friends"]) <= {"Tom", "Lily"})
+        except (ValueError, KeyError, IndexError):
+            ok = ch.finish_reason == "length" and ch.text.startswith('{ "mood"') or ch.text.startswith('{"mood"')
+        outs.append((ok, ch.finish_reason, ch.text[:80]))
+    check(all(ok for ok, _, _ in outs) and sum(f == "stop" for _, f, _ in outs) >= 2,
+          f"response_format json_schema: objects of the schema, or their start at max_tokens ({outs})")
     # seed -1 is a random seed (as llama.cpp), not the seed 2^64 - 1.
     r1, r2 = [c.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=1.5, seed=-1).choices[0].text
               for _ in range(2)]
@@ -713,6 +734,20 @@ def chat_checks():
         cat = None
     check(r.choices[0].finish_reason == "stop" and isinstance(cat, dict) and {"name", "age", "color"} <= set(cat),
           f"chat response_format json_object on SmolLM2: a JSON object with the keys asked for ({r.choices[0].message.content!r})")
+    cat_schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                                   "color": {"enum": ["black", "white", "orange", "grey"]},
+                                                   "indoor": {"anyOf": [{"type": "boolean"}, {"type": "null"}]}},
+                  "required": ["name", "age", "color", "indoor"], "additionalProperties": False}
+    r = srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Describe a cat."}], max_tokens=100,
+                                           temperature=0.7, seed=3, response_format={"type": "json_schema", "json_schema": {
+                                               "name": "cat", "schema": cat_schema, "strict": True}})
+    try:
+        cat = json.loads(r.choices[0].message.content)
+    except ValueError:
+        cat = None
+    check(isinstance(cat, dict) and list(cat) == ["name", "age", "color", "indoor"] and isinstance(cat["age"], int)
+          and cat["color"] in cat_schema["properties"]["color"]["enum"] and cat["indoor"] in (True, False, None),
+          f"chat response_format json_schema on SmolLM2: an object of the schema ({r.choices[0].message.content!r})")
     srv.blocks_free_at_end("chat")
     check(srv.stop() == 0, "chat server: exit code 0")
 

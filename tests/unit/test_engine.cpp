@@ -1054,7 +1054,7 @@ TEST(E2EServeEngine, JsonObjectRepliesArePrefixesOfOneObject) {
     p.sampler.temperature = i < 2 ? 0.0f : 1.5f;
     p.sampler.top_k = 0;
     p.sampler.seed = static_cast<uint64_t>(i);
-    p.json_object = true;
+    p.json = JsonSchema::any_object();
     if (i >= 4)  // pushed towards closing its strings and the object (a story model writes on and on)
       for (int32_t t = 0; t < s.hparams.n_vocab; ++t) {
         const std::string b = s.tokenizer->token_bytes(0, t);

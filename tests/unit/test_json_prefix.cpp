@@ -9,6 +9,7 @@
 #include <string>
 
 #include "runtime/json_prefix.h"
+#include "support/error.h"
 
 namespace mk {
 namespace {
@@ -82,6 +83,8 @@ TEST(JsonPrefix, RefusesTheByteWhereTextStopsBeingJson) {
       {"{\"a\":1.}", 7},           // a point needs digits
       {"{\"a\":1e}", 7},           // an exponent needs digits
       {"{\"a\":.5}", 5},
+      {"{\"a\":12345678901234567}", 21},       // at most 16 digits (json.gbnf)
+      {"{\"a\":1." + std::string(33, '1') + "}", 39},  // 32 after the point
       {"{\"a\":+1}", 5},
       {"{\"a\":tru}", 8},
       {"{\"a\":nul1}", 8},
@@ -108,7 +111,8 @@ TEST(JsonPrefix, RefusesTheByteWhereTextStopsBeingJson) {
   for (const auto& [text, at] : cases) {
     EXPECT_EQ(accepted(text), at) << text;
     // Every case but the whitespace ones (json.gbnf's rule, stricter than RFC 8259) is invalid JSON.
-    const bool ws_rule = text.find_first_of(" \n\r\t") != std::string::npos;
+    const bool ws_rule = text.find_first_of(" \n\r\t") != std::string::npos || text.find("1234567890123456") != std::string::npos ||
+                         text.find(std::string(33, '1')) != std::string::npos;
     EXPECT_TRUE(ws_rule || !nlohmann::json::accept(text) || text[0] != '{') << text << ": nlohmann takes it";
   }
   for (const char* ok : {"{}", "{\"a\":-0.5E-3}", "{\"a\":1e+5,\"b\":[true,false,null,{}],\"c\":\"\\u00e9\\n\\/\"}",
@@ -133,6 +137,119 @@ TEST(JsonPrefix, TokenMaskAllowsTokensWhoseBytesContinueThePrefix) {
   ASSERT_TRUE(p.feed(mask.bytes(8)));
   EXPECT_TRUE(p.complete());
   EXPECT_EQ(mask.allowed(p, allowed), 0);
+}
+
+}  // namespace
+}  // namespace mk
+
+namespace mk {
+namespace {
+
+using J = nlohmann::ordered_json;
+
+size_t accepted_by(const JsonSchema& schema, const std::string& text, bool* whole = nullptr) {
+  JsonPrefix p(schema);
+  size_t i = 0;
+  for (; i < text.size(); ++i)
+    if (!p.feed(static_cast<uint8_t>(text[i]))) break;
+  if (whole) *whole = i == text.size() && p.complete();
+  return i;
+}
+
+// A pydantic-style schema: $defs and $ref (a recursive one), Optional as anyOf [X, null], enums,
+// arrays with bounds, integers, nested objects.
+const J kPerson = J::parse(R"({
+  "$defs": {
+    "Color": {"enum": ["red", "green", "blue"], "title": "Color", "type": "string"},
+    "Pet": {"properties": {"name": {"type": "string"}, "legs": {"type": "integer"}}, "required": ["name"], "type": "object"},
+    "Node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+             "required": ["v", "kids"]}
+  },
+  "properties": {
+    "name": {"title": "Name", "type": "string"},
+    "age": {"type": "integer"},
+    "height": {"anyOf": [{"type": "number"}, {"type": "null"}], "default": null},
+    "color": {"$ref": "#/$defs/Color"},
+    "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2},
+    "pets": {"type": "array", "items": {"$ref": "#/$defs/Pet"}},
+    "ok": {"type": "boolean"},
+    "tree": {"$ref": "#/$defs/Node"},
+    "extra": {"type": "object"}
+  },
+  "required": ["name", "age", "color", "tags"],
+  "title": "Person", "type": "object"
+})");
+
+TEST(JsonSchema, AcceptsInstancesInPropertyOrderAndEveryPrefix) {
+  const auto schema = JsonSchema::compile(kPerson);
+  for (const char* doc : {
+           R"({"name":"Ann","age":31,"color":"red","tags":["a"]})",
+           R"({"name":"Bo","age":-2,"height":1.85,"color":"blue","tags":["x","y"],"pets":[],"ok":false})",
+           R"({"name":"C","age":0,"height":null,"color":"green","tags":["t"],"pets":[{"name":"Rex","legs":4},{"name":"Tweety"}],)"
+           R"("ok":true,"tree":{"v":1,"kids":[{"v":2,"kids":[]}]},"extra":{"any":[1,{"x":null}]}})",
+           "{\n  \"name\": \"D\",\n  \"age\": 5,\n  \"color\": \"red\",\n  \"tags\": [\n    \"q\"\n  ]\n}"}) {
+    bool whole = false;
+    EXPECT_EQ(accepted_by(*schema, doc, &whole), std::string(doc).size()) << doc;
+    EXPECT_TRUE(whole) << doc;
+    EXPECT_TRUE(J::accept(doc)) << doc;
+  }
+}
+
+TEST(JsonSchema, RefusesTheByteWhereTheInstanceLeavesTheSchema) {
+  const auto schema = JsonSchema::compile(kPerson);
+  const std::string head = R"({"name":"A","age":1,"color":"red","tags":["a"])";
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"age":1,)", "{\""},                                   // required "name" comes first
+      {R"({"name":"A","color":)", R"({"name":"A",")"},            // "age" is required before "color"
+      {R"({"name":"A","age":1.5)", R"({"name":"A","age":1)"},     // an integer
+      {R"({"name":"A","age":1e3)", R"({"name":"A","age":1)"},
+      {R"({"name":"A","age":"1")", R"({"name":"A","age":)"},      // not a string
+      {R"({"name":"A","age":1,"color":"pink")", R"({"name":"A","age":1,"color":")"},  // enum
+      {R"({"name":"A","age":1,"color":"red","tags":[])", R"({"name":"A","age":1,"color":"red","tags":[)"},  // minItems 1
+      {R"({"name":"A","age":1,"color":"red","tags":["a","b","c")", R"({"name":"A","age":1,"color":"red","tags":["a","b")"},
+      {R"({"name":"A","age":1})", R"({"name":"A","age":1)"},      // color and tags are required
+      {head + R"(,"nick":1)", head + ",\""},                      // no other keys
+      {head + R"(,"ok":true,"height":2)", head + R"(,"ok":true,")"},  // in the schema's order
+      {R"({"name":"A","age":1,"height":true)", R"({"name":"A","age":1,"height":)"},  // number or null
+      {head + R"(,"pets":[{"legs":4}])", head + R"(,"pets":[{")"},  // a pet's name is required
+      {head + R"(,"tree":{"v":1})", head + R"(,"tree":{"v":1)"},  // kids are required, recursively
+  };
+  for (const auto& [text, ok_prefix] : cases) {
+    EXPECT_EQ(accepted_by(*schema, text), ok_prefix.size()) << text;
+  }
+}
+
+TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"type":"object","properties":{"a":{"type":"string","pattern":"^x"}}})", "/properties/a: 'pattern' is not supported"},
+      {R"({"type":"object","properties":{"a":{"type":"integer","minimum":0}}})", "/properties/a: 'minimum' is not supported"},
+      {R"({"type":"array"})", "the root must be an object schema"},
+      {R"({"type":"object","properties":{"a":{"$ref":"#/$defs/Missing"}}})", "'#/$defs/Missing' names nothing"},
+      {R"({"type":"object","properties":{"a":{"anyOf":[{"type":"string"},{"enum":["x"]}]}}})", "branches whose values can begin alike"},
+      {R"({"type":"object","properties":{"a":{"enum":[1,2]}}})", "'enum' / 'const' value 1 is not supported"},
+      {R"({"type":"object","properties":{"a":{}},"required":["b"]})", "'required' names \"b\""},
+      {R"({"type":"object","properties":{"a":{"type":"date"}}})", "'type' \"date\" is not a JSON Schema type"},
+      {R"({"type":"object","properties":{"a":{"items":[{}]}}})", "'items' as a list (tuples) is not supported"},
+      {R"({"type":"object","properties":{"a":{}},"additionalProperties":true})", "'additionalProperties' beside 'properties'"},
+      {R"({"$ref":"#"})", "a cycle of '$ref's"},
+  };
+  for (const auto& [schema, want] : cases) {
+    try {
+      JsonSchema::compile(J::parse(schema));
+      ADD_FAILURE() << schema << " compiled";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << schema << ": " << e.what();
+    }
+  }
+  // const, boolean enums, additionalProperties false on an empty object, nullable type lists.
+  const auto s = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"k":{"const":"v"},"b":{"enum":[true]},)"
+                                              R"("e":{"type":"object","additionalProperties":false},"n":{"type":["integer","null"]}},)"
+                                              R"("required":["k","b","e","n"]})"));
+  bool whole = false;
+  EXPECT_EQ(accepted_by(*s, R"({"k":"v","b":true,"e":{},"n":null})", &whole), 34u);
+  EXPECT_TRUE(whole);
+  EXPECT_EQ(accepted_by(*s, R"({"k":"v","b":false)"), 13u);
+  EXPECT_EQ(accepted_by(*s, R"({"k":"v","b":true,"e":{"x")"), 23u);
 }
 
 }  // namespace
