@@ -55,6 +55,15 @@ class JsonSchemaCompiler {
 
   const JsonSchemaNode* node_at(const std::string& ptr) {
     if (auto it = memo_.find(ptr); it != memo_.end()) return it->second;
+    // A client's schema: its nesting through properties, items, branches and $refs, and its size,
+    // are bounded (a chain of 30000 $refs in a 1 MB body would otherwise recurse that deep).
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(++x) {}
+      ~Depth() { --d; }
+    } depth(depth_);
+    if (depth_ > kMaxNesting) bad(ptr, fmt::format("schemas nested (through properties, items, branches and $refs) deeper than {} are not supported", kMaxNesting));
+    if (out_.nodes_.size() >= kMaxNodes) bad(ptr, fmt::format("schemas of more than {} subschemas are not supported", kMaxNodes));
     const J& s = at(ptr, ptr);
     if (s.is_object() && s.contains("$ref")) {  // a reference: the node of its target
       for (const auto& [k, v] : s.items())
@@ -240,8 +249,11 @@ class JsonSchemaCompiler {
     if (n.types == 0) bad(ptr, "the schema allows no value");
   }
 
+  static constexpr int kMaxNesting = 128;
+  static constexpr size_t kMaxNodes = 4096;
   const J& root_;
   JsonSchema& out_;
+  int depth_ = 0;
   std::map<std::string, const JsonSchemaNode*> memo_;
   std::set<std::string> resolving_;
 };

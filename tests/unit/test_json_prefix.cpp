@@ -10,6 +10,7 @@
 
 #include "runtime/json_prefix.h"
 #include "support/error.h"
+#include "support/errors.h"
 
 namespace mk {
 namespace {
@@ -241,6 +242,18 @@ TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << schema << ": " << e.what();
     }
   }
+  // A client's hostile schemas: a long $ref chain, many subschemas; errors, not a deep recursion.
+  J chain = J::parse(R"({"type":"object","properties":{"a":{"$ref":"#/$defs/d0"}},"$defs":{}})");
+  for (int i = 0; i < 300; ++i) chain["$defs"]["d" + std::to_string(i)] = J{{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+  chain["$defs"]["d300"] = J{{"type", "string"}};
+  EXPECT_NE(test::error_of([&] { JsonSchema::compile(chain); }).find("deeper than 128"), std::string::npos);
+  J wide = J::parse(R"({"type":"object","properties":{}})");
+  for (int i = 0; i < 64; ++i) {
+    J inner = J::parse(R"({"type":"object","properties":{}})");
+    for (int k = 0; k < 64; ++k) inner["properties"]["p" + std::to_string(k)] = J{{"type", "string"}};
+    wide["properties"]["q" + std::to_string(i)] = inner;
+  }
+  EXPECT_NE(test::error_of([&] { JsonSchema::compile(wide); }).find("more than 4096 subschemas"), std::string::npos);
   // const, boolean enums, additionalProperties false on an empty object, nullable type lists.
   const auto s = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"k":{"const":"v"},"b":{"enum":[true]},)"
                                               R"("e":{"type":"object","additionalProperties":false},"n":{"type":["integer","null"]}},)"
@@ -250,6 +263,25 @@ TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {
   EXPECT_TRUE(whole);
   EXPECT_EQ(accepted_by(*s, R"({"k":"v","b":false)"), 13u);
   EXPECT_EQ(accepted_by(*s, R"({"k":"v","b":true,"e":{"x")"), 23u);
+}
+
+// Random bytes (biased towards JSON's) into the schema automaton: every byte it takes keeps the text
+// a prefix it accepts, and a text it calls complete parses (no crash under ASan/UBSan).
+TEST(JsonSchema, RandomBytesNeverLeaveWhatItAccepts) {
+  const auto schema = JsonSchema::compile(kPerson);
+  std::mt19937 rng(11);
+  const std::string alphabet = "{}[],:\"\\ \n\t0123456789.-+eEtruefalsnl abcxyzATG\xc3\xa9\xf0\x9f\x99\x82\x01";
+  for (int n = 0; n < 3000; ++n) {
+    JsonPrefix p(*schema);
+    std::string text;
+    for (int i = 0; i < 400 && !p.complete(); ++i) {
+      const auto c = static_cast<uint8_t>(rng() % 8 == 0 ? rng() % 256 : alphabet[rng() % alphabet.size()]);
+      if (p.feed(c)) text += static_cast<char>(c);
+    }
+    if (p.complete()) EXPECT_TRUE(J::accept(text)) << text;
+    JsonPrefix replay(*schema);
+    EXPECT_TRUE(replay.feed(text)) << text;
+  }
 }
 
 }  // namespace
