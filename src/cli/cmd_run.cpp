@@ -17,6 +17,7 @@ void add_run_command(CLI::App& app) {
     bool json = false;
     std::string ids;
     std::string messages_file, system, template_file;
+    std::string json_schema;
     bool chat = false;
   };
   auto o = std::make_shared<Opts>();
@@ -48,6 +49,9 @@ void add_run_command(CLI::App& app) {
   auto* chat = cmd->add_flag("--chat", o->chat, "chat: the prompt (-p) is one user turn, rendered by the model's template");
   auto* system = cmd->add_option("--system", o->system, "chat: a system message before the user turn (with --chat; \"\" = an empty one)")->needs(chat);
   cmd->add_option("--chat-template-file", o->template_file, "chat: Jinja2 template to use instead of the model's");
+  cmd->add_option("-j,--json-schema", o->json_schema,
+                  "the reply is one JSON object of this JSON Schema (as serve's response_format json_schema; "
+                  "'{\"type\": \"object\"}' = any object); generation stops when it closes (stop_reason \"json\")");
   messages->excludes(chat);
   messages->excludes(ids);
   chat->excludes(ids);
@@ -56,6 +60,19 @@ void add_run_command(CLI::App& app) {
     if (!o->messages_file.empty() && !o->gen.prompt.empty()) usage_error("--messages and -p cannot be combined");
     if (!o->template_file.empty() && !o->chat && o->messages_file.empty())
       usage_error("--chat-template-file needs --chat or --messages");
+    if (!o->json_schema.empty()) {  // checked before the model loads
+      nlohmann::ordered_json schema;
+      try {
+        schema = nlohmann::ordered_json::parse(o->json_schema);
+      } catch (const nlohmann::json::exception& e) {
+        usage_error(fmt::format("--json-schema is not valid JSON: {}", e.what()));
+      }
+      try {
+        o->gen.json = JsonSchema::compile(schema);
+      } catch (const Error& e) {
+        usage_error(fmt::format("--json-schema: {}", e.what()));
+      }
+    }
     if (ids->count() > 0) {  // a tokenizer only decodes the output: synthetic models have none
       o->gen.prompt_ids = parse_ids(o->ids);
       o->session.need_tokenizer = false;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 
@@ -217,8 +218,21 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   if (o.logprobs < -1 || o.logprobs > kMaxTopLogprobs)
     fail("logprobs must be between 0 and {} alternatives, got {}", kMaxTopLogprobs, o.logprobs);
   check_logit_bias(o.sampler, s.hparams.n_vocab);
-  const bool greedy = sampler.decides_by_argmax() && o.logprobs < 0;
-  const bool top = !greedy && o.logprobs < 0 && sampler.covered_by(kTopK, s.hparams.n_vocab);
+  // A JSON reply: the tokens that continue it (each token's bytes after an ordinary token), from
+  // the whole row.
+  std::optional<JsonPrefix> json;
+  std::unique_ptr<JsonTokenMask> json_mask;
+  std::vector<uint8_t> allowed;
+  if (o.json) {
+    if (!tok) fail("a JSON reply needs the model's tokenizer");
+    json.emplace(*o.json);
+    std::vector<std::string> bytes(static_cast<size_t>(s.hparams.n_vocab));
+    const int32_t ordinary = tok->bos_id == 0 ? 1 : 0;
+    for (int32_t id = 0; id < s.hparams.n_vocab && id < tok->n_vocab(); ++id) bytes[static_cast<size_t>(id)] = tok->token_bytes(ordinary, id);
+    json_mask = std::make_unique<JsonTokenMask>(std::move(bytes));
+  }
+  const bool greedy = sampler.decides_by_argmax() && o.logprobs < 0 && !json;
+  const bool top = !greedy && o.logprobs < 0 && !json && sampler.covered_by(kTopK, s.hparams.n_vocab);
   GreedyRow g;
   // Greedy decoding takes backend->decode_steps() rows per call (a GPU issues those steps before it
   // waits): `ahead` holds the rows not used yet, each with the n_past that using it leaves (the
@@ -261,7 +275,12 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     } else {
       std::span<const float> last(logits.data() + logits.size() - static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab));
       check_finite_logits(last, where);
-      next = sampler.sample(last);
+      if (json) {
+        json_mask->allowed(*json, allowed);
+        next = sampler.sample(last, allowed);
+      } else {
+        next = sampler.sample(last);
+      }
       if (o.logprobs >= 0)
         lp = generated_logprob(last, next, o.logprobs, [&](int32_t t) { return tok ? tok->token_bytes(prev, t) : std::string(); });
     }
@@ -275,6 +294,13 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     if (on_token) on_token(next);
     if (tok) emit(tok->token_bytes(prev, next));
     prev = next;
+    if (json) {
+      MK_CHECK(json->feed(json_mask->bytes(next)), "token {} does not continue the JSON reply", next);
+      if (json->complete()) {
+        r.stop_reason = "json";
+        break;
+      }
+    }
     if (i + 1 == o.n_new) break;
     if (s.n_past >= s.n_ctx) {
       r.stop_reason = "context";

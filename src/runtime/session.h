@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "model/model_file.h"
 #include "model/tokenizer.h"
+#include "runtime/json_prefix.h"
 #include "runtime/sampler.h"
 
 namespace mk {
@@ -79,6 +80,10 @@ class Session {
 
 struct GenerateOptions {
   std::string prompt;
+  // Non-null: the reply is one JSON value of this schema (runtime/json_prefix.h; as serve's
+  // response_format): tokens are drawn from those that continue it, and generation stops
+  // (stop_reason "json") when it is complete. Needs a tokenizer.
+  std::shared_ptr<const JsonSchema> json;
   // Non-empty: the prompt as token ids (no BOS added; evaluated at the session's n_past), not
   // `prompt`, which is then only echoed.
   std::vector<int32_t> prompt_ids;

@@ -816,3 +816,32 @@ TEST(E2ECliUsage, InfoNamesRopeAndAttention) {
                          "layers, scores soft-capped at 2\nlogits:       soft-capped at 6\n"))
       << r.out;
 }
+
+// `run -j SCHEMA`: the reply is an object of the schema (here enums and a bounded list, so it
+// closes within the tokens given) and generation stops when it closes; a schema it cannot take, or
+// text that is not JSON, is a usage error before the model loads.
+TEST(E2ECliUsage, RunJsonSchemaRepliesWithAnObjectOfIt) {
+  const std::string model = MK_SHARED_DIR "/models/stories260K/stories260K.gguf";
+  const std::string schema =
+      R"('{"type":"object","properties":{"mood":{"enum":["happy","sad"]},"pets":{"type":"array","items":{"enum":["cat","dog"]},"maxItems":2}},"required":["mood","pets"]}')";
+  int stopped = 0;
+  for (const char* seed : {"1", "2", "3", "4"}) {
+    Result r = cli("run -m " + model + " -p 'Once upon a time' -n 120 --temp 1 --seed " + std::string(seed) + " --json -j " + schema);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    const std::string text = j["text"];
+    ASSERT_EQ(text.rfind("{", 0), 0u) << text;
+    if (j["stop_reason"] != "json") continue;  // 120 tokens of whitespace and the like
+    ++stopped;
+    const auto obj = nlohmann::json::parse(text);
+    EXPECT_TRUE(obj["mood"] == "happy" || obj["mood"] == "sad") << text;
+    EXPECT_LE(obj["pets"].size(), 2u) << text;
+  }
+  EXPECT_GE(stopped, 2);
+  Result bad = cli("run -m " + model + " -p x -n 2 -j '{\"type\":\"object\",\"properties\":{\"a\":{\"minLength\":2}}}'");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_TRUE(has(bad.err, "error: --json-schema: json_schema /properties/a: 'minLength' is not supported")) << bad.err;
+  bad = cli("run -m " + model + " -p x -n 2 -j '{oops'");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_TRUE(has(bad.err, "error: --json-schema is not valid JSON")) << bad.err;
+}
