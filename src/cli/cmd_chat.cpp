@@ -61,6 +61,11 @@ void add_chat_command(CLI::App& app) {
   add_generation_options(cmd, o->session, o->gen.sampler);
   cmd->callback([o, system] {
     Session s(o->session);
+    try {  // ids past the vocabulary, known once the model is loaded: a usage error as the others
+      check_logit_bias(o->gen.sampler, s.hparams.n_vocab);
+    } catch (const Error& e) {
+      usage_error(fmt::format("--logit-bias: {}", e.what()));
+    }
     std::string source;
     if (!o->template_file.empty()) {
       source = read_text_file(o->template_file);

@@ -82,6 +82,11 @@ void add_run_command(CLI::App& app) {
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     if (!o->messages_file.empty()) msgs = read_chat_messages(o->messages_file);
     Session s(o->session);
+    try {  // ids past the vocabulary, known once the model is loaded: a usage error as the others
+      check_logit_bias(o->gen.sampler, s.hparams.n_vocab);
+    } catch (const Error& e) {
+      usage_error(fmt::format("--logit-bias: {}", e.what()));
+    }
     if (!s.tokenizer_error.empty())
       std::fprintf(stderr, "warning: the model's tokenizer cannot be used (%s); printing token ids only\n",
                    s.tokenizer_error.c_str());

@@ -64,6 +64,7 @@ struct ServeOptions {
 // --max-body is at least 1 byte (0 would refuse every body) and at most 1 TiB.
 constexpr double kMaxTimeoutS = 365.0 * 24 * 3600;
 constexpr int64_t kMaxBodyLimit = int64_t{1} << 40;
+constexpr int kMaxMembers = 4096;  // of one JSON object in a request body
 
 // A request the client got wrong (or cannot be served now): status, OpenAI error type and field.
 struct HttpError {
@@ -237,6 +238,7 @@ class Server {
     // The top-level field being read, for naming it when its text is not UTF-8: set by its key,
     // cleared once its value (a scalar, or a container closing at depth 1) is complete.
     std::string open_field;
+    std::vector<int> members;  // of each open object
     auto track = [&](int depth, json::parse_event_t event, json& parsed) {
       using E = json::parse_event_t;
       // nlohmann parses iteratively but copies, dumps and converts (for the template) recursively:
@@ -246,6 +248,14 @@ class Server {
                                     open_field.empty() ? "" : fmt::format(" (in '{}')", open_field)));
       if (depth == 1 && event == E::key) open_field = parsed.get<std::string>();
       else if (depth == 1 && (event == E::value || event == E::object_end || event == E::array_end)) open_field.clear();
+      // ordered_json (the client's key order: a json_schema's properties) finds a key by a linear
+      // search, so an object of n members costs n^2 to read: 100000 keys in a 1 MB body took 13 s
+      // (new-user trial 43). Objects are bounded; a long array (logit_bias as [[id, bias], ...]) is not.
+      if (event == E::object_start) members.push_back(0);
+      else if (event == E::object_end && !members.empty()) members.pop_back();
+      else if (event == E::key && !members.empty() && ++members.back() > kMaxMembers)
+        bad(open_field, fmt::format("the request body has an object of more than {} members{}", kMaxMembers,
+                                    open_field.empty() ? "" : fmt::format(" (in '{}'; logit_bias may also be a list of [id, bias] pairs)", open_field)));
       return true;
     };
     try {
@@ -303,8 +313,14 @@ class Server {
         if (!s_.tokenizer)
           throw HttpError{400, no_tokenizer(s_, o_.session.model_path, o_.model_id) + ", so replies have no text to hold JSON",
                           "invalid_request_error", "response_format", ""};
-        if (t == "json_object") {
+        if (t == "json_object" && !field(*v, "schema")) {
           r.params.json = JsonSchema::any_object();
+        } else if (t == "json_object") {  // llama.cpp's server: {"type": "json_object", "schema": {...}}
+          try {
+            r.params.json = JsonSchema::compile(*field(*v, "schema"));
+          } catch (const Error& ex) {
+            bad("response_format", ex.what());
+          }
         } else {  // OpenAI's {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
           const json* js = field(*v, "json_schema");
           const json* schema = js && js->is_object() ? field(*js, "schema") : nullptr;
@@ -412,6 +428,9 @@ class Server {
       }
       for (const auto& x : p.stop)
         if (x.empty()) bad("stop", "stop strings must not be empty");
+      // A stop string would cut the object short and call it finished (new-user trial 43).
+      if (p.json && !p.stop.empty())
+        bad("stop", "'stop' cannot be combined with a JSON response_format: it would cut the object; the reply ends when the object closes");
     }
     const Tokenizer* tok = s_.tokenizer.get();
     if (!tok && !chat && !p.stop.empty())  // the reply has no text a stop string could be found in

@@ -186,7 +186,7 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   try {
     check_logit_bias(p.sampler, n_vocab_);
   } catch (const Error& e) {
-    throw RequestInvalid(e.what(), "logit_bias");
+    throw RequestInvalid(std::string("logit_bias: ") + e.what(), "logit_bias");
   }
   if (p.json) {
     if (!tok_) invalid("response_format", "a JSON reply needs the model's tokenizer, and this model has none");

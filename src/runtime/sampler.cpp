@@ -57,7 +57,7 @@ Sampler::Sampler(SamplerOptions o) : o_(o), rng_(o.seed) {
 
 void check_logit_bias(const SamplerOptions& o, int64_t n_vocab) {
   for (const auto& [id, bias] : o.logit_bias)
-    if (id < 0 || id >= n_vocab) fail("logit bias: token {} is outside the vocabulary [0, {})", id, n_vocab);
+    if (id < 0 || id >= n_vocab) fail("token {} is outside the vocabulary [0, {})", id, n_vocab);
 }
 
 bool Sampler::penalizes() const {

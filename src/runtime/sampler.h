@@ -115,7 +115,7 @@ struct GeneratedLogprob {
 GeneratedLogprob generated_logprob(std::span<const float> logits, int32_t id, int n_top,
                                    const std::function<std::string(int32_t)>& bytes_of = {});
 
-// Throws mk::Error "logit bias: token 70000 is outside the vocabulary [0, 49152)" for a biased id
+// Throws mk::Error "token 70000 is outside the vocabulary [0, 49152)" for a biased id
 // past the vocabulary (Sampler checks the rest: ids >= 0, biases in [-100, 100]).
 void check_logit_bias(const SamplerOptions& o, int64_t n_vocab);
 

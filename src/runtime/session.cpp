@@ -217,7 +217,11 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   // Log-probabilities are of the whole row.
   if (o.logprobs < -1 || o.logprobs > kMaxTopLogprobs)
     fail("logprobs must be between 0 and {} alternatives, got {}", kMaxTopLogprobs, o.logprobs);
-  check_logit_bias(o.sampler, s.hparams.n_vocab);
+  try {
+    check_logit_bias(o.sampler, s.hparams.n_vocab);
+  } catch (const Error& e) {
+    fail("logit bias: {}", e.what());
+  }
   // A JSON reply: the tokens that continue it (each token's bytes after an ordinary token), from
   // the whole row.
   std::optional<JsonPrefix> json;
