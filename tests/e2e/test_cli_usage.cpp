@@ -125,6 +125,7 @@ TEST(E2ECliUsage, NumericOptionsRefuseWhatTheyCannotHold) {
       {run + "-l 5+101", "error: --logit-bias: the bias of token 5 must be between -100 and 100, got 101"},
       {run + "-l 5+nan", "error: --logit-bias: the bias of token 5 must be between -100 and 100"},
       {run + "--logit-bias 3000000000+1", "error: --logit-bias: token id 3000000000 is out of range"},
+      {run + "-l 99999999+1", "error: --logit-bias: token 99999999 is outside the vocabulary"},  // known once loaded
       {"chat -m synth:tiny --top-p 1e-46", "error: --top-p: 1e-46 rounds to 0 as a 32-bit float"},
       {run + "--temp 1e39", "error: --temp: 1e39 rounds to inf as a 32-bit float, which is out of range: it must be 0 or more"},
       {"run -m synth:tiny --ids 1 -n 3000000000", "error: --n-predict: 3000000000 is out of range: it must be at most 2147483647"},
