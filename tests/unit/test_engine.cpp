@@ -975,10 +975,12 @@ TEST(E2EServeEngine, PrefixCacheGivesTheSameBitsAsComputingThePrompt) {
 // Prompt log-probabilities (OpenAI's echo with logprobs; lm-evaluation-harness scores with them):
 // each prompt token after the first gets the model's log-softmax entry at its position, with the
 // same bits whether the prompt is read in chunks of 7 rows beside other requests or alone one token
-// at a time; max_tokens 0 reads the prompt and ends ("length", no token); the request's tokens are
+// at a time (on each backend); max_tokens 0 reads the prompt and ends ("length", no token); the request's tokens are
 // those it gets without prompt log-probabilities, and no prefix cache is used for it.
-TEST(E2ELogprobs, PromptLogprobsAreTheModelsRowsAtEachPosition) {
-  const SessionOptions so = stories_gguf_session("cpu");
+class E2EPromptLogprobs : public testing::TestWithParam<std::string> {};
+
+TEST_P(E2EPromptLogprobs, AreTheModelsRowsAtEachPosition) {
+  const SessionOptions so = stories_gguf_session(GetParam());
   Session s(so);
   EngineOptions eo = engine_options(4, 256, s.hparams.n_vocab);
   eo.prefill_chunk = 7;
@@ -1037,6 +1039,10 @@ TEST(E2ELogprobs, PromptLogprobsAreTheModelsRowsAtEachPosition) {
   }
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
 }
+
+// cpu, and the CUDA megakernel's source on cuda-emu (many logit rows per step on the device code).
+INSTANTIATE_TEST_SUITE_P(Backends, E2EPromptLogprobs, testing::Values("cpu", "cuda-emu"),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param == "cpu" ? "cpu" : "cuda_emu"; });
 
 // response_format json_object (runtime/json_prefix.h) on stories260K, which never saw JSON: the
 // replies are JSON-object prefixes (a whole object, parsed by nlohmann, when one ends with "stop");
