@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -630,7 +631,57 @@ bool JsonPrefix::step(uint8_t c) {
   return false;
 }
 
+JsonTokenMask::JsonTokenMask(std::vector<std::string> token_bytes) : bytes_(std::move(token_bytes)) {
+  for (size_t id = 0; id < bytes_.size(); ++id)
+    if (!bytes_[id].empty()) order_.push_back(static_cast<int32_t>(id));
+  std::stable_sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) { return bytes_[static_cast<size_t>(a)] < bytes_[static_cast<size_t>(b)]; });
+  lcp_.assign(order_.size(), 0);
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const std::string& t = bytes_[static_cast<size_t>(order_[i])];
+    max_len_ = std::max(max_len_, t.size());
+    if (i == 0) continue;
+    const std::string& p = bytes_[static_cast<size_t>(order_[i - 1])];
+    size_t l = 0;
+    while (l < t.size() && l < p.size() && t[l] == p[l]) ++l;
+    lcp_[i] = static_cast<uint32_t>(l);
+  }
+}
+
 int64_t JsonTokenMask::allowed(const JsonPrefix& prefix, std::vector<uint8_t>& allowed) const {
+  allowed.assign(bytes_.size(), 0);
+  // states[k]: the prefix after the first k bytes of the current token; valid up to `valid`.
+  thread_local std::vector<JsonPrefix> states;
+  if (states.size() < max_len_ + 1) states.resize(max_len_ + 1);
+  states[0] = prefix;
+  size_t valid = 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < order_.size();) {
+    const std::string& t = bytes_[static_cast<size_t>(order_[i])];
+    size_t k = std::min<size_t>(lcp_[i], valid);
+    bool ok = true;
+    for (; k < t.size(); ++k) {
+      states[k + 1] = states[k];
+      if (!states[k + 1].feed(std::string_view(&t[k], 1))) {  // (no undo copy: a scratch state)
+        ok = false;
+        break;
+      }
+    }
+    if (ok) {
+      allowed[static_cast<size_t>(order_[i])] = 1;
+      ++n;
+      valid = t.size();
+      ++i;
+      continue;
+    }
+    // Byte k does not fit: neither does any following token that shares bytes 0..k.
+    valid = k;
+    for (++i; i < order_.size() && lcp_[i] > k; ++i) {
+    }
+  }
+  return n;
+}
+
+int64_t JsonTokenMask::allowed_each(const JsonPrefix& prefix, std::vector<uint8_t>& allowed) const {
   allowed.assign(bytes_.size(), 0);
   int64_t n = 0;
   JsonPrefix p;

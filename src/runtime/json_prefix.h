@@ -96,10 +96,10 @@ class JsonPrefix {
     lit, done
   };
   enum class Ws : uint8_t { none, space, newline };
-  struct Frame {
+  struct Frame {  // no initializers: a copy writes only the open frames (frames_[0, depth_))
     const JsonSchemaNode* node;
-    int32_t next = 0;   // object: the index of the property after the last one written; array: items written
-    bool object = false;
+    int32_t next;  // object: the index of the property after the last one written; array: items written
+    bool object;
   };
   bool step(uint8_t c);
   bool value(uint8_t c);  // the first byte of a value of node_
@@ -125,23 +125,31 @@ class JsonPrefix {
   int32_t prop_ = -1;              // the property whose value comes next (after a key)
   const JsonSchemaNode* node_ = nullptr;  // the schema of the value being read (or about to be)
   int depth_ = 0;
-  std::array<Frame, kMaxDepth> frames_{};
+  std::array<Frame, kMaxDepth> frames_;  // [0, depth_) are the open containers
 };
 
 using JsonObjectPrefix = JsonPrefix;
 
 // The mask over a vocabulary: `token_bytes[id]` the bytes token id adds to the text.
+// Tokens are walked in byte order, so a run of tokens sharing a prefix feeds that prefix once and
+// a byte that does not fit skips every token that starts with it (an implicit trie: about 256
+// feeds between a JSON structure's tokens, one per trie node inside a string).
 class JsonTokenMask {
  public:
-  explicit JsonTokenMask(std::vector<std::string> token_bytes) : bytes_(std::move(token_bytes)) {}
+  explicit JsonTokenMask(std::vector<std::string> token_bytes);
   // allowed[id] = 1 when token id's bytes continue `prefix` (allowed is resized to the vocabulary);
   // returns how many are.
   int64_t allowed(const JsonPrefix& prefix, std::vector<uint8_t>& allowed) const;
+  // The same, token by token (the reference for tests).
+  int64_t allowed_each(const JsonPrefix& prefix, std::vector<uint8_t>& allowed) const;
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
   int64_t n_vocab() const { return static_cast<int64_t>(bytes_.size()); }
 
  private:
   std::vector<std::string> bytes_;
+  std::vector<int32_t> order_;  // ids of tokens with bytes, by bytes
+  std::vector<uint32_t> lcp_;   // lcp_[i]: bytes order_[i] shares with order_[i - 1] (0 for i = 0)
+  size_t max_len_ = 0;
 };
 
 }  // namespace mk

@@ -35,7 +35,7 @@ struct SamplerOptions {
   // OpenAI's logit_bias: (token id, bias) pairs, each bias in [-100, 100] added to the token's logit
   // before the penalties (-100 all but bans it). Ids must be in the vocabulary (the caller checks;
   // ids outside the row are ignored); a repeated id adds up.
-  std::vector<std::pair<int32_t, float>> logit_bias;
+  std::vector<std::pair<int32_t, float>> logit_bias{};
 };
 
 class Sampler {

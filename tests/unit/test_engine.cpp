@@ -1017,7 +1017,9 @@ TEST_P(E2EPromptLogprobs, AreTheModelsRowsAtEachPosition) {
       EXPECT_TRUE(out.prompt_logprobs.empty());
       continue;
     }
-    if (i == 0) EXPECT_EQ(out.token_ids, w.token_ids);
+    if (i == 0) {
+      EXPECT_EQ(out.token_ids, w.token_ids);
+    }
     EXPECT_EQ(out.n_generated, ps[i].max_tokens) << i;
     ASSERT_EQ(out.prompt_logprobs.size(), ids.size() - 1) << i;
     one.reset();

@@ -265,6 +265,37 @@ TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {
   EXPECT_EQ(accepted_by(*s, R"({"k":"v","b":true,"e":{"x")"), 23u);
 }
 
+// The byte-ordered walk (shared prefixes fed once, failing bytes skip their tokens) gives the mask
+// of feeding every token alone, over a random vocabulary of JSON-ish pieces (many sharing prefixes,
+// some prefixes of others) at the states of random documents' prefixes.
+TEST(JsonSchema, TokenMaskWalkEqualsTokenByToken) {
+  std::mt19937 rng(5);
+  const std::string alphabet = "{}[],:\" \n0123456789.-eEtrufalsn abcAB\\\xc3\xa9\xe2\x82\xac";
+  std::vector<std::string> vocab = {"", "{", "\"", "\"name", "\"name\"", "\"name\":", " \"", "\n", "\n  \"", "}"};
+  while (vocab.size() < 3000) {
+    std::string t;
+    for (int k = static_cast<int>(1 + rng() % 7); k > 0; --k) t += alphabet[rng() % alphabet.size()];
+    vocab.push_back(t);
+    if (rng() % 3 == 0) vocab.push_back(t + alphabet[rng() % alphabet.size()]);
+  }
+  const JsonTokenMask mask(vocab);
+  const auto schema = JsonSchema::compile(kPerson);
+  const std::string doc = R"({"name":"A\u00e9b","age":-12,"height":1.5e3,"color":"green","tags":["x"],"pets":[{"name":"R","legs":4}],)"
+                          R"("ok":true,"tree":{"v":1,"kids":[]},"extra":{"k":[null,"s"]}})";
+  std::vector<uint8_t> a, b;
+  for (const bool with_schema : {false, true}) {
+    JsonPrefix p = with_schema ? JsonPrefix(*schema) : JsonPrefix();
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      const int64_t na = mask.allowed(p, a), nb = mask.allowed_each(p, b);
+      ASSERT_EQ(a, b) << "after " << doc.substr(0, i);
+      ASSERT_EQ(na, nb);
+      if (i < doc.size()) {
+        ASSERT_TRUE(p.feed(static_cast<uint8_t>(doc[i]))) << doc.substr(0, i + 1);
+      }
+    }
+  }
+}
+
 // Random bytes (biased towards JSON's) into the schema automaton: every byte it takes keeps the text
 // a prefix it accepts, and a text it calls complete parses (no crash under ASan/UBSan).
 TEST(JsonSchema, RandomBytesNeverLeaveWhatItAccepts) {
@@ -278,7 +309,9 @@ TEST(JsonSchema, RandomBytesNeverLeaveWhatItAccepts) {
       const auto c = static_cast<uint8_t>(rng() % 8 == 0 ? rng() % 256 : alphabet[rng() % alphabet.size()]);
       if (p.feed(c)) text += static_cast<char>(c);
     }
-    if (p.complete()) EXPECT_TRUE(J::accept(text)) << text;
+    if (p.complete()) {
+      EXPECT_TRUE(J::accept(text)) << text;
+    }
     JsonPrefix replay(*schema);
     EXPECT_TRUE(replay.feed(text)) << text;
   }
