@@ -49,17 +49,18 @@ void add_run_command(CLI::App& app) {
   auto* chat = cmd->add_flag("--chat", o->chat, "chat: the prompt (-p) is one user turn, rendered by the model's template");
   auto* system = cmd->add_option("--system", o->system, "chat: a system message before the user turn (with --chat; \"\" = an empty one)")->needs(chat);
   cmd->add_option("--chat-template-file", o->template_file, "chat: Jinja2 template to use instead of the model's");
-  cmd->add_option("-j,--json-schema", o->json_schema,
+  auto* json_schema_opt = cmd->add_option("-j,--json-schema", o->json_schema,
                   "the reply is one JSON object of this JSON Schema (as serve's response_format json_schema; "
                   "'{\"type\": \"object\"}' = any object); generation stops when it closes (stop_reason \"json\")");
   messages->excludes(chat);
   messages->excludes(ids);
   chat->excludes(ids);
-  cmd->callback([o, ids, system] {
+  cmd->callback([o, ids, system, json_schema_opt] {
     if (o->chat && o->gen.prompt.empty()) usage_error("--chat needs the user's text with -p TEXT (not empty)");
     if (!o->messages_file.empty() && !o->gen.prompt.empty()) usage_error("--messages and -p cannot be combined");
     if (!o->template_file.empty() && !o->chat && o->messages_file.empty())
       usage_error("--chat-template-file needs --chat or --messages");
+    if (json_schema_opt->count() > 0 && o->json_schema.empty()) usage_error("--json-schema is empty: give a schema, e.g. '{\"type\": \"object\"}'");
     if (!o->json_schema.empty()) {  // checked before the model loads
       nlohmann::ordered_json schema;
       try {

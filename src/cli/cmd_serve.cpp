@@ -293,7 +293,7 @@ class Server {
     if (!chat) r.echo = get_bool(body, "echo", false);
     for (const char* name : {chat ? "echo" : "", "suffix", "tools", "functions", "prediction", "audio",
                              // llama.cpp server's samplers (0 = off)
-                             "mirostat", "dry_multiplier", "xtc_probability", "n_probs", "grammar", "json_schema"})
+                             "mirostat", "dry_multiplier", "xtc_probability", "n_probs", "grammar"})
       if (const json* v = *name ? field(body, name) : nullptr; v && !neutral(*v))
         bad(name, fmt::format("'{}' is not supported", name));
     for (const char* name : {"typical_p", "tfs_z"})  // llama.cpp's, 1 = off
@@ -305,6 +305,19 @@ class Server {
     if (const json* v = field(body, "modalities");
         v && !(v->is_array() && std::all_of(v->begin(), v->end(), [](const json& m) { return m == "text"; })))
       bad("modalities", fmt::format("'modalities' {} is not supported: only [\"text\"]", clip_json(*v)));
+    // llama.cpp server's top-level "json_schema": a schema as response_format's ({} any object).
+    if (const json* js = field(body, "json_schema")) {
+      if (field(body, "response_format")) bad("json_schema", "give 'json_schema' or 'response_format', not both");
+      if (!js->is_object()) bad("json_schema", "'json_schema' must be a JSON Schema object");
+      if (!s_.tokenizer)
+        throw HttpError{400, no_tokenizer(s_, o_.session.model_path, o_.model_id) + ", so replies have no text to hold JSON",
+                        "invalid_request_error", "json_schema", ""};
+      try {
+        r.params.json = js->empty() ? JsonSchema::any_object() : JsonSchema::compile(*js);
+      } catch (const Error& ex) {
+        bad("json_schema", ex.what());
+      }
+    }
     // Plain text, or one JSON object (constrained decoding: runtime/json_prefix.h).
     if (const json* v = field(body, "response_format")) {
       const json* type = v->is_object() ? field(*v, "type") : nullptr;
@@ -323,10 +336,13 @@ class Server {
           }
         } else {  // OpenAI's {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
           const json* js = field(*v, "json_schema");
-          const json* schema = js && js->is_object() ? field(*js, "schema") : nullptr;
-          if (!schema) bad("response_format", "'response_format' json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}");
+          if (!js || !js->is_object())
+            bad("response_format", "'response_format' json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}");
+          if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean())
+            bad("response_format", "'response_format' json_schema 'strict' must be a boolean");
+          const json* schema = field(*js, "schema");  // optional in OpenAI's API: then any object
           try {
-            r.params.json = JsonSchema::compile(*schema);
+            r.params.json = schema ? JsonSchema::compile(*schema) : JsonSchema::any_object();
           } catch (const Error& ex) {
             bad("response_format", ex.what());
           }
@@ -508,6 +524,7 @@ class Server {
                       e_.n_ctx(), n_prompt, p.max_tokens, max_name, max_name),
           "invalid_request_error", max_name, "context_length_exceeded"};
     if (o_.timeout_s > 0) p.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000));
+    if (r.echo && p.json) bad("echo", "'echo' cannot be combined with a JSON format: the prompt before the object would not parse");
     p.prompt_logprobs = r.echo && p.logprobs >= 0;
     if (r.echo) {  // the prompt as the reply shows it: its tokens' bytes in context, whole characters
       Utf8Stream utf8;

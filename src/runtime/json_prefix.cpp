@@ -73,7 +73,15 @@ class JsonSchemaCompiler {
       if (!s["$ref"].is_string()) bad(ptr, "'$ref' must be a string");
       const std::string ref = s["$ref"].get<std::string>();
       if (ref.empty() || ref[0] != '#') bad(ptr, fmt::format("'$ref' \"{}\": only references inside the schema (\"#...\") are supported", ref));
-      const std::string target = ref.substr(1);
+      std::string target;  // the fragment, percent-decoded (RFC 3986), is a JSON pointer
+      for (size_t i = 1; i < ref.size(); ++i) {
+        if (ref[i] == '%' && i + 2 < ref.size() && is_hex(static_cast<uint8_t>(ref[i + 1])) && is_hex(static_cast<uint8_t>(ref[i + 2]))) {
+          target += static_cast<char>(std::stoi(ref.substr(i + 1, 2), nullptr, 16));
+          i += 2;
+        } else {
+          target += ref[i];
+        }
+      }
       if (!resolving_.insert(ptr).second) bad(ptr, "a cycle of '$ref's that never reaches a schema");
       const JsonSchemaNode* n = node_at(target);
       resolving_.erase(ptr);
@@ -123,28 +131,20 @@ class JsonSchemaCompiler {
       n.allow_true = n.allow_false = false;
       uint8_t seen = 0;
       for (size_t i = 0; i < branches.size(); ++i) {
-        const JsonSchemaNode& b = *node_at(fmt::format("{}/{}/{}", ptr, key, i));
+        const std::string bptr = fmt::format("{}/{}/{}", ptr, key, i);
+        if (branches[i].is_boolean() && !branches[i].get<bool>()) continue;  // a branch nothing satisfies
+        const JsonSchemaNode& b = *node_at(bptr);
+        // (a branch still compiling -- recursion -- has its types already: they are set first)
         const uint8_t st = starts(b);
         if (st & seen)
           bad(ptr, fmt::format("'{}' branches whose values can begin alike are not supported (branch {})", key, i));
         seen |= st;
         n.types |= b.types;
-        if (b.types & JsonSchemaNode::kObject) {
-          n.any_members = b.any_members;
-          n.props = b.props;
-        }
-        if (b.types & JsonSchemaNode::kArray) {
-          n.items = b.items;
-          n.min_items = b.min_items;
-          n.max_items = b.max_items;
-        }
-        if (b.types & JsonSchemaNode::kString) {
-          n.string_enum = b.string_enum;
-          n.enum_strings = b.enum_strings;
-        }
         n.allow_true |= (b.types & JsonSchemaNode::kBoolean) && b.allow_true;
         n.allow_false |= (b.types & JsonSchemaNode::kBoolean) && b.allow_false;
+        n.branches.push_back(&b);
       }
+      if (n.branches.empty()) bad(ptr, "the schema allows no value");
       return;
     }
     // type
@@ -207,6 +207,11 @@ class JsonSchemaCompiler {
         bad(ptr, fmt::format("more than {} properties are not supported", JsonSchema::kMaxChoices));
       n.any_members = false;
       for (const auto& [k, v] : props.items()) {
+        if (v.is_boolean() && !v.get<bool>()) {  // the property must be absent
+          if (s.contains("required") && s["required"].is_array() && std::find(s["required"].begin(), s["required"].end(), J(k)) != s["required"].end())
+            bad(ptr, fmt::format("property \"{}\" is required but its schema is false", k));
+          continue;
+        }
         JsonSchemaNode::Prop p;
         p.key = quoted_body(k);
         if (p.key.size() > 1024) bad(ptr, "a property name longer than 1024 bytes is not supported");
@@ -237,7 +242,10 @@ class JsonSchemaCompiler {
     if (s.contains("items")) {
       const J& it = s["items"];
       if (it.is_array()) bad(ptr, "'items' as a list (tuples) is not supported");
-      n.items = it.is_boolean() && it.get<bool>() ? nullptr : node_at(ptr + "/items");
+      if (it.is_boolean() && !it.get<bool>())
+        n.max_items = 0;  // no item satisfies it: only []
+      else
+        n.items = it.is_boolean() ? nullptr : node_at(ptr + "/items");
     }
     auto count = [&](const char* k) -> int64_t {
       const J& v = s[k];
@@ -248,6 +256,36 @@ class JsonSchemaCompiler {
     if (s.contains("maxItems")) n.max_items = count("maxItems");
     if (n.min_items > n.max_items) bad(ptr, "'minItems' is above 'maxItems'");
     if (n.types == 0) bad(ptr, "the schema allows no value");
+  }
+
+ public:
+  // Whether every node can end: some value of it is finite (a required property's or an item's
+  // schema that only recurses into itself makes every value infinite: the model would write until
+  // the nesting limit). A fixpoint from the nodes with a scalar type.
+  void check_finite(const JsonSchemaNode* root) {
+    std::map<const JsonSchemaNode*, bool> finite;
+    for (const JsonSchemaNode& n : out_.nodes_) finite[&n] = false;
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (const JsonSchemaNode& n : out_.nodes_) {
+        if (finite[&n]) continue;
+        bool f = false;
+        if (!n.branches.empty()) {
+          for (const JsonSchemaNode* b : n.branches) f |= finite[b];
+        } else {
+          f = (n.types & (JsonSchemaNode::kString | JsonSchemaNode::kNumber | JsonSchemaNode::kInteger | JsonSchemaNode::kBoolean |
+                          JsonSchemaNode::kNull)) != 0;
+          if (!f && (n.types & JsonSchemaNode::kArray)) f = n.min_items == 0 || !n.items || finite[n.items];
+          if (!f && (n.types & JsonSchemaNode::kObject)) {
+            f = true;
+            for (const auto& p : n.props)
+              if (p.required && !finite[p.node]) f = false;
+          }
+        }
+        if (f) finite[&n] = changed = true;
+      }
+    }
+    if (!finite[root]) fail("json_schema: the schema allows no finite value (a required property or item recurses into itself with no way out)");
   }
 
   static constexpr int kMaxNesting = 128;
@@ -274,7 +312,9 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const nlohmann::ordered_js
   auto r = std::make_shared<JsonSchema>();
   JsonSchemaCompiler c(schema, *r);
   r->root_ = c.node_at("");
-  if (!(r->root_->types & JsonSchemaNode::kObject)) fail("json_schema: the root must be an object schema (\"type\": \"object\")");
+  if (!(r->root_->types & JsonSchemaNode::kObject) || !r->root_->branches.empty())
+    fail("json_schema: the root must be an object schema (\"type\": \"object\")");
+  c.check_finite(r->root_);
   return r;
 }
 
@@ -294,6 +334,8 @@ JsonPrefix& JsonPrefix::operator=(const JsonPrefix& o) {
   lit_ = o.lit_;
   off_ = o.off_;
   digits_ = o.digits_;
+  code_ = o.code_;
+  low_ = o.low_;
   choices_ = o.choices_;
   choice_base_ = o.choice_base_;
   prop_ = o.prop_;
@@ -399,6 +441,16 @@ bool JsonPrefix::open_key() {
 }
 
 bool JsonPrefix::value(uint8_t c) {
+  if (!node_->branches.empty()) {  // anyOf / oneOf: the branch this byte starts
+    const uint8_t cls = c == '{' ? kSObj : c == '[' ? kSArr : c == '"' ? kSStr : c == 't' ? kSTrue : c == 'f' ? kSFalse
+                        : c == 'n' ? kSNull : (c == '-' || is_digit(c)) ? kSNum : 0;
+    for (const JsonSchemaNode* b : node_->branches)
+      if (starts(*b) & cls) {
+        node_ = b;
+        return value(c);
+      }
+    return false;
+  }
   const JsonSchemaNode& n = *node_;
   switch (c) {
     case '{':
@@ -506,7 +558,13 @@ bool JsonPrefix::step(uint8_t c) {
       auto cand = [&](int b) -> const std::string& {
         return key_ ? owner.props[static_cast<size_t>(choice_base_ + b)].key : owner.enum_strings[static_cast<size_t>(b)];
       };
-      if (c == '"') {
+      // A '"' inside a candidate is escaped (its written form is valid JSON), so it continues that
+      // candidate; otherwise it closes the string.
+      bool continues = false;
+      if (c == '"')
+        for (int b = 0; b < 64 && !continues; ++b)
+          continues = ((choices_ >> b) & 1) && cand(b).size() > off_ && cand(b)[off_] == '"';
+      if (c == '"' && !continues) {
         for (int b = 0; b < 64; ++b)
           if (((choices_ >> b) & 1) && cand(b).size() == off_) {
             if (key_) {
@@ -569,15 +627,34 @@ bool JsonPrefix::step(uint8_t c) {
     case S::str_esc:
       if (c == 'u') {
         left_ = 4;
+        code_ = 0;
+        low_ = false;
         s_ = S::str_u;
         return true;
       }
       if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't') return false;
       s_ = S::str;
       return true;
-    case S::str_u:
+    case S::str_u: {
       if (!is_hex(c)) return false;
-      if (--left_ == 0) s_ = S::str;
+      code_ = static_cast<uint16_t>(code_ * 16 + (is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10));
+      if (--left_ > 0) return true;
+      // UTF-16 surrogates come in pairs (RFC 8259 7): a high one, then \u and a low one.
+      const bool high = code_ >= 0xD800 && code_ <= 0xDBFF, low = code_ >= 0xDC00 && code_ <= 0xDFFF;
+      if (low_ ? !low : low) return false;
+      s_ = high && !low_ ? S::str_lo_bs : S::str;
+      return true;
+    }
+    case S::str_lo_bs:
+      if (c != '\\') return false;
+      s_ = S::str_lo_u;
+      return true;
+    case S::str_lo_u:
+      if (c != 'u') return false;
+      left_ = 4;
+      code_ = 0;
+      low_ = true;
+      s_ = S::str_u;
       return true;
     case S::lit:
       if (c != static_cast<uint8_t>(*lit_)) return false;

@@ -8,7 +8,10 @@
 // object without properties, true / {}, `items`, `minItems`, `maxItems`, `enum` / `const` of
 // strings, booleans and null, `anyOf` / `oneOf` whose branches start differently (e.g. pydantic's
 // Optional: [X, {"type": "null"}]), `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion
-// allowed), and annotations (title, description, default, examples, format, $schema, $id, $comment).
+// allowed; a schema whose values could only be infinite is refused), `false` subschemas (a
+// property that must be absent, `items: false` for an empty array), and annotations (title,
+// description, default, examples, format: not enforced, as JSON Schema's default; $schema, $id,
+// $comment).
 // Any other keyword (pattern, minLength, minimum, allOf, ...) is refused by name rather than ignored.
 //
 // JsonPrefix is a byte-level pushdown automaton over one JSON value of such a schema (the root must
@@ -50,6 +53,10 @@ struct JsonSchemaNode {
   bool string_enum = false;               // a string is one of enum_strings
   std::vector<std::string> enum_strings;  // as written between quotes
   bool allow_true = true, allow_false = true;  // with kBoolean
+  // anyOf / oneOf: the branches (whose first bytes differ); a value takes the branch its first byte
+  // starts. types / allow_* are the union's. (Branches are referred to, not copied: a recursive
+  // schema's branch may still be compiling.)
+  std::vector<const JsonSchemaNode*> branches;
 };
 
 class JsonSchema {
@@ -91,7 +98,7 @@ class JsonPrefix {
  private:
   enum class S : uint8_t {
     start, value, obj_first, obj_key, colon, obj_next, arr_first, arr_next,
-    str, str_esc, str_u, str_utf8, str_choice,
+    str, str_esc, str_u, str_utf8, str_choice, str_lo_bs, str_lo_u,
     n_minus, n_zero, n_int, n_dot, n_frac, n_e, n_esign, n_exp,
     lit, done
   };
@@ -120,6 +127,8 @@ class JsonPrefix {
   const char* lit_ = nullptr;      // the rest of true / false / null
   uint16_t off_ = 0;               // bytes of a choice string read
   uint8_t digits_ = 0;             // digits of the number part being read
+  uint16_t code_ = 0;              // the \uXXXX being read
+  bool low_ = false;               // it must be a low surrogate (after a high one)
   uint64_t choices_ = 0;           // str_choice: the candidates (bits of props from choice_base_, or enum strings)
   int32_t choice_base_ = 0;        // key choices: the property index of bit 0
   int32_t prop_ = -1;              // the property whose value comes next (after a key)

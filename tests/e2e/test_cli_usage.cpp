@@ -845,4 +845,7 @@ TEST(E2ECliUsage, RunJsonSchemaRepliesWithAnObjectOfIt) {
   bad = cli("run -m " + model + " -p x -n 2 -j '{oops'");
   EXPECT_EQ(bad.status, 2);
   EXPECT_TRUE(has(bad.err, "error: --json-schema is not valid JSON")) << bad.err;
+  bad = cli("run -m " + model + " -p x -n 2 -j ''");  // not "no schema" (trial 44)
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_TRUE(has(bad.err, "error: --json-schema is empty")) << bad.err;
 }

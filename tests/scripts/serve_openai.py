@@ -366,6 +366,20 @@ def stories_checks():
     txt = json.loads(text)["choices"][0]["text"] if st == 200 else ""
     check(st == 200 and json.loads(txt).get("ok") in (True, False) and list(json.loads(txt)) == ["ok"],
           f"json_object with llama.cpp's 'schema': an object of it ({st}: {txt!r})")
+    # Trial 44: json_schema's "schema" is optional (any object), "strict" a boolean; llama.cpp's top-level
+    # "json_schema"; echo with a JSON format refused; an enum value with a quote can be written.
+    for body, param in [({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}}}, "response_format"),
+                        ({"echo": True, "response_format": {"type": "json_object"}}, "echo"),
+                        ({"json_schema": {"type": "array"}}, "json_schema")]:
+        expect_error(srv, {"prompt": prompt, "max_tokens": 4, **body}, 400, param, what=f"{body}")
+    q_schema = {"type": "object", "properties": {"e": {"enum": ['q"uote']}}, "required": ["e"]}
+    for body in [{"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": q_schema}}}, {"json_schema": q_schema}]:
+        st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 30, "temperature": 0, **body})
+        txt = json.loads(text)["choices"][0]["text"] if st == 200 else ""
+        check(st == 200 and json.loads(txt) == {"e": 'q"uote'}, f"an enum value with a quote, {list(body)[0]}: written ({st}: {txt!r})")
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x"}}})
+    check(st == 200 and json.loads(text)["choices"][0]["text"].startswith("{"), f"json_schema without 'schema': any object ({st})")
     # An object of 100000 members (under 1 MB) was read in 13 s (ordered_json's linear key search; trial 43): refused at once.
     t0 = time.time()
     big = '{"prompt": "x", "max_tokens": 1, "foo": {' + ",".join(f'"{i}": 0' for i in range(90000)) + "}}"

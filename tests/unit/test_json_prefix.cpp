@@ -265,6 +265,51 @@ TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {
   EXPECT_EQ(accepted_by(*s, R"({"k":"v","b":true,"e":{"x")"), 23u);
 }
 
+// New-user trial 44's schemas: recursive Optionals (OpenAI's linked-list example, pydantic's
+// Optional['Self']) keep the recursive node's required members; enum values and property names
+// with quotes; surrogate escapes in pairs; schemas with no finite value refused; `false`
+// subschemas; percent-encoded $refs.
+TEST(JsonSchema, RecursiveOptionalsQuotesSurrogatesAndFalseSchemas) {
+  const auto list = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"linked_list":{"$ref":"#/$defs/n"}},
+      "$defs":{"n":{"type":"object","properties":{"value":{"type":"number"},"next":{"anyOf":[{"$ref":"#/$defs/n"},{"type":"null"}]}},
+      "required":["next","value"]}},"required":["linked_list"]})"));
+  bool whole = false;
+  const std::string ok = R"({"linked_list":{"value":30,"next":{"value":1,"next":null}}})";
+  EXPECT_EQ(accepted_by(*list, ok, &whole), ok.size());
+  EXPECT_TRUE(whole);
+  EXPECT_EQ(accepted_by(*list, R"({"linked_list":{"value":30,"next":{"value":30}})"),
+            std::string(R"({"linked_list":{"value":30,"next":{"value":30)").size());  // the inner node needs "next"
+  const auto self = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"child":{"anyOf":[{"$ref":"#"},{"type":"null"}]}},"required":["child"]})"));
+  EXPECT_EQ(accepted_by(*self, R"({"child":{}})"), 10u);
+  EXPECT_EQ(accepted_by(*self, R"({"child":{"child":null}})", &whole), 24u);
+  EXPECT_TRUE(whole);
+
+  const auto quotes = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"a\"b":{"enum":["q\"uote","back\\slash","\u00e9"]}},"required":["a\"b"]})"));
+  for (const std::string& doc : {std::string(R"({"a\"b":"q\"uote"})"), std::string(R"({"a\"b":"back\\slash"})"),
+                                std::string("{\"a\\\"b\":\"\xc3\xa9\"}")}) {
+    EXPECT_EQ(accepted_by(*quotes, doc, &whole), doc.size()) << doc;
+    EXPECT_TRUE(whole) << doc;
+  }
+  EXPECT_EQ(accepted_by(*quotes, R"({"a\"b":"q")"), 10u);  // "q" is no value of the enum
+
+  const auto any = JsonSchema::any_object();
+  EXPECT_EQ(accepted_by(*any, R"({"s":"\ud83d\ude00"})", &whole), 20u);
+  EXPECT_TRUE(whole);
+  EXPECT_EQ(accepted_by(*any, R"({"s":"\ud800"})"), 12u);        // a high surrogate alone
+  EXPECT_EQ(accepted_by(*any, R"({"s":"\ud800\u0041"})"), 17u);  // not followed by a low one
+  EXPECT_EQ(accepted_by(*any, R"({"s":"\ude00"})"), 11u);        // a low surrogate alone
+
+  EXPECT_NE(test::error_of([] { JsonSchema::compile(J::parse(R"({"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]})")); })
+                .find("allows no finite value"),
+            std::string::npos);
+  const auto falses = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"gone":false,"none":{"type":"array","items":false},
+      "x y":{"$ref":"#/$defs/a%20b"}},"required":["none"],"$defs":{"a b":{"type":"integer"}}})"));
+  EXPECT_EQ(accepted_by(*falses, R"({"none":[],"x y":3})", &whole), 19u);
+  EXPECT_TRUE(whole);
+  EXPECT_EQ(accepted_by(*falses, R"({"gone":1})"), 2u);  // no key "g..."
+  EXPECT_EQ(accepted_by(*falses, R"({"none":[1])"), 9u);
+}
+
 // The byte-ordered walk (shared prefixes fed once, failing bytes skip their tokens) gives the mask
 // of feeding every token alone, over a random vocabulary of JSON-ish pieces (many sharing prefixes,
 // some prefixes of others) at the states of random documents' prefixes.
