@@ -651,7 +651,7 @@ TEST(E2ECliUsage, InfoAndRunNameAWrongTensorShape) {
   auto config = nlohmann::ordered_json::parse(std::ifstream(src / "config.json"));
   config.erase("num_attention_heads");
   std::ofstream(dir / "config.json") << config.dump();
-  for (const std::string& cmd : {"info", "run -p hi -n 1 "}) {
+  for (const std::string& cmd : std::vector<std::string>{"info", "run -p hi -n 1 "}) {
     Result r = cli(cmd + " -m " + dir.string());
     EXPECT_EQ(r.status, 1) << cmd;
     EXPECT_EQ(r.err, "error: " + dir.string() + "/config.json: missing num_attention_heads\n") << cmd;
