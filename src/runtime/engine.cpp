@@ -190,14 +190,7 @@ std::shared_ptr<Request> Engine::submit(RequestParams p) {
   }
   if (p.json) {
     if (!tok_) invalid("response_format", "a JSON reply needs the model's tokenizer, and this model has none");
-    std::call_once(json_mask_once_, [&] {
-      std::vector<std::string> bytes(static_cast<size_t>(n_vocab_));
-      // A token's bytes after an ordinary token (only a token right after BOS would differ: SentencePiece
-      // drops its leading space).
-      const int32_t prev = tok_->bos_id == 0 ? 1 : 0;
-      for (int32_t id = 0; id < n_vocab_ && id < tok_->n_vocab(); ++id) bytes[static_cast<size_t>(id)] = tok_->token_bytes(prev, id);
-      json_mask_ = std::make_unique<JsonTokenMask>(std::move(bytes));
-    });
+    std::call_once(json_mask_once_, [&] { json_mask_ = JsonTokenMask::of(*tok_, n_vocab_); });
   }
   auto seq = std::make_unique<Seq>(std::move(p));  // Sampler checks temperature/top_k/top_p
   if (seq->params.json) seq->json.emplace(*seq->params.json);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "model/tokenizer.h"
 #include "support/error.h"
 
 namespace mk {
@@ -722,6 +723,13 @@ JsonTokenMask::JsonTokenMask(std::vector<std::string> token_bytes) : bytes_(std:
     while (l < t.size() && l < p.size() && t[l] == p[l]) ++l;
     lcp_[i] = static_cast<uint32_t>(l);
   }
+}
+
+std::unique_ptr<JsonTokenMask> JsonTokenMask::of(const Tokenizer& tokenizer, int64_t n_vocab) {
+  std::vector<std::string> bytes(static_cast<size_t>(n_vocab));
+  const int32_t ordinary = tokenizer.bos_id == 0 ? 1 : 0;
+  for (int32_t id = 0; id < n_vocab && id < tokenizer.n_vocab(); ++id) bytes[static_cast<size_t>(id)] = tokenizer.token_bytes(ordinary, id);
+  return std::make_unique<JsonTokenMask>(std::move(bytes));
 }
 
 int64_t JsonTokenMask::allowed(const JsonPrefix& prefix, std::vector<uint8_t>& allowed) const {

@@ -38,6 +38,8 @@
 
 namespace mk {
 
+class Tokenizer;
+
 struct JsonSchemaNode {
   enum Type : uint8_t { kObject = 1, kArray = 2, kString = 4, kNumber = 8, kInteger = 16, kBoolean = 32, kNull = 64, kAny = 127 };
   uint8_t types = kAny;
@@ -146,6 +148,9 @@ using JsonObjectPrefix = JsonPrefix;
 class JsonTokenMask {
  public:
   explicit JsonTokenMask(std::vector<std::string> token_bytes);
+  // The mask of a model's vocabulary (n_vocab ids): each token's bytes after an ordinary token (only a
+  // token right after BOS would differ: SentencePiece drops its leading space).
+  static std::unique_ptr<JsonTokenMask> of(const Tokenizer& tokenizer, int64_t n_vocab);
   // allowed[id] = 1 when token id's bytes continue `prefix` (allowed is resized to the vocabulary);
   // returns how many are.
   int64_t allowed(const JsonPrefix& prefix, std::vector<uint8_t>& allowed) const;

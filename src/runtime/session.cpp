@@ -230,10 +230,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   if (o.json) {
     if (!tok) fail("a JSON reply needs the model's tokenizer");
     json.emplace(*o.json);
-    std::vector<std::string> bytes(static_cast<size_t>(s.hparams.n_vocab));
-    const int32_t ordinary = tok->bos_id == 0 ? 1 : 0;
-    for (int32_t id = 0; id < s.hparams.n_vocab && id < tok->n_vocab(); ++id) bytes[static_cast<size_t>(id)] = tok->token_bytes(ordinary, id);
-    json_mask = std::make_unique<JsonTokenMask>(std::move(bytes));
+    json_mask = JsonTokenMask::of(*tok, s.hparams.n_vocab);
   }
   const bool greedy = sampler.decides_by_argmax() && o.logprobs < 0 && !json;
   const bool top = !greedy && o.logprobs < 0 && !json && sampler.covered_by(kTopK, s.hparams.n_vocab);
