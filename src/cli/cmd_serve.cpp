@@ -189,14 +189,27 @@ bool get_bool(const json& body, const char* name, bool def) {
   return v->get<bool>();
 }
 
+// One prompt of a request (completions may send several).
+struct PromptIn {
+  std::vector<int32_t> ids;
+  std::string echo_text;  // with echo: its text as the reply shows it
+};
+
 struct ParsedRequest {
-  RequestParams params;
+  RequestParams params;  // each choice's, but for prompt_ids (its prompt's) and its seed
+  std::vector<PromptIn> prompts;
+  int n = 1;                 // choices per prompt: choice index = prompt index * n + j
+  bool random_seed = false;  // no seed given: each choice draws its own
   bool stream = false, include_usage = false, return_token_ids = false;
   bool tokens_as_ids = false;  // logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
   bool echo = false;           // completions: the reply's text (and logprobs) begin with the prompt's
-  std::string echo_text;           // with echo: the prompt's text
-  std::vector<int32_t> prompt_ids;  // with echo
+  size_t n_choices() const { return prompts.size() * static_cast<size_t>(n); }
 };
+
+// Most choices per prompt (OpenAI's `n`) and most prompts in one completions request; together they
+// are also bounded by the requests the server holds at once (--parallel + --max-queue).
+inline constexpr int kMaxChoicesPerPrompt = 64;
+inline constexpr size_t kMaxPrompts = 256;
 
 // Why text cannot be tokenized: the model has no tokenizer, or the one it carries is damaged (named
 // as `run -p` names it). For a client (`served_as` non-empty) the model file's path, which is the
@@ -271,7 +284,7 @@ class Server {
     if (!body.is_object()) bad("", "the request body must be a JSON object");
     ParsedRequest r;
     if (const json* m = field(body, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
-    if (get_int(body, "n", 1, 1, 1) != 1) bad("n", "only n = 1 is supported");
+    r.n = static_cast<int>(get_int(body, "n", 1, 1, kMaxChoicesPerPrompt));
     // Log-probabilities (runtime/sampler.h GeneratedLogprob): chat asks with "logprobs": true and
     // "top_logprobs": n alternatives; completions with "logprobs": n (OpenAI allows 5, here as many
     // as chat's 20). Off: absent, null or false.
@@ -421,7 +434,8 @@ class Server {
     } else {
       const int64_t seed = sv ? get_int(body, "seed", 0, INT64_MIN, INT64_MAX) : -1;
       if (seed < -1) bad("seed", fmt::format("'seed' must be -1 (random) or between 0 and 2^64 - 1, got {}", seed));
-      p.sampler.seed = seed == -1 ? (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() : static_cast<uint64_t>(seed);
+      r.random_seed = seed == -1;
+      p.sampler.seed = r.random_seed ? random_seed() : static_cast<uint64_t>(seed);
     }
     p.ignore_eos = get_bool(body, "ignore_eos", false);
     const char* max_name = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
@@ -487,57 +501,112 @@ class Server {
       } catch (const Error& ex) {
         bad("messages", for_client(ex.what()));
       }
-      p.prompt_ids = tok->encode(prompt, /*add_bos=*/false, /*parse_special=*/true);
+      r.prompts.push_back({tok->encode(prompt, /*add_bos=*/false, /*parse_special=*/true), ""});
     } else {
       const json* pr = field(body, "prompt");
       if (!pr) bad("prompt", "'prompt' is required");
-      // One prompt in a list (a string, or token ids: lm-evaluation-harness sends [[ids]]).
-      if (pr->is_array() && pr->size() == 1 && ((*pr)[0].is_string() || (*pr)[0].is_array())) pr = &(*pr)[0];
-      if (pr->is_string()) {
-        if (!tok) bad("prompt", no_tokenizer(s_, o_.session.model_path, o_.model_id) + ": send the prompt as an array of token ids");
-        p.prompt_ids = tok->encode(pr->get<std::string>(), /*add_bos=*/true, /*parse_special=*/true);
-      } else if (pr->is_array()) {
-        for (const auto& x : *pr) {
-          if (!x.is_number_integer()) bad("prompt", "'prompt' must be a string, or an array of token ids (one prompt)");
-          if (x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-            bad("prompt", fmt::format("prompt token id {} is outside the vocabulary [0, {})", x.get<uint64_t>(), s_.hparams.n_vocab));
-          int64_t id = x.get<int64_t>();
-          if (id < 0 || id >= s_.hparams.n_vocab)
-            bad("prompt", fmt::format("prompt token id {} is outside the vocabulary [0, {})", id, s_.hparams.n_vocab));
-          p.prompt_ids.push_back(static_cast<int32_t>(id));
-        }
+      // OpenAI's forms: a string, an array of token ids (one prompt), an array of strings or of
+      // token-id arrays (one prompt each; lm-evaluation-harness sends [[ids], [ids], ...]).
+      std::vector<const json*> list;
+      if (pr->is_array() && !pr->empty() && std::any_of(pr->begin(), pr->end(), [](const json& x) { return x.is_string() || x.is_array(); })) {
+        if (pr->size() > kMaxPrompts) bad("prompt", fmt::format("'prompt' holds {} prompts; at most {} per request", pr->size(), kMaxPrompts));
+        for (const json& x : *pr) list.push_back(&x);
       } else {
-        bad("prompt", "'prompt' must be a string or an array of token ids");
+        list.push_back(pr);
+      }
+      for (size_t i = 0; i < list.size(); ++i) {
+        const json& x = *list[i];
+        const std::string which = list.size() > 1 ? fmt::format("prompt {} of {}", i, list.size()) : "'prompt'";
+        PromptIn in;
+        if (x.is_string()) {
+          if (!tok) bad("prompt", no_tokenizer(s_, o_.session.model_path, o_.model_id) + ": send the prompt as an array of token ids");
+          in.ids = tok->encode(x.get<std::string>(), /*add_bos=*/true, /*parse_special=*/true);
+        } else if (x.is_array()) {
+          for (const auto& t : x) {
+            if (!t.is_number_integer())
+              bad("prompt", list.size() > 1 || &x != pr
+                                ? fmt::format("{} must be a string or an array of token ids", which)
+                                : "'prompt' must be a string, an array of token ids, or an array of prompts (strings or arrays of token ids)");
+            if (t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+              bad("prompt", fmt::format("prompt token id {} is outside the vocabulary [0, {})", t.get<uint64_t>(), s_.hparams.n_vocab));
+            int64_t id = t.get<int64_t>();
+            if (id < 0 || id >= s_.hparams.n_vocab)
+              bad("prompt", fmt::format("prompt token id {} is outside the vocabulary [0, {})", id, s_.hparams.n_vocab));
+            in.ids.push_back(static_cast<int32_t>(id));
+          }
+        } else {
+          bad("prompt", list.size() > 1 ? fmt::format("{} must be a string or an array of token ids", which)
+                                        : std::string("'prompt' must be a string or an array of token ids"));
+        }
+        r.prompts.push_back(std::move(in));
       }
     }
-    if (p.prompt_ids.empty()) bad(chat ? "messages" : "prompt", "the prompt is empty");
-    int64_t n_prompt = static_cast<int64_t>(p.prompt_ids.size());
-    if (n_prompt >= e_.n_ctx())
-      throw HttpError{400,
-                      fmt::format("this model's context is {} tokens, but the prompt is {} tokens; shorten the prompt",
-                                  e_.n_ctx(), n_prompt),
-                      "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
-    if (p.max_tokens > e_.n_ctx() - n_prompt)
-      throw HttpError{
-          400,
-          fmt::format("this model's context is {} tokens, but {} in the prompt + {} in {} do not fit; lower {}",
-                      e_.n_ctx(), n_prompt, p.max_tokens, max_name, max_name),
-          "invalid_request_error", max_name, "context_length_exceeded"};
+    const char* prompt_name = chat ? "messages" : "prompt";
+    const size_t capacity = static_cast<size_t>(std::max(e_.parallel(), 1) + o_.max_queue);
+    if (r.n_choices() > capacity)
+      bad(r.prompts.size() > 1 ? "prompt" : "n",
+          fmt::format("this request asks for {} completions ({} prompt{} x n {}), but the server holds at most {} requests at "
+                      "once (--parallel {} + --max-queue {})",
+                      r.n_choices(), r.prompts.size(), r.prompts.size() == 1 ? "" : "s", r.n, capacity, e_.parallel(), o_.max_queue));
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      const std::string which = r.prompts.size() > 1 ? fmt::format("prompt {} of {}", i, r.prompts.size()) : "the prompt";
+      const int64_t n_prompt = static_cast<int64_t>(r.prompts[i].ids.size());
+      if (n_prompt == 0) bad(prompt_name, fmt::format("{} is empty", which));
+      if (n_prompt >= e_.n_ctx())
+        throw HttpError{400,
+                        fmt::format("this model's context is {} tokens, but {} is {} tokens; shorten the prompt",
+                                    e_.n_ctx(), which, n_prompt),
+                        "invalid_request_error", prompt_name, "context_length_exceeded"};
+      if (p.max_tokens > e_.n_ctx() - n_prompt)
+        throw HttpError{
+            400,
+            fmt::format("this model's context is {} tokens, but {} in {} + {} in {} do not fit; lower {}",
+                        e_.n_ctx(), n_prompt, which, p.max_tokens, max_name, max_name),
+            "invalid_request_error", max_name, "context_length_exceeded"};
+    }
     if (o_.timeout_s > 0) p.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000));
     if (r.echo && p.json) bad("echo", "'echo' cannot be combined with a JSON format: the prompt before the object would not parse");
     p.prompt_logprobs = r.echo && p.logprobs >= 0;
-    if (r.echo) {  // the prompt as the reply shows it: its tokens' bytes in context, whole characters
-      Utf8Stream utf8;
-      int32_t prev = -1;
-      if (tok)
-        for (int32_t id : p.prompt_ids) {
-          r.echo_text += utf8.push(tok->token_bytes(prev, id));
-          prev = id;
-        }
-      r.echo_text += utf8.flush();
-      r.prompt_ids = p.prompt_ids;
-    }
+    if (r.echo)  // each prompt as the reply shows it: its tokens' bytes in context, whole characters
+      for (PromptIn& in : r.prompts) {
+        Utf8Stream utf8;
+        int32_t prev = -1;
+        if (tok)
+          for (int32_t id : in.ids) {
+            in.echo_text += utf8.push(tok->token_bytes(prev, id));
+            prev = id;
+          }
+        in.echo_text += utf8.flush();
+      }
     return r;
+  }
+
+  static uint64_t random_seed() { return (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}(); }
+
+  // Queues every choice of the request: for prompt i, n requests whose seeds are the request's
+  // seed + j (each its own random one without a seed). Choices after a prompt's first wait until it
+  // has read the prompt, then start from its KV blocks (the prefix cache): one prefill per prompt.
+  // All or none: when one cannot be queued, those queued are cancelled and the error thrown.
+  std::vector<std::shared_ptr<Request>> submit_all(const ParsedRequest& pr, const std::shared_ptr<RequestSignal>& signal) {
+    std::vector<std::shared_ptr<Request>> reqs;
+    try {
+      for (const PromptIn& in : pr.prompts) {
+        std::shared_ptr<Request> leader;
+        for (int j = 0; j < pr.n; ++j) {
+          RequestParams p = pr.params;
+          p.prompt_ids = in.ids;
+          if (j > 0) p.sampler.seed = pr.random_seed ? random_seed() : pr.params.sampler.seed + static_cast<uint64_t>(j);
+          p.signal = signal;
+          if (j > 0 && e_.prefix_cache() && !p.prompt_logprobs) p.after = leader;
+          reqs.push_back(submit(std::move(p)));
+          if (j == 0) leader = reqs.back();
+        }
+      }
+    } catch (...) {
+      for (auto& r : reqs) r->cancel();
+      throw;
+    }
+    return reqs;
   }
 
   std::shared_ptr<Request> submit(RequestParams p) {
@@ -568,13 +637,6 @@ class Server {
   }
   static bool failed(const RequestOutput& out) {
     return out.finish != FinishReason::stop && out.finish != FinishReason::length;
-  }
-
-  json usage(const RequestOutput& out) {
-    return {{"prompt_tokens", out.n_prompt},
-            {"completion_tokens", out.n_generated},
-            {"total_tokens", out.n_prompt + out.n_generated},
-            {"prompt_tokens_details", {{"cached_tokens", out.n_cached}}}};
   }
 
   // OpenAI's logprobs object for generated tokens. Chat: {"content": [{token, logprob, bytes,
@@ -630,10 +692,11 @@ class Server {
 
   // Completions logprobs of an echoed prompt: its first token (no context: null logprob and
   // alternatives, as OpenAI's), then one entry per later prompt token, then `generated`'s.
-  json echo_logprobs_json(const ParsedRequest& pr, const std::vector<GeneratedLogprob>& prompt_lps,
-                          const std::vector<GeneratedLogprob>& generated, int64_t& offset) const {
+  json echo_logprobs_json(const ParsedRequest& pr, const std::vector<int32_t>& prompt_ids,
+                          const std::vector<GeneratedLogprob>& prompt_lps, const std::vector<GeneratedLogprob>& generated,
+                          int64_t& offset) const {
     const Tokenizer* tok = s_.tokenizer.get();
-    const int32_t first = pr.prompt_ids.empty() ? -1 : pr.prompt_ids[0];
+    const int32_t first = prompt_ids.empty() ? -1 : prompt_ids[0];
     const std::string first_bytes = tok && first >= 0 ? tok->token_bytes(-1, first) : std::string();
     json head = {{"tokens", json::array({pr.tokens_as_ids ? fmt::format("token_id:{}", first)
                                                           : json::parse(json_text(json(first_bytes))).get<std::string>()})},
@@ -657,6 +720,42 @@ class Server {
             {"choices", json::array({std::move(choice)})}};
   }
 
+  // The usage of a request's choices: each prompt's tokens once (OpenAI counts them once for n
+  // choices) and its first choice's cached tokens; every choice's generated tokens.
+  json usage(const ParsedRequest& pr, const std::vector<RequestOutput>& outs) {
+    int64_t n_prompt = 0, n_generated = 0, n_cached = 0;
+    for (size_t k = 0; k < outs.size(); ++k) {
+      if (k % static_cast<size_t>(pr.n) == 0) {
+        n_prompt += outs[k].n_prompt;
+        n_cached += outs[k].n_cached;
+      }
+      n_generated += outs[k].n_generated;
+    }
+    return {{"prompt_tokens", n_prompt},
+            {"completion_tokens", n_generated},
+            {"total_tokens", n_prompt + n_generated},
+            {"prompt_tokens_details", {{"cached_tokens", n_cached}}}};
+  }
+
+  // Collects every request's output for at most `limit`; true when all have ended or one failed.
+  static bool wait_settled(const std::vector<std::shared_ptr<Request>>& reqs, std::vector<RequestOutput>& outs,
+                           std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!wait_until_done(*reqs[k], outs[k], std::max(std::chrono::duration_cast<std::chrono::milliseconds>(until - now),
+                                                       std::chrono::milliseconds(0))))
+        return false;
+      if (failed(outs[k])) return true;
+    }
+    return true;
+  }
+  static const RequestOutput* first_failure(const std::vector<RequestOutput>& outs) {
+    for (const auto& o : outs)
+      if (o.done && failed(o)) return &o;
+    return nullptr;
+  }
+
   void handle_generate(const httplib::Request& http_req, const std::string& body, httplib::Response& res, bool chat) {
     // Counted in flight until the response is written: shutdown waits for it. A stream hands the
     // count to its resource releaser, which runs when the stream ends or the client is gone.
@@ -669,183 +768,212 @@ class Server {
         if (!handed_over) --n;
       }
     } release{in_flight_, handed_over};
-    ParsedRequest pr = parse(body, chat);
-    auto req = submit(pr.params);
+    auto pr = std::make_shared<const ParsedRequest>(parse(body, chat));
+    auto signal = std::make_shared<RequestSignal>();
+    auto reqs = std::make_shared<const std::vector<std::shared_ptr<Request>>>(submit_all(*pr, signal));
+    struct CancelOnExit {  // a request the handler leaves without handing over (an exception) ends
+      const std::vector<std::shared_ptr<Request>>& reqs;
+      bool& handed_over;
+      ~CancelOnExit() {
+        if (!handed_over)
+          for (auto& r : reqs) r->cancel();  // no-op for those that ended
+      }
+    } cancel_on_exit{*reqs, handed_over};
     const int64_t created =
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_++);
-    if (!pr.stream) {
-      auto reply = [this, pr, id, created, chat](const RequestOutput& out) {
-        json choice = {{"index", 0}};
-        if (chat)
-          choice["message"] = {{"role", "assistant"}, {"content", out.text}};
-        else
-          choice["text"] = pr.echo ? pr.echo_text + out.text : out.text;
-        int64_t offset = 0;
-        choice["logprobs"] = pr.params.logprobs < 0 ? json(nullptr)
-                             : pr.echo           ? echo_logprobs_json(pr, out.prompt_logprobs, out.logprobs, offset)
-                                                 : logprobs_json(out.logprobs, chat, offset, pr.tokens_as_ids);
-        choice["finish_reason"] = finish_name(out.finish);
-        if (pr.return_token_ids) choice["token_ids"] = out.token_ids;
+    const size_t n_choices = reqs->size();
+    if (!pr->stream) {
+      auto reply = [this, pr, id, created, chat](const std::vector<RequestOutput>& outs) {
+        json choices = json::array();
+        for (size_t k = 0; k < outs.size(); ++k) {
+          const RequestOutput& out = outs[k];
+          const PromptIn& in = pr->prompts[k / static_cast<size_t>(pr->n)];
+          json choice = {{"index", k}};
+          if (chat)
+            choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+          else
+            choice["text"] = pr->echo ? in.echo_text + out.text : out.text;
+          int64_t offset = 0;
+          choice["logprobs"] = pr->params.logprobs < 0 ? json(nullptr)
+                               : pr->echo ? echo_logprobs_json(*pr, in.ids, out.prompt_logprobs, out.logprobs, offset)
+                                          : logprobs_json(out.logprobs, chat, offset, pr->tokens_as_ids);
+          choice["finish_reason"] = finish_name(out.finish);
+          if (pr->return_token_ids) choice["token_ids"] = out.token_ids;
+          choices.push_back(std::move(choice));
+        }
         return json{{"id", id},
                     {"object", chat ? "chat.completion" : "text_completion"},
                     {"created", created},
                     {"model", o_.model_id},
-                    {"choices", json::array({choice})},
-                    {"usage", usage(out)}};
+                    {"choices", std::move(choices)},
+                    {"usage", usage(*pr, outs)}};
       };
       // A reply ready within heartbeat_after_ goes out whole, with its own status. A longer one is
       // sent chunked: JSON whitespace every heartbeat_every_ until the reply (the body is valid JSON
       // once concatenated), so that a client that went away fails a write and its request is
       // cancelled (cpp-httplib 0.11 tells a handler nothing about its connection). Its status is
       // then 200 and a later failure comes as an error object in the body, as in a stream.
-      auto out = std::make_shared<RequestOutput>();
-      wait_until_done(*req, *out, heartbeat_after_);
-      if (out->done) {
-        if (failed(*out)) return send_error(res, end_error(*out));
-        res.set_content(json_text(reply(*out)), "application/json");
+      auto outs = std::make_shared<std::vector<RequestOutput>>(n_choices);
+      if (wait_settled(*reqs, *outs, heartbeat_after_)) {
+        if (const RequestOutput* f = first_failure(*outs)) return send_error(res, end_error(*f));
+        res.set_content(json_text(reply(*outs)), "application/json");
         return;
       }
       handed_over = true;
       set_streamed_content(http_req, res, "application/json",
-          [this, req, out, reply](size_t, httplib::DataSink& sink) {
+          [this, reqs, outs, reply](size_t, httplib::DataSink& sink) {
             // A heartbeat right away (the reply is late already), then one per heartbeat_every_, all
             // within this one call: between calls cpp-httplib ends a chunked body once the server
             // stops listening (SIGTERM), which cut the reply of a request the drain was finishing.
             do {
               if (!sink.write(" ", 1)) {
-                req->cancel();  // the client went away: its sequence ends at the next step
+                for (auto& r : *reqs) r->cancel();  // the client went away: its sequences end at the next step
                 return false;
               }
-            } while (!wait_until_done(*req, *out, heartbeat_every_));
+            } while (!wait_settled(*reqs, *outs, heartbeat_every_));
             json j;
-            if (failed(*out)) {
-              const HttpError e = end_error(*out);
+            if (const RequestOutput* f = first_failure(*outs)) {
+              const HttpError e = end_error(*f);
               j = error_json(e.message, e.type, e.param, e.code);
             } else {
-              j = reply(*out);
+              j = reply(*outs);
             }
             const std::string body = json_text(j);
             sink.write(body.data(), body.size());
             sink.done();
             return true;
           },
-          releaser(req));
+          releaser(reqs));
       return;
     }
     res.set_header("Cache-Control", "no-cache");
     handed_over = true;
     set_streamed_content(http_req, res, "text/event-stream",
-        [this, req, pr, id, created, chat](size_t, httplib::DataSink& sink) {
+        [this, reqs, signal, pr, id, created, chat](size_t, httplib::DataSink& sink) {
           auto send = [&](const json& j) {
             std::string s = "data: " + json_text(j) + "\n\n";
             return sink.write(s.data(), s.size());
           };
+          auto cancel_all = [&] {
+            for (auto& r : *reqs) r->cancel();  // the client went away: its sequences end at the next step
+            return false;
+          };
           // With include_usage every chunk before the usage one says "usage": null, as OpenAI's do.
           auto ck = [&](const json& c) {
             json j = chunk(id, chat, created, c);
-            if (pr.include_usage) j["usage"] = nullptr;
+            if (pr->include_usage) j["usage"] = nullptr;
             return j;
           };
-          if (chat && !send(ck({{"index", 0},
-                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", nullptr}}))) {
-            req->cancel();
-            return false;
+          // Each choice's chunks carry its index; choices interleave as their tokens come.
+          struct ChoiceState {
+            RequestOutput end;                   // the final counts
+            std::vector<GeneratedLogprob> lps;  // of tokens whose chunk has not gone out yet
+            int64_t offset = 0;
+            bool echo_pending = false, done = false;
+          };
+          std::vector<ChoiceState> st(reqs->size());
+          for (size_t k = 0; k < st.size(); ++k) {
+            st[k].echo_pending = pr->echo;
+            if (chat && !send(ck({{"index", k},
+                                  {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", nullptr}})))
+              return cancel_all();
           }
-          RequestOutput all;
-          std::vector<GeneratedLogprob> lps;  // of tokens whose chunk has not gone out yet
-          int64_t offset = 0;
-          auto take_logprobs = [&]() -> json {
-            if (pr.params.logprobs < 0 || lps.empty()) return nullptr;
-            json j = logprobs_json(lps, chat, offset, pr.tokens_as_ids);
-            lps.clear();
+          auto take_logprobs = [&](ChoiceState& c) -> json {
+            if (pr->params.logprobs < 0 || c.lps.empty()) return nullptr;
+            json j = logprobs_json(c.lps, chat, c.offset, pr->tokens_as_ids);
+            c.lps.clear();
             return j;
           };
           // echo: the prompt's chunk first; with logprobs it waits for the prompt's entries, which
           // come with the first token (or the end).
-          bool echo_pending = pr.echo;
-          auto send_echo = [&](std::vector<GeneratedLogprob>& prompt_lps) {
-            echo_pending = false;
-            json c = {{"index", 0}, {"text", pr.echo_text}};
-            c["logprobs"] = pr.params.logprobs >= 0 ? echo_logprobs_json(pr, prompt_lps, {}, offset) : json(nullptr);
+          auto send_echo = [&](size_t k, std::vector<GeneratedLogprob>& prompt_lps) {
+            st[k].echo_pending = false;
+            const PromptIn& in = pr->prompts[k / static_cast<size_t>(pr->n)];
+            json c = {{"index", k}, {"text", in.echo_text}};
+            c["logprobs"] = pr->params.logprobs >= 0 ? echo_logprobs_json(*pr, in.ids, prompt_lps, {}, st[k].offset) : json(nullptr);
             c["finish_reason"] = nullptr;
-            if (pr.return_token_ids) c["token_ids"] = json::array();
+            if (pr->return_token_ids) c["token_ids"] = json::array();
             return send(ck(c));
           };
-          if (echo_pending && pr.params.logprobs < 0) {
+          if (pr->echo && pr->params.logprobs < 0) {
             std::vector<GeneratedLogprob> none;
-            if (!send_echo(none)) {
-              req->cancel();
-              return false;
-            }
+            for (size_t k = 0; k < st.size(); ++k)
+              if (!send_echo(k, none)) return cancel_all();
           }
+          size_t n_done = 0;
           for (;;) {
-            RequestOutput out;
-            if (!req->wait(out, heartbeat_every_)) {
-              // Nothing for heartbeat_every_ (queued, a long prefill, a slow step): an SSE comment line,
-              // which clients ignore, so that a client that went away fails a write and its request
-              // leaves the queue (or the batch) now rather than when its first piece is written.
-              static constexpr char kPing[] = ": ping\n\n";
-              if (!sink.write(kPing, sizeof kPing - 1)) {
-                req->cancel();
-                return false;
+            const uint64_t seen = signal->count();
+            bool news = false;
+            for (size_t k = 0; k < st.size(); ++k) {
+              ChoiceState& c = st[k];
+              RequestOutput out;
+              if (c.done || !(*reqs)[k]->wait(out, std::chrono::milliseconds(0))) continue;
+              news = true;
+              if (c.echo_pending && (out.done || !out.token_ids.empty() || !out.prompt_logprobs.empty())) {
+                if (!(out.done && failed(out)) && !send_echo(k, out.prompt_logprobs)) return cancel_all();
               }
-              continue;
-            }
-            if (echo_pending && (out.done || !out.token_ids.empty() || !out.prompt_logprobs.empty())) {
-              if (!(out.done && failed(out)) && !send_echo(out.prompt_logprobs)) {
-                req->cancel();
-                return false;
+              std::move(out.logprobs.begin(), out.logprobs.end(), std::back_inserter(c.lps));
+              if (!out.text.empty() || (!out.token_ids.empty() && pr->return_token_ids)) {
+                json j = {{"index", k}};
+                if (chat)
+                  j["delta"] = {{"content", out.text}};
+                else
+                  j["text"] = out.text;
+                j["logprobs"] = take_logprobs(c);
+                j["finish_reason"] = nullptr;
+                if (pr->return_token_ids) j["token_ids"] = out.token_ids;
+                if (!send(ck(j))) return cancel_all();
               }
-            }
-            all.token_ids.insert(all.token_ids.end(), out.token_ids.begin(), out.token_ids.end());
-            std::move(out.logprobs.begin(), out.logprobs.end(), std::back_inserter(lps));
-            if (!out.text.empty() || (!out.token_ids.empty() && pr.return_token_ids)) {
-              json c = {{"index", 0}};
+              if (!out.done) continue;
+              c.done = true;
+              ++n_done;
+              if (failed(out)) {  // the stream ends with the error; the other choices are cancelled
+                HttpError e = end_error(out);
+                send(error_json(e.message, e.type, e.param, e.code));
+                cancel_all();
+                n_done = st.size();
+                break;
+              }
+              c.end = std::move(out);
+              json j = {{"index", k}};
               if (chat)
-                c["delta"] = {{"content", out.text}};
+                j["delta"] = json::object();
               else
-                c["text"] = out.text;
-              c["logprobs"] = take_logprobs();
-              c["finish_reason"] = nullptr;
-              if (pr.return_token_ids) c["token_ids"] = out.token_ids;
-              if (!send(ck(c))) {
-                req->cancel();  // the client went away: its sequence ends at the next step
-                return false;
-              }
-            }
-            if (!out.done) continue;
-            if (failed(out)) {
-              HttpError e = end_error(out);
-              send(error_json(e.message, e.type, e.param, e.code));
-            } else {
-              json c = {{"index", 0}};
-              if (chat)
-                c["delta"] = json::object();
-              else
-                c["text"] = "";
-              c["logprobs"] = take_logprobs();  // tokens whose text was held back (a stop string)
-              c["finish_reason"] = finish_name(out.finish);
-              send(ck(c));
-              if (pr.include_usage) {
+                j["text"] = "";
+              j["logprobs"] = take_logprobs(c);  // tokens whose text was held back (a stop string)
+              j["finish_reason"] = finish_name(c.end.finish);
+              if (!send(ck(j))) return cancel_all();
+              if (n_done == st.size() && pr->include_usage) {
+                std::vector<RequestOutput> ends;
+                for (auto& x : st) ends.push_back(std::move(x.end));
                 json u = {{"id", id},
                           {"object", chat ? "chat.completion.chunk" : "text_completion"},
                           {"created", created},
                           {"model", o_.model_id},
                           {"choices", json::array()},
-                          {"usage", usage(out)}};
+                          {"usage", usage(*pr, ends)}};
                 send(u);
               }
             }
-            std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-            sink.done();
-            return true;
+            if (n_done == st.size()) {
+              std::string done = "data: [DONE]\n\n";
+              sink.write(done.data(), done.size());
+              sink.done();
+              return true;
+            }
+            if (!news && !signal->wait_past(seen, heartbeat_every_)) {
+              // Nothing for heartbeat_every_ (queued, a long prefill, a slow step): an SSE comment line,
+              // which clients ignore, so that a client that went away fails a write and its requests
+              // leave the queue (or the batch) now rather than when their first piece is written.
+              static constexpr char kPing[] = ": ping\n\n";
+              if (!sink.write(kPing, sizeof kPing - 1)) return cancel_all();
+            }
           }
         },
-        releaser(req));
+        releaser(reqs));
   }
 
   // A chunked response's resource releaser: runs when it ends or the client is gone; the request
@@ -863,9 +991,9 @@ class Server {
     }
   }
 
-  std::function<void(bool)> releaser(std::shared_ptr<Request> req) {
-    return [this, req](bool) {
-      req->cancel();  // no-op when it already ended
+  std::function<void(bool)> releaser(std::shared_ptr<const std::vector<std::shared_ptr<Request>>> reqs) {
+    return [this, reqs](bool) {
+      for (auto& r : *reqs) r->cancel();  // no-op for those that ended
       --in_flight_;
     };
   }

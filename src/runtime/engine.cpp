@@ -103,6 +103,24 @@ bool Request::wait(RequestOutput& out, std::chrono::milliseconds timeout) {
   return true;
 }
 
+void RequestSignal::notify() {
+  {
+    std::lock_guard lock(mu_);
+    ++count_;
+  }
+  cv_.notify_all();
+}
+
+uint64_t RequestSignal::count() const {
+  std::lock_guard lock(mu_);
+  return count_;
+}
+
+bool RequestSignal::wait_past(uint64_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return count_ != seen; });
+}
+
 bool Request::done() const {
   std::lock_guard lock(mu_);
   return pending_.done;
@@ -287,7 +305,9 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
     p.n_cached = s.n_cached;
     p.ttft_ms = s.ttft_ms;
   }
+  s.req->prompt_read_ = true;
   s.req->cv_.notify_all();
+  if (s.params.signal) s.params.signal->notify();
 }
 
 Engine::Choice Engine::choose(Seq& s, std::span<const float> logits, const GreedyRow* greedy, const TopKRow* top) {
@@ -372,7 +392,9 @@ bool Engine::emit(Seq& s, const Choice& c, clock::time_point now) {
     return false;
   }
   publish(s, false);
+  s.req->prompt_read_ = true;
   s.req->cv_.notify_all();
+  if (s.params.signal) s.params.signal->notify();
   return true;
 }
 
@@ -402,6 +424,7 @@ bool Engine::step() {
     }
     while (!queue_.empty() && static_cast<int>(running_.size()) < o_.parallel) {
       Seq& s = *queue_.front();
+      if (s.params.after && !s.params.after->prompt_read()) break;  // its leader is still reading the prompt
       int64_t need = blocks_.blocks_for(s.n_prompt + std::max<int64_t>(s.max_tokens - 1, 0));
       // The prompt's longest cached prefix in whole blocks, short of its last token (whose row gives
       // the first logits); then blocks of its own for the rest.

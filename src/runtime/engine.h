@@ -50,6 +50,24 @@ struct EngineOptions {
   bool prefix_cache = true;   // reuse the KV blocks of earlier requests' prefixes (paged backends)
 };
 
+class Request;
+
+// Wakes one thread that waits on several requests (serve's n > 1 and several prompts): notified
+// whenever any request that holds it has news. Thread-safe.
+class RequestSignal {
+ public:
+  void notify();
+  uint64_t count() const;
+  // Blocks until the count passes `seen` (a value count() returned before the caller looked at its
+  // requests) or `timeout` passes; true when it did.
+  bool wait_past(uint64_t seen, std::chrono::milliseconds timeout);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t count_ = 0;
+};
+
 struct RequestParams {
   std::vector<int32_t> prompt_ids;  // evaluated as given (the caller adds BOS / renders the chat template)
   // Most generated tokens; -1 = until the context is full; 0 = none (the prompt is read, e.g. for
@@ -72,6 +90,12 @@ struct RequestParams {
   // keep the text a prefix of one (runtime/json_prefix.h), and the request ends ("stop") when the
   // value is complete. Needs a tokenizer.
   std::shared_ptr<const JsonSchema> json;
+  // Also notified whenever this request has news (Request::wait's condition); may be shared.
+  std::shared_ptr<RequestSignal> signal;
+  // Non-null: this request is not admitted before `after` has read its whole prompt (its first
+  // token, or its end), so that with the prefix cache it starts from the KV blocks `after` computed
+  // for the same prompt (serve's n > 1: one prefill, not n). It waits at the head of the queue.
+  std::shared_ptr<const Request> after;
 };
 
 // "stop": EOS/end of turn or a stop string; "length": max_tokens or the context is full;
@@ -103,10 +127,13 @@ class Request {
   // Ends the request at the next step (a queued one never starts); its blocks are freed then.
   void cancel() { cancelled_ = true; }
   bool done() const;
+  // The whole prompt has been read (the first token is chosen, or the request ended).
+  bool prompt_read() const { return prompt_read_; }
 
  private:
   friend class Engine;
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> prompt_read_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   RequestOutput pending_;
@@ -185,6 +212,7 @@ class Engine {
   int64_t kv_block_size() const { return blocks_.block_size(); }
   int64_t kv_blocks_total() const { return blocks_.n_blocks(); }
   bool paged() const { return paged_; }
+  bool prefix_cache() const { return prefix_cache_; }
   int parallel() const { return o_.parallel; }
 
  private:

@@ -203,7 +203,7 @@ def stories_checks():
     expect_error(srv, {"prompt": prompt, "top_k": -1}, 400, "top_k", what="negative top_k")
     expect_error(srv, {"prompt": prompt, "stop": [1]}, 400, "stop", what="stop of the wrong type")
     expect_error(srv, {"prompt": prompt, "stream": "yes"}, 400, "stream")
-    expect_error(srv, {"prompt": prompt, "n": 2}, 400, "n")
+    expect_error(srv, {"prompt": prompt, "n": 65}, 400, "n")
     expect_error(srv, {"prompt": prompt, "best_of": 2}, 400, "best_of")
     st, _, text = srv.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2, "best_of": 1.0, "n": 1.0})
     check(st == 200, f"best_of 1.0 and n 1.0 (whole numbers written as floats) are served ({st}: {text[:120]})")
@@ -712,6 +712,17 @@ def chat_checks():
     streamed = "".join(ch.choices[0].delta.content or "" for ch in srv.client.chat.completions.create(
         model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, stream=True) if ch.choices)
     check(streamed == ref["text"], "streamed chat equals the non-streamed reply")
+    # n=2: two choices, each the greedy reply; streamed, each index opens with the assistant role.
+    r = srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, n=2)
+    roles, texts = {}, {}
+    for ch in srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": q}], max_tokens=16,
+                                                 temperature=0, n=2, stream=True):
+        for x in ch.choices:
+            if x.delta.role:
+                roles[x.index] = roles.get(x.index, 0) + 1
+            texts[x.index] = texts.get(x.index, "") + (x.delta.content or "")
+    check([x.message.content for x in r.choices] == [ref["text"]] * 2 and roles == {0: 1, 1: 1} and texts == {0: ref["text"], 1: ref["text"]},
+          f"chat n=2: both choices are the greedy reply, streamed with one role chunk per index ({roles})")
     # Chat logprobs: OpenAI's content entries (token, logprob, bytes, top_logprobs), as `run --logprobs`.
     ref_lp = json.loads(subprocess.run([BIN, "run", "-m", SMOLLM2, "--chat", "-p", q, "-n", "16", "--temp", "0", "-t", "2", "-c",
                                         "512", "--json", "--logprobs", "2"], capture_output=True, text=True, timeout=300).stdout)
@@ -813,6 +824,80 @@ def prefix_cache_checks():
             check(all(c == 0 for _, c, _ in outs), f"{label}: no cached tokens ({outs})")
         srv.blocks_free_at_end(label)
         check(srv.stop() == 0, f"{label} server: exit code 0")
+
+
+def choices_checks():
+    """`n` choices per prompt and several prompts per completions request (OpenAI's forms): choice
+    index = prompt index * n + j, choice j sampled with seed + j (the same text as a request of its
+    own with that seed), streamed chunks carry their index, usage counts each prompt once; choices
+    after a prompt's first start from its KV blocks (the prefix cache); all or none are queued."""
+    srv = Server(STORIES, "--parallel", "4", "--max-queue", "8")
+    c = srv.client
+    prompt = "Once upon a time"
+    r = c.completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0.9, seed=11, n=3)
+    alone = [c.completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0.9, seed=11 + j) for j in range(3)]
+    texts = [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]
+    check([ch.index for ch in r.choices] == [0, 1, 2] and texts == [a.choices[0].text for a in alone] and len(set(texts)) > 1,
+          f"n=3: choice j equals a request of its own with seed + j ({texts})")
+    check(r.usage.prompt_tokens == alone[0].usage.prompt_tokens
+          and r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone),
+          f"n=3: usage counts the prompt once and every choice's tokens ({r.usage})")
+    ref = run_cli(STORIES, prompt, 16, "--temp", "0.9", "--seed", "12", "--top-k", "0", "--top-p", "1")
+    check(texts[1] == ref["text"], "n=3: choice 1 equals `run --seed 12`")
+    # Streamed: chunks of the three choices interleave; each index gets its text and one finish_reason.
+    got, finish = {}, {}
+    for ch in c.completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0.9, seed=11, n=3, stream=True,
+                                   stream_options={"include_usage": True}):
+        for x in ch.choices:
+            got[x.index] = got.get(x.index, "") + x.text
+            if x.finish_reason:
+                finish[x.index] = finish.get(x.index, 0) + 1
+        if ch.usage:
+            usage = ch.usage
+    check([got.get(j) for j in range(3)] == texts and finish == {0: 1, 1: 1, 2: 1}
+          and usage.completion_tokens == r.usage.completion_tokens,
+          f"n=3 streamed: each index's chunks join to the non-streamed choice, one finish_reason each ({got}, {finish})")
+    # Several prompts (strings and token ids) with n=2, greedy: index i * 2 + j.
+    ids = run_cli(STORIES, "The cat", 1)["prompt_ids"]
+    prompts = [prompt, "The cat", ids]
+    r = c.completions.create(model="x", prompt=prompts, max_tokens=10, temperature=0, n=2)
+    singles = [c.completions.create(model="x", prompt=p, max_tokens=10, temperature=0).choices[0].text for p in prompts]
+    by_index = {ch.index: ch.text for ch in r.choices}
+    check(by_index == {i * 2 + j: singles[i] for i in range(3) for j in range(2)},
+          f"3 prompts x n=2: choice i * 2 + j is prompt i's reply ({by_index})")
+    # lm-evaluation-harness's loglikelihood batch: [[ids], [ids]] with echo, logprobs and max_tokens 0.
+    batch = [ids, run_cli(STORIES, prompt, 1)["prompt_ids"]]
+    st, _, text = srv.raw("POST", "/v1/completions", {"prompt": batch, "max_tokens": 0, "echo": True, "logprobs": 1})
+    each = [json.loads(srv.raw("POST", "/v1/completions", {"prompt": [b], "max_tokens": 0, "echo": True, "logprobs": 1})[2])
+            for b in batch]
+    check(st == 200 and [ch["logprobs"] for ch in json.loads(text)["choices"]] == [e["choices"][0]["logprobs"] for e in each],
+          f"a batch of token-id prompts with echo and logprobs equals the prompts one by one ({st}: {text[:120]})")
+    # A long prompt's n=4 choices: one prefill, the other three start from its blocks.
+    story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
+             "One day, she saw a big red ball in the park. She ran to get it.")
+    before = srv.metrics()["megakernel_prompt_tokens_cached_total"]
+    r = c.completions.create(model="x", prompt=story, max_tokens=12, temperature=0.8, seed=5, n=4)
+    n_prompt = r.usage.prompt_tokens
+    cached = srv.metrics()["megakernel_prompt_tokens_cached_total"] - before
+    singles = [c.completions.create(model="x", prompt=story, max_tokens=12, temperature=0.8, seed=5 + j).choices[0].text
+               for j in range(4)]
+    lead = r.usage.prompt_tokens_details.cached_tokens  # the first choice's (blocks of earlier replies)
+    check(cached == lead + 3 * ((n_prompt - 1) // 16 * 16) and [ch.text for ch in r.choices] == singles,
+          f"n=4 on a {n_prompt}-token prompt: choices 1-3 read {cached} cached tokens and equal requests of their own")
+    expect_error(srv, {"prompt": prompt, "n": 13}, 400, "n", what="n beyond --parallel + --max-queue")
+    expect_error(srv, {"prompt": [prompt] * 5, "n": 3}, 400, "prompt", what="prompts x n beyond --parallel + --max-queue")
+    expect_error(srv, {"prompt": [prompt, 5]}, 400, "prompt", what="a prompt list with a number in it")
+    expect_error(srv, {"prompt": [prompt, []]}, 400, "prompt", what="a prompt list with an empty prompt")
+    expect_error(srv, {"prompt": prompt, "n": 0}, 400, "n", what="n 0")
+    # A client that leaves a stream of 3 choices: all three end, their blocks free.
+    resp = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    resp.request("POST", "/v1/completions", body=json.dumps({"prompt": prompt, "max_tokens": 400, "n": 3, "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    rr = resp.getresponse()
+    first_event(rr)
+    resp.close()
+    srv.blocks_free_at_end("n=3 stream left by its client")
+    check(srv.stop() == 0, "choices server: exit code 0")
 
 
 def damaged_tokenizer_checks():
@@ -1199,6 +1284,7 @@ if __name__ == "__main__":
     auth_and_queue_checks()
     nonstream_disconnect_checks()
     prefix_cache_checks()
+    choices_checks()
     damaged_tokenizer_checks()
     half_close_checks()
     utf8_checks()

@@ -380,6 +380,68 @@ TEST(Engine, PrefixCacheSkipsSharedPromptBlocksAndChangesNoToken) {
   }
 }
 
+// serve's n > 1: choices after the first wait at the head of the queue until the first has read
+// the prompt (RequestParams::after), then take its whole blocks from the prefix cache: the prompt is
+// computed once, every choice gets the tokens it gets alone, and a shared RequestSignal counts news
+// of every request that holds it.
+TEST(Engine, FollowersWaitForTheirLeadersPromptAndShareItsBlocks) {
+  auto choice = [](uint64_t seed) {
+    RequestParams p;
+    for (int k = 0; k < 14; ++k) p.prompt_ids.push_back(20 + k);  // 3 whole blocks of 4 and 2 more
+    p.max_tokens = 6;
+    p.sampler.temperature = 0.8f;
+    p.sampler.seed = seed;
+    return p;
+  };
+  auto alone = [](const RequestParams& p) {
+    FakeBackend b(64, 4, 64, 8);
+    Engine e(b, nullptr, engine_options(1));
+    auto r = e.submit(p);
+    run_until_idle(e);
+    return collect(*r).token_ids;
+  };
+  FakeBackend b(64, 4, 64, 8);  // 8 rows a step: the leader's 14 prompt rows take two steps
+  Engine e(b, nullptr, engine_options(4));
+  auto signal = std::make_shared<RequestSignal>();
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (uint64_t j = 0; j < 3; ++j) {
+    RequestParams p = choice(40 + j);
+    p.signal = signal;
+    if (j > 0) p.after = reqs[0];
+    reqs.push_back(e.submit(std::move(p)));
+  }
+  const uint64_t seen = signal->count();
+  e.step();  // the leader's first 8 prompt rows; the followers wait
+  EXPECT_EQ(e.stats().running, 1);
+  EXPECT_EQ(e.stats().queue_depth, 2);
+  EXPECT_FALSE(reqs[0]->prompt_read());
+  EXPECT_FALSE(signal->wait_past(seen, std::chrono::milliseconds(0)));  // no news yet
+  e.step();  // the rest of the prompt and the first token
+  EXPECT_TRUE(reqs[0]->prompt_read());
+  EXPECT_TRUE(signal->wait_past(seen, std::chrono::milliseconds(0)));
+  run_until_idle(e);
+  for (uint64_t j = 0; j < 3; ++j) {
+    const RequestOutput out = collect(*reqs[j]);
+    EXPECT_EQ(out.token_ids, alone(choice(40 + j))) << j;
+    EXPECT_EQ(out.n_cached, j == 0 ? 0 : 12) << j;
+  }
+  // Rows computed: the prompt once and the two others' last 2 prompt rows; each choice's tokens but its last.
+  EXPECT_EQ(e.stats().batch_rows, 14u + 2 * 2 + 3 * 5);
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  // Without the prefix cache a follower still waits for its leader, then computes the prompt itself.
+  EngineOptions o = engine_options(4);
+  o.prefix_cache = false;
+  FakeBackend b2(64, 4, 64, 8);
+  Engine e2(b2, nullptr, o);
+  auto lead = e2.submit(choice(40));
+  RequestParams f = choice(41);
+  f.after = lead;
+  auto follow = e2.submit(f);
+  run_until_idle(e2);
+  EXPECT_EQ(collect(*follow).token_ids, alone(choice(41)));
+  EXPECT_EQ(collect(*lead).token_ids, alone(choice(40)));
+}
+
 // Rows drawn from whole logits rows of a large vocabulary (top_k 0) are chosen on several threads
 // (Engine::choose): each request still gets the tokens it gets alone, its seed's draws in order.
 TEST(Engine, SampledRowsOfALargeVocabularyOnSeveralThreadsMatchAlone) {
