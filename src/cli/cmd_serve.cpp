@@ -36,9 +36,11 @@
 #include "model/tokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
+#include "runtime/tool_calls.h"
 #include "support/env.h"
 #include "support/error.h"
 #include "support/json.h"
+#include "support/text_file.h"
 
 namespace mk::cli {
 
@@ -203,6 +205,11 @@ struct ParsedRequest {
   bool stream = false, include_usage = false, return_token_ids = false;
   bool tokens_as_ids = false;  // logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
   bool echo = false;           // completions: the reply's text (and logprobs) begin with the prompt's
+  // Chat with tools: the reply's tool calls are read in this format (none: plain text). A forced
+  // call (tool_choice "required" or a named function) begins the reply with forced_prefix (put at
+  // the end of the prompt) and its JSON object is constrained; forced_suffix closes it for the parser.
+  ToolFormat tools = ToolFormat::none;
+  std::string forced_prefix, forced_suffix;
   size_t n_choices() const { return prompts.size() * static_cast<size_t>(n); }
 };
 
@@ -226,12 +233,10 @@ std::string no_tokenizer(const Session& s, const std::string& model_path = "", c
 class Server {
  public:
   Server(ServeOptions o, Session& s, Engine& e) : o_(std::move(o)), s_(s), e_(e) {
-    if (o_.template_file.empty()) {
-      try {
-        model_chat_template(s_.model);
-      } catch (const Error&) {
-        no_chat_template_ = true;
-      }
+    try {
+      tool_format_ = tool_format_of(o_.template_file.empty() ? model_chat_template(s_.model) : read_text_file(o_.template_file));
+    } catch (const Error&) {
+      no_chat_template_ = o_.template_file.empty();
     }
   }
   // An error's text for a client: the model file's path (the server's business) becomes the served id.
@@ -304,7 +309,7 @@ class Server {
              (v.is_string() && v.get<std::string>().empty()) || ((v.is_object() || v.is_array()) && v.empty());
     };
     if (!chat) r.echo = get_bool(body, "echo", false);
-    for (const char* name : {chat ? "echo" : "", "suffix", "tools", "functions", "prediction", "audio",
+    for (const char* name : {chat ? "echo" : "tools", "suffix", "functions", "prediction", "audio",
                              // llama.cpp server's samplers (0 = off)
                              "mirostat", "dry_multiplier", "xtc_probability", "n_probs", "grammar"})
       if (const json* v = *name ? field(body, name) : nullptr; v && !neutral(*v))
@@ -367,9 +372,10 @@ class Server {
                         clip_json(*v)));
       }
     }
-    if (const json* v = field(body, "tool_choice"); v && !(v->is_string() && v->get<std::string>() == "none"))
-      bad("tool_choice", fmt::format("'tool_choice' {} is not supported: only \"none\" (tools are not supported)",
-                                     clip_json(*v)));
+    if (const json* v = field(body, "tool_choice"); v && !chat && !(v->is_string() && v->get<std::string>() == "none"))
+      bad("tool_choice", fmt::format("'tool_choice' {} is for chat completions (with 'tools')", clip_json(*v)));
+    if (const json* v = field(body, "parallel_tool_calls"); v && !v->is_boolean())
+      bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     get_int(body, "best_of", 1, 1, 1);  // 1.0 too, as max_tokens and n take whole numbers written as floats
     r.stream = get_bool(body, "stream", false);
     if (const json* so = field(body, "stream_options")) {
@@ -496,12 +502,13 @@ class Server {
             bad("chat_template_kwargs", fmt::format("'chat_template_kwargs' cannot set '{}' (it comes from the request and the model)", key));
         kwargs = *k;
       }
+      parse_tools(body, r, kwargs);
       try {
         prompt = render_model_chat(s_.model, *tok, messages, o_.template_file, kwargs);
       } catch (const Error& ex) {
         bad("messages", for_client(ex.what()));
       }
-      r.prompts.push_back({tok->encode(prompt, /*add_bos=*/false, /*parse_special=*/true), ""});
+      r.prompts.push_back({tok->encode(prompt + r.forced_prefix, /*add_bos=*/false, /*parse_special=*/true), ""});
     } else {
       const json* pr = field(body, "prompt");
       if (!pr) bad("prompt", "'prompt' is required");
@@ -579,6 +586,82 @@ class Server {
         in.echo_text += utf8.flush();
       }
     return r;
+  }
+
+  // OpenAI's `tools` and `tool_choice` ("none", "auto" (the default with tools), "required", or
+  // {"type": "function", "function": {"name": ...}}): the tools go to the template as `tools`; the
+  // reply's calls are read in the template's format (runtime/tool_calls.h); a required or named
+  // call is forced (its marker ends the prompt, its object constrained to the function's schema).
+  void parse_tools(const json& body, ParsedRequest& r, json& kwargs) {
+    const json* tools = field(body, "tools");
+    const json* choice = field(body, "tool_choice");
+    std::string mode = tools && tools->is_array() && !tools->empty() ? "auto" : "none", only;
+    if (choice) {
+      if (choice->is_string()) {
+        mode = choice->get<std::string>();
+        if (mode != "none" && mode != "auto" && mode != "required")
+          bad("tool_choice", fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                         "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {}", clip_json(*choice)));
+      } else if (const json* fn = choice->is_object() ? field(*choice, "function") : nullptr;
+                 fn && fn->is_object() && field(*fn, "name") && field(*fn, "name")->is_string()) {
+        mode = "named";
+        only = field(*fn, "name")->get<std::string>();
+      } else {
+        bad("tool_choice", fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                       "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {}", clip_json(*choice)));
+      }
+    }
+    if (tools) {
+      try {
+        check_tools(*tools);
+      } catch (const Error& ex) {
+        bad("tools", ex.what());
+      }
+    }
+    if (mode == "none") return;
+    if (!tools || tools->empty()) bad("tool_choice", fmt::format("'tool_choice' {} needs 'tools'", clip_json(*choice)));
+    if (tool_format_ == ToolFormat::none)
+      bad("tools", fmt::format("the model '{}' has a chat template that takes no tools (it never names `tools`), so it "
+                               "cannot be shown them",
+                               o_.model_id));
+    if (kwargs.is_null()) kwargs = json::object();
+    kwargs["tools"] = *tools;
+    r.tools = tool_format_;
+    if (mode == "auto") return;
+    if (r.params.json) bad("tool_choice", "a required tool call cannot be combined with a JSON response_format");
+    if (!r.params.stop.empty()) bad("stop", "'stop' cannot be combined with a required tool call: it would cut the call");
+    try {
+      ForcedCall fc = forced_call(tool_format_, *tools, only);
+      r.forced_prefix = std::move(fc.prefix);
+      r.forced_suffix = std::move(fc.suffix);
+      r.params.json = std::move(fc.schema);
+    } catch (const Error& ex) {
+      bad(mode == "named" && std::string_view(ex.what()).starts_with("tool_choice") ? "tool_choice" : "tools", ex.what());
+    }
+  }
+
+  // The assistant's message of a finished choice: its text, or with tools its content and tool
+  // calls (finish_reason "tool_calls"). `index` numbers the calls' ids.
+  std::pair<json, const char*> chat_message(const ParsedRequest& pr, const RequestOutput& out) {
+    if (pr.tools == ToolFormat::none) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
+    const std::string full = pr.forced_prefix + out.text + (out.finish == FinishReason::stop ? pr.forced_suffix : "");
+    ToolReply tr = parse_tool_reply(pr.tools, full);
+    if (tr.calls.empty()) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
+    json msg = {{"role", "assistant"}, {"content", tr.content.empty() ? json(nullptr) : json(tr.content)}};
+    msg["tool_calls"] = tool_calls_json(tr.calls, false);
+    return {std::move(msg), "tool_calls"};
+  }
+
+  static json tool_calls_json(const std::vector<ToolCall>& calls, bool indexed) {
+    json a = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      json c = indexed ? json{{"index", i}} : json::object();  // a stream's delta numbers its calls
+      c["id"] = fmt::format("call_{:016x}", random_seed());
+      c["type"] = "function";
+      c["function"] = {{"name", calls[i].name}, {"arguments", calls[i].arguments}};
+      a.push_back(std::move(c));
+    }
+    return a;
   }
 
   static uint64_t random_seed() { return (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}(); }
@@ -790,15 +873,16 @@ class Server {
           const RequestOutput& out = outs[k];
           const PromptIn& in = pr->prompts[k / static_cast<size_t>(pr->n)];
           json choice = {{"index", k}};
+          const char* finish = finish_name(out.finish);
           if (chat)
-            choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+            std::tie(choice["message"], finish) = chat_message(*pr, out);
           else
             choice["text"] = pr->echo ? in.echo_text + out.text : out.text;
           int64_t offset = 0;
           choice["logprobs"] = pr->params.logprobs < 0 ? json(nullptr)
                                : pr->echo ? echo_logprobs_json(*pr, in.ids, out.prompt_logprobs, out.logprobs, offset)
                                           : logprobs_json(out.logprobs, chat, offset, pr->tokens_as_ids);
-          choice["finish_reason"] = finish_name(out.finish);
+          choice["finish_reason"] = finish;
           if (pr->return_token_ids) choice["token_ids"] = out.token_ids;
           choices.push_back(std::move(choice));
         }
@@ -871,6 +955,8 @@ class Server {
             std::vector<GeneratedLogprob> lps;  // of tokens whose chunk has not gone out yet
             int64_t offset = 0;
             bool echo_pending = false, done = false;
+            std::string text;  // with tools: the reply so far, of which `sent` bytes went out as content
+            size_t sent = 0;
           };
           std::vector<ChoiceState> st(reqs->size());
           for (size_t k = 0; k < st.size(); ++k) {
@@ -916,12 +1002,19 @@ class Server {
                 if (!(out.done && failed(out)) && !send_echo(k, out.prompt_logprobs)) return cancel_all();
               }
               std::move(out.logprobs.begin(), out.logprobs.end(), std::back_inserter(c.lps));
-              if (!out.text.empty() || (!out.token_ids.empty() && pr->return_token_ids)) {
+              std::string piece = std::move(out.text);
+              if (pr->tools != ToolFormat::none) {  // text from a call's marker on is held back
+                c.text += piece;
+                const size_t safe = pr->forced_prefix.empty() ? std::max(c.sent, tool_content_safe(pr->tools, c.text)) : 0;
+                piece = c.text.substr(c.sent, safe - c.sent);
+                c.sent = safe;
+              }
+              if (!piece.empty() || (!out.token_ids.empty() && pr->return_token_ids)) {
                 json j = {{"index", k}};
                 if (chat)
-                  j["delta"] = {{"content", out.text}};
+                  j["delta"] = {{"content", piece}};
                 else
-                  j["text"] = out.text;
+                  j["text"] = piece;
                 j["logprobs"] = take_logprobs(c);
                 j["finish_reason"] = nullptr;
                 if (pr->return_token_ids) j["token_ids"] = out.token_ids;
@@ -938,13 +1031,33 @@ class Server {
                 break;
               }
               c.end = std::move(out);
+              const char* finish = finish_name(c.end.finish);
+              if (pr->tools != ToolFormat::none) {  // the held text: calls, or content after all
+                const std::string held = pr->forced_prefix.empty()
+                                             ? c.text.substr(c.sent)
+                                             : pr->forced_prefix + c.text + (c.end.finish == FinishReason::stop ? pr->forced_suffix : "");
+                const ToolReply tail = parse_tool_reply(pr->tools, held);
+                const std::string rest = tail.calls.empty() ? c.text.substr(pr->forced_prefix.empty() ? c.sent : 0) : tail.content;
+                json lp = take_logprobs(c);
+                if (!rest.empty()) {
+                  if (!send(ck({{"index", k}, {"delta", {{"content", rest}}}, {"logprobs", lp}, {"finish_reason", nullptr}})))
+                    return cancel_all();
+                  lp = nullptr;
+                }
+                if (!tail.calls.empty()) {
+                  if (!send(ck({{"index", k}, {"delta", {{"tool_calls", tool_calls_json(tail.calls, true)}}}, {"logprobs", lp},
+                                {"finish_reason", nullptr}})))
+                    return cancel_all();
+                  finish = "tool_calls";
+                }
+              }
               json j = {{"index", k}};
               if (chat)
                 j["delta"] = json::object();
               else
                 j["text"] = "";
               j["logprobs"] = take_logprobs(c);  // tokens whose text was held back (a stop string)
-              j["finish_reason"] = finish_name(c.end.finish);
+              j["finish_reason"] = finish;
               if (!send(ck(j))) return cancel_all();
               if (n_done == st.size() && pr->include_usage) {
                 std::vector<RequestOutput> ends;
@@ -1178,6 +1291,7 @@ class Server {
   Session& s_;
   Engine& e_;
   bool no_chat_template_ = false;  // no --chat-template-file and the model carries none (or a broken one)
+  ToolFormat tool_format_ = ToolFormat::none;  // how the chat template's model calls tools (runtime/tool_calls.h)
   std::atomic<uint64_t> next_id_{1};
   std::mutex codes_mu_;
   std::map<int, uint64_t> codes_;

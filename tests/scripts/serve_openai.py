@@ -712,6 +712,8 @@ def chat_checks():
     streamed = "".join(ch.choices[0].delta.content or "" for ch in srv.client.chat.completions.create(
         model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, stream=True) if ch.choices)
     check(streamed == ref["text"], "streamed chat equals the non-streamed reply")
+    expect_error(srv, {"messages": [{"role": "user", "content": q}], "tools": WEATHER_TOOLS}, 400, "tools",
+                 path="/v1/chat/completions", what="tools for a chat template that takes none (SmolLM2's)")
     # n=2: two choices, each the greedy reply; streamed, each index opens with the assistant role.
     r = srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, n=2)
     roles, texts = {}, {}
@@ -898,6 +900,106 @@ def choices_checks():
     resp.close()
     srv.blocks_free_at_end("n=3 stream left by its client")
     check(srv.stop() == 0, "choices server: exit code 0")
+
+
+WEATHER_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
+                                      "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}]
+
+
+def tool_call_checks(model_args, label, auto_too, tools=WEATHER_TOOLS, max_tokens=60):
+    """Chat `tools` with a Hermes-style template (tests/chat/templates/hermes_tools.jinja): a required
+    or named call is forced (the reply is a call of that function whose arguments fit its schema,
+    finish_reason "tool_calls", content null), streamed calls arrive as `tool_calls` deltas that the
+    openai client joins to the same call, the conversation goes on with the call and the tool's answer;
+    a template without tools and malformed tools get 400s naming the field."""
+    tpl = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat", "templates", "hermes_tools.jinja")
+    srv = Server(model_args, "--parallel", "4", "-c", "512", "--chat-template-file", tpl)
+    c = srv.client
+    msgs = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+    def valid_weather(call):
+        try:
+            args = json.loads(call.function.arguments)
+        except Exception:
+            return False
+        return (call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+                and set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("celsius", "fahrenheit"))
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = c.chat.completions.create(model="x", messages=msgs, tools=tools, tool_choice=named, max_tokens=max_tokens, temperature=0)
+    ch = r.choices[0]
+    check(ch.finish_reason == "tool_calls" and ch.message.content is None and len(ch.message.tool_calls or []) == 1
+          and valid_weather(ch.message.tool_calls[0]),
+          f"{label}: a named tool_choice gives one call of it, arguments of its schema ({ch.message})")
+    calls, finish = {}, None
+    for chunk in c.chat.completions.create(model="x", messages=msgs, tools=tools, tool_choice=named, max_tokens=max_tokens,
+                                           temperature=0, stream=True):
+        for x in chunk.choices:
+            for tc in x.delta.tool_calls or []:
+                d = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                d["name"] += tc.function.name or ""
+                d["arguments"] += tc.function.arguments or ""
+            finish = x.finish_reason or finish
+    check(finish == "tool_calls" and list(calls.values()) == [{"name": "get_weather", "arguments": ch.message.tool_calls[0].function.arguments}],
+          f"{label}: streamed, the call arrives as tool_calls deltas equal to the non-streamed call ({calls})")
+    # "required" with one tool: its schema (with several, the name is one of them and the arguments
+    # any object, which a small model fills with whatever it likes until max_tokens).
+    r2 = c.chat.completions.create(model="x", messages=msgs, tools=tools[:1], tool_choice="required", max_tokens=max_tokens,
+                                   temperature=0.8, seed=4, n=2)
+    check(len(r2.choices) == 2 and all(x.finish_reason == "tool_calls" and len(x.message.tool_calls) == 1
+                                       and valid_weather(x.message.tool_calls[0]) for x in r2.choices),
+          f"{label}: tool_choice required, n=2 sampled: each choice is a call of the tool ({[x.message for x in r2.choices]})")
+    # The conversation goes on: the assistant's call and the tool's answer rendered by the template.
+    call = ch.message.tool_calls[0]
+    follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "{\"temperature\": 18, \"sky\": \"cloudy\"}"}]
+    r3 = c.chat.completions.create(model="x", messages=follow, tools=tools, tool_choice="none", max_tokens=24, temperature=0)
+    check(r3.choices[0].finish_reason in ("stop", "length") and isinstance(r3.choices[0].message.content, str)
+          and not r3.choices[0].message.tool_calls,
+          f"{label}: the call and the tool's answer go back into the conversation; tool_choice none answers in text")
+    # The model decides; streamed and not, the same reply (greedy). After a few-shot turn SmolLM2
+    # writes "<tool_response>...", which begins like "<tool_call>": held back, then sent as text.
+    shot = [{"role": "user", "content": "What is the weather in Oslo?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"celsius\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 3}"},
+            {"role": "assistant", "content": "It is 3 degrees in Oslo."}]
+    for conversation in (msgs, shot + msgs) if auto_too else ():
+        r4 = c.chat.completions.create(model="x", messages=conversation, tools=tools, max_tokens=max_tokens, temperature=0)
+        text, calls = "", {}
+        for chunk in c.chat.completions.create(model="x", messages=conversation, tools=tools, max_tokens=max_tokens, temperature=0,
+                                               stream=True):
+            for x in chunk.choices:
+                text += x.delta.content or ""
+                for tc in x.delta.tool_calls or []:
+                    calls.setdefault(tc.index, "")
+                    calls[tc.index] += tc.function.arguments or ""
+        m = r4.choices[0].message
+        check((m.content or "") == text and [t.function.arguments for t in (m.tool_calls or [])] == list(calls.values()),
+              f"{label}: tool_choice auto, {len(conversation)} messages: the streamed reply equals the non-streamed one "
+              f"({m.content!r}, {m.tool_calls})")
+    expect_error(srv, {"messages": msgs, "tools": [{"type": "function", "function": {"name": "bad name"}}]}, 400, "tools",
+                 path="/v1/chat/completions", what="a tool name with a space")
+    expect_error(srv, {"messages": msgs, "tools": "get_weather"}, 400, "tools", path="/v1/chat/completions", what="tools not an array")
+    expect_error(srv, {"messages": msgs, "tool_choice": "required"}, 400, "tool_choice", path="/v1/chat/completions",
+                 what="tool_choice required without tools")
+    expect_error(srv, {"messages": msgs, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                 400, "tool_choice", path="/v1/chat/completions", what="tool_choice naming no tool")
+    expect_error(srv, {"messages": msgs, "tools": tools, "tool_choice": "sometimes"}, 400, "tool_choice",
+                 path="/v1/chat/completions", what="an unknown tool_choice")
+    expect_error(srv, {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"code": {"type": "string", "pattern": "^A"}}}}}], "tool_choice": "required"},
+                 400, "tools", path="/v1/chat/completions", what="a forced call whose parameters use 'pattern'")
+    expect_error(srv, {"messages": msgs, "tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}},
+                 400, "tool_choice", path="/v1/chat/completions", what="a forced call and a JSON response_format")
+    expect_error(srv, {"prompt": "x", "tools": tools}, 400, "tools", what="tools on completions")
+    srv.blocks_free_at_end(f"{label} tools")
+    check(srv.stop() == 0, f"{label} tools server: exit code 0")
 
 
 def damaged_tokenizer_checks():
@@ -1285,6 +1387,9 @@ if __name__ == "__main__":
     nonstream_disconnect_checks()
     prefix_cache_checks()
     choices_checks()
+    tool_call_checks(STORIES, "stories260K", auto_too=False,  # its 512-token context: one short tool
+                     tools=[{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_TOOLS[0]["function"]["parameters"]}}],
+                     max_tokens=128)  # its tokens are short: spaces and pieces of words
     damaged_tokenizer_checks()
     half_close_checks()
     utf8_checks()
@@ -1293,6 +1398,8 @@ if __name__ == "__main__":
     drain_checks()
     nonstream_drain_checks()
     chat_checks()
+    if os.path.exists(SMOLLM2):
+        tool_call_checks([SMOLLM2], "SmolLM2", auto_too=True)
     lifecycle_checks()
     queued_ghost_checks()
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")

@@ -1,0 +1,237 @@
+#include "runtime/tool_calls.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "support/error.h"
+#include "support/json.h"
+
+namespace mk {
+
+namespace {
+
+constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
+constexpr std::string_view kMistral = "[TOOL_CALLS]", kPythonTag = "<|python_tag|>";
+
+std::string trim(std::string_view s) {
+  const auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; };
+  while (!s.empty() && ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && ws(s.back())) s.remove_suffix(1);
+  return std::string(s);
+}
+
+// {"name": string, key: object or JSON text of one} -> a call; nullopt otherwise.
+std::optional<ToolCall> call_of(const nlohmann::ordered_json& j, std::initializer_list<const char*> arg_keys) {
+  if (!j.is_object()) return std::nullopt;
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return std::nullopt;
+  ToolCall c{name->get<std::string>(), "{}"};
+  for (const char* k : arg_keys) {
+    auto a = j.find(k);
+    if (a == j.end()) continue;
+    if (a->is_object()) {
+      c.arguments = a->dump();
+    } else if (a->is_string()) {  // arguments already as text: kept when it is an object's
+      auto parsed = nlohmann::ordered_json::parse(a->get_ref<const std::string&>(), nullptr, /*allow_exceptions=*/false);
+      if (!parsed.is_object()) return std::nullopt;
+      c.arguments = parsed.dump();
+    } else {
+      return std::nullopt;
+    }
+    break;
+  }
+  return c;
+}
+
+nlohmann::ordered_json parse_or_discard(std::string_view text) {
+  return nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+}
+
+// The length of the longest suffix of `text` that is a proper prefix of `marker`.
+size_t partial_marker(std::string_view text, std::string_view marker) {
+  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n)
+    if (text.substr(text.size() - n) == marker.substr(0, n)) return n;
+  return 0;
+}
+
+}  // namespace
+
+const char* tool_format_name(ToolFormat f) {
+  switch (f) {
+    case ToolFormat::hermes: return "hermes";
+    case ToolFormat::mistral: return "mistral";
+    case ToolFormat::json: return "json";
+    default: return "none";
+  }
+}
+
+ToolFormat tool_format_of(const std::string& source) {
+  if (source.find("tools") == std::string::npos) return ToolFormat::none;
+  if (source.find(kHermesOpen) != std::string::npos) return ToolFormat::hermes;
+  if (source.find(kMistral) != std::string::npos) return ToolFormat::mistral;
+  return ToolFormat::json;
+}
+
+ToolReply parse_tool_reply(ToolFormat f, const std::string& text) {
+  ToolReply r;
+  if (f == ToolFormat::hermes) {
+    std::string content;
+    size_t at = 0;
+    while (at < text.size()) {
+      const size_t open = text.find(kHermesOpen, at);
+      if (open == std::string::npos) break;
+      size_t close = text.find(kHermesClose, open);
+      const size_t body = open + kHermesOpen.size();
+      auto call = call_of(parse_or_discard(std::string_view(text).substr(body, close == std::string::npos ? std::string::npos : close - body)),
+                          {"arguments", "parameters"});
+      if (!call) break;  // a broken call: it and what follows stay text
+      content += text.substr(at, open - at);
+      r.calls.push_back(std::move(*call));
+      at = close == std::string::npos ? text.size() : close + kHermesClose.size();
+    }
+    content += text.substr(at);
+    r.content = trim(content);
+    return r;
+  }
+  if (f == ToolFormat::mistral) {
+    const size_t m = text.find(kMistral);
+    if (m == std::string::npos) {
+      r.content = trim(text);
+      return r;
+    }
+    auto j = parse_or_discard(std::string_view(text).substr(m + kMistral.size()));
+    if (j.is_object()) j = nlohmann::ordered_json::array({j});
+    std::vector<ToolCall> calls;
+    if (j.is_array() && !j.empty())
+      for (const auto& x : j) {
+        auto call = call_of(x, {"arguments", "parameters"});
+        if (!call) {
+          calls.clear();
+          break;
+        }
+        calls.push_back(std::move(*call));
+      }
+    if (calls.empty()) {
+      r.content = trim(text);
+      return r;
+    }
+    r.content = trim(text.substr(0, m));
+    r.calls = std::move(calls);
+    return r;
+  }
+  if (f == ToolFormat::json) {
+    std::string_view body = text;
+    const std::string lead = trim(body);
+    std::string_view t = lead;
+    if (t.starts_with(kPythonTag)) t.remove_prefix(kPythonTag.size());
+    if (auto call = call_of(parse_or_discard(t), {"parameters", "arguments"})) {
+      r.calls.push_back(std::move(*call));
+      return r;
+    }
+  }
+  r.content = trim(text);
+  return r;
+}
+
+size_t tool_content_safe(ToolFormat f, const std::string& text) {
+  switch (f) {
+    case ToolFormat::hermes:
+    case ToolFormat::mistral: {
+      const std::string_view marker = f == ToolFormat::hermes ? kHermesOpen : kMistral;
+      if (const size_t at = text.find(marker); at != std::string::npos) return at;
+      return text.size() - partial_marker(text, marker);
+    }
+    case ToolFormat::json: {
+      const size_t first = text.find_first_not_of(" \n\t\r");
+      if (first == std::string::npos) return 0;  // only whitespace so far: a call may follow
+      const std::string_view rest = std::string_view(text).substr(first);
+      if (rest[0] == '{') return 0;
+      if (rest.size() < kPythonTag.size() ? kPythonTag.starts_with(rest) : rest.starts_with(kPythonTag)) return 0;
+      return text.size();
+    }
+    default:
+      return text.size();
+  }
+}
+
+std::vector<std::string> check_tools(const nlohmann::ordered_json& tools) {
+  if (!tools.is_array()) fail("tools: must be an array of {{\"type\": \"function\", \"function\": {{...}}}}");
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const auto& t = tools[i];
+    const std::string at = fmt::format("tools[{}]", i);
+    if (!t.is_object()) fail("{}: a tool must be an object {{\"type\": \"function\", \"function\": {{...}}}}", at);
+    auto type = t.find("type");
+    if (type == t.end() || !type->is_string() || *type != "function")
+      fail("{}.type: only \"function\" tools are supported", at);
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) fail("{}.function: missing, or not an object", at);
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string()) fail("{}.function.name: missing, or not a string", at);
+    const std::string& n = name->get_ref<const std::string&>();
+    // OpenAI's rule: a-z, A-Z, 0-9, underscores and dashes, at most 64.
+    if (n.empty() || n.size() > 64 ||
+        !std::all_of(n.begin(), n.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; }))
+      fail("{}.function.name: {:?} must be 1 to 64 letters, digits, underscores or dashes", at, clip(n));
+    if (std::find(names.begin(), names.end(), n) != names.end()) fail("{}.function.name: {:?} is named twice", at, n);
+    if (auto d = fn->find("description"); d != fn->end() && !d->is_string() && !d->is_null())
+      fail("{}.function.description: must be a string", at);
+    if (auto p = fn->find("parameters"); p != fn->end() && !p->is_object() && !p->is_null())
+      fail("{}.function.parameters: must be a JSON Schema object", at);
+    if (auto s = fn->find("strict"); s != fn->end() && !s->is_boolean() && !s->is_null())
+      fail("{}.function.strict: must be a boolean", at);
+    names.push_back(n);
+  }
+  return names;
+}
+
+ForcedCall forced_call(ToolFormat f, const nlohmann::ordered_json& tools, const std::string& only_name) {
+  ForcedCall fc;
+  if (f == ToolFormat::hermes) {
+    fc.prefix = "<tool_call>\n";
+    fc.suffix = "\n</tool_call>";
+  } else if (f == ToolFormat::mistral) {
+    fc.prefix = "[TOOL_CALLS][";
+    fc.suffix = "]";
+  }
+  const char* args_key = f == ToolFormat::json ? "parameters" : "arguments";
+  nlohmann::ordered_json name_schema, args_schema = {{"type", "object"}};
+  std::string where;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const auto& fn = tools[i]["function"];
+    const std::string n = fn["name"].get<std::string>();
+    if (!only_name.empty() && n != only_name) continue;
+    names.push_back(n);
+    if (auto p = fn.find("parameters"); p != fn.end() && p->is_object() && !p->empty()) {
+      args_schema = *p;
+      where = fmt::format("tools[{}].function.parameters", i);
+    } else {
+      args_schema = {{"type", "object"}};
+    }
+  }
+  if (names.empty()) fail("tool_choice: no tool named {:?}", only_name);
+  if (names.size() == 1) {
+    name_schema = {{"const", names[0]}};
+  } else {  // which function is the model's choice; its arguments then any object
+    name_schema = {{"enum", names}};
+    args_schema = {{"type", "object"}};
+    where.clear();
+  }
+  nlohmann::ordered_json schema = {{"type", "object"},
+                                   {"properties", {{"name", name_schema}, {args_key, args_schema}}},
+                                   {"required", {"name", args_key}}};
+  try {
+    fc.schema = JsonSchema::compile(schema);
+  } catch (const Error& e) {
+    // The pointer the compiler names is inside our wrapper: /properties/<args_key>/...
+    std::string msg = e.what();
+    const std::string inner = fmt::format("json_schema /properties/{}", args_key);
+    if (const size_t at = msg.find(inner); at != std::string::npos && !where.empty()) msg.replace(at, inner.size(), where);
+    fail("{}", msg);
+  }
+  return fc;
+}
+
+}  // namespace mk
