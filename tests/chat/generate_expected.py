@@ -29,6 +29,10 @@ def strftime_now(fmt):  # a fixed time, in UTC (the C++ test sets TZ=UTC)
 
 
 env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+# transformers' apply_chat_template replaces jinja2's tojson (which sorts keys and escapes HTML) with
+# json.dumps keeping the keys' order
+env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+    x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 env.globals["raise_exception"] = raise_exception
 env.globals["strftime_now"] = strftime_now
 
@@ -38,8 +42,9 @@ for path in sorted((here / "templates").glob("*.jinja")):
     results = {}
     for case in spec["cases"]:
         try:
+            extra = {"tools": case["tools"]} if "tools" in case else {}  # undefined unless the case has tools
             text = template.render(messages=case["messages"], add_generation_prompt=case["add_generation_prompt"],
-                                   bos_token=spec["bos_token"], eos_token=spec["eos_token"])
+                                   bos_token=spec["bos_token"], eos_token=spec["eos_token"], **extra)
             results[case["name"]] = {"text": text}
         except jinja2.exceptions.TemplateError as e:
             results[case["name"]] = {"error": str(e)}

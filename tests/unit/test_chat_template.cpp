@@ -44,6 +44,7 @@ TEST(ChatTemplate, FamiliesRenderAsJinja2Does) {
     for (const auto& c : spec["cases"]) {
       const std::string case_name = c["name"];
       o.add_generation_prompt = c["add_generation_prompt"];
+      o.extra = c.contains("tools") ? nlohmann::ordered_json{{"tools", c["tools"]}} : nlohmann::ordered_json();
       const auto& want = results.at(case_name);
       if (want.contains("text")) {
         EXPECT_EQ(render_chat_template(source, c["messages"], o), want["text"].get<std::string>())
