@@ -112,6 +112,40 @@ class JsonSchemaCompiler {
     }
   }
 
+  // Makes n (its branches collected) a tagged union if its branches are objects whose first
+  // property, required, is one key holding strings of an enum / const, no string in two branches
+  // (JsonSchemaNode::tagged). A branch still compiling (recursion) has no properties yet: not one.
+  bool tag_union(JsonSchemaNode& n) {
+    const std::string* key = nullptr;
+    std::vector<std::string> values;
+    std::vector<const JsonSchemaNode*> owner;
+    for (const JsonSchemaNode* b : n.branches) {
+      if (b->types != JsonSchemaNode::kObject || !b->branches.empty() || !b->tagged.empty() || b->any_members || b->props.empty())
+        return false;
+      const JsonSchemaNode::Prop& tag = b->props[0];
+      if (!tag.required || !tag.node->string_enum || tag.node->types != JsonSchemaNode::kString) return false;
+      if (key && *key != tag.key) return false;
+      key = &tag.key;
+      for (const std::string& v : tag.node->enum_strings) {
+        if (std::find(values.begin(), values.end(), v) != values.end()) return false;
+        values.push_back(v);
+        owner.push_back(b);
+      }
+    }
+    if (values.size() > JsonSchema::kMaxChoices) return false;
+    JsonSchemaNode& t = out_.nodes_.emplace_back();
+    t.types = JsonSchemaNode::kString;
+    t.string_enum = true;
+    t.enum_strings = std::move(values);
+    n.types = JsonSchemaNode::kObject;
+    n.any_members = false;
+    n.allow_true = n.allow_false = false;
+    n.props = {JsonSchemaNode::Prop{*key, &t, true}};
+    n.tagged = std::move(owner);
+    n.branches.clear();
+    return true;
+  }
+
   void fill(JsonSchemaNode& n, const J& s, const std::string& ptr) {
     if (s.is_boolean()) {
       if (!s.get<bool>()) bad(ptr, "the schema false allows no value");
@@ -131,14 +165,14 @@ class JsonSchemaCompiler {
       n.types = 0;
       n.allow_true = n.allow_false = false;
       uint8_t seen = 0;
+      size_t alike = 0;  // the first branch that can begin as an earlier one (0: none)
       for (size_t i = 0; i < branches.size(); ++i) {
         const std::string bptr = fmt::format("{}/{}/{}", ptr, key, i);
         if (branches[i].is_boolean() && !branches[i].get<bool>()) continue;  // a branch nothing satisfies
         const JsonSchemaNode& b = *node_at(bptr);
         // (a branch still compiling -- recursion -- has its types already: they are set first)
         const uint8_t st = starts(b);
-        if (st & seen)
-          bad(ptr, fmt::format("'{}' branches whose values can begin alike are not supported (branch {})", key, i));
+        if ((st & seen) && !alike) alike = i;
         seen |= st;
         n.types |= b.types;
         n.allow_true |= (b.types & JsonSchemaNode::kBoolean) && b.allow_true;
@@ -146,6 +180,10 @@ class JsonSchemaCompiler {
         n.branches.push_back(&b);
       }
       if (n.branches.empty()) bad(ptr, "the schema allows no value");
+      if (alike && !tag_union(n))
+        bad(ptr, fmt::format("'{}' branches whose values can begin alike are not supported (branch {}), unless all are "
+                             "objects whose first property, required, is the same key holding different const / enum strings",
+                             key, alike));
       return;
     }
     // type
@@ -271,8 +309,9 @@ class JsonSchemaCompiler {
       for (const JsonSchemaNode& n : out_.nodes_) {
         if (finite[&n]) continue;
         bool f = false;
-        if (!n.branches.empty()) {
+        if (!n.branches.empty() || !n.tagged.empty()) {
           for (const JsonSchemaNode* b : n.branches) f |= finite[b];
+          for (const JsonSchemaNode* b : n.tagged) f |= finite[b];
         } else {
           f = (n.types & (JsonSchemaNode::kString | JsonSchemaNode::kNumber | JsonSchemaNode::kInteger | JsonSchemaNode::kBoolean |
                           JsonSchemaNode::kNull)) != 0;
@@ -573,6 +612,12 @@ bool JsonPrefix::step(uint8_t c) {
               frames_[static_cast<size_t>(depth_ - 1)].next = prop_ + 1;
               s_ = S::colon;
             } else {
+              // A tagged union's tag: the object goes on as the branch the string names.
+              if (depth_ > 0) {
+                Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+                if (f.object && !f.node->tagged.empty() && prop_ == 0 && node_ == f.node->props[0].node)
+                  f.node = f.node->tagged[static_cast<size_t>(b)];
+              }
               value_done();
             }
             return true;

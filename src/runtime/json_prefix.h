@@ -7,7 +7,8 @@
 // unless the object lists no properties), `additionalProperties` false (the default here) or, for an
 // object without properties, true / {}, `items`, `minItems`, `maxItems`, `enum` / `const` of
 // strings, booleans and null, `anyOf` / `oneOf` whose branches start differently (e.g. pydantic's
-// Optional: [X, {"type": "null"}]), `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion
+// Optional: [X, {"type": "null"}]) or are objects tagged by their first property (a required const /
+// enum string, distinct between branches: a discriminated union; the tag picks the branch), `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion
 // allowed; a schema whose values could only be infinite is refused), `false` subschemas (a
 // property that must be absent, `items: false` for an empty array), and annotations (title,
 // description, default, examples, format: not enforced, as JSON Schema's default; $schema, $id,
@@ -59,6 +60,12 @@ struct JsonSchemaNode {
   // starts. types / allow_* are the union's. (Branches are referred to, not copied: a recursive
   // schema's branch may still be compiling.)
   std::vector<const JsonSchemaNode*> branches;
+  // A tagged union (anyOf / oneOf of objects whose first property, required, is the same key holding
+  // distinct const / enum strings: a discriminated union, e.g. pydantic models tagged by a Literal):
+  // this node is an object whose one property is that tag (props[0], the union of the strings);
+  // once the tag's string is written, the object goes on as tagged[i], i its index in the tag's
+  // enum_strings.
+  std::vector<const JsonSchemaNode*> tagged;
 };
 
 class JsonSchema {

@@ -55,6 +55,21 @@ size_t partial_marker(std::string_view text, std::string_view marker) {
   return 0;
 }
 
+// A function's parameters go inside a wrapper schema: their "$ref": "#/..." pointers (pydantic
+// writes "#/$defs/Model") are made to point inside it, at `base`.
+void rebase_refs(nlohmann::ordered_json& j, const std::string& base) {
+  if (j.is_object()) {
+    for (auto& [k, v] : j.items()) {
+      if (k == "$ref" && v.is_string() && v.get_ref<const std::string&>().starts_with("#"))
+        v = "#" + base + v.get_ref<const std::string&>().substr(1);
+      else
+        rebase_refs(v, base);
+    }
+  } else if (j.is_array()) {
+    for (auto& v : j) rebase_refs(v, base);
+  }
+}
+
 }  // namespace
 
 const char* tool_format_name(ToolFormat f) {
@@ -196,39 +211,40 @@ ForcedCall forced_call(ToolFormat f, const nlohmann::ordered_json& tools, const 
     fc.suffix = "]";
   }
   const char* args_key = f == ToolFormat::json ? "parameters" : "arguments";
-  nlohmann::ordered_json name_schema, args_schema = {{"type", "object"}};
-  std::string where;
-  std::vector<std::string> names;
+  // One object per possible function: {"name": its name, args_key: its parameters}; several are a
+  // union tagged by the name (JsonSchemaNode::tagged), so each call's arguments fit its function.
+  nlohmann::ordered_json branches = nlohmann::ordered_json::array();
+  std::vector<size_t> tool_of;  // branch -> index in tools
+  size_t n_branches = 0;
+  for (const auto& t : tools) n_branches += only_name.empty() || t["function"]["name"] == only_name;
   for (size_t i = 0; i < tools.size(); ++i) {
     const auto& fn = tools[i]["function"];
     const std::string n = fn["name"].get<std::string>();
     if (!only_name.empty() && n != only_name) continue;
-    names.push_back(n);
-    if (auto p = fn.find("parameters"); p != fn.end() && p->is_object() && !p->empty()) {
-      args_schema = *p;
-      where = fmt::format("tools[{}].function.parameters", i);
-    } else {
-      args_schema = {{"type", "object"}};
-    }
+    nlohmann::ordered_json args = {{"type", "object"}};
+    if (auto p = fn.find("parameters"); p != fn.end() && p->is_object() && !p->empty()) args = *p;
+    rebase_refs(args, n_branches == 1 ? fmt::format("/properties/{}", args_key)
+                                      : fmt::format("/anyOf/{}/properties/{}", branches.size(), args_key));
+    branches.push_back({{"type", "object"},
+                        {"properties", {{"name", {{"const", n}}}, {args_key, std::move(args)}}},
+                        {"required", {"name", args_key}}});
+    tool_of.push_back(i);
   }
-  if (names.empty()) fail("tool_choice: no tool named {:?}", only_name);
-  if (names.size() == 1) {
-    name_schema = {{"const", names[0]}};
-  } else {  // which function is the model's choice; its arguments then any object
-    name_schema = {{"enum", names}};
-    args_schema = {{"type", "object"}};
-    where.clear();
-  }
-  nlohmann::ordered_json schema = {{"type", "object"},
-                                   {"properties", {{"name", name_schema}, {args_key, args_schema}}},
-                                   {"required", {"name", args_key}}};
+  if (branches.empty()) fail("tool_choice: no tool named {:?}", only_name);
+  const nlohmann::ordered_json schema = branches.size() == 1 ? branches[0] : nlohmann::ordered_json{{"anyOf", branches}};
   try {
     fc.schema = JsonSchema::compile(schema);
   } catch (const Error& e) {
-    // The pointer the compiler names is inside our wrapper: /properties/<args_key>/...
+    // The compiler names a pointer inside this wrapper: say which tool's parameters it is in.
     std::string msg = e.what();
-    const std::string inner = fmt::format("json_schema /properties/{}", args_key);
-    if (const size_t at = msg.find(inner); at != std::string::npos && !where.empty()) msg.replace(at, inner.size(), where);
+    for (size_t k = 0; k < branches.size(); ++k) {
+      const std::string inner = branches.size() == 1 ? fmt::format("json_schema /properties/{}", args_key)
+                                                     : fmt::format("json_schema /anyOf/{}/properties/{}", k, args_key);
+      if (const size_t at = msg.find(inner); at != std::string::npos) {
+        msg.replace(at, inner.size(), fmt::format("tools[{}].function.parameters", tool_of[k]));
+        break;
+      }
+    }
     fail("{}", msg);
   }
   return fc;

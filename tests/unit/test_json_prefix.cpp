@@ -220,6 +220,57 @@ TEST(JsonSchema, RefusesTheByteWhereTheInstanceLeavesTheSchema) {
   }
 }
 
+// Discriminated unions (pydantic's Field(discriminator=...) writes them as anyOf / oneOf of objects
+// whose first property is a Literal): the tag's string picks the branch; the rest of the object must
+// fit that branch. Tags that overlap, or branches that are not so tagged, stay refused.
+TEST(JsonSchema, TaggedUnionsFollowTheBranchTheirTagNames) {
+  const auto schema = JsonSchema::compile(J::parse(R"({"type": "object", "properties": {"pet": {"oneOf": [
+      {"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"type": "object", "properties": {"kind": {"enum": ["fish", "eel"]},
+       "water": {"enum": ["salt", "fresh"]}}, "required": ["kind", "water"]}]}}, "required": ["pet"],
+      "$defs": {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+                        "required": ["kind", "lives"]},
+                "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"},
+                        "pups": {"type": "array", "items": {"$ref": "#/$defs/Dog"}}}, "required": ["kind"]}}})"));
+  for (const char* doc : {R"({"pet":{"kind":"cat","lives":9}})", R"({"pet":{"kind":"dog"}})",
+                          R"({"pet":{"kind":"dog","good":true,"pups":[{"kind":"dog","pups":[]}]}})",
+                          R"({"pet":{"kind":"eel","water":"fresh"}})", R"({"pet": {"kind": "fish", "water": "salt"}})"}) {
+    bool whole = false;
+    EXPECT_EQ(accepted_by(*schema, doc, &whole), std::string(doc).size()) << doc;
+    EXPECT_TRUE(whole) << doc;
+  }
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"pet":{"kind":"cat","good":true)", R"({"pet":{"kind":"cat",")"},   // a dog's member after the cat's tag
+      {R"({"pet":{"kind":"cat"})", R"({"pet":{"kind":"cat")"},                 // a cat's lives are required
+      {R"({"pet":{"kind":"cow")", R"({"pet":{"kind":"c)"},                      // no such tag
+      {R"({"pet":{"lives":9)", R"({"pet":{")"},                                 // the tag comes first
+      {R"({"pet":{"kind":"dog","pups":[{"kind":"cat")", R"({"pet":{"kind":"dog","pups":[{"kind":")"},  // pups are dogs
+      {R"({"pet":"cat")", R"({"pet":)"},
+  };
+  for (const auto& [text, ok_prefix] : refused) EXPECT_EQ(accepted_by(*schema, text), ok_prefix.size()) << text;
+  // At the root too (a forced tool call among several functions is such a union).
+  const auto root = JsonSchema::compile(J::parse(R"({"anyOf": [
+      {"type": "object", "properties": {"name": {"const": "a"}, "arguments": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}, "required": ["name", "arguments"]},
+      {"type": "object", "properties": {"name": {"const": "b"}, "arguments": {"type": "object"}}, "required": ["name", "arguments"]}]})"));
+  bool whole = false;
+  EXPECT_EQ(accepted_by(*root, R"({"name":"a","arguments":{"x":1}})", &whole), 32u);
+  EXPECT_TRUE(whole);
+  EXPECT_EQ(accepted_by(*root, R"({"name":"a","arguments":{"y":1}})"), std::string(R"({"name":"a","arguments":{")").size());
+  // Not tagged unions: overlapping tags, different first keys, an optional tag, a tag that is not a
+  // string enum.
+  for (const char* bad : {
+           R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"enum":["a","b"]}},"required":["k"]},{"type":"object","properties":{"k":{"const":"b"}},"required":["k"]}]}}})",
+           R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"const":"a"}},"required":["k"]},{"type":"object","properties":{"t":{"const":"b"}},"required":["t"]}]}}})",
+           R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"const":"a"}}},{"type":"object","properties":{"k":{"const":"b"}},"required":["k"]}]}}})",
+           R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"type":"string"}},"required":["k"]},{"type":"object","properties":{"k":{"const":"b"}},"required":["k"]}]}}})"}) {
+    try {
+      JsonSchema::compile(J::parse(bad));
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("branches whose values can begin alike"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type":"object","properties":{"a":{"type":"string","pattern":"^x"}}})", "/properties/a: 'pattern' is not supported"},

@@ -153,12 +153,29 @@ TEST(JsonToolCalls, ForcedCallsAreConstrainedToTheFunction) {
   const ToolReply r = parse_tool_reply(ToolFormat::hermes, one.prefix + R"({"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}})" + one.suffix);
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, R"({"city":"Paris","unit":"c"})");
-  // "required" with two functions: either name, any arguments object.
+  // "required" with two functions: a union tagged by the name, each call's arguments of its function.
   const ForcedCall any = forced_call(ToolFormat::mistral, tools, "");
   EXPECT_EQ(any.prefix, "[TOOL_CALLS][");
-  EXPECT_TRUE(fits(any, R"({"name": "now", "arguments": {"x": [1]}})"));
-  EXPECT_TRUE(fits(any, R"({"name": "get_weather", "arguments": {}})"));
+  EXPECT_TRUE(fits(any, R"({"name": "now", "arguments": {"x": [1]}})"));  // no parameters: any object
+  EXPECT_TRUE(fits(any, R"({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f"}})"));
+  EXPECT_FALSE(fits(any, R"({"name": "get_weather", "arguments": {}})"));
+  EXPECT_FALSE(fits(any, R"({"name": "get_weather", "arguments": {"x": [1]}})"));
   EXPECT_FALSE(fits(any, R"({"name": "later", "arguments": {}})"));
+  // Parameters with $defs (as pydantic writes them): their "#/$defs/..." refer inside the parameters.
+  const ojson defs = ojson::parse(R"([
+    {"type": "function", "function": {"name": "book", "parameters": {"type": "object",
+      "properties": {"guest": {"$ref": "#/$defs/Guest"}}, "required": ["guest"],
+      "$defs": {"Guest": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}}},
+    {"type": "function", "function": {"name": "cancel", "parameters": {"type": "object",
+      "properties": {"id": {"type": "integer"}, "why": {"$ref": "#/$defs/Why"}}, "required": ["id"],
+      "$defs": {"Why": {"enum": ["ill", "late"]}}}}}])");
+  for (const std::string& only : {std::string("book"), std::string("")}) {
+    const ForcedCall d = forced_call(ToolFormat::hermes, defs, only);
+    EXPECT_TRUE(fits(d, R"({"name": "book", "arguments": {"guest": {"name": "Ada"}}})")) << only;
+    EXPECT_FALSE(fits(d, R"({"name": "book", "arguments": {"guest": {}}})")) << only;
+    EXPECT_EQ(fits(d, R"({"name": "cancel", "arguments": {"id": 3, "why": "late"}})"), only.empty());
+    EXPECT_FALSE(fits(d, R"({"name": "cancel", "arguments": {"id": 3, "why": "bored"}})"));
+  }
   // Llama 3's json format names the arguments "parameters" and has no marker.
   const ForcedCall js = forced_call(ToolFormat::json, tools, "now");
   EXPECT_EQ(js.prefix, "");
