@@ -210,6 +210,7 @@ struct ParsedRequest {
   // the end of the prompt) and its JSON object is constrained; forced_suffix closes it for the parser.
   ToolFormat tools = ToolFormat::none;
   std::string forced_prefix, forced_suffix;
+  bool one_call = false;  // parallel_tool_calls false: calls past the first are dropped
   size_t n_choices() const { return prompts.size() * static_cast<size_t>(n); }
 };
 
@@ -374,8 +375,10 @@ class Server {
     }
     if (const json* v = field(body, "tool_choice"); v && !chat && !(v->is_string() && v->get<std::string>() == "none"))
       bad("tool_choice", fmt::format("'tool_choice' {} is for chat completions (with 'tools')", clip_json(*v)));
-    if (const json* v = field(body, "parallel_tool_calls"); v && !v->is_boolean())
-      bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    if (const json* v = field(body, "parallel_tool_calls")) {
+      if (!v->is_boolean()) bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+      r.one_call = !v->get<bool>();
+    }
     get_int(body, "best_of", 1, 1, 1);  // 1.0 too, as max_tokens and n take whole numbers written as floats
     r.stream = get_bool(body, "stream", false);
     if (const json* so = field(body, "stream_options")) {
@@ -646,6 +649,7 @@ class Server {
     if (pr.tools == ToolFormat::none) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
     const std::string full = pr.forced_prefix + out.text + (out.finish == FinishReason::stop ? pr.forced_suffix : "");
     ToolReply tr = parse_tool_reply(pr.tools, full);
+    if (pr.one_call && tr.calls.size() > 1) tr.calls.resize(1);
     if (tr.calls.empty()) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
     json msg = {{"role", "assistant"}, {"content", tr.content.empty() ? json(nullptr) : json(tr.content)}};
     msg["tool_calls"] = tool_calls_json(tr.calls, false);
@@ -1036,7 +1040,8 @@ class Server {
                 const std::string held = pr->forced_prefix.empty()
                                              ? c.text.substr(c.sent)
                                              : pr->forced_prefix + c.text + (c.end.finish == FinishReason::stop ? pr->forced_suffix : "");
-                const ToolReply tail = parse_tool_reply(pr->tools, held);
+                ToolReply tail = parse_tool_reply(pr->tools, held);
+                if (pr->one_call && tail.calls.size() > 1) tail.calls.resize(1);
                 const std::string rest = tail.calls.empty() ? c.text.substr(pr->forced_prefix.empty() ? c.sent : 0) : tail.content;
                 json lp = take_logprobs(c);
                 if (!rest.empty()) {

@@ -946,13 +946,18 @@ def tool_call_checks(model_args, label, auto_too, tools=WEATHER_TOOLS, max_token
             finish = x.finish_reason or finish
     check(finish == "tool_calls" and list(calls.values()) == [{"name": "get_weather", "arguments": ch.message.tool_calls[0].function.arguments}],
           f"{label}: streamed, the call arrives as tool_calls deltas equal to the non-streamed call ({calls})")
-    # "required" with one tool: its schema (with several, the name is one of them and the arguments
-    # any object, which a small model fills with whatever it likes until max_tokens).
-    r2 = c.chat.completions.create(model="x", messages=msgs, tools=tools[:1], tool_choice="required", max_tokens=max_tokens,
+    # "required": a call of one of the tools, its arguments of that tool's schema (a union tagged by the name).
+    def valid_time(call):
+        args = json.loads(call.function.arguments)
+        return call.function.name == "get_time" and set(args) == {"tz"} and isinstance(args["tz"], str)
+
+    r2 = c.chat.completions.create(model="x", messages=msgs, tools=tools, tool_choice="required", max_tokens=max_tokens,
                                    temperature=0.8, seed=4, n=2)
     check(len(r2.choices) == 2 and all(x.finish_reason == "tool_calls" and len(x.message.tool_calls) == 1
-                                       and valid_weather(x.message.tool_calls[0]) for x in r2.choices),
-          f"{label}: tool_choice required, n=2 sampled: each choice is a call of the tool ({[x.message for x in r2.choices]})")
+                                       and (valid_weather(x.message.tool_calls[0]) or valid_time(x.message.tool_calls[0]))
+                                       for x in r2.choices),
+          f"{label}: tool_choice required, n=2 sampled: each choice is a call of one tool with its arguments "
+          f"({[x.message.tool_calls for x in r2.choices]})")
     # The conversation goes on: the assistant's call and the tool's answer rendered by the template.
     call = ch.message.tool_calls[0]
     follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [
