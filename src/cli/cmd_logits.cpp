@@ -76,7 +76,7 @@ void add_logits_command(CLI::App& app) {
     std::vector<int32_t> tok = parse_ids(*ids);
     // Session rejects more than the training context; the logits buffer holds n_ctx rows.
     if (*n_ctx > 0 && *n_ctx < static_cast<int64_t>(tok.size()))
-      fail("--ctx-size {} is smaller than the {} ids", *n_ctx, tok.size());
+      usage_fail("--ctx-size {} is smaller than the {} ids", *n_ctx, tok.size());
     o->n_ctx = *n_ctx > 0 ? *n_ctx : static_cast<int64_t>(tok.size());
     if (*n_ctx == 0) {  // the context is the ids': say so when that is more than the model takes
       const Hparams hp = read_hparams(open_model(o->model_path, /*with_data=*/false));

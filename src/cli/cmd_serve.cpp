@@ -1511,6 +1511,13 @@ void serve(ServeOptions o) {
     std::fprintf(stderr, "note: --kv-tokens %lld is %lld KV rows: whole blocks of %lld tokens\n",
                  static_cast<long long>(o.kv_tokens), static_cast<long long>(pool),
                  static_cast<long long>(engine.kv_block_size()));
+  // A pool smaller than one request at full context: every request must then set max_tokens (each
+  // 400 says so; new-user trial 45 asked for the note up front).
+  if (engine.paged() && engine.kv_blocks_total() * engine.kv_block_size() < engine.n_ctx())
+    std::fprintf(stderr,
+                 "note: the KV pool (%lld rows) is smaller than one request at the full context (%lld): requests must set "
+                 "max_tokens so that prompt + max_tokens fit in it\n",
+                 static_cast<long long>(engine.kv_blocks_total() * engine.kv_block_size()), static_cast<long long>(engine.n_ctx()));
   std::fprintf(
       stderr,
       "serve: %s on %s backend, context %lld, %d parallel, KV %lld %s x %lld tokens; listening on http://%s:%d\n",
@@ -1538,7 +1545,7 @@ void add_serve_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
   cmd->add_option("-m,--model", o->session.model_path, "model: GGUF file, llama2.c .bin, HF directory, synth:<name>")
       ->required();
-  cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin)");
+  cmd->add_option("-z,--tokenizer", o->session.tokenizer_path, "tokenizer file (llama2.c tokenizer.bin, or an HF tokenizer.json)");
   // An empty value is refused rather than taken as "the default" or "any" (it listened on [::1]
   // and printed "http://:PORT").
   const CLI::Validator not_empty([](std::string& s) { return s.empty() ? std::string("must not be empty") : std::string(); },

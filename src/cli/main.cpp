@@ -85,6 +85,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "error: %s (see --help)\n", parse_error_message(app, argc, argv, e).c_str());
     return 2;
+  } catch (const mk::UsageError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
   } catch (const mk::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -129,7 +129,7 @@ CLI::Validator number_range(double lo, double hi, bool above_lo, bool as_float) 
 void refuse_threads_for_reference(CLI::App* cmd, const std::string& backend, const int& threads) {
   cmd->parse_complete_callback([&backend, &threads] {
     if (backend == "reference" && threads > 0)
-      fail("-t {}: the reference backend runs op by op on one thread; -t sets the workers of the cpu backend (and the "
+      usage_fail("-t {}: the reference backend runs op by op on one thread; -t sets the workers of the cpu backend (and the "
            "blocks of cuda and cuda-emu)",
            threads);
   });

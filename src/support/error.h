@@ -16,6 +16,18 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Options that cannot work together (e.g. --schedule with the reference backend): bad input like any
+// Error, but the CLI exits 2 as for a command line it cannot parse.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+template <class... Args>
+[[noreturn]] void usage_fail(fmt::format_string<Args...> f, Args&&... args) {
+  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
+}
+
 template <class... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
   throw Error(fmt::format(f, std::forward<Args>(args)...));

@@ -158,6 +158,6 @@ TEST(E2ECliIds, LogitsContextSizePicksLongRopeFactors) {
   int status = 0;
   std::string err;
   cli("logits -m " + dir + "phi3-longrope.f32.gguf --ids " + ids + " -c 3", &status, &err);
-  EXPECT_EQ(status, 1);
+  EXPECT_EQ(status, 2);
   EXPECT_NE(err.find("--ctx-size 3 is smaller than the 24 ids"), std::string::npos) << err;
 }

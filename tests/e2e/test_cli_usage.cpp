@@ -322,25 +322,26 @@ TEST(E2ECliUsage, SmallerTokenizerGivenWithZIsNamed) {
   EXPECT_FALSE(has(r.err, "warning")) << r.err;
 }
 
-// The oracle computes attention in one pass: a split count other than 1 is refused, not ignored.
+// The oracle computes attention in one pass: a split count other than 1 is refused, not ignored
+// (exit 2, a usage error, as CLI11's own option conflicts; new-user trial 45).
 TEST(E2ECliUsage, ReferenceBackendRefusesAttnSplits) {
   Result r = cli("logits -m synth:tiny --ids 1,2,3 --backend reference --attn-splits 4");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.status, 2);  // options that cannot work together: a usage error
   EXPECT_TRUE(has(r.err, "error: --attn-splits 4: the reference backend computes attention in one pass")) << r.err;
   r = cli("run -m synth:tiny --ids 1,2 -n 1 --backend reference --attn-splits 0");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.status, 2);  // options that cannot work together: a usage error
   EXPECT_TRUE(has(r.err, "--attn-splits 0: the reference backend")) << r.err;
   r = cli("logits -m synth:tiny --ids 1,2,3 --backend reference --attn-splits 1");
   EXPECT_EQ(r.status, 0) << r.err;
   // Nor does it have a megakernel schedule (a static one was accepted and ignored).
   r = cli("run -m synth:tiny --ids 1,2 -n 1 --backend reference --schedule static-rr");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.status, 2);  // options that cannot work together: a usage error
   EXPECT_TRUE(has(r.err, "error: --schedule static-rr: the reference backend runs op by op")) << r.err;
   r = cli("run -m synth:tiny --ids 1,2 -n 1 --backend reference --schedule dynamic");
   EXPECT_EQ(r.status, 0) << r.err;
   // Nor workers: -t was accepted and ignored (trial 31 leftover); -t 0 (all cores, the default) stays.
   r = cli("run -m synth:tiny --ids 1,2 -n 1 --backend reference -t 4");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.status, 2);  // options that cannot work together: a usage error
   EXPECT_TRUE(has(r.err, "error: -t 4: the reference backend runs op by op on one thread")) << r.err;
   r = cli("logits -m synth:tiny --ids 1,2,3 --backend reference -t 0");
   EXPECT_EQ(r.status, 0) << r.err;

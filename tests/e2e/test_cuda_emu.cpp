@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <unistd.h>
 
 #include "archs/arch.h"
 #include "backend/backend.h"
@@ -573,6 +574,37 @@ TEST(E2ECudaEmuQuantModel, SmolLM2Q41GreedyEqualsCpu) {
   }
   ASSERT_EQ(got[0].size(), 8u);
   EXPECT_EQ(got[1], got[0]);
+}
+
+// The compiled object's cache (new-user trial 45): a cut cached object (dlopen would map it and fault
+// past its end) is built again with a note; without the cache (MK_CUDA_CACHE=0), or when its folder
+// cannot be made, the object is built in a temporary folder that is removed again.
+TEST(E2ECudaEmuCache, DamagedEntryIsBuiltAgainAndNoCacheNeedsNoFolder) {
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / fmt::format("mk_emu_cache_{}", ::getpid());
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root / "tmp");
+  const std::string args = "run --backend cuda-emu -t 2 --temp 0 -n 6 -p 'Once' -m " + kStories + "stories260K.gguf";
+  int st = 0;
+  const std::string first = run_cli("XDG_CACHE_HOME=" + root.string(), args, &st);
+  ASSERT_EQ(st, 0) << first;
+  const std::string text = first.substr(0, first.find('\n'));
+  std::vector<std::filesystem::path> cached;
+  for (const auto& e : std::filesystem::directory_iterator(root / "megakernel" / "emu"))
+    if (e.path().extension() == ".so") cached.push_back(e.path());
+  ASSERT_EQ(cached.size(), 1u);
+  std::filesystem::resize_file(cached[0], std::filesystem::file_size(cached[0]) / 2);
+  const std::string again = run_cli("XDG_CACHE_HOME=" + root.string(), args, &st);
+  EXPECT_EQ(st, 0) << again;
+  EXPECT_NE(again.find("is damaged: building it again"), std::string::npos) << again;
+  EXPECT_NE(again.find(text), std::string::npos) << again;
+  // XDG_CACHE_HOME a file: no cache folder can be made.
+  { std::ofstream(root / "a_file") << "x"; }
+  const std::string no_cache =
+      run_cli("MK_CUDA_CACHE=0 TMPDIR=" + (root / "tmp").string() + " XDG_CACHE_HOME=" + (root / "a_file").string(), args, &st);
+  EXPECT_EQ(st, 0) << no_cache;
+  EXPECT_NE(no_cache.find(text), std::string::npos) << no_cache;
+  EXPECT_TRUE(std::filesystem::is_empty(root / "tmp")) << "the temporary folder is removed";
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

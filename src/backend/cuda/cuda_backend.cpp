@@ -66,8 +66,8 @@ int64_t device_smem_budget(const cuda::DeviceInfo& dev) { return std::max(48 * 1
 Program compile_for_device(const Graph& graph, int workers, const cuda::DeviceInfo& dev, const BackendOptions& options) {
   // The device computes with float32 activations and a float32 KV cache; llama.cpp's numerics
   // (8-bit activation blocks, f16 KV) exist on the cpu backend only. "auto" means float here.
-  if (options.act_quant == "on") fail("--act-quant on: the CUDA backends keep activations in float32 (cpu only)");
-  if (options.kv_type == "f16") fail("--kv-type f16: the CUDA backends keep the KV cache in float32 (cpu only)");
+  if (options.act_quant == "on") usage_fail("--act-quant on: the CUDA backends keep activations in float32 (cpu only)");
+  if (options.kv_type == "f16") usage_fail("--kv-type f16: the CUDA backends keep the KV cache in float32 (cpu only)");
   CompileOptions co;
   co.workers = workers;
   co.max_tokens = env_int("MK_CUDA_MAX_TOKENS", 256, 1, int64_t{1} << 24);

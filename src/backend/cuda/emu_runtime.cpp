@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -139,9 +140,43 @@ class EmuRuntime final : public DeviceRuntime {
     std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
   }
 
+  // Whether `path` is a whole ELF64 object: its program and section header tables and every
+  // segment's bytes lie inside the file. A cut one would be mapped by dlopen and fault (SIGBUS) on
+  // the first page past its end (new-user trial 45: a damaged cache entry).
+  static bool whole_elf(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    unsigned char h[64] = {};
+    if (!f.read(reinterpret_cast<char*>(h), sizeof h)) return false;
+    if (h[0] != 0x7f || h[1] != 'E' || h[2] != 'L' || h[3] != 'F' || h[4] != 2 /* 64-bit */ || h[5] != 1 /* little-endian */)
+      return false;
+    auto u16 = [](const unsigned char* p) { return uint64_t{p[0]} | uint64_t{p[1]} << 8; };
+    auto u64 = [](const unsigned char* p) {
+      uint64_t v = 0;
+      for (int i = 7; i >= 0; --i) v = v << 8 | p[i];
+      return v;
+    };
+    std::error_code ec;
+    const uint64_t size = std::filesystem::file_size(path, ec);
+    if (ec) return false;
+    const uint64_t phoff = u64(h + 32), shoff = u64(h + 40), phentsize = u16(h + 54), phnum = u16(h + 56),
+                   shentsize = u16(h + 58), shnum = u16(h + 60);
+    if (phentsize < 56 || phnum > 4096 || shnum > 65535 || phoff > size || phnum * phentsize > size - phoff ||
+        shoff > size || shnum * shentsize > size - shoff)
+      return false;
+    for (uint64_t i = 0; i < phnum; ++i) {
+      unsigned char ph[56];
+      f.seekg(static_cast<std::streamoff>(phoff + i * phentsize));
+      if (!f.read(reinterpret_cast<char*>(ph), sizeof ph)) return false;
+      const uint64_t offset = u64(ph + 8), filesz = u64(ph + 32);
+      if (offset > size || filesz > size - offset) return false;
+    }
+    return true;
+  }
+
   ModuleInfo load(const CudaSource& src, const Program& program) override {
     ModuleInfo mi;
-    const std::string cxx = !o_.cxx.empty() ? o_.cxx : std::getenv("MK_EMU_CXX") ? std::getenv("MK_EMU_CXX") : "c++";
+    const char* env_cxx = std::getenv("MK_EMU_CXX");
+    const std::string cxx = !o_.cxx.empty() ? o_.cxx : env_cxx && *env_cxx ? env_cxx : "c++";
     std::string flags = "-std=c++20 -O2 -g0 -fPIC -shared -fno-strict-aliasing -w -pthread";
     if (built_with_asan()) flags += " -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer";
     const std::string text = std::string("#define MK_EMU_HEAD 1\n") + text::emu_host + "\n#undef MK_EMU_HEAD\n" + src.code +
@@ -155,10 +190,40 @@ class EmuRuntime final : public DeviceRuntime {
       dir = base.empty() ? std::filesystem::temp_directory_path().string() + "/megakernel-emu" : base + "/emu";
     }
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) fail("cuda-emu: cannot create the cache folder {}: {}", dir, ec.message());
+    // Without the disk cache (MK_CUDA_CACHE=0), or when its folder cannot be made, the object is
+    // built in a private temporary folder and removed once loaded.
+    bool cache = env_flag("MK_CUDA_CACHE", true);
+    if (cache) {
+      std::filesystem::create_directories(dir, ec);
+      if (ec) {
+        std::fprintf(stderr, "note: cuda-emu: cannot create the cache folder %s (%s; it is under $XDG_CACHE_HOME, else ~/.cache): "
+                             "building without the cache\n", dir.c_str(), ec.message().c_str());
+        cache = false;
+      }
+    }
+    std::string scratch;
+    if (!cache) {
+      std::string pattern = (std::filesystem::temp_directory_path(ec) / "megakernel-emu-XXXXXX").string();
+      if (ec || !::mkdtemp(pattern.data()))
+        fail("cuda-emu: cannot create a temporary folder for the compiled object ({}; set TMPDIR to a writable folder)",
+             ec ? ec.message() : std::strerror(errno));
+      dir = scratch = pattern;
+    }
+    struct RemoveScratch {
+      const std::string& dir;
+      ~RemoveScratch() {
+        std::error_code e;
+        if (!dir.empty()) std::filesystem::remove_all(dir, e);
+      }
+    } remove_scratch{scratch};
     const std::string so = fmt::format("{}/{:016x}.so", dir, key);
-    if (!std::filesystem::exists(so) || !env_flag("MK_CUDA_CACHE", true)) {
+    // A cached object that is not whole (cut by a full disk or a crash outside this process) is
+    // built again rather than loaded.
+    if (std::filesystem::exists(so) && !whole_elf(so)) {
+      std::fprintf(stderr, "note: cuda-emu: the cached object %s is damaged: building it again\n", so.c_str());
+      std::filesystem::remove(so, ec);
+    }
+    if (!std::filesystem::exists(so)) {
       const auto t0 = std::chrono::steady_clock::now();
       const std::string tmp = fmt::format("{}/{:016x}.{}.tmp", dir, key, ::getpid());
       {
@@ -184,7 +249,9 @@ class EmuRuntime final : public DeviceRuntime {
       mi.from_cache = true;
     }
     handle_ = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle_) fail("cuda-emu: cannot load {}: {}", so, ::dlerror());
+    if (!handle_)
+      fail("cuda-emu: cannot load {}: {}{}", so, ::dlerror(),
+           mi.from_cache ? " (a damaged cache entry: remove the file, or run with MK_CUDA_CACHE=0)" : "");
     run_ = reinterpret_cast<RunFn>(::dlsym(handle_, "mk_emu_run"));
     if (!run_) fail("cuda-emu: {} has no mk_emu_run", so);
     build_happens_before(program);

@@ -343,16 +343,16 @@ class ReferenceBackend final : public Backend {
 std::unique_ptr<Backend> make_reference_backend(const Graph& g, const ModelFile& m, const BackendOptions& o) {
   // The oracle computes in float32/float64 only; llama.cpp's numerics exist on the cpu backend.
   if (o.act_quant == "on") fail("--act-quant on: the reference backend keeps activations in float32 (cpu only)");
-  if (o.kv_type == "f16") fail("--kv-type f16: the reference backend keeps the KV cache in float32 (cpu only)");
+  if (o.kv_type == "f16") usage_fail("--kv-type f16: the reference backend keeps the KV cache in float32 (cpu only)");
   // Splits change the order of the softmax sums: an oracle that took them would no longer be one, so
   // any value but 1 (and -1, the default) is refused rather than ignored.
   if (o.attn_splits != -1 && o.attn_splits != 1)
-    fail("--attn-splits {}: the reference backend computes attention in one pass (1 split); flash-decoding splits "
+    usage_fail("--attn-splits {}: the reference backend computes attention in one pass (1 split); flash-decoding splits "
          "run on the cpu, cuda and cuda-emu backends",
          o.attn_splits);
   // The schedule distributes the megakernel's instructions over workers; the oracle runs op by op.
   if (o.schedule != "dynamic")
-    fail("--schedule {}: the reference backend runs op by op, without a megakernel schedule; schedules apply to the "
+    usage_fail("--schedule {}: the reference backend runs op by op, without a megakernel schedule; schedules apply to the "
          "cpu and CUDA backends",
          o.schedule);
   // The trace is a per-worker timeline of the megakernel's instructions; the oracle has neither.
