@@ -555,9 +555,11 @@ class Server {
     const size_t capacity = static_cast<size_t>(std::max(e_.parallel(), 1) + o_.max_queue);
     if (r.n_choices() > capacity)
       bad(r.prompts.size() > 1 ? "prompt" : "n",
-          fmt::format("this request asks for {} completions ({} prompt{} x n {}), but the server holds at most {} requests at "
-                      "once (--parallel {} + --max-queue {})",
-                      r.n_choices(), r.prompts.size(), r.prompts.size() == 1 ? "" : "s", r.n, capacity, e_.parallel(), o_.max_queue));
+          fmt::format("this request asks for {} completions ({}), but the server holds at most {} requests at once "
+                      "(--parallel {} + --max-queue {})",
+                      r.n_choices(),
+                      r.prompts.size() > 1 ? fmt::format("{} prompts x n {}", r.prompts.size(), r.n) : fmt::format("n = {}", r.n),
+                      capacity, e_.parallel(), o_.max_queue));
     for (size_t i = 0; i < r.prompts.size(); ++i) {
       const std::string which = r.prompts.size() > 1 ? fmt::format("prompt {} of {}", i, r.prompts.size()) : "the prompt";
       const int64_t n_prompt = static_cast<int64_t>(r.prompts[i].ids.size());
@@ -605,7 +607,9 @@ class Server {
         if (mode != "none" && mode != "auto" && mode != "required")
           bad("tool_choice", fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or "
                                          "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {}", clip_json(*choice)));
-      } else if (const json* fn = choice->is_object() ? field(*choice, "function") : nullptr;
+      } else if (const json* fn = choice->is_object() && field(*choice, "type") && *field(*choice, "type") == "function"
+                                      ? field(*choice, "function")
+                                      : nullptr;
                  fn && fn->is_object() && field(*fn, "name") && field(*fn, "name")->is_string()) {
         mode = "named";
         only = field(*fn, "name")->get<std::string>();
@@ -639,7 +643,7 @@ class Server {
       r.forced_suffix = std::move(fc.suffix);
       r.params.json = std::move(fc.schema);
     } catch (const Error& ex) {
-      bad(mode == "named" && std::string_view(ex.what()).starts_with("tool_choice") ? "tool_choice" : "tools", ex.what());
+      bad(std::string_view(ex.what()).starts_with("tool_choice") ? "tool_choice" : "tools", ex.what());
     }
   }
 
@@ -653,7 +657,8 @@ class Server {
     if (tr.calls.empty()) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
     json msg = {{"role", "assistant"}, {"content", tr.content.empty() ? json(nullptr) : json(tr.content)}};
     msg["tool_calls"] = tool_calls_json(tr.calls, false);
-    return {std::move(msg), "tool_calls"};
+    // "length" stays: a reply max_tokens cut may hold a call cut short (left as text)
+    return {std::move(msg), out.finish == FinishReason::stop ? "tool_calls" : finish_name(out.finish)};
   }
 
   static json tool_calls_json(const std::vector<ToolCall>& calls, bool indexed) {
@@ -1053,7 +1058,7 @@ class Server {
                   if (!send(ck({{"index", k}, {"delta", {{"tool_calls", tool_calls_json(tail.calls, true)}}}, {"logprobs", lp},
                                 {"finish_reason", nullptr}})))
                     return cancel_all();
-                  finish = "tool_calls";
+                  if (c.end.finish == FinishReason::stop) finish = "tool_calls";  // "length" stays (see chat_message)
                 }
               }
               json j = {{"index", k}};

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -100,7 +101,8 @@ class JsonSchemaCompiler {
     fail("json_schema {}: {}", ptr.empty() ? "(the root)" : ptr, why);
   }
   static bool annotation(const std::string& k) {
-    static const std::set<std::string> keys = {"title", "description", "default", "examples", "format",
+    // ("discriminator": OpenAPI's, which pydantic writes beside a tagged oneOf: the tags say the same)
+    static const std::set<std::string> keys = {"title", "description", "default", "examples", "format", "discriminator",
                                                "$schema", "$id", "$comment", "readOnly", "writeOnly", "deprecated"};
     return keys.count(k) != 0;
   }
@@ -112,27 +114,34 @@ class JsonSchemaCompiler {
     }
   }
 
-  // Makes n (its branches collected) a tagged union if its branches are objects whose first
-  // property, required, is one key holding strings of an enum / const, no string in two branches
-  // (JsonSchemaNode::tagged). A branch still compiling (recursion) has no properties yet: not one.
-  bool tag_union(JsonSchemaNode& n) {
+  // Makes `n` a tagged union of the object branches `objs` (JsonSchemaNode::tagged): objects whose
+  // first property is one key holding strings of an enum / const, no string in two branches. The
+  // tag is written first and is required here even where a branch lets it out (pydantic gives a
+  // Literal tag with a default no place in `required`): an instance with it is still valid. Returns
+  // why not ("" when it is one). A branch still compiling (recursion) has no properties yet.
+  std::string tag_union(JsonSchemaNode& n, const std::vector<const JsonSchemaNode*>& objs, const std::vector<size_t>& index) {
     const std::string* key = nullptr;
     std::vector<std::string> values;
     std::vector<const JsonSchemaNode*> owner;
-    for (const JsonSchemaNode* b : n.branches) {
+    for (size_t i = 0; i < objs.size(); ++i) {
+      const JsonSchemaNode* b = objs[i];
       if (b->types != JsonSchemaNode::kObject || !b->branches.empty() || !b->tagged.empty() || b->any_members || b->props.empty())
-        return false;
+        return fmt::format("branch {} is not an object with properties", index[i]);
       const JsonSchemaNode::Prop& tag = b->props[0];
-      if (!tag.required || !tag.node->string_enum || tag.node->types != JsonSchemaNode::kString) return false;
-      if (key && *key != tag.key) return false;
+      if (!tag.node->string_enum || tag.node->types != JsonSchemaNode::kString)
+        return fmt::format("branch {}'s first property \"{}\" is not a const / enum string", index[i], tag.key);
+      if (key && *key != tag.key)
+        return fmt::format("branch {}'s first property is \"{}\", another's \"{}\"", index[i], tag.key, *key);
       key = &tag.key;
       for (const std::string& v : tag.node->enum_strings) {
-        if (std::find(values.begin(), values.end(), v) != values.end()) return false;
+        if (std::find(values.begin(), values.end(), v) != values.end())
+          return fmt::format("the tag \"{}\" names two branches", v);
         values.push_back(v);
         owner.push_back(b);
       }
     }
-    if (values.size() > JsonSchema::kMaxChoices) return false;
+    if (values.size() > JsonSchema::kMaxChoices)
+      return fmt::format("{} tags, more than {}", values.size(), JsonSchema::kMaxChoices);
     JsonSchemaNode& t = out_.nodes_.emplace_back();
     t.types = JsonSchemaNode::kString;
     t.string_enum = true;
@@ -143,7 +152,7 @@ class JsonSchemaCompiler {
     n.props = {JsonSchemaNode::Prop{*key, &t, true}};
     n.tagged = std::move(owner);
     n.branches.clear();
-    return true;
+    return "";
   }
 
   void fill(JsonSchemaNode& n, const J& s, const std::string& ptr) {
@@ -164,26 +173,47 @@ class JsonSchemaCompiler {
       if (!branches.is_array() || branches.empty()) bad(ptr, fmt::format("'{}' must be a non-empty array", key));
       n.types = 0;
       n.allow_true = n.allow_false = false;
+      // Branches are told apart by their first byte; several object branches may share '{' when
+      // they are a tagged union (tag_union), which then stands for them as one branch.
       uint8_t seen = 0;
-      size_t alike = 0;  // the first branch that can begin as an earlier one (0: none)
+      std::optional<size_t> alike;  // a branch that can begin as another
+      std::vector<const JsonSchemaNode*> objs;
+      std::vector<size_t> obj_index;
       for (size_t i = 0; i < branches.size(); ++i) {
         const std::string bptr = fmt::format("{}/{}/{}", ptr, key, i);
         if (branches[i].is_boolean() && !branches[i].get<bool>()) continue;  // a branch nothing satisfies
         const JsonSchemaNode& b = *node_at(bptr);
         // (a branch still compiling -- recursion -- has its types already: they are set first)
         const uint8_t st = starts(b);
-        if ((st & seen) && !alike) alike = i;
-        seen |= st;
         n.types |= b.types;
         n.allow_true |= (b.types & JsonSchemaNode::kBoolean) && b.allow_true;
         n.allow_false |= (b.types & JsonSchemaNode::kBoolean) && b.allow_false;
+        if (st == kSObj) {
+          objs.push_back(&b);
+          obj_index.push_back(i);
+          continue;
+        }
+        if ((st & seen) && !alike) alike = i;
+        if ((st & kSObj) && !objs.empty() && !alike) alike = i;
+        seen |= st;
         n.branches.push_back(&b);
       }
-      if (n.branches.empty()) bad(ptr, "the schema allows no value");
-      if (alike && !tag_union(n))
-        bad(ptr, fmt::format("'{}' branches whose values can begin alike are not supported (branch {}), unless all are "
-                             "objects whose first property, required, is the same key holding different const / enum strings",
-                             key, alike));
+      if (n.branches.empty() && objs.empty()) bad(ptr, "the schema allows no value");
+      if ((seen & kSObj) && !objs.empty() && !alike) alike = obj_index.back();  // an object branch after it
+      if (alike)
+        bad(ptr, fmt::format("'{}' branches whose values can begin alike are not supported (branch {})", key, *alike));
+      if (objs.size() == 1) {
+        n.branches.push_back(objs[0]);
+      } else if (objs.size() > 1) {
+        const bool only_objects = n.branches.empty();
+        JsonSchemaNode& u = only_objects ? n : out_.nodes_.emplace_back();
+        const std::string why = tag_union(u, objs, obj_index);
+        if (!why.empty())
+          bad(ptr, fmt::format("'{}' object branches must be a tagged union: their first property the same key, each "
+                               "holding different const / enum strings ({})",
+                               key, why));
+        if (!only_objects) n.branches.push_back(&u);
+      }
       return;
     }
     // type

@@ -192,8 +192,14 @@ std::vector<std::string> check_tools(const nlohmann::ordered_json& tools) {
     if (std::find(names.begin(), names.end(), n) != names.end()) fail("{}.function.name: {:?} is named twice", at, n);
     if (auto d = fn->find("description"); d != fn->end() && !d->is_string() && !d->is_null())
       fail("{}.function.description: must be a string", at);
-    if (auto p = fn->find("parameters"); p != fn->end() && !p->is_object() && !p->is_null())
-      fail("{}.function.parameters: must be a JSON Schema object", at);
+    if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null()) {
+      // The arguments are an object (OpenAI's rule): a schema of another type could only be
+      // written as a call the parser then refuses.
+      if (!p->is_object()) fail("{}.function.parameters: must be a JSON Schema object", at);
+      auto type = p->find("type");
+      if (!p->empty() && (type == p->end() ? !p->contains("properties") : *type != "object"))
+        fail("{}.function.parameters: must describe an object (\"type\": \"object\"), got {}", at, clip(p->dump(), 80));
+    }
     if (auto s = fn->find("strict"); s != fn->end() && !s->is_boolean() && !s->is_null())
       fail("{}.function.strict: must be a boolean", at);
     names.push_back(n);
@@ -231,6 +237,10 @@ ForcedCall forced_call(ToolFormat f, const nlohmann::ordered_json& tools, const 
     tool_of.push_back(i);
   }
   if (branches.empty()) fail("tool_choice: no tool named {:?}", only_name);
+  if (branches.size() > JsonSchema::kMaxChoices)
+    fail("tool_choice: \"required\" can choose among at most {} tools, and there are {}; name one "
+         "({{\"type\": \"function\", \"function\": {{\"name\": ...}}}}) or send fewer",
+         JsonSchema::kMaxChoices, branches.size());
   const nlohmann::ordered_json schema = branches.size() == 1 ? branches[0] : nlohmann::ordered_json{{"anyOf", branches}};
   try {
     fc.schema = JsonSchema::compile(schema);

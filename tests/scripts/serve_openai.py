@@ -995,6 +995,10 @@ def tool_call_checks(model_args, label, auto_too, tools=WEATHER_TOOLS, max_token
                  what="tool_choice required without tools")
     expect_error(srv, {"messages": msgs, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
                  400, "tool_choice", path="/v1/chat/completions", what="tool_choice naming no tool")
+    expect_error(srv, {"messages": msgs, "tools": tools, "tool_choice": {"function": {"name": "get_weather"}}}, 400, "tool_choice",
+                 path="/v1/chat/completions", what="a named tool_choice without its type")
+    expect_error(srv, {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+                       "tool_choice": "required"}, 400, "tools", path="/v1/chat/completions", what="parameters that are not an object")
     expect_error(srv, {"messages": msgs, "tools": tools, "tool_choice": "sometimes"}, 400, "tool_choice",
                  path="/v1/chat/completions", what="an unknown tool_choice")
     expect_error(srv, {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": {

@@ -3,6 +3,7 @@
 // call's constraint. Suite JsonToolCalls* runs in the ASan group (Json*).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "runtime/json_prefix.h"
@@ -122,6 +123,8 @@ TEST(JsonToolCalls, ToolsAreCheckedByField) {
       {R"([{"type": "function", "function": {"name": "f", "parameters": "{}"}}])", "tools[0].function.parameters: must be"},
       {R"([{"type": "function", "function": {"name": "f", "description": 3}}])", "tools[0].function.description"},
       {R"([{"type": "function", "function": {"name": "f", "strict": "yes"}}])", "tools[0].function.strict"},
+      {R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}])", "tools[0].function.parameters: must describe an object"},
+      {R"([{"type": "function", "function": {"name": "f", "parameters": {"enum": ["a"]}}}])", "tools[0].function.parameters: must describe an object"},
   };
   for (const auto& [text, want] : bad) {
     try {
@@ -183,6 +186,15 @@ TEST(JsonToolCalls, ForcedCallsAreConstrainedToTheFunction) {
   EXPECT_FALSE(fits(js, R"({"name": "now", "arguments": {}})"));
   // A name that is not a tool, and parameters the constraint does not support: named errors.
   EXPECT_THROW(forced_call(ToolFormat::hermes, tools, "later"), Error);
+  ojson many = ojson::array();
+  for (int i = 0; i < 65; ++i) many.push_back({{"type", "function"}, {"function", {{"name", fmt::format("f{}", i)}}}});
+  try {
+    forced_call(ToolFormat::hermes, many, "");
+    ADD_FAILURE() << "65 tools forced";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"required\" can choose among at most 64 tools, and there are 65"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(forced_call(ToolFormat::hermes, many, "f64"));  // one named among many
   const ojson pattern = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
     "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}}}])");
   try {
