@@ -227,7 +227,8 @@ ForcedCall forced_call(ToolFormat f, const nlohmann::ordered_json& tools, const 
     const auto& fn = tools[i]["function"];
     const std::string n = fn["name"].get<std::string>();
     if (!only_name.empty() && n != only_name) continue;
-    nlohmann::ordered_json args = {{"type", "object"}};
+    // No parameters (or {}): an empty argument list, as OpenAI reads it.
+    nlohmann::ordered_json args = {{"type", "object"}, {"additionalProperties", false}};
     if (auto p = fn.find("parameters"); p != fn.end() && p->is_object() && !p->empty()) args = *p;
     rebase_refs(args, n_branches == 1 ? fmt::format("/properties/{}", args_key)
                                       : fmt::format("/anyOf/{}/properties/{}", branches.size(), args_key));

@@ -159,7 +159,8 @@ TEST(JsonToolCalls, ForcedCallsAreConstrainedToTheFunction) {
   // "required" with two functions: a union tagged by the name, each call's arguments of its function.
   const ForcedCall any = forced_call(ToolFormat::mistral, tools, "");
   EXPECT_EQ(any.prefix, "[TOOL_CALLS][");
-  EXPECT_TRUE(fits(any, R"({"name": "now", "arguments": {"x": [1]}})"));  // no parameters: any object
+  EXPECT_TRUE(fits(any, R"({"name": "now", "arguments": {}})"));  // no parameters: an empty argument list
+  EXPECT_FALSE(fits(any, R"({"name": "now", "arguments": {"x": [1]}})"));
   EXPECT_TRUE(fits(any, R"({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f"}})"));
   EXPECT_FALSE(fits(any, R"({"name": "get_weather", "arguments": {}})"));
   EXPECT_FALSE(fits(any, R"({"name": "get_weather", "arguments": {"x": [1]}})"));
