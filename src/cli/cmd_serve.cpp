@@ -656,16 +656,25 @@ class Server {
     if (pr.one_call && tr.calls.size() > 1) tr.calls.resize(1);
     if (tr.calls.empty()) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
     json msg = {{"role", "assistant"}, {"content", tr.content.empty() ? json(nullptr) : json(tr.content)}};
-    msg["tool_calls"] = tool_calls_json(tr.calls, false);
+    msg["tool_calls"] = tool_calls_json(tr.calls, false, pr.tools);
     // "length" stays: a reply max_tokens cut may hold a call cut short (left as text)
     return {std::move(msg), out.finish == FinishReason::stop ? "tool_calls" : finish_name(out.finish)};
   }
 
-  static json tool_calls_json(const std::vector<ToolCall>& calls, bool indexed) {
+  // `format`: Mistral's templates take back only ids of 9 letters and digits (they raise an
+  // exception on others); other formats get OpenAI's "call_..." shape.
+  static json tool_calls_json(const std::vector<ToolCall>& calls, bool indexed, ToolFormat format) {
     json a = json::array();
     for (size_t i = 0; i < calls.size(); ++i) {
       json c = indexed ? json{{"index", i}} : json::object();  // a stream's delta numbers its calls
-      c["id"] = fmt::format("call_{:016x}", random_seed());
+      if (format == ToolFormat::mistral) {
+        static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        std::string id;
+        for (uint64_t r = random_seed(); id.size() < 9; r /= 62) id += kAlnum[r % 62];
+        c["id"] = id;
+      } else {
+        c["id"] = fmt::format("call_{:016x}", random_seed());
+      }
       c["type"] = "function";
       c["function"] = {{"name", calls[i].name}, {"arguments", calls[i].arguments}};
       a.push_back(std::move(c));
@@ -1055,7 +1064,7 @@ class Server {
                   lp = nullptr;
                 }
                 if (!tail.calls.empty()) {
-                  if (!send(ck({{"index", k}, {"delta", {{"tool_calls", tool_calls_json(tail.calls, true)}}}, {"logprobs", lp},
+                  if (!send(ck({{"index", k}, {"delta", {{"tool_calls", tool_calls_json(tail.calls, true, pr->tools)}}}, {"logprobs", lp},
                                 {"finish_reason", nullptr}})))
                     return cancel_all();
                   if (c.end.finish == FinishReason::stop) finish = "tool_calls";  // "length" stays (see chat_message)

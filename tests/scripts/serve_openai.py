@@ -1011,6 +1011,31 @@ def tool_call_checks(model_args, label, auto_too, tools=WEATHER_TOOLS, max_token
     check(srv.stop() == 0, f"{label} tools server: exit code 0")
 
 
+def mistral_tool_checks():
+    """Mistral's format (tests/chat/templates/mistral_tools.jinja): a forced call is read from
+    `[TOOL_CALLS][...]`, its id is 9 letters and digits (Mistral's templates refuse others), and the
+    call goes back into the conversation."""
+    tpl = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat", "templates", "mistral_tools.jinja")
+    srv = Server(STORIES, "--parallel", "2", "--chat-template-file", tpl)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_TOOLS[0]["function"]["parameters"]}}]
+    msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+    r = srv.client.chat.completions.create(model="x", messages=msgs, tools=tools, tool_choice="required", max_tokens=128, temperature=0)
+    ch = r.choices[0]
+    call = (ch.message.tool_calls or [None])[0]
+    check(ch.finish_reason == "tool_calls" and call is not None and call.function.name == "get_weather"
+          and re.fullmatch(r"[A-Za-z0-9]{9}", call.id or "") is not None
+          and set(json.loads(call.function.arguments)) == {"city", "unit"},
+          f"mistral format: a forced call with a 9-character id ({ch.message})")
+    if call is not None:
+        follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": "{\"temperature\": 3}"}]
+        st, _, text = srv.raw("POST", "/v1/chat/completions", {"messages": follow, "max_tokens": 8, "temperature": 0})
+        check(st == 200, f"mistral format: the call and its result go back through the template ({st}: {text[:160]})")
+    srv.blocks_free_at_end("mistral tools")
+    check(srv.stop() == 0, "mistral tools server: exit code 0")
+
+
 def damaged_tokenizer_checks():
     """stories260K.gguf with tokenizer.ggml.model "llamx": the tokenizer is there but unusable. The
     server starts for prompts of token ids and says so; a text prompt and a chat get 400 naming the
@@ -1399,6 +1424,7 @@ if __name__ == "__main__":
     tool_call_checks(STORIES, "stories260K", auto_too=False,  # its 512-token context: one short tool
                      tools=[{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_TOOLS[0]["function"]["parameters"]}}],
                      max_tokens=128)  # its tokens are short: spaces and pieces of words
+    mistral_tool_checks()
     damaged_tokenizer_checks()
     half_close_checks()
     utf8_checks()
