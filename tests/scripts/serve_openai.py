@@ -1011,6 +1011,31 @@ def tool_call_checks(model_args, label, auto_too, tools=WEATHER_TOOLS, max_token
     check(srv.stop() == 0, f"{label} tools server: exit code 0")
 
 
+def llama3_tool_checks():
+    """Llama 3's format (tests/chat/templates/llama3_tools.jinja): the reply is one {"name",
+    "parameters"} object; forced, it is constrained to that, and read as the call."""
+    tpl = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat", "templates", "llama3_tools.jinja")
+    srv = Server(STORIES, "--parallel", "2", "--chat-template-file", tpl)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_TOOLS[0]["function"]["parameters"]}}]
+    msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = srv.client.chat.completions.create(model="x", messages=msgs, tools=tools, tool_choice=named, max_tokens=128, temperature=0)
+    ch = r.choices[0]
+    call = (ch.message.tool_calls or [None])[0]
+    check(ch.finish_reason == "tool_calls" and call is not None and call.function.name == "get_weather"
+          and call.id.startswith("call_") and set(json.loads(call.function.arguments)) == {"city", "unit"},
+          f"llama3 format: a forced call read from the reply's object ({ch.message})")
+    calls = {}
+    for chunk in srv.client.chat.completions.create(model="x", messages=msgs, tools=tools, tool_choice=named, max_tokens=128,
+                                                    temperature=0, stream=True):
+        for x in chunk.choices:
+            for tc in x.delta.tool_calls or []:
+                calls[tc.index] = calls.get(tc.index, "") + (tc.function.arguments or "")
+    check(call is not None and calls == {0: call.function.arguments}, f"llama3 format: streamed, the same call ({calls})")
+    srv.blocks_free_at_end("llama3 tools")
+    check(srv.stop() == 0, "llama3 tools server: exit code 0")
+
+
 def mistral_tool_checks():
     """Mistral's format (tests/chat/templates/mistral_tools.jinja): a forced call is read from
     `[TOOL_CALLS][...]`, its id is 9 letters and digits (Mistral's templates refuse others), and the
@@ -1425,6 +1450,7 @@ if __name__ == "__main__":
                      tools=[{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_TOOLS[0]["function"]["parameters"]}}],
                      max_tokens=128)  # its tokens are short: spaces and pieces of words
     mistral_tool_checks()
+    llama3_tool_checks()
     damaged_tokenizer_checks()
     half_close_checks()
     utf8_checks()
