@@ -323,7 +323,9 @@ class JsonSchemaCompiler {
     };
     if (s.contains("minItems")) n.min_items = count("minItems");
     if (s.contains("maxItems")) n.max_items = count("maxItems");
-    if (n.min_items > n.max_items) bad(ptr, "'minItems' is above 'maxItems'");
+    if (n.min_items > n.max_items)
+      bad(ptr, s.contains("maxItems") ? std::string("'minItems' is above 'maxItems'")
+                                      : fmt::format("'items': false allows only [], but 'minItems' is {}", n.min_items));
     if (n.types == 0) bad(ptr, "the schema allows no value");
   }
 
@@ -358,6 +360,40 @@ class JsonSchemaCompiler {
     if (!finite[root]) fail("json_schema: the schema allows no finite value (a required property or item recurses into itself with no way out)");
   }
 
+  // JsonSchemaNode::min_depth of every node: a fixpoint like check_finite's, from the nodes that
+  // allow a scalar (0).
+  void set_min_depth() {
+    constexpr int32_t kInf = 1 << 20;
+    for (JsonSchemaNode& n : out_.nodes_) n.min_depth = kInf;
+    auto md = [](const JsonSchemaNode* n) { return n ? n->min_depth : 0; };  // null items: any value
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (JsonSchemaNode& n : out_.nodes_) {
+        int32_t m = kInf;
+        if (!n.branches.empty() || !n.tagged.empty()) {
+          for (const JsonSchemaNode* b : n.branches) m = std::min(m, md(b));
+          for (const JsonSchemaNode* b : n.tagged) m = std::min(m, md(b));
+        } else {
+          if (n.types & (JsonSchemaNode::kString | JsonSchemaNode::kNumber | JsonSchemaNode::kInteger | JsonSchemaNode::kBoolean |
+                         JsonSchemaNode::kNull))
+            m = 0;
+          if (n.types & JsonSchemaNode::kObject) {
+            int32_t o = 1;
+            for (const auto& p : n.props)
+              if (p.required) o = std::max(o, 1 + md(p.node));
+            m = std::min(m, o);
+          }
+          if (n.types & JsonSchemaNode::kArray) m = std::min(m, 1 + (n.min_items > 0 ? md(n.items) : 0));
+        }
+        m = std::min(m, kInf);
+        if (m < n.min_depth) {
+          n.min_depth = m;
+          changed = true;
+        }
+      }
+    }
+  }
+
   static constexpr int kMaxNesting = 128;
   static constexpr size_t kMaxNodes = 4096;
   const J& root_;
@@ -372,6 +408,7 @@ std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
     auto r = std::make_shared<JsonSchema>();
     JsonSchemaNode& n = r->nodes_.emplace_back();
     n.types = JsonSchemaNode::kObject;
+    n.min_depth = 1;
     r->root_ = &n;
     return r;
   }();
@@ -385,6 +422,7 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const nlohmann::ordered_js
   if (!(r->root_->types & JsonSchemaNode::kObject) || !r->root_->branches.empty())
     fail("json_schema: the root must be an object schema (\"type\": \"object\")");
   c.check_finite(r->root_);
+  c.set_min_depth();
   return r;
 }
 
@@ -482,9 +520,23 @@ bool JsonPrefix::may_close_object() const {
   return true;
 }
 
+bool JsonPrefix::fits(const JsonSchemaNode* v) const { return depth_ + (v ? v->min_depth : 0) <= kMaxDepth; }
+
+int32_t JsonPrefix::object_depth(const JsonSchemaNode& n) {
+  if (!n.tagged.empty()) return n.min_depth;  // the shallowest branch the tag can pick
+  int32_t d = 1;
+  for (const auto& p : n.props)
+    if (p.required) d = std::max(d, 1 + p.node->min_depth);
+  return d;
+}
+
 bool JsonPrefix::may_add_member() const {
   const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
-  return f.node->any_members || static_cast<size_t>(f.next) < f.node->props.size();
+  if (f.node->any_members) return true;
+  // a ',' only where some property may follow: one whose value can still end within kMaxDepth
+  for (size_t i = static_cast<size_t>(f.next); i < f.node->props.size(); ++i)
+    if (f.node->props[i].required || fits(f.node->props[i].node)) return true;
+  return false;
 }
 
 // A '"' that opens a key: any string, or the properties that may come next (those up to and with
@@ -501,7 +553,9 @@ bool JsonPrefix::open_key() {
   choices_ = 0;
   choice_base_ = f.next;
   for (size_t i = static_cast<size_t>(f.next); i < o.props.size(); ++i) {
-    choices_ |= uint64_t{1} << (i - static_cast<size_t>(f.next));
+    // an optional property whose value could not end within kMaxDepth is not begun (a required one
+    // fits: the object was opened only if its required values do)
+    if (o.props[i].required || fits(o.props[i].node)) choices_ |= uint64_t{1} << (i - static_cast<size_t>(f.next));
     if (o.props[i].required) break;
   }
   if (choices_ == 0) return false;
@@ -525,8 +579,11 @@ bool JsonPrefix::value(uint8_t c) {
   switch (c) {
     case '{':
     case '[':
-      if (!(n.types & (c == '{' ? JsonSchemaNode::kObject : JsonSchemaNode::kArray)) || depth_ >= kMaxDepth) return false;
+      if (!(n.types & (c == '{' ? JsonSchemaNode::kObject : JsonSchemaNode::kArray))) return false;
       if (c == '[' && n.max_items == 0 && n.min_items > 0) return false;
+      // Room for the shallowest value of this container (its required members, or items).
+      if (depth_ + (c == '{' ? object_depth(n) : 1 + (n.min_items > 0 && n.items ? n.items->min_depth : 0)) > kMaxDepth)
+        return false;
       frames_[static_cast<size_t>(depth_++)] = Frame{&n, 0, c == '{'};
       s_ = c == '{' ? S::obj_first : S::arr_first;
       return true;
@@ -535,6 +592,13 @@ bool JsonPrefix::value(uint8_t c) {
       key_ = false;
       if (n.string_enum) {
         choices_ = n.enum_strings.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.enum_strings.size()) - 1;
+        if (depth_ > 0) {  // a tagged union's tag: only the branches that can still end within kMaxDepth
+          const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+          if (f.object && !f.node->tagged.empty() && prop_ == 0 && &n == f.node->props[0].node)
+            for (size_t i = 0; i < f.node->tagged.size() && i < 64; ++i)
+              if (depth_ - 1 + f.node->tagged[i]->min_depth > kMaxDepth) choices_ &= ~(uint64_t{1} << i);
+          if (choices_ == 0) return false;
+        }
         off_ = 0;
         s_ = S::str_choice;
       } else {
@@ -612,13 +676,15 @@ bool JsonPrefix::step(uint8_t c) {
         return true;
       }
       const JsonSchemaNode* items = a.items ? a.items : &kAnyNode;
+      // an item past minItems is begun only if it can end within kMaxDepth
+      const bool room = f.next < a.min_items || fits(items);
       if (s_ == S::arr_next) {
-        if (c != ',' || f.next >= a.max_items) return false;
+        if (c != ',' || f.next >= a.max_items || !room) return false;
         node_ = items;
         s_ = S::value;
         return true;
       }
-      if (a.max_items == 0) return false;
+      if (a.max_items == 0 || !room) return false;
       node_ = items;
       return value(c);
     }
@@ -763,7 +829,7 @@ bool JsonPrefix::step(uint8_t c) {
     case S::n_int:
     case S::n_frac:
     case S::n_exp:
-      if (is_digit(c)) return ++digits_ <= (s_ == S::n_frac ? kMaxFraction : kMaxDigits);  // json.gbnf's bounds
+      if (is_digit(c)) return ++digits_ <= (s_ == S::n_frac ? kMaxFraction : s_ == S::n_exp ? kMaxExponent : kMaxDigits);
       [[fallthrough]];
     case S::n_zero:
       if (c == '.' && !integer_ && (s_ == S::n_zero || s_ == S::n_int)) {

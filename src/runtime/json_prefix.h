@@ -19,7 +19,9 @@
 // be an object): RFC 8259 syntax, strictly valid UTF-8 in strings (RFC 3629), no control
 // characters, and the whitespace of llama.cpp's grammars/json.gbnf between tokens (none, one space,
 // or a newline and at most 20 spaces or tabs: a model cannot stall in whitespace), numbers of at
-// most 16 digits before the point and in the exponent (json.gbnf's bound) and 32 after it. Nesting deeper than kMaxDepth is refused. Property names and enum strings must be written as nlohmann writes
+// most 16 digits before the point (json.gbnf's bound), 32 after it and 2 in the exponent (every
+// number parses as a finite double). Nesting deeper than kMaxDepth is refused, and a container,
+// property or item is begun only when its value can still end within it (JsonSchemaNode::min_depth). Property names and enum strings must be written as nlohmann writes
 // them (the same escapes).
 //
 // JsonTokenMask turns it into a token mask: a token may follow when all its bytes continue the
@@ -53,6 +55,11 @@ struct JsonSchemaNode {
   std::vector<Prop> props;                // in order
   const JsonSchemaNode* items = nullptr;  // array items; null: any value
   int64_t min_items = 0, max_items = INT64_MAX;
+  // Levels of containers the shallowest value of this schema opens (0: it allows a scalar); set by
+  // JsonSchema::compile. A container is only opened, a property or item only begun, when its value
+  // can still end within JsonPrefix::kMaxDepth (else a deep recursive schema leads the model to a
+  // key whose value it cannot open).
+  int32_t min_depth = 0;
   bool string_enum = false;               // a string is one of enum_strings
   std::vector<std::string> enum_strings;  // as written between quotes
   bool allow_true = true, allow_false = true;  // with kBoolean
@@ -88,7 +95,8 @@ class JsonPrefix {
  public:
   static constexpr int kMaxDepth = 64;
   static constexpr int kMaxIndent = 20;  // spaces / tabs after a newline
-  static constexpr int kMaxDigits = 16;    // of a number's integral part and exponent (json.gbnf's bound)
+  static constexpr int kMaxDigits = 16;    // of a number's integral part (json.gbnf's bound)
+  static constexpr int kMaxExponent = 2;   // digits of its exponent: every number is a finite double (< 1e115)
   static constexpr int kMaxFraction = 32;  // of its fraction (json.gbnf: any; 17 significant digits need ~22)
   // One JSON object of any shape (json_object).
   JsonPrefix();
@@ -125,6 +133,8 @@ class JsonPrefix {
   bool open_key();        // a '"' where a key may start: its choices
   bool may_close_object() const;
   bool may_add_member() const;
+  bool fits(const JsonSchemaNode* v) const;  // a value of v begun now can end within kMaxDepth
+  static int32_t object_depth(const JsonSchemaNode& n);  // levels a shallowest object of n opens
 
   S s_ = S::start;
   Ws ws_ = Ws::none;

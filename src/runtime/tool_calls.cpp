@@ -48,6 +48,29 @@ nlohmann::ordered_json parse_or_discard(std::string_view text) {
   return nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
 }
 
+// The end of the JSON object or array that starts at `at` (after whitespace): the offset past its
+// closing bracket, read with strings and escapes skipped (so a "</tool_call>" inside an argument
+// is text), or npos when it does not close.
+size_t json_value_end(std::string_view t, size_t at) {
+  while (at < t.size() && (t[at] == ' ' || t[at] == '\n' || t[at] == '\t' || t[at] == '\r')) ++at;
+  if (at >= t.size() || (t[at] != '{' && t[at] != '[')) return std::string_view::npos;
+  int depth = 0;
+  for (bool in_string = false; at < t.size(); ++at) {
+    const char c = t[at];
+    if (in_string) {
+      if (c == '\\') ++at;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return at + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
 // The length of the longest suffix of `text` that is a proper prefix of `marker`.
 size_t partial_marker(std::string_view text, std::string_view marker) {
   for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n)
@@ -96,14 +119,18 @@ ToolReply parse_tool_reply(ToolFormat f, const std::string& text) {
     while (at < text.size()) {
       const size_t open = text.find(kHermesOpen, at);
       if (open == std::string::npos) break;
-      size_t close = text.find(kHermesClose, open);
+      // The call's object ends where its brackets close (an argument may hold "</tool_call>");
+      // then whitespace and the closing tag, or the end of the reply (EOS before the tag).
       const size_t body = open + kHermesOpen.size();
-      auto call = call_of(parse_or_discard(std::string_view(text).substr(body, close == std::string::npos ? std::string::npos : close - body)),
-                          {"arguments", "parameters"});
-      if (!call) break;  // a broken call: it and what follows stay text
+      const size_t end = json_value_end(text, body);
+      if (end == std::string_view::npos) break;  // a broken call: it and what follows stay text
+      size_t after = text.find_first_not_of(" \n\t\r", end);
+      if (after != std::string::npos && text.compare(after, kHermesClose.size(), kHermesClose) != 0) break;
+      auto call = call_of(parse_or_discard(std::string_view(text).substr(body, end - body)), {"arguments", "parameters"});
+      if (!call) break;
       content += text.substr(at, open - at);
       r.calls.push_back(std::move(*call));
-      at = close == std::string::npos ? text.size() : close + kHermesClose.size();
+      at = after == std::string::npos ? text.size() : after + kHermesClose.size();
     }
     content += text.substr(at);
     r.content = trim(content);
@@ -115,7 +142,9 @@ ToolReply parse_tool_reply(ToolFormat f, const std::string& text) {
       r.content = trim(text);
       return r;
     }
-    auto j = parse_or_discard(std::string_view(text).substr(m + kMistral.size()));
+    const size_t begin = m + kMistral.size(), end = json_value_end(text, begin);
+    // the array (or one object) after the marker; text after it is content
+    auto j = end == std::string_view::npos ? nlohmann::ordered_json() : parse_or_discard(std::string_view(text).substr(begin, end - begin));
     if (j.is_object()) j = nlohmann::ordered_json::array({j});
     std::vector<ToolCall> calls;
     if (j.is_array() && !j.empty())
@@ -131,7 +160,7 @@ ToolReply parse_tool_reply(ToolFormat f, const std::string& text) {
       r.content = trim(text);
       return r;
     }
-    r.content = trim(text.substr(0, m));
+    r.content = trim(text.substr(0, m) + text.substr(end));
     r.calls = std::move(calls);
     return r;
   }
@@ -196,8 +225,18 @@ std::vector<std::string> check_tools(const nlohmann::ordered_json& tools) {
       // The arguments are an object (OpenAI's rule): a schema of another type could only be
       // written as a call the parser then refuses.
       if (!p->is_object()) fail("{}.function.parameters: must be a JSON Schema object", at);
-      auto type = p->find("type");
-      if (!p->empty() && (type == p->end() ? !p->contains("properties") : *type != "object"))
+      // pydantic writes a recursive model as {"$defs": {...}, "$ref": "#/$defs/Model"}: its target is read
+      const nlohmann::ordered_json* top = &*p;
+      if (auto ref = p->find("$ref"); ref != p->end() && ref->is_string() && !p->contains("type")) {
+        const std::string& r = ref->get_ref<const std::string&>();
+        try {
+          if (r.starts_with("#")) top = &p->at(nlohmann::ordered_json::json_pointer(r.substr(1)));
+        } catch (const nlohmann::ordered_json::exception&) {
+          fail("{}.function.parameters: '$ref' {:?} names nothing in the parameters", at, clip(r));
+        }
+      }
+      auto type = top->find("type");
+      if (!p->empty() && top->is_object() && (type == top->end() ? !top->contains("properties") : *type != "object"))
         fail("{}.function.parameters: must describe an object (\"type\": \"object\"), got {}", at, clip(p->dump(), 80));
     }
     if (auto s = fn->find("strict"); s != fn->end() && !s->is_boolean() && !s->is_null())

@@ -4,6 +4,8 @@
 // tokens whose bytes continue the prefix; the engine's json_object requests give valid JSON.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -298,6 +300,81 @@ TEST(JsonSchema, TaggedUnionsFollowTheBranchTheirTagNames) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
+}
+
+// Deep recursive schemas (new-user trial 47: pydantic's TreeNode / linked lists as forced tool
+// calls): at the nesting limit the automaton must never have begun a value it cannot end. A random
+// walk that prefers going deeper always finds a byte that continues, and ends; numbers keep a
+// finite exponent (2 digits).
+TEST(JsonSchema, DeepRecursionNeverReachesADeadEnd) {
+  const char* schemas[] = {
+      R"({"type":"object","properties":{"a":{"$ref":"#"}}})",
+      // pydantic's TreeNode (trial 47): a ',' after "value" where only "children" could follow
+      R"({"type":"object","properties":{"value":{"type":"integer"},"children":{"type":"array","items":{"$ref":"#"}}},"required":["value"]})",
+      R"({"type":"object","properties":{"v":{"type":"integer"},"next":{"anyOf":[{"$ref":"#"},{"type":"null"}]}},"required":["v","next"]})",
+      R"({"type":"object","properties":{"value":{"type":"integer"},"children":{"type":"array","items":{"$ref":"#"}}},"required":["value","children"]})",
+      R"({"type":"object","properties":{"k":{"type":"array","items":{"type":"array","items":{"$ref":"#"}},"minItems":1}},"required":[]})",
+      R"({"type":"object","properties":{"node":{"oneOf":[{"type":"object","properties":{"t":{"const":"leaf"},"x":{"type":"boolean"}},"required":["t","x"]},
+          {"type":"object","properties":{"t":{"const":"pair"},"l":{"$ref":"#/properties/node"},"r":{"$ref":"#/properties/node"}},"required":["t","l","r"]}]}},"required":["node"]})",
+  };
+  // Opening bytes first (a model that always goes deeper), then the rest.
+  const std::string deeper = "{[\"", rest = "}],:0123456789.-nulltruefalse ";
+  std::mt19937 rng(7);
+  for (const char* text : schemas) {
+    const auto schema = JsonSchema::compile(J::parse(text));
+    for (int walk = 0; walk < 5; ++walk) {
+      JsonPrefix p(*schema);
+      std::string out;
+      int max_depth_seen = 0, depth = 0;
+      bool ended = false;
+      for (int step = 0; step < 30000 && !ended; ++step) {
+        // inside a string: mostly letters, sometimes the closing quote
+        std::string order = deeper + rest + "abcdefghijklmnopqrstuvwxyz";
+        std::shuffle(order.begin() + static_cast<long>(deeper.size()), order.end(), rng);
+        if (rng() % 4 == 0) std::shuffle(order.begin(), order.end(), rng);  // sometimes anything first
+        bool moved = false;
+        for (char c : order) {
+          JsonPrefix q = p;
+          if (!q.feed(static_cast<uint8_t>(c))) continue;
+          p = q;
+          out += c;
+          depth += c == '{' || c == '[' ? 1 : c == '}' || c == ']' ? -1 : 0;  // (strings hold none of these here)
+          max_depth_seen = std::max(max_depth_seen, depth);
+          moved = true;
+          break;
+        }
+        ASSERT_TRUE(moved) << text << ": no byte continues " << out.substr(out.size() > 200 ? out.size() - 200 : 0);
+        ended = p.complete();
+      }
+      EXPECT_LE(max_depth_seen, JsonPrefix::kMaxDepth) << text;
+      if (ended) {
+        EXPECT_TRUE(J::accept(out)) << out;
+      }
+    }
+  }
+  // A property whose value would need one more level than is left is not begun: '}' is the way out.
+  const auto a = JsonSchema::compile(J::parse(schemas[0]));
+  std::string deep;
+  for (int i = 0; i < JsonPrefix::kMaxDepth - 1; ++i) deep += R"({"a":)";
+  deep += "{";
+  EXPECT_EQ(accepted_by(*a, deep + "\""), deep.size());
+  bool whole = false;
+  EXPECT_EQ(accepted_by(*a, deep + std::string(JsonPrefix::kMaxDepth, '}'), &whole), deep.size() + JsonPrefix::kMaxDepth);
+  EXPECT_TRUE(whole);
+  // An object at the last level: no ',' where only a property that cannot fit could follow (pydantic's
+  // TreeNode one level down, as a tool's arguments are: objects at even depths).
+  const auto tree = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"t":{"$ref":"#/$defs/T"}},"required":["t"],
+      "$defs":{"T":{"type":"object","properties":{"value":{"type":"integer"},"children":{"type":"array","items":{"$ref":"#/$defs/T"}}},"required":["value"]}}})"));
+  std::string levels = R"({"t":)";
+  for (int i = 0; i < (JsonPrefix::kMaxDepth - 2) / 2; ++i) levels += R"({"value":1,"children":[)";
+  levels += R"({"value":1)";  // an object at depth kMaxDepth
+  EXPECT_EQ(accepted_by(*tree, levels + ","), levels.size());
+  EXPECT_EQ(accepted_by(*tree, levels + "}"), levels.size() + 1);
+  // Exponents of two digits at most.
+  const auto num = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"x":{"type":"number"}},"required":["x"]})"));
+  EXPECT_EQ(accepted_by(*num, R"({"x":1e99})"), std::string(R"({"x":1e99})").size());
+  EXPECT_EQ(accepted_by(*num, R"({"x":-2.5E-12})"), std::string(R"({"x":-2.5E-12})").size());
+  EXPECT_EQ(accepted_by(*num, R"({"x":21e505})"), std::string(R"({"x":21e50)").size());
 }
 
 TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {

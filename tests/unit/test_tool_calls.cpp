@@ -59,6 +59,13 @@ TEST(JsonToolCalls, HermesRepliesSplitIntoTextAndCalls) {
   r = parse_tool_reply(ToolFormat::hermes, "<tool_call>{\"name\": \"f\"}</tool_call> then <tool_call>oops");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.content, "then <tool_call>oops");
+  // An argument holding the closing tag (new-user trial 47), and text after the call.
+  r = parse_tool_reply(ToolFormat::hermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": \"</tool_call>{]\\\"\"}}\n</tool_call> done");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"x":"</tool_call>{]\""})");
+  EXPECT_EQ(r.content, "done");
+  r = parse_tool_reply(ToolFormat::hermes, "<tool_call>{\"name\": \"f\"} trailing</tool_call>");  // not the closing tag
+  EXPECT_TRUE(r.calls.empty());
   r = parse_tool_reply(ToolFormat::hermes, "  plain answer \n");
   EXPECT_TRUE(r.calls.empty());
   EXPECT_EQ(r.content, "plain answer");
@@ -74,6 +81,10 @@ TEST(JsonToolCalls, MistralAndJsonReplies) {
   EXPECT_EQ(r.content, "");
   r = parse_tool_reply(ToolFormat::mistral, "[TOOL_CALLS] {\"name\": \"a\", \"arguments\": {}}");  // one object
   ASSERT_EQ(r.calls.size(), 1u);
+  r = parse_tool_reply(ToolFormat::mistral, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"s\": \"]}\"}}] and more");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"s":"]}"})");
+  EXPECT_EQ(r.content, "and more");
   r = parse_tool_reply(ToolFormat::mistral, "[TOOL_CALLS][{\"name\": \"a\"}, 5]");  // one bad element: all text
   EXPECT_TRUE(r.calls.empty());
   EXPECT_EQ(r.content, "[TOOL_CALLS][{\"name\": \"a\"}, 5]");
@@ -125,6 +136,9 @@ TEST(JsonToolCalls, ToolsAreCheckedByField) {
       {R"([{"type": "function", "function": {"name": "f", "strict": "yes"}}])", "tools[0].function.strict"},
       {R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}])", "tools[0].function.parameters: must describe an object"},
       {R"([{"type": "function", "function": {"name": "f", "parameters": {"enum": ["a"]}}}])", "tools[0].function.parameters: must describe an object"},
+      {R"([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/$defs/S", "$defs": {"S": {"type": "string"}}}}}])",
+       "tools[0].function.parameters: must describe an object"},
+      {R"([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/$defs/Gone"}}}])", "names nothing"},
   };
   for (const auto& [text, want] : bad) {
     try {
@@ -185,6 +199,14 @@ TEST(JsonToolCalls, ForcedCallsAreConstrainedToTheFunction) {
   EXPECT_EQ(js.prefix, "");
   EXPECT_TRUE(fits(js, R"({"name": "now", "parameters": {}})"));
   EXPECT_FALSE(fits(js, R"({"name": "now", "arguments": {}})"));
+  // A recursive pydantic model as parameters: {"$defs": ..., "$ref": "#/$defs/Node"} (trial 47).
+  const ojson rec = ojson::parse(R"([{"type": "function", "function": {"name": "walk", "parameters": {
+    "$defs": {"Node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}},
+              "required": ["v", "next"]}}, "$ref": "#/$defs/Node"}}}])");
+  EXPECT_EQ(check_tools(rec), std::vector<std::string>{"walk"});
+  const ForcedCall walk = forced_call(ToolFormat::hermes, rec, "");
+  EXPECT_TRUE(fits(walk, R"({"name": "walk", "arguments": {"v": 1, "next": {"v": 2, "next": null}}})"));
+  EXPECT_FALSE(fits(walk, R"({"name": "walk", "arguments": {"v": 1, "next": {"v": 2}}})"));
   // A name that is not a tool, and parameters the constraint does not support: named errors.
   EXPECT_THROW(forced_call(ToolFormat::hermes, tools, "later"), Error);
   ojson many = ojson::array();
