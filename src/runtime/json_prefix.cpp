@@ -162,11 +162,11 @@ class JsonSchemaCompiler {
     }
     if (!s.is_object()) bad(ptr, "a schema must be an object or a boolean");
     static const std::set<std::string> known = {"type", "properties", "required", "additionalProperties", "items", "minItems",
-                                                "maxItems", "enum", "const", "anyOf", "oneOf", "$defs", "definitions"};
+                                                "maxItems", "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "$defs", "definitions"};
     for (const auto& [k, v] : s.items())
       if (!known.count(k) && !annotation(k)) bad(ptr, fmt::format("'{}' is not supported", k));
     if (s.contains("anyOf") || s.contains("oneOf")) {
-      for (const char* k : {"type", "properties", "required", "additionalProperties", "items", "enum", "const"})
+      for (const char* k : {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "minLength", "maxLength"})
         if (s.contains(k)) bad(ptr, fmt::format("'{}' beside 'anyOf' / 'oneOf' is not supported", k));
       const char* key = s.contains("anyOf") ? "anyOf" : "oneOf";
       const J& branches = s[key];
@@ -302,10 +302,12 @@ class JsonSchemaCompiler {
     if (s.contains("additionalProperties")) {
       const J& ap = s["additionalProperties"];
       const bool open = (ap.is_boolean() && ap.get<bool>()) || (ap.is_object() && ap.empty());
-      if (!open && !(ap.is_boolean() && !ap.get<bool>()))
-        bad(ptr, "'additionalProperties' may only be true, false or {}");
-      if (open && !n.any_members) bad(ptr, "'additionalProperties' beside 'properties' is not supported");
-      if (!open && n.props.empty()) n.any_members = false;  // {} only
+      const bool schema = ap.is_object() && !ap.empty();
+      if (!open && !schema && !(ap.is_boolean() && !ap.get<bool>()))
+        bad(ptr, "'additionalProperties' must be true, false or a schema");
+      if ((open || schema) && !n.any_members) bad(ptr, "'additionalProperties' beside 'properties' is not supported");
+      if (schema) n.additional = node_at(ptr + "/additionalProperties");  // a dict: any keys, values of it
+      if (!open && !schema && n.props.empty()) n.any_members = false;  // {} only
     }
     // array
     if (s.contains("items")) {
@@ -321,6 +323,9 @@ class JsonSchemaCompiler {
       if (!v.is_number_integer() || v.get<int64_t>() < 0) bad(ptr, fmt::format("'{}' must be a non-negative integer", k));
       return v.get<int64_t>();
     };
+    if (s.contains("minLength")) n.min_length = count("minLength");
+    if (s.contains("maxLength")) n.max_length = count("maxLength");
+    if (n.min_length > n.max_length) bad(ptr, "'minLength' is above 'maxLength'");
     if (s.contains("minItems")) n.min_items = count("minItems");
     if (s.contains("maxItems")) n.max_items = count("maxItems");
     if (n.min_items > n.max_items)
@@ -443,6 +448,7 @@ JsonPrefix& JsonPrefix::operator=(const JsonPrefix& o) {
   off_ = o.off_;
   digits_ = o.digits_;
   code_ = o.code_;
+  chars_ = o.chars_;
   low_ = o.low_;
   choices_ = o.choices_;
   choice_base_ = o.choice_base_;
@@ -532,7 +538,7 @@ int32_t JsonPrefix::object_depth(const JsonSchemaNode& n) {
 
 bool JsonPrefix::may_add_member() const {
   const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
-  if (f.node->any_members) return true;
+  if (f.node->any_members) return fits(f.node->additional);
   // a ',' only where some property may follow: one whose value can still end within kMaxDepth
   for (size_t i = static_cast<size_t>(f.next); i < f.node->props.size(); ++i)
     if (f.node->props[i].required || fits(f.node->props[i].node)) return true;
@@ -546,6 +552,7 @@ bool JsonPrefix::open_key() {
   const JsonSchemaNode& o = *f.node;
   key_ = true;
   if (o.any_members) {
+    if (!fits(o.additional)) return false;  // its value could not end within kMaxDepth
     prop_ = -1;
     s_ = S::str;
     return true;
@@ -602,6 +609,7 @@ bool JsonPrefix::value(uint8_t c) {
         off_ = 0;
         s_ = S::str_choice;
       } else {
+        chars_ = 0;
         s_ = S::str;
       }
       return true;
@@ -651,7 +659,7 @@ bool JsonPrefix::step(uint8_t c) {
     case S::colon: {
       if (c != ':') return false;
       const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
-      node_ = prop_ >= 0 ? f.node->props[static_cast<size_t>(prop_)].node : &kAnyNode;
+      node_ = prop_ >= 0 ? f.node->props[static_cast<size_t>(prop_)].node : f.node->additional ? f.node->additional : &kAnyNode;
       s_ = S::value;
       return true;
     }
@@ -730,17 +738,22 @@ bool JsonPrefix::step(uint8_t c) {
     }
     case S::str:
       if (c == '"') {
-        if (key_)
+        if (key_) {
           s_ = S::colon;
-        else
+        } else {
+          if (chars_ < node_->min_length) return false;
           value_done();
+        }
         return true;
       }
+      if (c < 0x20) return false;  // control characters must be escaped
+      // A character begins (an escape, an ASCII byte or a UTF-8 lead byte; a surrogate pair's low
+      // half and continuation bytes do not): a value's count against maxLength.
+      if (!key_ && chars_++ >= node_->max_length) return false;
       if (c == '\\') {
         s_ = S::str_esc;
         return true;
       }
-      if (c < 0x20) return false;  // control characters must be escaped
       if (c < 0x80) return true;
       // UTF-8 lead bytes (RFC 3629 table): the range of the first continuation byte, then 80..BF.
       lo_ = 0x80;

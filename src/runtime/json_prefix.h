@@ -5,7 +5,8 @@
 // `properties` + `required` (members come in the schema's order, as OpenAI's structured outputs and
 // llama.cpp's json-schema-to-grammar write them; a required one cannot be skipped; no other keys
 // unless the object lists no properties), `additionalProperties` false (the default here) or, for an
-// object without properties, true / {}, `items`, `minItems`, `maxItems`, `enum` / `const` of
+// object without properties, true / {} / a schema of the values (a dict), `items`, `minItems`, `maxItems`,
+// `minLength` / `maxLength` (characters), `enum` / `const` of
 // strings, booleans and null, `anyOf` / `oneOf` whose branches start differently (e.g. pydantic's
 // Optional: [X, {"type": "null"}]) or are objects tagged by their first property (a required const /
 // enum string, distinct between branches: a discriminated union; the tag picks the branch), `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion
@@ -55,6 +56,10 @@ struct JsonSchemaNode {
   std::vector<Prop> props;                // in order
   const JsonSchemaNode* items = nullptr;  // array items; null: any value
   int64_t min_items = 0, max_items = INT64_MAX;
+  // An object of any keys (any_members) whose values are of this schema (additionalProperties: a
+  // schema, pydantic's Dict[str, X]); null: any value.
+  const JsonSchemaNode* additional = nullptr;
+  int64_t min_length = 0, max_length = INT64_MAX;  // of a string, in Unicode characters (code points)
   // Levels of containers the shallowest value of this schema opens (0: it allows a scalar); set by
   // JsonSchema::compile. A container is only opened, a property or item only begun, when its value
   // can still end within JsonPrefix::kMaxDepth (else a deep recursive schema leads the model to a
@@ -147,6 +152,7 @@ class JsonPrefix {
   uint16_t off_ = 0;               // bytes of a choice string read
   uint8_t digits_ = 0;             // digits of the number part being read
   uint16_t code_ = 0;              // the \uXXXX being read
+  int64_t chars_ = 0;              // characters of the string value being read (minLength / maxLength)
   bool low_ = false;               // it must be a low surrogate (after a high one)
   uint64_t choices_ = 0;           // str_choice: the candidates (bits of props from choice_base_, or enum strings)
   int32_t choice_base_ = 0;        // key choices: the property index of bit 0

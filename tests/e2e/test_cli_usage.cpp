@@ -840,9 +840,9 @@ TEST(E2ECliUsage, RunJsonSchemaRepliesWithAnObjectOfIt) {
     EXPECT_LE(obj["pets"].size(), 2u) << text;
   }
   EXPECT_GE(stopped, 2);
-  Result bad = cli("run -m " + model + " -p x -n 2 -j '{\"type\":\"object\",\"properties\":{\"a\":{\"minLength\":2}}}'");
+  Result bad = cli("run -m " + model + " -p x -n 2 -j '{\"type\":\"object\",\"properties\":{\"a\":{\"minimum\":2}}}'");
   EXPECT_EQ(bad.status, 2);
-  EXPECT_TRUE(has(bad.err, "error: --json-schema: json_schema /properties/a: 'minLength' is not supported")) << bad.err;
+  EXPECT_TRUE(has(bad.err, "error: --json-schema: json_schema /properties/a: 'minimum' is not supported")) << bad.err;
   bad = cli("run -m " + model + " -p x -n 2 -j '{oops'");
   EXPECT_EQ(bad.status, 2);
   EXPECT_TRUE(has(bad.err, "error: --json-schema is not valid JSON")) << bad.err;

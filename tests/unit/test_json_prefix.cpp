@@ -377,6 +377,43 @@ TEST(JsonSchema, DeepRecursionNeverReachesADeadEnd) {
   EXPECT_EQ(accepted_by(*num, R"({"x":21e505})"), std::string(R"({"x":21e50)").size());
 }
 
+// Dicts (additionalProperties: a schema, pydantic's Dict[str, X]) and string lengths (minLength /
+// maxLength, in characters: an escape, a surrogate pair or a multi-byte UTF-8 character is one).
+TEST(JsonSchema, DictValuesAndStringLengths) {
+  const auto schema = JsonSchema::compile(J::parse(R"({"type":"object","properties":{
+      "scores":{"type":"object","additionalProperties":{"type":"integer"}},
+      "code":{"type":"string","minLength":2,"maxLength":4},
+      "tags":{"type":"object","additionalProperties":{"type":"array","items":{"type":"string","maxLength":1}}}},
+      "required":["scores","code"]})"));
+  for (const std::string& doc : {std::string(R"({"scores":{"a":1,"b":-2},"code":"ab"})"),
+                                std::string(R"({"scores":{},"code":"\u00e9\ud83d\ude00xy"})"),
+                                std::string("{\"scores\":{},\"code\":\"\xc3\xa9\xf0\x9f\x98\x80xy\"}"),
+                                std::string(R"({"scores":{"x y":0},"code":"\"\\","tags":{"t":["a","b"]}})")}) {
+    bool whole = false;
+    EXPECT_EQ(accepted_by(*schema, doc, &whole), doc.size()) << doc;
+    EXPECT_TRUE(whole) << doc;
+  }
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"scores":{"a":"1")", R"({"scores":{"a":)"},                   // a dict's values are integers
+      {R"({"scores":{},"code":"a")", R"({"scores":{},"code":"a)"},          // minLength 2
+      {R"({"scores":{},"code":"abcde")", R"({"scores":{},"code":"abcd)"},   // maxLength 4
+      {"{\"scores\":{},\"code\":\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", "{\"scores\":{},\"code\":\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"},
+      {R"({"scores":{},"code":"ab","tags":{"t":["ab")", R"({"scores":{},"code":"ab","tags":{"t":["a)"},
+  };
+  for (const auto& [text, ok_prefix] : refused) EXPECT_EQ(accepted_by(*schema, text), ok_prefix.size()) << text;
+  for (const auto& [text, want] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"type":"object","properties":{"s":{"type":"string","minLength":3,"maxLength":2}}})", "'minLength' is above 'maxLength'"},
+           {R"({"type":"object","properties":{"a":{}},"additionalProperties":{"type":"integer"}})", "'additionalProperties' beside 'properties'"},
+           {R"({"type":"object","properties":{"s":{"type":"string","maxLength":-1}}})", "'maxLength' must be a non-negative integer"}}) {
+    try {
+      JsonSchema::compile(J::parse(text));
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type":"object","properties":{"a":{"type":"string","pattern":"^x"}}})", "/properties/a: 'pattern' is not supported"},
