@@ -647,13 +647,20 @@ class Server {
     }
   }
 
+  // The calls in `text` (a reply, or its part from where a stream began holding it back): a forced
+  // call's marker before it and, once it ended, the format's closing after it; parallel_tool_calls
+  // false keeps the first.
+  static ToolReply read_calls(const ParsedRequest& pr, const std::string& text, FinishReason finish) {
+    ToolReply tr = parse_tool_reply(pr.tools, pr.forced_prefix + text + (finish == FinishReason::stop ? pr.forced_suffix : ""));
+    if (pr.one_call && tr.calls.size() > 1) tr.calls.resize(1);
+    return tr;
+  }
+
   // The assistant's message of a finished choice: its text, or with tools its content and tool
   // calls (finish_reason "tool_calls"). `index` numbers the calls' ids.
   std::pair<json, const char*> chat_message(const ParsedRequest& pr, const RequestOutput& out) {
     if (pr.tools == ToolFormat::none) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
-    const std::string full = pr.forced_prefix + out.text + (out.finish == FinishReason::stop ? pr.forced_suffix : "");
-    ToolReply tr = parse_tool_reply(pr.tools, full);
-    if (pr.one_call && tr.calls.size() > 1) tr.calls.resize(1);
+    const ToolReply tr = read_calls(pr, out.text, out.finish);
     if (tr.calls.empty()) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
     json msg = {{"role", "assistant"}, {"content", tr.content.empty() ? json(nullptr) : json(tr.content)}};
     msg["tool_calls"] = tool_calls_json(tr.calls, false, pr.tools);
@@ -1051,12 +1058,9 @@ class Server {
               c.end = std::move(out);
               const char* finish = finish_name(c.end.finish);
               if (pr->tools != ToolFormat::none) {  // the held text: calls, or content after all
-                const std::string held = pr->forced_prefix.empty()
-                                             ? c.text.substr(c.sent)
-                                             : pr->forced_prefix + c.text + (c.end.finish == FinishReason::stop ? pr->forced_suffix : "");
-                ToolReply tail = parse_tool_reply(pr->tools, held);
-                if (pr->one_call && tail.calls.size() > 1) tail.calls.resize(1);
-                const std::string rest = tail.calls.empty() ? c.text.substr(pr->forced_prefix.empty() ? c.sent : 0) : tail.content;
+                // (a forced call held all of it: c.sent is 0)
+                const ToolReply tail = read_calls(*pr, c.text.substr(c.sent), c.end.finish);
+                const std::string rest = tail.calls.empty() ? c.text.substr(c.sent) : tail.content;
                 json lp = take_logprobs(c);
                 if (!rest.empty()) {
                   if (!send(ck({{"index", k}, {"delta", {{"content", rest}}}, {"logprobs", lp}, {"finish_reason", nullptr}})))

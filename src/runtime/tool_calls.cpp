@@ -165,8 +165,7 @@ ToolReply parse_tool_reply(ToolFormat f, const std::string& text) {
     return r;
   }
   if (f == ToolFormat::json) {
-    std::string_view body = text;
-    const std::string lead = trim(body);
+    const std::string lead = trim(text);
     std::string_view t = lead;
     if (t.starts_with(kPythonTag)) t.remove_prefix(kPythonTag.size());
     if (auto call = call_of(parse_or_discard(t), {"parameters", "arguments"})) {
