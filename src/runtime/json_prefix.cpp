@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -155,19 +156,104 @@ class JsonSchemaCompiler {
     return "";
   }
 
+  // A JSON number in units of 10^-kBoundScale, rounded up (`up`) or down where it has more digits;
+  // beyond what a number of JsonPrefix::kMaxDigits integral digits can reach it is +-kHuge.
+  static constexpr JsonUnits kHuge = static_cast<JsonUnits>(100000000000000000) * 1000000000000000000;  // 10^35
+  static JsonUnits units(const J& v, bool up) {
+    const std::string t = v.dump();  // the shortest text that reads back as v (nlohmann: 0.3, 1e-07, 2.5e+20)
+    size_t i = 0;
+    const bool neg = t[0] == '-';
+    if (neg) ++i;
+    std::string digits;
+    int exp = 0;  // value = digits * 10^exp
+    for (; i < t.size() && t[i] != 'e' && t[i] != 'E'; ++i) {
+      if (t[i] == '.') {
+        for (++i; i < t.size() && is_digit(static_cast<uint8_t>(t[i])); ++i, --exp) digits += t[i];
+        break;
+      }
+      digits += t[i];
+    }
+    if (i < t.size() && (t[i] == 'e' || t[i] == 'E')) exp += std::stoi(t.substr(i + 1));
+    digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size()));
+    if (digits.empty()) return 0;
+    exp += JsonSchemaNode::kBoundScale;
+    if (static_cast<int>(digits.size()) + exp > 35) return neg ? -kHuge : kHuge;
+    JsonUnits m = 0;
+    bool rest = false;  // digits dropped below one unit
+    for (size_t k = 0; k < digits.size(); ++k) {
+      if (static_cast<int>(k) >= static_cast<int>(digits.size()) + exp) {
+        rest |= digits[k] != '0';
+        continue;
+      }
+      m = m * 10 + (digits[k] - '0');
+    }
+    for (int k = 0; k < exp; ++k) m *= 10;
+    if (rest && up != neg) m += 1;  // away from zero when rounding that way
+    return neg ? -m : m;
+  }
+
+  // minimum / maximum / exclusiveMinimum / exclusiveMaximum (2020-12: numbers; draft 4: booleans
+  // beside minimum / maximum) as an inclusive range of units.
+  void bounds(JsonSchemaNode& n, const J& s, const std::string& ptr) {
+    JsonUnits lo = -kHuge, hi = kHuge;
+    bool any = false;
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (!s.contains(k)) continue;
+      const J& v = s[k];
+      const bool min = std::string_view(k).find("inimum") != std::string_view::npos;
+      const bool exclusive = k[0] == 'e';
+      if (exclusive && v.is_boolean()) {  // draft 4: makes minimum / maximum exclusive
+        if (!s.contains(min ? "minimum" : "maximum")) bad(ptr, fmt::format("'{}' {} without '{}'", k, v.dump(), min ? "minimum" : "maximum"));
+        continue;
+      }
+      if (!v.is_number()) bad(ptr, fmt::format("'{}' must be a number", k));
+      const bool excl = exclusive || (s.contains(min ? "exclusiveMinimum" : "exclusiveMaximum") &&
+                                      s[min ? "exclusiveMinimum" : "exclusiveMaximum"].is_boolean() &&
+                                      s[min ? "exclusiveMinimum" : "exclusiveMaximum"].get<bool>());
+      // the least / greatest writable value in range
+      if (min) lo = std::max(lo, excl ? units(v, false) + 1 : units(v, true));
+      else hi = std::min(hi, excl ? units(v, true) - 1 : units(v, false));
+      any = true;
+    }
+    if (!any) return;
+    if (!(n.types & (JsonSchemaNode::kNumber | JsonSchemaNode::kInteger))) return;  // bounds apply to numbers only
+    if (!(n.types & JsonSchemaNode::kNumber)) {  // an integer: whole units
+      constexpr JsonUnits one = 1000000000000000000;  // 10^kBoundScale
+      auto floor_div = [](JsonUnits a, JsonUnits b) { return a / b - (a % b != 0 && a < 0 ? 1 : 0); };
+      lo = -floor_div(-lo, one) * one;
+      hi = floor_div(hi, one) * one;
+    }
+    // the values of JsonPrefix::kMaxDigits integral digits (and kBoundedFraction fraction digits)
+    constexpr JsonUnits one = 1000000000000000000;
+    const JsonUnits top = (n.types & JsonSchemaNode::kNumber) ? 10000000000000000 * one - 1 : 9999999999999999 * one;
+    lo = std::max(lo, -top);
+    hi = std::min(hi, top);
+    if (lo > hi) bad(ptr, fmt::format("'minimum' / 'maximum' allow no number (of at most {} digits)", JsonPrefix::kMaxDigits));
+    n.bounded = true;
+    n.lo = lo;
+    n.hi = hi;
+  }
+
   void fill(JsonSchemaNode& n, const J& s, const std::string& ptr) {
     if (s.is_boolean()) {
       if (!s.get<bool>()) bad(ptr, "the schema false allows no value");
       return;  // true: any value
     }
     if (!s.is_object()) bad(ptr, "a schema must be an object or a boolean");
-    static const std::set<std::string> known = {"type", "properties", "required", "additionalProperties", "items", "minItems",
-                                                "maxItems", "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "$defs", "definitions"};
+    static const std::set<std::string> known = {
+        "type",     "properties", "required", "additionalProperties", "items",   "prefixItems", "additionalItems",  "minItems",
+        "maxItems", "uniqueItems", "minLength", "maxLength",          "minimum", "maximum",     "exclusiveMinimum", "exclusiveMaximum",
+        "enum",     "const",      "anyOf",    "oneOf",                "$defs",   "definitions"};
     for (const auto& [k, v] : s.items())
       if (!known.count(k) && !annotation(k)) bad(ptr, fmt::format("'{}' is not supported", k));
+    // uniqueItems: true would need every item remembered (a set's); false is the default
+    if (s.contains("uniqueItems") && !(s["uniqueItems"].is_boolean() && !s["uniqueItems"].get<bool>()))
+      bad(ptr, "'uniqueItems' is not supported");
     if (s.contains("anyOf") || s.contains("oneOf")) {
-      for (const char* k : {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "minLength", "maxLength"})
-        if (s.contains(k)) bad(ptr, fmt::format("'{}' beside 'anyOf' / 'oneOf' is not supported", k));
+      for (const auto& [k, v] : s.items())
+        if (k != "anyOf" && k != "oneOf" && k != "$defs" && k != "definitions" && k != "uniqueItems" && known.count(k))
+          bad(ptr, fmt::format("'{}' beside 'anyOf' / 'oneOf' is not supported", k));
+      if (s.contains("anyOf") && s.contains("oneOf")) bad(ptr, "'anyOf' and 'oneOf' together are not supported");
       const char* key = s.contains("anyOf") ? "anyOf" : "oneOf";
       const J& branches = s[key];
       if (!branches.is_array() || branches.empty()) bad(ptr, fmt::format("'{}' must be a non-empty array", key));
@@ -238,11 +324,14 @@ class JsonSchemaCompiler {
       if ((types & JsonSchemaNode::kNumber) && (types & JsonSchemaNode::kInteger)) types &= ~JsonSchemaNode::kInteger;
     } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
       types = JsonSchemaNode::kObject;
-    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
       types = JsonSchemaNode::kArray;
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) {
+      types = JsonSchemaNode::kNumber;
     }
     n.types = types;
-    // enum / const: strings, booleans, null
+    bounds(n, s, ptr);
+    // enum / const: strings, numbers, booleans, null
     if (s.contains("enum") || s.contains("const")) {
       if (s.contains("enum") && s.contains("const")) bad(ptr, "'enum' and 'const' together are not supported");
       J values = s.contains("const") ? J::array({s["const"]}) : s["enum"];
@@ -255,17 +344,34 @@ class JsonSchemaCompiler {
           allowed |= JsonSchemaNode::kString;
           n.enum_strings.push_back(quoted_body(v.get<std::string>()));
           if (n.enum_strings.back().size() > 1024) bad(ptr, "an enum string longer than 1024 bytes is not supported");
+        } else if (v.is_number()) {
+          // a value of the node's type and bounds (1.0 is an integer, as JSON Schema counts)
+          const bool whole = v.is_number_integer() || std::trunc(v.get<double>()) == v.get<double>();
+          if (!(n.types & JsonSchemaNode::kNumber) && !((n.types & JsonSchemaNode::kInteger) && whole)) continue;
+          if (n.bounded) {
+            const JsonUnits u = units(v, false);
+            if (u < n.lo || u > n.hi || u != units(v, true)) continue;
+          }
+          allowed |= JsonSchemaNode::kNumber | JsonSchemaNode::kInteger;
+          n.number_enum = true;
+          // an integer's whole float (1.0) written as an integer
+          const bool as_int = !v.is_number_integer() && !(n.types & JsonSchemaNode::kNumber) && std::abs(v.get<double>()) < 1e15;
+          n.enum_numbers.push_back(as_int ? J(static_cast<int64_t>(v.get<double>())).dump() : v.dump());
+          if (std::find(n.enum_numbers.begin(), n.enum_numbers.end() - 1, n.enum_numbers.back()) != n.enum_numbers.end() - 1)
+            n.enum_numbers.pop_back();
         } else if (v.is_boolean()) {
           allowed |= JsonSchemaNode::kBoolean;
           (v.get<bool>() ? n.allow_true : n.allow_false) = true;
         } else if (v.is_null()) {
           allowed |= JsonSchemaNode::kNull;
         } else {
-          bad(ptr, fmt::format("'enum' / 'const' value {} is not supported (strings, true, false and null are)", v.dump()));
+          bad(ptr, fmt::format("'enum' / 'const' value {} is not supported (strings, numbers, true, false and null are)", v.dump()));
         }
       }
       if (n.enum_strings.size() > JsonSchema::kMaxChoices)
         bad(ptr, fmt::format("'enum' of more than {} strings is not supported", JsonSchema::kMaxChoices));
+      if (n.enum_numbers.size() > JsonSchema::kMaxChoices)
+        bad(ptr, fmt::format("'enum' of more than {} numbers is not supported", JsonSchema::kMaxChoices));
       n.types &= allowed;
     }
     // object
@@ -309,14 +415,32 @@ class JsonSchemaCompiler {
       if (schema) n.additional = node_at(ptr + "/additionalProperties");  // a dict: any keys, values of it
       if (!open && !schema && n.props.empty()) n.any_members = false;  // {} only
     }
-    // array
-    if (s.contains("items")) {
-      const J& it = s["items"];
-      if (it.is_array()) bad(ptr, "'items' as a list (tuples) is not supported");
+    // array: prefixItems (2020-12) or an items list (draft 7) for the first items, then items (2020-12)
+    // or additionalItems (draft 7) for the rest
+    const bool items_list = s.contains("items") && s["items"].is_array();
+    if (s.contains("prefixItems") && items_list) bad(ptr, "'prefixItems' beside an 'items' list is not supported");
+    if (s.contains("additionalItems") && !items_list) bad(ptr, "'additionalItems' without an 'items' list is not supported");
+    if (s.contains("prefixItems") || items_list) {
+      const char* key = items_list ? "items" : "prefixItems";
+      const J& list = s[key];
+      if (!list.is_array()) bad(ptr, fmt::format("'{}' must be an array of schemas", key));
+      if (list.size() > JsonSchema::kMaxChoices)
+        bad(ptr, fmt::format("'{}' of more than {} schemas is not supported", key, JsonSchema::kMaxChoices));
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (list[i].is_boolean() && !list[i].get<bool>()) {  // no item there: the array ends before it
+          n.max_items = static_cast<int64_t>(i);
+          break;
+        }
+        n.prefix_items.push_back(node_at(fmt::format("{}/{}/{}", ptr, key, i)));
+      }
+    }
+    if (const char* rest = items_list ? "additionalItems" : "items"; s.contains(rest)) {
+      const J& it = s[rest];
+      if (it.is_array()) bad(ptr, fmt::format("'{}' must be a schema", rest));
       if (it.is_boolean() && !it.get<bool>())
-        n.max_items = 0;  // no item satisfies it: only []
+        n.max_items = std::min<int64_t>(n.max_items, static_cast<int64_t>(n.prefix_items.size()));  // no further item
       else
-        n.items = it.is_boolean() ? nullptr : node_at(ptr + "/items");
+        n.items = it.is_boolean() ? nullptr : node_at(fmt::format("{}/{}", ptr, rest));
     }
     auto count = [&](const char* k) -> int64_t {
       const J& v = s[k];
@@ -327,10 +451,11 @@ class JsonSchemaCompiler {
     if (s.contains("maxLength")) n.max_length = count("maxLength");
     if (n.min_length > n.max_length) bad(ptr, "'minLength' is above 'maxLength'");
     if (s.contains("minItems")) n.min_items = count("minItems");
-    if (s.contains("maxItems")) n.max_items = count("maxItems");
+    if (s.contains("maxItems")) n.max_items = std::min(n.max_items, count("maxItems"));
     if (n.min_items > n.max_items)
-      bad(ptr, s.contains("maxItems") ? std::string("'minItems' is above 'maxItems'")
-                                      : fmt::format("'items': false allows only [], but 'minItems' is {}", n.min_items));
+      bad(ptr, s.contains("maxItems") && n.max_items == s["maxItems"].get<int64_t>()
+                   ? std::string("'minItems' is above 'maxItems'")
+                   : fmt::format("the items' schemas allow at most {} items, but 'minItems' is {}", n.max_items, n.min_items));
     if (n.types == 0) bad(ptr, "the schema allows no value");
   }
 
@@ -352,7 +477,11 @@ class JsonSchemaCompiler {
         } else {
           f = (n.types & (JsonSchemaNode::kString | JsonSchemaNode::kNumber | JsonSchemaNode::kInteger | JsonSchemaNode::kBoolean |
                           JsonSchemaNode::kNull)) != 0;
-          if (!f && (n.types & JsonSchemaNode::kArray)) f = n.min_items == 0 || !n.items || finite[n.items];
+          if (!f && (n.types & JsonSchemaNode::kArray)) {
+            f = true;  // the items up to minItems
+            for (int64_t i = 0; i < n.min_items && i <= static_cast<int64_t>(n.prefix_items.size()); ++i)
+              if (n.item(i) && !finite[n.item(i)]) f = false;
+          }
           if (!f && (n.types & JsonSchemaNode::kObject)) {
             f = true;
             for (const auto& p : n.props)
@@ -388,7 +517,11 @@ class JsonSchemaCompiler {
               if (p.required) o = std::max(o, 1 + md(p.node));
             m = std::min(m, o);
           }
-          if (n.types & JsonSchemaNode::kArray) m = std::min(m, 1 + (n.min_items > 0 ? md(n.items) : 0));
+          if (n.types & JsonSchemaNode::kArray) {
+            int32_t a = 1;
+            for (int64_t i = 0; i < n.min_items && i <= static_cast<int64_t>(n.prefix_items.size()); ++i) a = std::max(a, 1 + md(n.item(i)));
+            m = std::min(m, a);
+          }
         }
         m = std::min(m, kInf);
         if (m < n.min_depth) {
@@ -447,6 +580,9 @@ JsonPrefix& JsonPrefix::operator=(const JsonPrefix& o) {
   lit_ = o.lit_;
   off_ = o.off_;
   digits_ = o.digits_;
+  neg_ = o.neg_;
+  int_ = o.int_;
+  frac_ = o.frac_;
   code_ = o.code_;
   chars_ = o.chars_;
   low_ = o.low_;
@@ -536,6 +672,52 @@ int32_t JsonPrefix::object_depth(const JsonSchemaNode& n) {
   return d;
 }
 
+int32_t JsonPrefix::array_depth(const JsonSchemaNode& n) {
+  int32_t d = 1;
+  for (int64_t i = 0; i < n.min_items && i <= static_cast<int64_t>(n.prefix_items.size()); ++i)
+    if (n.item(i)) d = std::max(d, 1 + n.item(i)->min_depth);
+  return d;
+}
+
+// The value a bounded number's text has (ending) or the values it can still become, against
+// [lo, hi]: in the integral part P (d digits) any of [P*10^k, (P+1)*10^k) for the k more digits it
+// may take, after the point the fraction's interval.
+bool JsonPrefix::in_bounds(bool ending) const {
+  const JsonSchemaNode& n = *node_;
+  constexpr JsonUnits one = 1000000000000000000;  // 10^kBoundScale
+  auto pow10 = [](int k) {
+    JsonUnits p = 1;
+    while (k-- > 0) p *= 10;
+    return p;
+  };
+  auto meets = [&](JsonUnits a, JsonUnits b) {  // magnitudes [a, b] with the sign
+    const JsonUnits l = neg_ ? -b : a, h = neg_ ? -a : b;
+    return std::max(l, n.lo) <= std::min(h, n.hi);
+  };
+  const JsonUnits ip = static_cast<JsonUnits>(int_) * one;
+  switch (s_) {
+    case S::n_minus:
+      return n.lo < 0;
+    case S::n_zero:
+      return ending ? meets(0, 0) : meets(0, integer_ ? 0 : one - 1);
+    case S::n_int:
+      if (ending) return meets(ip, ip);
+      for (int k = 0; digits_ + k <= kMaxDigits; ++k) {
+        const JsonUnits w = pow10(k);
+        if (meets(ip * w, ip * w + w * one - (integer_ ? one : 1))) return true;
+      }
+      return false;
+    case S::n_dot:
+      return meets(ip, ip + one - 1);
+    case S::n_frac: {
+      const JsonUnits step = pow10(kBoundedFraction - digits_), v = ip + static_cast<JsonUnits>(frac_) * step;
+      return ending ? meets(v, v) : meets(v, v + step - 1);
+    }
+    default:
+      return false;
+  }
+}
+
 bool JsonPrefix::may_add_member() const {
   const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   if (f.node->any_members) return fits(f.node->additional);
@@ -589,7 +771,7 @@ bool JsonPrefix::value(uint8_t c) {
       if (!(n.types & (c == '{' ? JsonSchemaNode::kObject : JsonSchemaNode::kArray))) return false;
       if (c == '[' && n.max_items == 0 && n.min_items > 0) return false;
       // Room for the shallowest value of this container (its required members, or items).
-      if (depth_ + (c == '{' ? object_depth(n) : 1 + (n.min_items > 0 && n.items ? n.items->min_depth : 0)) > kMaxDepth)
+      if (depth_ + (c == '{' ? object_depth(n) : array_depth(n)) > kMaxDepth)
         return false;
       frames_[static_cast<size_t>(depth_++)] = Frame{&n, 0, c == '{'};
       s_ = c == '{' ? S::obj_first : S::arr_first;
@@ -627,10 +809,21 @@ bool JsonPrefix::value(uint8_t c) {
     default:
       if (c != '-' && !is_digit(c)) return false;
       if (!(n.types & (JsonSchemaNode::kNumber | JsonSchemaNode::kInteger))) return false;
+      if (n.number_enum) {  // the candidates this byte begins
+        choices_ = 0;
+        for (size_t b = 0; b < n.enum_numbers.size(); ++b)
+          if (static_cast<uint8_t>(n.enum_numbers[b][0]) == c) choices_ |= uint64_t{1} << b;
+        off_ = 1;
+        s_ = S::n_choice;
+        return choices_ != 0;
+      }
       integer_ = !(n.types & JsonSchemaNode::kNumber);
       s_ = c == '-' ? S::n_minus : c == '0' ? S::n_zero : S::n_int;
       digits_ = 1;
-      return true;
+      neg_ = c == '-';
+      int_ = c == '-' ? 0 : c - '0';
+      frac_ = 0;
+      return !n.bounded || in_bounds(false);
   }
 }
 
@@ -683,7 +876,7 @@ bool JsonPrefix::step(uint8_t c) {
         value_done();
         return true;
       }
-      const JsonSchemaNode* items = a.items ? a.items : &kAnyNode;
+      const JsonSchemaNode* items = a.item(f.next) ? a.item(f.next) : &kAnyNode;
       // an item past minItems is begun only if it can end within kMaxDepth
       const bool room = f.next < a.min_items || fits(items);
       if (s_ == S::arr_next) {
@@ -811,25 +1004,42 @@ bool JsonPrefix::step(uint8_t c) {
       low_ = true;
       s_ = S::str_u;
       return true;
+    case S::n_choice: {  // one of node_'s enum_numbers
+      const auto& cand = node_->enum_numbers;
+      uint64_t next = 0;
+      bool whole = false;
+      for (size_t b = 0; b < cand.size(); ++b) {
+        if (!((choices_ >> b) & 1)) continue;
+        if (cand[b].size() > off_ && static_cast<uint8_t>(cand[b][off_]) == c) next |= uint64_t{1} << b;
+        whole |= cand[b].size() == off_;
+      }
+      if (next != 0) {
+        choices_ = next;
+        ++off_;
+        return true;
+      }
+      if (!whole) return false;
+      value_done();  // the number ends here: the byte belongs to what follows it
+      if (s_ == S::done) return false;
+      return step(c);
+    }
     case S::lit:
       if (c != static_cast<uint8_t>(*lit_)) return false;
       if (*++lit_ == 0) value_done();
       return true;
     case S::n_minus:
-      if (c == '0') {
-        s_ = S::n_zero;
-        return true;
-      }
       if (!is_digit(c)) return false;
-      s_ = S::n_int;
+      s_ = c == '0' ? S::n_zero : S::n_int;
       digits_ = 1;
-      return true;
+      int_ = c - '0';
+      return !node_->bounded || in_bounds(false);
     case S::n_dot:
     case S::n_esign:
       if (!is_digit(c)) return false;
       s_ = s_ == S::n_dot ? S::n_frac : S::n_exp;
       digits_ = 1;
-      return true;
+      if (s_ == S::n_frac) frac_ = c - '0';
+      return s_ != S::n_frac || !node_->bounded || in_bounds(false);
     case S::n_e:
       if (c == '+' || c == '-') {
         s_ = S::n_esign;
@@ -842,18 +1052,24 @@ bool JsonPrefix::step(uint8_t c) {
     case S::n_int:
     case S::n_frac:
     case S::n_exp:
-      if (is_digit(c)) return ++digits_ <= (s_ == S::n_frac ? kMaxFraction : s_ == S::n_exp ? kMaxExponent : kMaxDigits);
+      if (is_digit(c)) {
+        if (!node_->bounded) return ++digits_ <= (s_ == S::n_frac ? kMaxFraction : s_ == S::n_exp ? kMaxExponent : kMaxDigits);
+        if (++digits_ > (s_ == S::n_frac ? kBoundedFraction : kMaxDigits)) return false;
+        (s_ == S::n_frac ? frac_ : int_) = (s_ == S::n_frac ? frac_ : int_) * 10 + (c - '0');
+        return in_bounds(false);
+      }
       [[fallthrough]];
     case S::n_zero:
       if (c == '.' && !integer_ && (s_ == S::n_zero || s_ == S::n_int)) {
         s_ = S::n_dot;
-        return true;
+        return !node_->bounded || in_bounds(false);
       }
-      if ((c == 'e' || c == 'E') && !integer_ && s_ != S::n_exp) {
+      if ((c == 'e' || c == 'E') && !integer_ && s_ != S::n_exp && !node_->bounded) {
         s_ = S::n_e;
         return true;
       }
       // The number ends here: the byte belongs to what follows it.
+      if (node_->bounded && !in_bounds(true)) return false;
       value_done();
       if (s_ == S::done) return false;  // (a number is never the top-level value)
       return step(c);

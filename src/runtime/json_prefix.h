@@ -5,16 +5,20 @@
 // `properties` + `required` (members come in the schema's order, as OpenAI's structured outputs and
 // llama.cpp's json-schema-to-grammar write them; a required one cannot be skipped; no other keys
 // unless the object lists no properties), `additionalProperties` false (the default here) or, for an
-// object without properties, true / {} / a schema of the values (a dict), `items`, `minItems`, `maxItems`,
-// `minLength` / `maxLength` (characters), `enum` / `const` of
-// strings, booleans and null, `anyOf` / `oneOf` whose branches start differently (e.g. pydantic's
+// object without properties, true / {} / a schema of the values (a dict), `items`, `prefixItems` (tuples;
+// also draft 7's `items` list with `additionalItems`), `minItems`, `maxItems`,
+// `minLength` / `maxLength` (characters), `minimum` / `maximum` / `exclusiveMinimum` /
+// `exclusiveMaximum` (numbers so bounded are written without an exponent and with at most
+// kBoundedFraction fraction digits; the text's exact decimal value is in range, so its nearest double
+// is too), `enum` / `const` of strings, numbers (written as nlohmann writes them), booleans and null,
+// `anyOf` / `oneOf` whose branches start differently (e.g. pydantic's
 // Optional: [X, {"type": "null"}]) or are objects tagged by their first property (a required const /
 // enum string, distinct between branches: a discriminated union; the tag picks the branch), `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion
 // allowed; a schema whose values could only be infinite is refused), `false` subschemas (a
 // property that must be absent, `items: false` for an empty array), and annotations (title,
 // description, default, examples, format: not enforced, as JSON Schema's default; $schema, $id,
 // $comment).
-// Any other keyword (pattern, minLength, minimum, allOf, ...) is refused by name rather than ignored.
+// Any other keyword (pattern, multipleOf, uniqueItems, allOf, ...) is refused by name rather than ignored.
 //
 // JsonPrefix is a byte-level pushdown automaton over one JSON value of such a schema (the root must
 // be an object): RFC 8259 syntax, strictly valid UTF-8 in strings (RFC 3629), no control
@@ -44,7 +48,11 @@ namespace mk {
 
 class Tokenizer;
 
+// A number bound, exact: units of 10^-kBoundScale (|values| up to 10^34: 16 integral digits).
+__extension__ typedef __int128 JsonUnits;
+
 struct JsonSchemaNode {
+  static constexpr int kBoundScale = 18;
   enum Type : uint8_t { kObject = 1, kArray = 2, kString = 4, kNumber = 8, kInteger = 16, kBoolean = 32, kNull = 64, kAny = 127 };
   uint8_t types = kAny;
   bool any_members = true;  // an object of any keys and values (no `properties`)
@@ -54,7 +62,8 @@ struct JsonSchemaNode {
     bool required = false;
   };
   std::vector<Prop> props;                // in order
-  const JsonSchemaNode* items = nullptr;  // array items; null: any value
+  const JsonSchemaNode* items = nullptr;  // array items (after prefix_items); null: any value
+  std::vector<const JsonSchemaNode*> prefix_items;  // the first items' schemas (a tuple), in order
   int64_t min_items = 0, max_items = INT64_MAX;
   // An object of any keys (any_members) whose values are of this schema (additionalProperties: a
   // schema, pydantic's Dict[str, X]); null: any value.
@@ -67,6 +76,15 @@ struct JsonSchemaNode {
   int32_t min_depth = 0;
   bool string_enum = false;               // a string is one of enum_strings
   std::vector<std::string> enum_strings;  // as written between quotes
+  bool number_enum = false;               // a number is one of enum_numbers
+  std::vector<std::string> enum_numbers;  // as nlohmann writes them (1, -2, 0.5, 1e-07)
+  // minimum / maximum: a number's value is in [lo, hi] (exclusive bounds made inclusive: the next
+  // writable value; an integer's are whole units); unbounded: beyond any 16-digit number.
+  bool bounded = false;
+  JsonUnits lo = 0, hi = 0;
+  const JsonSchemaNode* item(int64_t i) const {
+    return i < static_cast<int64_t>(prefix_items.size()) ? prefix_items[static_cast<size_t>(i)] : items;
+  }
   bool allow_true = true, allow_false = true;  // with kBoolean
   // anyOf / oneOf: the branches (whose first bytes differ); a value takes the branch its first byte
   // starts. types / allow_* are the union's. (Branches are referred to, not copied: a recursive
@@ -103,6 +121,7 @@ class JsonPrefix {
   static constexpr int kMaxDigits = 16;    // of a number's integral part (json.gbnf's bound)
   static constexpr int kMaxExponent = 2;   // digits of its exponent: every number is a finite double (< 1e115)
   static constexpr int kMaxFraction = 32;  // of its fraction (json.gbnf: any; 17 significant digits need ~22)
+  static constexpr int kBoundedFraction = JsonSchemaNode::kBoundScale;  // of a bounded number's fraction
   // One JSON object of any shape (json_object).
   JsonPrefix();
   // One value of `schema` (kept alive by the caller).
@@ -121,7 +140,7 @@ class JsonPrefix {
   enum class S : uint8_t {
     start, value, obj_first, obj_key, colon, obj_next, arr_first, arr_next,
     str, str_esc, str_u, str_utf8, str_choice, str_lo_bs, str_lo_u,
-    n_minus, n_zero, n_int, n_dot, n_frac, n_e, n_esign, n_exp,
+    n_minus, n_zero, n_int, n_dot, n_frac, n_e, n_esign, n_exp, n_choice,
     lit, done
   };
   enum class Ws : uint8_t { none, space, newline };
@@ -140,6 +159,8 @@ class JsonPrefix {
   bool may_add_member() const;
   bool fits(const JsonSchemaNode* v) const;  // a value of v begun now can end within kMaxDepth
   static int32_t object_depth(const JsonSchemaNode& n);  // levels a shallowest object of n opens
+  static int32_t array_depth(const JsonSchemaNode& n);   // levels a shallowest array of n opens
+  bool in_bounds(bool ending) const;  // a bounded number: some value it can still become (ending: it is) is in range
 
   S s_ = S::start;
   Ws ws_ = Ws::none;
@@ -151,6 +172,8 @@ class JsonPrefix {
   const char* lit_ = nullptr;      // the rest of true / false / null
   uint16_t off_ = 0;               // bytes of a choice string read
   uint8_t digits_ = 0;             // digits of the number part being read
+  bool neg_ = false;               // a bounded number: its sign, integral part and fraction digits so far
+  uint64_t int_ = 0, frac_ = 0;
   uint16_t code_ = 0;              // the \uXXXX being read
   int64_t chars_ = 0;              // characters of the string value being read (minLength / maxLength)
   bool low_ = false;               // it must be a low surrogate (after a high one)

@@ -417,14 +417,20 @@ TEST(JsonSchema, DictValuesAndStringLengths) {
 TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type":"object","properties":{"a":{"type":"string","pattern":"^x"}}})", "/properties/a: 'pattern' is not supported"},
-      {R"({"type":"object","properties":{"a":{"type":"integer","minimum":0}}})", "/properties/a: 'minimum' is not supported"},
+      {R"({"type":"object","properties":{"a":{"type":"integer","multipleOf":2}}})", "/properties/a: 'multipleOf' is not supported"},
+      {R"({"type":"object","properties":{"a":{"type":"array","uniqueItems":true}}})", "/properties/a: 'uniqueItems' is not supported"},
+      {R"({"type":"object","properties":{"a":{"type":"integer","minimum":5,"maximum":4.5}}})", "'minimum' / 'maximum' allow no number"},
+      {R"({"type":"object","properties":{"a":{"type":"integer","minimum":"0"}}})", "'minimum' must be a number"},
+      {R"({"type":"object","properties":{"a":{"anyOf":[{"type":"integer"},{"type":"null"}],"minimum":0}}})", "'minimum' beside 'anyOf'"},
+      {R"({"type":"object","properties":{"a":{"anyOf":[{"type":"array"},{"type":"null"}],"maxItems":2}}})", "'maxItems' beside 'anyOf'"},
+      {R"({"type":"object","properties":{"a":{"type":"array","prefixItems":[{},false],"minItems":2}}})", "allow at most 1 items, but 'minItems' is 2"},
+      {R"({"type":"object","properties":{"a":{"type":"array","additionalItems":false}}})", "'additionalItems' without an 'items' list"},
       {R"({"type":"array"})", "the root must be an object schema"},
       {R"({"type":"object","properties":{"a":{"$ref":"#/$defs/Missing"}}})", "'#/$defs/Missing' names nothing"},
       {R"({"type":"object","properties":{"a":{"anyOf":[{"type":"string"},{"enum":["x"]}]}}})", "branches whose values can begin alike"},
-      {R"({"type":"object","properties":{"a":{"enum":[1,2]}}})", "'enum' / 'const' value 1 is not supported"},
+      {R"({"type":"object","properties":{"a":{"enum":[[1],2]}}})", "'enum' / 'const' value [1] is not supported"},
       {R"({"type":"object","properties":{"a":{}},"required":["b"]})", "'required' names \"b\""},
       {R"({"type":"object","properties":{"a":{"type":"date"}}})", "'type' \"date\" is not a JSON Schema type"},
-      {R"({"type":"object","properties":{"a":{"items":[{}]}}})", "'items' as a list (tuples) is not supported"},
       {R"({"type":"object","properties":{"a":{}},"additionalProperties":true})", "'additionalProperties' beside 'properties'"},
       {R"({"$ref":"#"})", "a cycle of '$ref's"},
   };
@@ -502,6 +508,127 @@ TEST(JsonSchema, RecursiveOptionalsQuotesSurrogatesAndFalseSchemas) {
   EXPECT_TRUE(whole);
   EXPECT_EQ(accepted_by(*falses, R"({"gone":1})"), 2u);  // no key "g..."
   EXPECT_EQ(accepted_by(*falses, R"({"none":[1])"), 9u);
+}
+
+// Numeric bounds (pydantic's Field(ge=, le=, gt=, lt=)): a number is begun, and goes on, only while
+// some value it can still become is in range, and ends only in range; the decimal text is compared
+// exactly with the bound's shortest text (0.3 is the bound 0.3); no exponent. Numeric enums
+// (IntEnum, Literal[1, 2]) and tuples (prefixItems, draft 7's items list).
+TEST(JsonSchema, NumberBoundsNumericEnumsAndTuples) {
+  const auto schema = JsonSchema::compile(J::parse(R"({"type":"object","properties":{
+      "age":{"type":"integer","minimum":1,"maximum":120},
+      "p":{"type":"number","exclusiveMinimum":0,"maximum":0.3},
+      "t":{"type":"integer","minimum":-5,"exclusiveMaximum":-1.5},
+      "e":{"type":"number","enum":[1,2,10,2.5]},
+      "i":{"type":"integer","enum":[1.0,3,2.5]},
+      "m":{"enum":[1,"a",null]},
+      "pt":{"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],"minItems":2,"maxItems":2},
+      "d7":{"type":"array","items":[{"type":"integer"}],"additionalItems":{"type":"string"}},
+      "old":{"type":"number","minimum":10,"exclusiveMinimum":true}}})"));
+  for (const std::string& doc : {std::string(R"({"age":1})"), std::string(R"({"age":120})"), std::string(R"({"age":99,"p":0.3})"),
+                                std::string(R"({"p":0.000001})"), std::string(R"({"p":0.29999999999999999})"), std::string(R"({"p":0.30000})"),
+                                std::string(R"({"t":-2})"), std::string(R"({"t":-5})"), std::string(R"({"e":10})"), std::string(R"({"e":2.5})"),
+                                std::string(R"({"e":1,"i":1})"), std::string(R"({"i":3,"m":"a"})"), std::string(R"({"m":1})"),
+                                std::string(R"({"m":null})"), std::string(R"({"pt":[1,"a"]})"), std::string(R"({"d7":[1,"a","b"]})"),
+                                std::string(R"({"d7":[]})"), std::string(R"({"old":10.5})")}) {
+    bool whole = false;
+    EXPECT_EQ(accepted_by(*schema, doc, &whole), doc.size()) << doc;
+    EXPECT_TRUE(whole) << doc;
+  }
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"age":0)", R"({"age":)"},  // no integer in range begins with 0
+      {R"({"age":-1)", R"({"age":)"},
+      {R"({"age":121)", R"({"age":12)"},
+      {R"({"age":1200)", R"({"age":120)"},
+      {R"({"age":1.0)", R"({"age":1)"},  // an integer
+      {R"({"p":0})", R"({"p":0)"},       // exclusive: 0 is out, 0.x in
+      {R"({"p":0.0})", R"({"p":0.0)"},
+      {R"({"p":0.31)", R"({"p":0.3)"},
+      {R"({"p":0.30000000000000001)", R"({"p":0.3000000000000000)"},
+      {R"({"p":1)", R"({"p":)"},
+      {R"({"p":0.2e-1)", R"({"p":0.2)"},  // no exponent
+      {R"({"p":0.1234567890123456789)", R"({"p":0.123456789012345678)"},  // 18 fraction digits
+      {R"({"t":-1)", R"({"t":-)"},       // -1.5 exclusive: an integer up to -2
+      {R"({"t":-6)", R"({"t":-)"},
+      {R"({"t":-10)", R"({"t":-)"},
+      {R"({"t":3)", R"({"t":)"},
+      {R"({"e":3)", R"({"e":)"},
+      {R"({"e":2.55)", R"({"e":2.5)"},
+      {R"({"e":1.0)", R"({"e":1)"},
+      {R"({"i":2)", R"({"i":)"},         // 2.5 is no integer
+      {R"({"i":1.0)", R"({"i":1)"},
+      {R"({"m":2)", R"({"m":)"},
+      {R"({"m":"b")", R"({"m":")"},
+      {R"({"pt":["a")", R"({"pt":[)"},
+      {R"({"pt":[1])", R"({"pt":[1)"},
+      {R"({"pt":[1,"a",)", R"({"pt":[1,"a")"},
+      {R"({"d7":[1,2)", R"({"d7":[1,)"},
+      {R"({"old":10})", R"({"old":10)"},
+  };
+  for (const auto& [text, ok_prefix] : refused) EXPECT_EQ(accepted_by(*schema, text), ok_prefix.size()) << text;
+
+  // Random walks that prefer digits never reach a dead end, and every number they end lies in range
+  // as a double (what a client's parser reads).
+  const char* bounded[] = {
+      R"({"type":"integer","minimum":-37,"maximum":1205})",
+      R"({"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1})",
+      R"({"type":"number","minimum":-0.5,"maximum":0.25})",
+      R"({"type":"integer","minimum":1e3})",
+      R"({"type":"number","minimum":123456.789})",
+      R"({"type":"number","maximum":-1e-7})",
+      R"({"type":"integer","minimum":7,"maximum":7})",
+      R"({"type":"number","minimum":0.1,"maximum":0.1})",
+      R"({"type":"integer","minimum":-9007199254740993,"maximum":-9007199254740991})",
+      R"({"type":"number","minimum":1e300})",  // beyond 16 digits: no number fits
+  };
+  std::mt19937 rng(3);
+  for (const char* b : bounded) {
+    const J bj = J::parse(b);
+    J s = J::parse(R"({"type":"object","properties":{"x":{}},"required":["x"]})");
+    s["properties"]["x"] = bj;
+    if (std::string(b).find("1e300") != std::string::npos) {
+      EXPECT_NE(test::error_of([&] { JsonSchema::compile(s); }).find("allow no number"), std::string::npos);
+      continue;
+    }
+    const auto sc = JsonSchema::compile(s);
+    for (int walk = 0; walk < 300; ++walk) {
+      JsonPrefix p(*sc);
+      std::string out;
+      ASSERT_TRUE(p.feed(std::string_view(R"({"x":)")));
+      out = R"({"x":)";
+      while (!p.complete()) {
+        std::string order = "0123456789-.";
+        std::shuffle(order.begin(), order.end(), rng);
+        order += rng() % 3 == 0 ? "}" : "";
+        std::shuffle(order.begin(), order.end(), rng);
+        order += "}eE+";
+        bool moved = false;
+        for (char c : order)
+          if (p.feed(static_cast<uint8_t>(c))) {
+            out += c;
+            moved = true;
+            break;
+          }
+        ASSERT_TRUE(moved) << b << ": no byte continues " << out;
+      }
+      const J v = J::parse(out)["x"];
+      if (bj.contains("minimum")) {
+        EXPECT_GE(v.get<double>(), bj["minimum"].get<double>()) << b << " " << out;
+      }
+      if (bj.contains("maximum")) {
+        EXPECT_LE(v.get<double>(), bj["maximum"].get<double>()) << b << " " << out;
+      }
+      if (bj.contains("exclusiveMinimum")) {
+        EXPECT_GT(v.get<double>(), bj["exclusiveMinimum"].get<double>()) << b << " " << out;
+      }
+      if (bj.contains("exclusiveMaximum")) {
+        EXPECT_LT(v.get<double>(), bj["exclusiveMaximum"].get<double>()) << b << " " << out;
+      }
+      if (bj["type"] == "integer") {
+        EXPECT_TRUE(v.is_number_integer()) << out;
+      }
+    }
+  }
 }
 
 // The byte-ordered walk (shared prefixes fed once, failing bytes skip their tokens) gives the mask
