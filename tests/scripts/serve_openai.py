@@ -386,22 +386,27 @@ def stories_checks():
     st, _, text = srv.raw("POST", "/v1/completions", big.encode())
     check(st == 400 and "more than 4096 members" in text and time.time() - t0 < 5,
           f"an object of 90000 members: 400 within 5 s ({st} after {time.time() - t0:.1f} s: {text[:160]})")
-    # json_schema: an object of the schema (here an enum and a bounded list: every reply completes).
+    # json_schema: an object of the schema (here enums, bounds and bounded lists: every reply completes).
     schema = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad", "sleepy"]},
-                                               "n": {"type": "integer"},
+                                               "n": {"type": "integer", "minimum": 3, "maximum": 40},
+                                               "w": {"enum": [1, 2.5]},
+                                               "pt": {"type": "array", "prefixItems": [{"type": "number", "exclusiveMinimum": 0, "maximum": 0.5},
+                                                                                       {"type": "boolean"}], "minItems": 2, "maxItems": 2},
                                                "friends": {"type": "array", "items": {"enum": ["Tom", "Lily"]}, "maxItems": 2}},
-              "required": ["mood", "friends"]}
+              "required": ["mood", "n", "pt", "friends"]}
     outs = []
     for seed in range(4):
-        ch = c.completions.create(model="x", prompt=prompt, max_tokens=80, temperature=1.0, seed=seed, extra_body={
+        ch = c.completions.create(model="x", prompt=prompt, max_tokens=200, temperature=1.0, seed=seed, extra_body={
             "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}}).choices[0]
         try:
             d = json.loads(ch.text)
             ok = (ch.finish_reason == "stop" and list(d)[0] == "mood" and d["mood"] in ("happy", "sad", "sleepy")
-                  and isinstance(d.get("n", 0), int) and len(d["friends"]) <= 2 and set(d["friends"]) <= {"Tom", "Lily"})
+                  and isinstance(d["n"], int) and 3 <= d["n"] <= 40 and d.get("w", 1) in (1, 2.5)
+                  and len(d["pt"]) == 2 and 0 < d["pt"][0] <= 0.5 and isinstance(d["pt"][1], bool)
+                  and len(d["friends"]) <= 2 and set(d["friends"]) <= {"Tom", "Lily"})
         except (ValueError, KeyError, IndexError):
             ok = ch.finish_reason == "length" and ch.text.startswith('{ "mood"') or ch.text.startswith('{"mood"')
-        outs.append((ok, ch.finish_reason, ch.text[:80]))
+        outs.append((ok, ch.finish_reason, ch.text[:160]))
     check(all(ok for ok, _, _ in outs) and sum(f == "stop" for _, f, _ in outs) >= 2,
           f"response_format json_schema: objects of the schema, or their start at max_tokens ({outs})")
     # seed -1 is a random seed (as llama.cpp), not the seed 2^64 - 1.
