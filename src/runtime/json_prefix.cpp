@@ -243,7 +243,7 @@ class JsonSchemaCompiler {
     static const std::set<std::string> known = {
         "type",     "properties", "required", "additionalProperties", "items",   "prefixItems", "additionalItems",  "minItems",
         "maxItems", "uniqueItems", "minLength", "maxLength",          "minimum", "maximum",     "exclusiveMinimum", "exclusiveMaximum",
-        "enum",     "const",      "anyOf",    "oneOf",                "$defs",   "definitions"};
+        "enum",     "const",      "anyOf",    "oneOf",                "$defs",   "definitions", "pattern"};
     for (const auto& [k, v] : s.items())
       if (!known.count(k) && !annotation(k)) bad(ptr, fmt::format("'{}' is not supported", k));
     // uniqueItems: true would need every item remembered (a set's); false is the default
@@ -450,6 +450,20 @@ class JsonSchemaCompiler {
     if (s.contains("minLength")) n.min_length = count("minLength");
     if (s.contains("maxLength")) n.max_length = count("maxLength");
     if (n.min_length > n.max_length) bad(ptr, "'minLength' is above 'maxLength'");
+    // pattern, or a format enforced as one (strings only; an enum's strings are given)
+    const bool fmt_pattern = s.contains("format") && s["format"].is_string() && !StringPattern::format_pattern(s["format"].get<std::string>()).empty();
+    if (s.contains("pattern") && !s["pattern"].is_string()) bad(ptr, "'pattern' must be a string");
+    if ((s.contains("pattern") || fmt_pattern) && (n.types & JsonSchemaNode::kString) && !n.string_enum) {
+      const bool own = s.contains("pattern");
+      const std::string text = own ? s["pattern"].get<std::string>() : std::string(StringPattern::format_pattern(s["format"].get<std::string>()));
+      const std::string what = own ? fmt::format("json_schema {}: 'pattern' {}", ptr.empty() ? "(the root)" : ptr, J(text).dump())
+                                   : fmt::format("json_schema {}: 'format' {}", ptr, s["format"].dump());
+      const StringPattern& p = out_.patterns_.emplace_back(StringPattern::compile(text, what));
+      const int32_t most = p.max_rest(p.start());
+      if (p.min_rest(p.start()) > n.max_length || (most != StringPattern::kUnbounded && most < n.min_length))
+        bad(ptr, fmt::format("'{}' and 'minLength' / 'maxLength' allow no string together", own ? "pattern" : "format"));
+      n.pattern = &p;
+    }
     if (s.contains("minItems")) n.min_items = count("minItems");
     if (s.contains("maxItems")) n.max_items = std::min(n.max_items, count("maxItems"));
     if (n.min_items > n.max_items)
@@ -583,6 +597,8 @@ JsonPrefix& JsonPrefix::operator=(const JsonPrefix& o) {
   neg_ = o.neg_;
   int_ = o.int_;
   frac_ = o.frac_;
+  cp_ = o.cp_;
+  re_ = o.re_;
   code_ = o.code_;
   chars_ = o.chars_;
   low_ = o.low_;
@@ -718,6 +734,26 @@ bool JsonPrefix::in_bounds(bool ending) const {
   }
 }
 
+bool JsonPrefix::pattern_char(uint32_t lo, uint32_t hi, bool commit) {
+  const StringPattern& p = *node_->pattern;
+  const StringPattern::Set next = p.step(re_, lo, std::max(lo, hi));
+  if (StringPattern::empty(next)) return false;
+  // chars_ counts this character; the pattern's rest must fit the length bounds
+  if (chars_ + p.min_rest(next) > node_->max_length) return false;
+  const int32_t most = p.max_rest(next);
+  if (most != StringPattern::kUnbounded && chars_ + most < node_->min_length) return false;
+  if (commit) re_ = next;
+  return true;
+}
+
+// After a UTF-8 lead or continuation byte, left_ bytes still due, the next in [lo_, hi_]: the
+// characters the bytes can still become are one range.
+bool JsonPrefix::pattern_utf8() {
+  const int rest = 6 * (left_ - 1);
+  const uint32_t lo = ((cp_ << 6) | (lo_ & 0x3Fu)) << rest, hi = (((cp_ << 6) | (hi_ & 0x3Fu)) << rest) | ((1u << rest) - 1);
+  return pattern_char(lo, hi, false);
+}
+
 bool JsonPrefix::may_add_member() const {
   const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   if (f.node->any_members) return fits(f.node->additional);
@@ -792,6 +828,7 @@ bool JsonPrefix::value(uint8_t c) {
         s_ = S::str_choice;
       } else {
         chars_ = 0;
+        if (n.pattern) re_ = n.pattern->start();
         s_ = S::str;
       }
       return true;
@@ -935,6 +972,7 @@ bool JsonPrefix::step(uint8_t c) {
           s_ = S::colon;
         } else {
           if (chars_ < node_->min_length) return false;
+          if (node_->pattern && !node_->pattern->accepts(re_)) return false;
           value_done();
         }
         return true;
@@ -945,35 +983,46 @@ bool JsonPrefix::step(uint8_t c) {
       if (!key_ && chars_++ >= node_->max_length) return false;
       if (c == '\\') {
         s_ = S::str_esc;
-        return true;
+        if (key_ || !node_->pattern) return true;
+        for (uint8_t e : {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'})  // what the escape can stand for
+          if (pattern_char(e, e, false)) return true;
+        return false;
       }
-      if (c < 0x80) return true;
+      if (c < 0x80) return key_ || !node_->pattern || pattern_char(c, c, true);
       // UTF-8 lead bytes (RFC 3629 table): the range of the first continuation byte, then 80..BF.
       lo_ = 0x80;
       hi_ = 0xBF;
       if (c >= 0xC2 && c <= 0xDF) {
         left_ = 1;
+        cp_ = c & 0x1F;
       } else if (c >= 0xE0 && c <= 0xEF) {
         left_ = 2;
+        cp_ = c & 0x0F;
         if (c == 0xE0) lo_ = 0xA0;
         if (c == 0xED) hi_ = 0x9F;
       } else if (c >= 0xF0 && c <= 0xF4) {
         left_ = 3;
+        cp_ = c & 0x07;
         if (c == 0xF0) lo_ = 0x90;
         if (c == 0xF4) hi_ = 0x8F;
       } else {
         return false;
       }
       s_ = S::str_utf8;
-      return true;
+      return key_ || !node_->pattern || pattern_utf8();
     case S::str_utf8:
       if (c < lo_ || c > hi_) return false;
       lo_ = 0x80;
       hi_ = 0xBF;
-      if (--left_ == 0) s_ = S::str;
-      return true;
+      cp_ = cp_ << 6 | (c & 0x3F);
+      if (--left_ == 0) {
+        s_ = S::str;
+        return key_ || !node_->pattern || pattern_char(cp_, cp_, true);
+      }
+      return key_ || !node_->pattern || pattern_utf8();
     case S::str_esc:
       if (c == 'u') {
+        if (!key_ && node_->pattern) return false;  // (a pattern's string takes its characters unescaped)
         left_ = 4;
         code_ = 0;
         low_ = false;
@@ -982,7 +1031,8 @@ bool JsonPrefix::step(uint8_t c) {
       }
       if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't') return false;
       s_ = S::str;
-      return true;
+      if (key_ || !node_->pattern) return true;
+      return pattern_char(c == 'b' ? 0x08 : c == 'f' ? 0x0C : c == 'n' ? 0x0A : c == 'r' ? 0x0D : c == 't' ? 0x09 : c, 0, true);
     case S::str_u: {
       if (!is_hex(c)) return false;
       code_ = static_cast<uint16_t>(code_ * 16 + (is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10));

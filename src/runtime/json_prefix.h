@@ -16,8 +16,9 @@
 // enum string, distinct between branches: a discriminated union; the tag picks the branch), `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion
 // allowed; a schema whose values could only be infinite is refused), `false` subschemas (a
 // property that must be absent, `items: false` for an empty array), and annotations (title,
-// description, default, examples, format: not enforced, as JSON Schema's default; $schema, $id,
-// $comment).
+// description, default, examples; $schema, $id, $comment), `pattern` (runtime/string_pattern.h;
+// such strings take no \u escapes) and the `format`s date, time, date-time, uuid, email, ipv4 as
+// patterns (other formats are annotations, as JSON Schema's default).
 // Any other keyword (pattern, multipleOf, uniqueItems, allOf, ...) is refused by name rather than ignored.
 //
 // JsonPrefix is a byte-level pushdown automaton over one JSON value of such a schema (the root must
@@ -44,6 +45,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/string_pattern.h"
+
 namespace mk {
 
 class Tokenizer;
@@ -69,6 +72,7 @@ struct JsonSchemaNode {
   // schema, pydantic's Dict[str, X]); null: any value.
   const JsonSchemaNode* additional = nullptr;
   int64_t min_length = 0, max_length = INT64_MAX;  // of a string, in Unicode characters (code points)
+  const StringPattern* pattern = nullptr;  // a string's `pattern` (or its `format`'s); null: any
   // Levels of containers the shallowest value of this schema opens (0: it allows a scalar); set by
   // JsonSchema::compile. A container is only opened, a property or item only begun, when its value
   // can still end within JsonPrefix::kMaxDepth (else a deep recursive schema leads the model to a
@@ -110,6 +114,7 @@ class JsonSchema {
 
  private:
   std::deque<JsonSchemaNode> nodes_;  // stable addresses
+  std::deque<StringPattern> patterns_;
   const JsonSchemaNode* root_ = nullptr;
   friend class JsonSchemaCompiler;
 };
@@ -161,6 +166,10 @@ class JsonPrefix {
   static int32_t object_depth(const JsonSchemaNode& n);  // levels a shallowest object of n opens
   static int32_t array_depth(const JsonSchemaNode& n);   // levels a shallowest array of n opens
   bool in_bounds(bool ending) const;  // a bounded number: some value it can still become (ending: it is) is in range
+  // A string with a pattern: some character in [lo, hi] continues it (within its length bounds);
+  // commit: the character is whole, take it.
+  bool pattern_char(uint32_t lo, uint32_t hi, bool commit);
+  bool pattern_utf8();  // after a byte of a UTF-8 character: the characters its bytes so far can become
 
   S s_ = S::start;
   Ws ws_ = Ws::none;
@@ -174,6 +183,8 @@ class JsonPrefix {
   uint8_t digits_ = 0;             // digits of the number part being read
   bool neg_ = false;               // a bounded number: its sign, integral part and fraction digits so far
   uint64_t int_ = 0, frac_ = 0;
+  uint32_t cp_ = 0;                // a UTF-8 character's bits so far (strings with a pattern)
+  StringPattern::Set re_{};        // the pattern's state
   uint16_t code_ = 0;              // the \uXXXX being read
   int64_t chars_ = 0;              // characters of the string value being read (minLength / maxLength)
   bool low_ = false;               // it must be a low surrogate (after a high one)

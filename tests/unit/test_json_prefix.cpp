@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <string>
 
 #include "runtime/json_prefix.h"
@@ -416,7 +417,6 @@ TEST(JsonSchema, DictValuesAndStringLengths) {
 
 TEST(JsonSchema, RefusesWhatItDoesNotSupportByName) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"({"type":"object","properties":{"a":{"type":"string","pattern":"^x"}}})", "/properties/a: 'pattern' is not supported"},
       {R"({"type":"object","properties":{"a":{"type":"integer","multipleOf":2}}})", "/properties/a: 'multipleOf' is not supported"},
       {R"({"type":"object","properties":{"a":{"type":"array","uniqueItems":true}}})", "/properties/a: 'uniqueItems' is not supported"},
       {R"({"type":"object","properties":{"a":{"type":"integer","minimum":5,"maximum":4.5}}})", "'minimum' / 'maximum' allow no number"},
@@ -629,6 +629,115 @@ TEST(JsonSchema, NumberBoundsNumericEnumsAndTuples) {
       }
     }
   }
+}
+
+// `pattern` (an ECMA regex, searched as JSON Schema's: unanchored ends match anything) and the
+// formats given as patterns: a character is taken only while the pattern can still match (UTF-8 bytes
+// by the range of characters they can still become, escapes by what they stand for), the string
+// ends only on a match; together with minLength / maxLength no dead end.
+TEST(JsonSchema, PatternsAndFormats) {
+  const auto schema = JsonSchema::compile(J::parse(R"({"type":"object","properties":{
+      "phone":{"type":"string","pattern":"^\\d{3}-\\d{4}$"},
+      "code":{"type":"string","pattern":"^[A-Z]{2}(-[a-z]+)?$"},
+      "has":{"type":"string","pattern":"ab+c"},
+      "alt":{"type":"string","pattern":"^x$|^(?:y|é)z*$"},
+      "esc":{"type":"string","pattern":"^[\\n\\\\\"]\\.?$"},
+      "day":{"type":"string","format":"date"},
+      "at":{"type":"string","format":"date-time"},
+      "id":{"type":"string","format":"uuid"},
+      "ip":{"type":"string","format":"ipv4"},
+      "lim":{"type":"string","pattern":"^a*b*$","minLength":2,"maxLength":3},
+      "wild":{"type":"string","format":"hostname"}}})"));
+  for (const std::string& doc : {
+           std::string(R"({"phone":"555-1234"})"), std::string(R"({"code":"US"})"), std::string(R"({"code":"EN-gb"})"),
+           std::string(R"({"has":"xxabbbcyy"})"), std::string(R"({"has":"abc"})"), std::string(R"({"alt":"x"})"),
+           std::string("{\"alt\":\"\xc3\xa9zz\"}"), std::string(R"({"alt":"y"})"), std::string(R"({"esc":"\n."})"),
+           std::string(R"({"esc":"\\"})"), std::string(R"({"esc":"\""})"), std::string(R"({"day":"2024-02-29"})"),
+           std::string(R"({"at":"2024-02-29T23:59:60.123+05:30"})"), std::string(R"({"at":"1999-12-31t00:00:00Z"})"),
+           std::string(R"({"id":"123e4567-e89b-12d3-a456-426614174000"})"), std::string(R"({"ip":"255.0.10.199"})"),
+           std::string(R"({"lim":"ab"})"), std::string(R"({"lim":"bbb"})"), std::string(R"({"wild":"anything at all"})")}) {
+    bool whole = false;
+    EXPECT_EQ(accepted_by(*schema, doc, &whole), doc.size()) << doc;
+    EXPECT_TRUE(whole) << doc;
+  }
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"phone":"55-)", R"({"phone":"55)"},
+      {R"({"phone":"555-12345)", R"({"phone":"555-1234)"},
+      {R"({"phone":"555-123")", R"({"phone":"555-123)"},  // ends only on a match
+      {R"({"phone":"\n)", R"({"phone":")"},             // no escape stands for a digit
+      {R"({"has":"\u0061)", R"({"has":"\)"},            // no \u escapes in a pattern's string
+      {R"({"code":"us)", R"({"code":")"},
+      {R"({"code":"US-)", R"({"code":"US-)"},           // "US-" may go on, but not end
+      {R"({"code":"US-")", R"({"code":"US-)"},
+      {R"({"has":"ab")", R"({"has":"ab)"},
+      {R"({"alt":"xz)", R"({"alt":"x)"},
+      {"{\"alt\":\"\xc3\xa8", "{\"alt\":\"\xc3"},  // è: the lead byte may still become é, the next byte not
+      {"{\"alt\":\"\xe2", "{\"alt\":\""},            // no 3-byte character fits
+      {R"({"esc":"\t)", R"({"esc":"\)"},                  // \t stands for a tab: not in the class
+      {R"({"esc":"a)", R"({"esc":")"},
+      {R"({"day":"2024-13)", R"({"day":"2024-1)"},
+      {R"({"day":"2024-02-32)", R"({"day":"2024-02-3)"},
+      {R"({"at":"2024-02-29T24)", R"({"at":"2024-02-29T2)"},
+      {R"({"at":"2024-02-29T23:59:59")", R"({"at":"2024-02-29T23:59:59)"},  // an offset is required
+      {R"({"id":"123e4567-e89b-12d3-a456-42661417400g)", R"({"id":"123e4567-e89b-12d3-a456-42661417400)"},
+      {R"({"ip":"256)", R"({"ip":"25)"},
+      {R"({"lim":"a")", R"({"lim":"a)"},                  // minLength 2
+      {R"({"lim":"aaaa)", R"({"lim":"aaa)"},              // maxLength 3
+      {R"({"lim":"aba)", R"({"lim":"ab)"},
+  };
+  for (const auto& [text, ok_prefix] : refused) EXPECT_EQ(accepted_by(*schema, text), ok_prefix.size()) << text;
+
+  // Random walks over bytes (ASCII, multi-byte characters, escapes) never reach a dead end, and each
+  // string they end matches the pattern (std::regex's ECMAScript grammar as the oracle, on ASCII).
+  const char* patterns[] = {R"(^\d{3}-\d{4}$)", R"(^[A-Z]{2}(-[a-z]+)?$)", R"(ab+c)", R"(^(a|bc)*d?$)", R"(^.{2,4}$)",
+                            R"(^[^a-c\s]+x$)", R"(\.$)", R"(^(?:[01]\d|2[0-3]):[0-5]\d$)", R"(^a{0,3}b{2}$)"};
+  std::mt19937 rng(9);
+  for (const char* pat : patterns) {
+    J s = J::parse(R"({"type":"object","properties":{"x":{"type":"string","maxLength":12}},"required":["x"]})");
+    s["properties"]["x"]["pattern"] = pat;
+    const auto sc = JsonSchema::compile(s);
+    const std::regex oracle(pat, std::regex::ECMAScript);
+    for (int walk = 0; walk < 200; ++walk) {
+      JsonPrefix p(*sc);
+      std::string out = R"({"x":")";
+      ASSERT_TRUE(p.feed(std::string_view(out)));
+      while (!p.complete()) {
+        std::string order = "abcdxyzAZ019-.: \\n\"";
+        std::shuffle(order.begin(), order.end(), rng);
+        if (rng() % 4 == 0) order = "\"}" + order;
+        order += "\xc3\xe2\x80\xa9\xbf}";
+        bool moved = false;
+        for (char c : order)
+          if (p.feed(static_cast<uint8_t>(c))) {
+            out += c;
+            moved = true;
+            break;
+          }
+        ASSERT_TRUE(moved) << pat << ": no byte continues " << out;
+      }
+      const std::string v = J::parse(out)["x"].get<std::string>();
+      EXPECT_LE(v.size(), 36u);
+      bool ascii = std::all_of(v.begin(), v.end(), [](char c) { return static_cast<uint8_t>(c) < 0x80; });
+      if (ascii) {
+        EXPECT_TRUE(std::regex_search(v, oracle)) << pat << " " << out;
+      }
+    }
+  }
+  for (const auto& [pat, want] : std::vector<std::pair<std::string, std::string>>{
+           {"(a", "has a '(' without its ')'"}, {"a)", "has a ')' without its '('"}, {"(?=a)", "lookahead"}, {"\\1", "back-reference"},
+           {"\\bx", "word boundary"}, {"a^b", "anchors are supported only at the ends"}, {"*a", "nothing to repeat"},
+           {"a{3,2}", "n above m"}, {"a{2000}", "more than 1000 times"}, {"[a-", "without its ']'"}, {"[z-a]", "out of order"},
+           {"(a{200}){2}", "more than 255 character positions"}, {"[^\\s\\S]", "matches no string"},
+           {"\\p{L}", "Unicode property"}}) {
+    J s = J::parse(R"({"type":"object","properties":{"x":{"type":"string"}}})");
+    s["properties"]["x"]["pattern"] = pat;
+    const std::string e = test::error_of([&] { JsonSchema::compile(s); });
+    EXPECT_NE(e.find(want), std::string::npos) << pat << ": " << e;
+    EXPECT_NE(e.find("/properties/x: 'pattern'"), std::string::npos) << e;
+  }
+  EXPECT_NE(test::error_of([&] { JsonSchema::compile(J::parse(R"({"type":"object","properties":{"x":{"type":"string","pattern":"^abc$","maxLength":2}}})")); })
+                .find("allow no string together"),
+            std::string::npos);
 }
 
 // The byte-ordered walk (shared prefixes fed once, failing bytes skip their tokens) gives the mask
