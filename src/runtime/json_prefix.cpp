@@ -456,7 +456,7 @@ class JsonSchemaCompiler {
     if ((s.contains("pattern") || fmt_pattern) && (n.types & JsonSchemaNode::kString) && !n.string_enum) {
       const bool own = s.contains("pattern");
       const std::string text = own ? s["pattern"].get<std::string>() : std::string(StringPattern::format_pattern(s["format"].get<std::string>()));
-      const std::string what = own ? fmt::format("json_schema {}: 'pattern' {}", ptr.empty() ? "(the root)" : ptr, J(text).dump())
+      const std::string what = own ? fmt::format("json_schema {}: 'pattern' {}", ptr.empty() ? "(the root)" : ptr, J(text).dump(-1, ' ', false, J::error_handler_t::replace))
                                    : fmt::format("json_schema {}: 'format' {}", ptr, s["format"].dump());
       const StringPattern& p = out_.patterns_.emplace_back(StringPattern::compile(text, what));
       const int32_t most = p.max_rest(p.start());

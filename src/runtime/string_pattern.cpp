@@ -34,6 +34,18 @@ Ranges complement(const Ranges& r) {
   return out;
 }
 
+Ranges intersect(const Ranges& a, const Ranges& b) {
+  Ranges out;
+  for (const auto& [l1, h1] : a)
+    for (const auto& [l2, h2] : b)
+      if (std::max(l1, l2) <= std::min(h1, h2)) out.emplace_back(std::max(l1, l2), std::min(h1, h2));
+  return normalized(out);
+}
+
+// The characters a string with a pattern can hold: control characters only through the short
+// escapes \b \t \n \f \r (\u escapes are not taken there).
+const Ranges kWritable = {{0x08, 0x0A}, {0x0C, 0x0D}, {0x20, 0x10FFFF}};
+
 // ECMA-262's \d, \w, \s (WhiteSpace and LineTerminator code points).
 const Ranges kDigit = {{'0', '9'}};
 const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
@@ -336,7 +348,7 @@ class PatternCompiler {
         if (out_.pos_.size() >= static_cast<size_t>(StringPattern::kMaxStates))
           fail("{} has more than {} character positions (counted repetitions unrolled)", what_, StringPattern::kMaxStates);
         const int p = static_cast<int>(out_.pos_.size());
-        out_.pos_.emplace_back().ranges = a.ranges;
+        out_.pos_.emplace_back().ranges = intersect(a.ranges, kWritable);
         r.nullable = false;
         set(r.first, p);
         set(r.last, p);

@@ -11,7 +11,9 @@
 // kMaxStates character positions (counted repetitions are unrolled).
 //
 // A state is a set of positions (a bitset of kMaxStates bits). Positions that cannot reach the end
-// of a match are dropped at compile time, so a non-empty state can always be finished.
+// of a match are dropped at compile time, so a non-empty state can always be finished; so are the
+// characters a JSON string with a pattern cannot hold (control characters other than \b \t \n \f \r,
+// which need a \u escape).
 #pragma once
 #include <array>
 #include <cstdint>

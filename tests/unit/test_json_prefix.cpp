@@ -728,7 +728,7 @@ TEST(JsonSchema, PatternsAndFormats) {
            {"\\bx", "word boundary"}, {"a^b", "anchors are supported only at the ends"}, {"*a", "nothing to repeat"},
            {"a{3,2}", "n above m"}, {"a{2000}", "more than 1000 times"}, {"[a-", "without its ']'"}, {"[z-a]", "out of order"},
            {"(a{200}){2}", "more than 255 character positions"}, {"[^\\s\\S]", "matches no string"},
-           {"\\p{L}", "Unicode property"}}) {
+           {"\\p{L}", "Unicode property"}, {"^\\0$", "matches no string"}}) {
     J s = J::parse(R"({"type":"object","properties":{"x":{"type":"string"}}})");
     s["properties"]["x"]["pattern"] = pat;
     const std::string e = test::error_of([&] { JsonSchema::compile(s); });
@@ -738,6 +738,45 @@ TEST(JsonSchema, PatternsAndFormats) {
   EXPECT_NE(test::error_of([&] { JsonSchema::compile(J::parse(R"({"type":"object","properties":{"x":{"type":"string","pattern":"^abc$","maxLength":2}}})")); })
                 .find("allow no string together"),
             std::string::npos);
+}
+
+// Random patterns (a client's): each compiles or is refused with an error, and every string walk of
+// a compiled one finds a byte that continues until it ends (no dead end: a NUL the string cannot
+// hold, a length bound the pattern cannot meet). Under ASan / UBSan in CI.
+TEST(JsonSchema, RandomPatternsCompileOrAreRefusedAndNeverDeadEnd) {
+  std::mt19937 rng(1);
+  const std::string alpha = "ab.*+?{}()[]^$|\\-,0123456789dDwWsSuxbBk<>=!:";
+  int compiled = 0;
+  for (int n = 0; n < 3000; ++n) {
+    std::string pat;
+    for (int i = static_cast<int>(rng() % 14); i > 0; --i) pat += alpha[rng() % alpha.size()];
+    if (rng() % 4 == 0) pat += "\xc3\xa9";
+    J s = J::parse(R"({"type":"object","properties":{"x":{"type":"string","maxLength":9}},"required":["x"]})");
+    s["properties"]["x"]["pattern"] = pat;
+    if (rng() % 3 == 0) s["properties"]["x"]["minLength"] = rng() % 4;
+    std::shared_ptr<const JsonSchema> sc;
+    try {
+      sc = JsonSchema::compile(s);
+    } catch (const Error&) {
+      continue;
+    }
+    ++compiled;
+    JsonPrefix p(*sc);
+    ASSERT_TRUE(p.feed(std::string_view(R"({"x":")")));
+    std::string out;
+    while (!p.complete()) {
+      bool moved = false;
+      for (int t = 0; t < 64 && !moved; ++t) {
+        const auto c = static_cast<uint8_t>(t % 5 == 0 ? '"' : alpha[rng() % alpha.size()]);
+        if ((moved = p.feed(c))) out += static_cast<char>(c);
+      }
+      for (int c = 0; c < 256 && !moved; ++c)
+        if ((moved = p.feed(static_cast<uint8_t>(c)))) out += static_cast<char>(c);
+      ASSERT_TRUE(moved) << "pattern " << pat << ": no byte continues " << out;
+      if (out.back() == '"') p.feed('}');  // (a '"' that closed the string: the object ends)
+    }
+  }
+  EXPECT_GT(compiled, 1000);
 }
 
 // The byte-ordered walk (shared prefixes fed once, failing bytes skip their tokens) gives the mask
