@@ -94,8 +94,9 @@ class DecoderBuilder {
     if (s_.learned_positions) checked_hparam("n_ctx", hp_.n_ctx_train, where + "n_ctx_train");
     const int64_t n_embd = hp_.n_embd, hd = hp_.head_dim, q_dim = hp_.n_head * hd, kv_dim = hp_.n_head_kv * hd;
     if (hp_.n_head % hp_.n_head_kv) fail("{}: n_head {} is not a multiple of n_head_kv {}", m_.path, hp_.n_head, hp_.n_head_kv);
-    if (!(hp_.norm_eps > 0) || !std::isfinite(hp_.norm_eps))
-      fail("{}: normalization epsilon must be a positive number, got {}", m_.path, hp_.norm_eps);
+    // (the kernels add it in float32: it must stay positive and finite there)
+    if (!(static_cast<float>(hp_.norm_eps) > 0) || !std::isfinite(static_cast<float>(hp_.norm_eps)))
+      fail("{}: normalization epsilon must be a positive number within float32's range, got {}", m_.path, hp_.norm_eps);
     if (s_.n_rot > hd || (s_.n_rot > 0 && s_.n_rot % 2))
       fail("{}: RoPE dimension count {} must be even and at most head_dim {}", m_.path, s_.n_rot, hd);
     if (!(s_.rope_theta > 0) || !std::isfinite(s_.rope_theta))

@@ -147,9 +147,13 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
   s.rope_theta = rope.theta;
   const double rot = static_cast<double>(s.hp.head_dim) * rope.partial_rotary_factor;
   s.n_rot = static_cast<int64_t>(rot);
-  if (static_cast<double>(s.n_rot) != rot || s.n_rot % 2 != 0 || s.n_rot <= 0 || s.n_rot > s.hp.head_dim)
+  if (static_cast<double>(s.n_rot) != rot || s.n_rot % 2 != 0 || s.n_rot <= 0 || s.n_rot > s.hp.head_dim) {
+    if (rope.partial_rotary_factor == 1.0)  // every dimension rotates: head_dim itself is wrong
+      fail("config.json: head_dim {} (hidden_size / num_attention_heads, or head_dim) must be even: RoPE rotates pairs of dimensions",
+           s.hp.head_dim);
     fail("config.json: partial_rotary_factor {} gives {} rotated dimensions of head_dim {}", rope.partial_rotary_factor,
          rot, s.hp.head_dim);
+  }
   if (rope.type == "linear") {
     s.rope_scaling = {{"scaling", std::string("linear")}, {"factor", rope.factor}};
   } else if (rope.type == "llama3") {

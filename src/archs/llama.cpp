@@ -179,7 +179,9 @@ DecoderSpec gguf_decoder_spec(const ModelFile& m, const BuildOptions& o, const c
   s.n_rot = checked_hparam("n_rot", m.get_int(a + ".rope.dimension_count", s.hp.head_dim),
                            m.path + ": " + a + ".rope.dimension_count");
   if (s.n_rot <= 0 || s.n_rot > s.hp.head_dim || s.n_rot % 2 != 0)
-    fail("{}: {}.rope.dimension_count must be even and in (0, head_dim {}], got {}", m.path, a, s.hp.head_dim, s.n_rot);
+    fail("{}: {}.rope.dimension_count must be even and in (0, head_dim {}], got {}{}", m.path, a, s.hp.head_dim, s.n_rot,
+         m.has(a + ".attention.key_length") ? std::string()
+                                                        : fmt::format(" (head_dim = embedding_length {} / head_count {})", s.hp.n_embd, s.hp.n_head));
   s.rope_scaling = read_rope_scaling(m, a);
   // llama.cpp's converter writes Llama 3 RoPE scaling as rope_freqs.weight: one factor per rotated
   // pair, each frequency divided by its factor (ggml_rope_ext's freq_factors).

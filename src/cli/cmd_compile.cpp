@@ -31,7 +31,7 @@ void add_compile_command(CLI::App& app) {
                   "program-full: weights, buffers, ops, counters, instructions, lists; "
                   "cuda: the megakernel source the cuda backend compiles (for an H100/H200 unless -t says otherwise)")
       ->check(CLI::IsMember({"graph", "ir", "program", "program-full", "cuda"}));
-  cmd->add_option("-o,--output", o->out, "write to this file instead of stdout")
+  cmd->add_option("-o,--output", o->out, "write to this file instead of stdout (-: stdout)")
       ->check(CLI::Validator(
           [](std::string& s) { return s.empty() ? std::string("must not be empty (leave -o out for stdout)") : std::string(); },
           "FILE"));
@@ -87,7 +87,7 @@ void add_compile_command(CLI::App& app) {
       kv_note = fmt::format("  kv cache on the cpu backend: {} bytes (f16, its default for this GGUF: --kv-type auto)\n",
                             cx.program.kv_bytes / 2);
     if (o->emit == "program") text += kv_note;
-    if (o->out.empty()) {
+    if (o->out.empty() || o->out == "-") {
       std::fwrite(text.data(), 1, text.size(), stdout);
       return;
     }

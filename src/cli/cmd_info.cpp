@@ -167,6 +167,12 @@ void add_info_command(CLI::App& app) {
                     std::string(dtype_name(dt)).c_str(), count, count == 1 ? "tensor" : "tensors", elements, bytes,
                     8.0 * static_cast<double>(bytes) / static_cast<double>(elements));
     }
+    // The tokenizer: --ids runs without it, text prompts, chat and tokenize refuse it (trial 48: info
+    // said nothing of a damaged one).
+    if (const std::string why = tokenizer_problem(m, hp.n_vocab); !why.empty())
+      std::printf("tokenizer:    cannot be used: %s (text prompts, chat, tokenize and serve's text requests refuse the model; "
+                  "run --ids works)\n",
+                  printable(why, 1024).c_str());
     if (!graph_error.empty()) {
       std::fflush(stdout);
       fail("{} (the model cannot be run; its tensors are listed above)", graph_error);

@@ -35,7 +35,8 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--attn-splits", o->session.backend_options.attn_splits,
                   "flash-decoding: split each row's cached positions N ways (0 = auto; default 1 on cpu, auto on cuda)")
       ->transform(integer_range(0, 64));
-  cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file");
+  cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file")
+      ->check(CLI::Validator([](std::string& s) { return s.empty() ? std::string("must not be empty") : std::string(); }, "FILE"));
   cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
   auto* json_flag = cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");
   cmd->add_option("--logprobs", o->gen.logprobs,

@@ -54,6 +54,17 @@ bool carries_tokenizer(const ModelFile& m, int64_t n_vocab) {
 }
 }  // namespace
 
+std::string tokenizer_problem(const ModelFile& m, int64_t n_vocab) {
+  if (m.path.rfind("synth:", 0) == 0 || !carries_tokenizer(m, n_vocab)) return "";
+  try {
+    const auto t = open_tokenizer(m, "", n_vocab);
+    if (t->n_vocab() > n_vocab) return fmt::format("tokenizer has {} tokens but the model's vocabulary is {}", t->n_vocab(), n_vocab);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 namespace {
 // Refuses a KV cache that cannot fit in this machine's memory before any weight is read or
 // synthesised (serve --parallel 65536 on synth:llama3.1-8b used to build 16 GB of weights first):

@@ -45,6 +45,9 @@ int64_t resolve_n_ctx(const Hparams& hp, int64_t n_ctx);
 // shapes only (building the graph, compiling the program, `info`): synthetic models then carry no
 // weight data (tensor data == nullptr); files are mapped either way.
 ModelFile open_model(const std::string& path, bool with_data = true);
+// Why the model's own tokenizer (GGUF metadata, an HF tokenizer.json, a llama2.c tokenizer file
+// beside it) cannot be loaded; "" when it loads or the model carries none.
+std::string tokenizer_problem(const ModelFile& m, int64_t n_vocab);
 
 class Session {
  public:

@@ -36,6 +36,14 @@ TEST(E2ECliUsage, SilentOrMisleadingInputsAreNamed) {
   Result r = cli("compile -m synth:tiny -o \"\"");
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_TRUE(has(r.err, "--output: must not be empty (leave -o out for stdout)")) << r.err;
+  // compile -o - wrote a file named "-" (trial 48): it is stdout; run --trace "" was ignored
+  r = cli("compile -m synth:tiny -o -");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "signal c0")) << r.out.substr(0, 200);
+  EXPECT_FALSE(has(r.err, "wrote -")) << r.err;
+  r = cli("run -m synth:tiny --ids 1,2 -n 1 --trace \"\"");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "--trace: must not be empty")) << r.err;
   // an unknown pass in MK_PRINT_AFTER printed nothing
   r = Result{};
   r.out = mk::test::run_shell("MK_PRINT_AFTER=dce,bogus " + std::string(MK_CLI_PATH) + " compile -m synth:tiny -o /dev/null 2>&1",
@@ -466,6 +474,12 @@ TEST(E2ECliUsage, DamagedTokenizerIsAnErrorForTextAndAWarningForIds) {
   EXPECT_TRUE(has(served.err, "error: --chat-template-file: the model's tokenizer cannot be used (" + path + ": " + why))
       << served.err;
   EXPECT_TRUE(has(served.err, "), so it cannot chat")) << served.err;
+  // info lists the file and names the damage (trial 48: it said nothing), exit 0 (--ids runs)
+  Result info = cli("info -m " + path);
+  EXPECT_EQ(info.status, 0) << info.err;
+  EXPECT_TRUE(has(info.out, "tokenizer:    cannot be used: " + path + ": " + why)) << info.out;
+  EXPECT_TRUE(has(info.out, "(text prompts, chat, tokenize and serve's text requests refuse the model; run --ids works)\n")) << info.out;
+  EXPECT_FALSE(has(cli("info -m " MK_SHARED_DIR "/models/stories260K/stories260K.gguf").out, "tokenizer:"));
   Result r = cli("run -m " + path + " --ids 1,403 -n 2 --temp 0");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(has(r.err, "warning: the model's tokenizer cannot be used (" + path + ": " + why)) << r.err;
@@ -685,7 +699,7 @@ TEST(E2ECliUsage, TracePathIsCheckedBeforeGenerating) {
   EXPECT_EQ(head, "{\"displayTimeUni") << path;
   std::filesystem::remove(path);
   r = cli("run -m synth:tiny --ids 1,2 -n 4 --backend reference --trace " + path);
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.status, 2);  // an option conflict: a usage error
   EXPECT_TRUE(has(r.err, "error: --trace: the reference backend has no trace")) << r.err;
   EXPECT_FALSE(std::filesystem::exists(path)) << "the check leaves no file behind";
   // A trace that opens but cannot be written (a full disk) is an error, not "wrote /dev/full".
@@ -840,9 +854,9 @@ TEST(E2ECliUsage, RunJsonSchemaRepliesWithAnObjectOfIt) {
     EXPECT_LE(obj["pets"].size(), 2u) << text;
   }
   EXPECT_GE(stopped, 2);
-  Result bad = cli("run -m " + model + " -p x -n 2 -j '{\"type\":\"object\",\"properties\":{\"a\":{\"minimum\":2}}}'");
+  Result bad = cli("run -m " + model + " -p x -n 2 -j '{\"type\":\"object\",\"properties\":{\"a\":{\"multipleOf\":2}}}'");
   EXPECT_EQ(bad.status, 2);
-  EXPECT_TRUE(has(bad.err, "error: --json-schema: json_schema /properties/a: 'minimum' is not supported")) << bad.err;
+  EXPECT_TRUE(has(bad.err, "error: --json-schema: json_schema /properties/a: 'multipleOf' is not supported")) << bad.err;
   bad = cli("run -m " + model + " -p x -n 2 -j '{oops'");
   EXPECT_EQ(bad.status, 2);
   EXPECT_TRUE(has(bad.err, "error: --json-schema is not valid JSON")) << bad.err;

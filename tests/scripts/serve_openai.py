@@ -333,7 +333,7 @@ def stories_checks():
               f"chat message shape: 400 naming {param}, got {st}: {text[:160]}")
     for extra, param in [({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}}}, "response_format"),
                          ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-                             "type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}}}}, "response_format"),
+                             "type": "object", "properties": {"a": {"type": "string", "multipleOf": 2}}}}}}, "response_format"),
                          ({"response_format": {"type": "json_schema"}}, "response_format"),
                          ({"response_format": {"type": "grammar"}}, "response_format"),
                          ({"response_format": "text"}, "response_format"),
@@ -1007,8 +1007,8 @@ def tool_call_checks(model_args, label, auto_too, tools=WEATHER_TOOLS, max_token
     expect_error(srv, {"messages": msgs, "tools": tools, "tool_choice": "sometimes"}, 400, "tool_choice",
                  path="/v1/chat/completions", what="an unknown tool_choice")
     expect_error(srv, {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"code": {"type": "string", "pattern": "^A"}}}}}], "tool_choice": "required"},
-                 400, "tools", path="/v1/chat/completions", what="a forced call whose parameters use 'pattern'")
+        "type": "object", "properties": {"code": {"type": "string", "multipleOf": 2}}}}}], "tool_choice": "required"},
+                 400, "tools", path="/v1/chat/completions", what="a forced call whose parameters use 'multipleOf'")
     expect_error(srv, {"messages": msgs, "tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}},
                  400, "tool_choice", path="/v1/chat/completions", what="a forced call and a JSON response_format")
     expect_error(srv, {"prompt": "x", "tools": tools}, 400, "tools", what="tools on completions")

@@ -13,6 +13,7 @@
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 #include "support/error.h"
+#include "support/errors.h"
 
 namespace mk {
 namespace {
@@ -146,6 +147,25 @@ TEST(HfDir, LayerCountBelowTheCheckpointsLayersIsRefused) {
     const ModelFile m = load_model(d.str());
     expect_error([&] { build_graph(m, {}); },
                  {layer_name, "belongs to layer 1, but the layer count is 1", std::string("(config.json ") + key + " = 1)"});
+  }
+}
+
+// Config values that float32 cannot hold, or that name the wrong field (new-user trial 48): an
+// rms_norm_eps that overflows (1e39) or underflows (1e-50) float32 gave zero logits silently; an
+// odd head_dim was blamed on partial_rotary_factor, which the config did not set.
+TEST(HfDir, EpsilonOutsideFloat32AndOddHeadDimAreNamed) {
+  const fs::path src = kHfFixtures / "llama_gqa_float32";
+  if (!fs::is_directory(src)) GTEST_SKIP() << "no fixture " << src;
+  for (const auto& [key, value, want] : {std::tuple<const char*, Json, const char*>{"rms_norm_eps", 1e39, "within float32's range, got 1e+39"},
+                                         {"rms_norm_eps", 1e-50, "within float32's range, got 1e-50"},
+                                         {"head_dim", 17, "head_dim 17 (hidden_size / num_attention_heads, or head_dim) must be even"}}) {
+    TempDir d;
+    for (const char* f : {"model.safetensors", "tokenizer.json", "generation_config.json"}) fs::create_symlink(src / f, d.path() / f);
+    Json config = Json::parse(std::ifstream(src / "config.json"));
+    config[key] = value;
+    d.write("config.json", config.dump());
+    const std::string e = test::error_of([&] { build_graph(load_model(d.str()), {}); });
+    EXPECT_NE(e.find(want), std::string::npos) << key << ": " << e;
   }
 }
 

@@ -218,14 +218,14 @@ TEST(JsonToolCalls, ForcedCallsAreConstrainedToTheFunction) {
     EXPECT_NE(std::string(e.what()).find("\"required\" can choose among at most 64 tools, and there are 65"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(forced_call(ToolFormat::hermes, many, "f64"));  // one named among many
-  const ojson pattern = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-    "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}}}])");
+  const ojson multiple = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+    "properties": {"code": {"type": "integer", "multipleOf": 5}}}}}])");
   try {
-    forced_call(ToolFormat::hermes, pattern, "f");
-    ADD_FAILURE() << "pattern accepted";
+    forced_call(ToolFormat::hermes, multiple, "f");
+    ADD_FAILURE() << "multipleOf accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tools[0].function.parameters"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'pattern' is not supported"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'multipleOf' is not supported"), std::string::npos) << e.what();
   }
 }
 

@@ -357,7 +357,7 @@ std::unique_ptr<Backend> make_reference_backend(const Graph& g, const ModelFile&
          o.schedule);
   // The trace is a per-worker timeline of the megakernel's instructions; the oracle has neither.
   if (!o.trace_path.empty())
-    fail("--trace: the reference backend has no trace (a timeline of the megakernel's workers); use --backend cpu or cuda");
+    usage_fail("--trace: the reference backend has no trace (a timeline of the megakernel's workers); use --backend cpu or cuda");
   return std::make_unique<ReferenceBackend>(g, m);
 }
 
