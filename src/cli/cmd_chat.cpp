@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <csignal>
@@ -73,7 +74,14 @@ void add_chat_command(CLI::App& app) {
       source = model_chat_template(s.model);
     }
     // --system "" is an empty system message (SmolLM2's template writes its own default without one).
-    ChatConversation conv(s, source, system->count() > 0 ? std::optional<std::string>(o->system) : std::nullopt);
+    std::optional<ChatConversation> made;
+    try {
+      made.emplace(s, source, system->count() > 0 ? std::optional<std::string>(o->system) : std::nullopt);
+    } catch (const Error& e) {
+      if (o->template_file.empty()) throw;
+      fail("{} (--chat-template-file {})", e.what(), o->template_file);
+    }
+    ChatConversation& conv = *made;
     std::string line;
     int failed = 0, turns = 0;
     // The "> " prompt only for a person at a terminal: with piped input it would start the line of

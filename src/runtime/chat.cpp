@@ -243,32 +243,46 @@ std::string render_model_chat(const ModelFile& model, const Tokenizer& tokenizer
 ChatConversation::ChatConversation(Session& session, std::string template_source, std::optional<std::string> system_prompt)
     : session_(session), template_(std::move(template_source)) {
   if (!session_.tokenizer) fail("chat: the session has no tokenizer");
-  if (!system_prompt) return;
-  messages_.push_back({{"role", "system"}, {"content", std::move(*system_prompt)}});
-  // A system prompt that alone fills the context would drop every turn with advice (/reset, a
-  // shorter message) that cannot help: refused here, measured with an empty user turn.
-  // A template that refuses a system message (Gemma's: "System role not supported") would fail every
-  // turn the same way, /reset included: refused here too.
-  const auto render = [&](const char* user) {
-    nlohmann::ordered_json probe = messages_;
+  // The template and the context are checked once here, with a first turn: a template that cannot
+  // render one, or whose own text (and the system prompt) fills the context, would fail every turn
+  // the same way, /reset included (new-user trial 48: a template with a syntax error dropped every turn).
+  const auto render = [&](const nlohmann::ordered_json& head, const char* user) {
+    nlohmann::ordered_json probe = head;
     probe.push_back({{"role", "user"}, {"content", user}});
     return session_.tokenizer->encode(render_chat_template(template_, probe, chat_options_for(session_.model, *session_.tokenizer)),
                                       /*add_bos=*/false, /*parse_special=*/true);
   };
+  // (a template that only minds an empty message is not refused)
+  const auto first_turn = [&](const nlohmann::ordered_json& head) {
+    try {
+      return render(head, "");
+    } catch (const Error&) {
+      return render(head, "Hello");
+    }
+  };
   std::vector<int32_t> ids;
   try {
-    ids = render("");
-  } catch (const Error&) {
+    ids = first_turn(nlohmann::ordered_json::array());
+  } catch (const Error& e) {
+    fail("chat: the chat template cannot render a first turn: {}", e.what());
+  }
+  if (system_prompt) {
+    if (const size_t at = utf8_invalid_offset(*system_prompt); at < system_prompt->size())
+      fail("chat: the system prompt is not valid UTF-8 (byte 0x{:02x} at offset {})", static_cast<unsigned char>((*system_prompt)[at]), at);
+    messages_.push_back({{"role", "system"}, {"content", std::move(*system_prompt)}});
+    // A template that refuses a system message (Gemma's: "System role not supported").
     try {
-      ids = render("Hello");  // a template that only minds the empty message is not refused
+      ids = first_turn(messages_);
     } catch (const Error& e) {
-      fail("chat: the chat template cannot take this system prompt ({}); run without --system", e.what());
+      fail("chat: the chat template cannot take a system prompt ({}); run without --system", e.what());
     }
   }
+  // A context that the template's text (and the system prompt) fills would drop every turn with
+  // advice (/reset, a shorter message) that cannot help: refused here, measured with an empty turn.
   if (static_cast<int64_t>(ids.size()) >= session_.n_ctx)
-    fail("chat: the system prompt takes {} tokens with the chat template (and an empty first message), but the context "
-         "holds {}; use a shorter system prompt or a larger -c",
-         ids.size(), session_.n_ctx);
+    fail("chat: {} takes {} tokens with the chat template (and an empty first message), but the context holds {}; {}",
+         messages_.empty() ? "the template's own text" : "the system prompt", ids.size(), session_.n_ctx,
+         messages_.empty() ? "use a larger -c" : "use a shorter system prompt or a larger -c");
 }
 
 void ChatConversation::reset() {

@@ -188,7 +188,7 @@ TEST(E2EChatCli, TemplateThatRefusesTheSystemRoleIsNamedAtStart) {
   auto [replies, err] = chat(" --system 'Be brief.'", &status);
   EXPECT_EQ(status, 1) << err;
   EXPECT_TRUE(replies.empty()) << replies;
-  EXPECT_NE(err.find("error: chat: the chat template cannot take this system prompt ("), std::string::npos) << err;
+  EXPECT_NE(err.find("error: chat: the chat template cannot take a system prompt ("), std::string::npos) << err;
   EXPECT_NE(err.find("System role not supported"), std::string::npos) << err;
   EXPECT_NE(err.find("run without --system"), std::string::npos) << err;
   EXPECT_EQ(err.find("turn is dropped"), std::string::npos) << err;
@@ -360,4 +360,41 @@ TEST(E2EChatConversation, InterruptEndsTheReply) {
   EXPECT_EQ(r.generated_ids.size(), 3u);
 }
 
+}  // namespace
+
+// What would fail every turn the same way is named once at start (new-user trial 48): a template
+// that does not parse (it dropped each turn with the same error; with --system it was blamed on the
+// system prompt), a system prompt that is not UTF-8, a context the template's own text fills.
+namespace {
+TEST(E2EChatCli, BrokenTemplateBadSystemTextAndTinyContextAreNamedAtStart) {
+  const std::string tmpl = (std::filesystem::path(::testing::TempDir()) / "mk_broken.jinja").string();
+  std::ofstream(tmpl) << "{% for m in messages %}{{ m['content'] }";
+  const std::string err_path = (std::filesystem::path(::testing::TempDir()) / "mk_chat_broken.txt").string();
+  const auto chat = [&](const std::string& extra, int* status) {
+    const std::string replies = mk::test::run_shell("printf 'Hello\\nAgain\\n' | " + std::string(MK_CLI_PATH) +
+                                                        " chat --temp 0 -n 2 -m " + kDir + extra + " 2>" + err_path, status);
+    std::stringstream err;
+    err << std::ifstream(err_path).rdbuf();
+    return std::pair{replies, err.str()};
+  };
+  int status = 0;
+  for (const std::string& system : {std::string(), std::string(" --system 'Be brief.'")}) {
+    auto [replies, err] = chat(" --chat-template-file " + tmpl + system, &status);
+    EXPECT_EQ(status, 1) << err;
+    EXPECT_TRUE(replies.empty()) << replies;
+    EXPECT_NE(err.find("error: chat: the chat template cannot render a first turn: chat template: "), std::string::npos) << err;
+    EXPECT_NE(err.find("(--chat-template-file " + tmpl + ")"), std::string::npos) << err;
+    EXPECT_EQ(err.find("turn is dropped"), std::string::npos) << err;
+    EXPECT_EQ(err.find("run without --system"), std::string::npos) << err;
+  }
+  auto [replies, err] = chat(" --chat-template-file " + kTemplate + " --system \"$(printf 'a\\377b')\"", &status);
+  EXPECT_EQ(status, 1) << err;
+  EXPECT_NE(err.find("error: chat: the system prompt is not valid UTF-8 (byte 0xff at offset 1)"), std::string::npos) << err;
+  std::tie(replies, err) = chat(" --chat-template-file " + kTemplate + " -c 2", &status);
+  EXPECT_EQ(status, 1) << err;
+  EXPECT_NE(err.find("error: chat: the template's own text takes "), std::string::npos) << err;
+  EXPECT_NE(err.find("but the context holds 2; use a larger -c"), std::string::npos) << err;
+  std::filesystem::remove(tmpl);
+  std::filesystem::remove(err_path);
+}
 }  // namespace
