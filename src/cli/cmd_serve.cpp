@@ -252,7 +252,8 @@ class Server {
   const std::chrono::milliseconds heartbeat_every_ =
       std::max(env_ms("MK_SERVE_HEARTBEAT_EVERY_MS", 200), std::chrono::milliseconds(1));
 
-  ParsedRequest parse(const std::string& body_text, bool chat) {
+  // A request body: a JSON object, its nesting and member counts bounded; a 400 naming the problem.
+  static json parse_body(const std::string& body_text) {
     json body;
     // The top-level field being read, for naming it when its text is not UTF-8: set by its key,
     // cleared once its value (a scalar, or a container closing at depth 1) is complete.
@@ -288,6 +289,65 @@ class Server {
       bad("", fmt::format("the request body is not valid JSON: {}", json_error_text(ex)));
     }
     if (!body.is_object()) bad("", "the request body must be a JSON object");
+    return body;
+  }
+
+  // POST /tokenize {"content", "add_special" (false: no BOS), "parse_special" (true), "with_pieces"
+  // (false)} -> {"tokens": [ids]} or, with pieces, [{"id", "piece"}] (a piece that is not whole
+  // UTF-8 as its bytes' list), as llama.cpp's server.
+  json tokenize(const std::string& body_text) const {
+    const json body = parse_body(body_text);
+    const json* content = field(body, "content");
+    if (!content || !content->is_string()) bad("content", "'content' must be a string");
+    const bool add_special = get_bool(body, "add_special", false), parse_special = get_bool(body, "parse_special", true),
+               with_pieces = get_bool(body, "with_pieces", false);
+    if (!s_.tokenizer) bad("content", no_tokenizer(s_, o_.session.model_path, o_.model_id));
+    const std::vector<int32_t> ids = s_.tokenizer->encode(content->get<std::string>(), add_special, parse_special);
+    json tokens = json::array();
+    for (const int32_t id : ids) {
+      if (!with_pieces) {
+        tokens.push_back(id);
+        continue;
+      }
+      const std::string piece = s_.tokenizer->token_text(id);
+      json bytes = json::array();
+      for (const char c : piece) bytes.push_back(static_cast<uint8_t>(c));
+      tokens.push_back({{"id", id}, {"piece", first_invalid_utf8(piece) == std::string_view::npos ? json(piece) : bytes}});
+    }
+    return {{"tokens", std::move(tokens)}};
+  }
+
+  // POST /detokenize {"tokens": [ids]} -> {"content": text} (control tokens as their text, bytes
+  // that are not whole UTF-8 as U+FFFD).
+  json detokenize(const std::string& body_text) const {
+    const json body = parse_body(body_text);
+    const json* tokens = field(body, "tokens");
+    if (!tokens || !tokens->is_array()) bad("tokens", "'tokens' must be an array of token ids");
+    std::vector<int32_t> ids;
+    for (const json& t : *tokens) {
+      if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) ||
+          t.get<int64_t>() < 0 || t.get<int64_t>() >= s_.hparams.n_vocab)
+        bad("tokens", fmt::format("token {} is not an id of the vocabulary [0, {})", clip_json(t), s_.hparams.n_vocab));
+      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    if (!s_.tokenizer) bad("tokens", no_tokenizer(s_, o_.session.model_path, o_.model_id));
+    // Control tokens as their text (<|im_end|>), as llama.cpp's; ids past the tokenizer's own
+    // (padded embedding rows) as nothing.
+    Utf8Stream stream;
+    std::string text;
+    int32_t prev = -1;
+    for (const int32_t id : ids) {
+      if (id >= s_.tokenizer->n_vocab()) continue;
+      std::string b = s_.tokenizer->token_bytes(prev, id);
+      if (b.empty()) b = s_.tokenizer->token_text(id);
+      text += stream.push(b);
+      prev = id;
+    }
+    return {{"content", text + stream.flush()}};
+  }
+
+  ParsedRequest parse(const std::string& body_text, bool chat) {
+    const json body = parse_body(body_text);
     ParsedRequest r;
     if (const json* m = field(body, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
     r.n = static_cast<int>(get_int(body, "n", 1, 1, kMaxChoicesPerPrompt));
@@ -1237,6 +1297,23 @@ class Server {
     };
     svr.Post("/v1/completions", generate(false));
     svr.Post("/v1/chat/completions", generate(true));
+    // llama.cpp server's /tokenize and /detokenize (clients count a prompt's tokens with them).
+    auto with_body = [guarded](auto fn) {
+      return [guarded, fn](const httplib::Request& q, httplib::Response& r, const httplib::ContentReader& read) {
+        std::string body;
+        const bool whole = !q.is_multipart_form_data() && read([&body](const char* data, size_t n) {
+          body.append(data, n);
+          return true;
+        });
+        if (!whole) {
+          r.set_header("Connection", "close");
+          return send_error(r, {400, "the request body could not be read as JSON", "invalid_request_error", "", ""});
+        }
+        guarded([&](const httplib::Request&, httplib::Response& r2) { r2.set_content(json_text(fn(body)), "application/json"); })(q, r);
+      };
+    };
+    svr.Post("/tokenize", with_body([this](const std::string& body) { return tokenize(body); }));
+    svr.Post("/detokenize", with_body([this](const std::string& body) { return detokenize(body); }));
     svr.Get("/metrics", [this, &svr](const httplib::Request&, httplib::Response& res) {
       std::string text = prometheus_text(e_.stats());
       text +=
@@ -1258,7 +1335,9 @@ class Server {
                                                                 {"/v1/models", "GET"},
                                                                 {"/metrics", "GET"},
                                                                 {"/v1/completions", "POST"},
-                                                                {"/v1/chat/completions", "POST"}};
+                                                                {"/v1/chat/completions", "POST"},
+                                                                {"/tokenize", "POST"},
+                                                                {"/detokenize", "POST"}};
       if (auto it = kAllow.find(req.path); res.status == 404 && it != kAllow.end()) {
         res.status = 405;
         res.set_header("Allow", it->second);

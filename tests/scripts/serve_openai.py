@@ -719,6 +719,25 @@ def chat_checks():
     check(streamed == ref["text"], "streamed chat equals the non-streamed reply")
     expect_error(srv, {"messages": [{"role": "user", "content": q}], "tools": WEATHER_TOOLS}, 400, "tools",
                  path="/v1/chat/completions", what="tools for a chat template that takes none (SmolLM2's)")
+    # llama.cpp's /tokenize and /detokenize: the ids `tokenize` gives, special tokens parsed by default.
+    ref_tok = subprocess.run([BIN, "tokenize", "-m", SMOLLM2, "-p", "Hello world <|im_end|>", "--no-bos", "--parse-special", "--json"],
+                             capture_output=True, text=True, timeout=120)
+    ref_ids = json.loads(ref_tok.stdout)["ids"]
+    st, _, text = srv.raw("POST", "/tokenize", {"content": "Hello world <|im_end|>"})
+    check(st == 200 and json.loads(text) == {"tokens": ref_ids} and ref_ids[-1] == 2, f"/tokenize equals `tokenize` ({st}: {text}, {ref_ids})")
+    st, _, text = srv.raw("POST", "/tokenize", {"content": "<|im_end|>", "parse_special": False})
+    check(st == 200 and len(json.loads(text)["tokens"]) > 1, f"/tokenize parse_special false: the text's pieces ({text})")
+    st, _, text = srv.raw("POST", "/tokenize", {"content": "h\u00e9", "with_pieces": True})
+    pieces = json.loads(text)["tokens"] if st == 200 else []
+    check("".join(p["piece"] for p in pieces) == "h\u00e9" and all(isinstance(p["id"], int) for p in pieces),
+          f"/tokenize with_pieces ({st}: {text})")
+    st, _, text = srv.raw("POST", "/detokenize", {"tokens": ref_ids})
+    check(st == 200 and json.loads(text) == {"content": "Hello world <|im_end|>"}, f"/detokenize gives the text back ({st}: {text})")
+    for path, body, param in [("/tokenize", {"content": 5}, "content"), ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces"),
+                              ("/detokenize", {"tokens": [49152]}, "tokens"), ("/detokenize", {"tokens": "1"}, "tokens")]:
+        expect_error(srv, body, 400, param, path=path, what=f"{path} {body}")
+    st, hdr, _ = srv.raw("GET", "/tokenize")
+    check(st == 405 and hdr.get("Allow") == "POST", f"GET /tokenize: 405, Allow: POST ({st})")
     # n=2: two choices, each the greedy reply; streamed, each index opens with the assistant role.
     r = srv.client.chat.completions.create(model="x", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, n=2)
     roles, texts = {}, {}
