@@ -126,7 +126,8 @@ class JsonSchemaCompiler {
     std::vector<const JsonSchemaNode*> owner;
     for (size_t i = 0; i < objs.size(); ++i) {
       const JsonSchemaNode* b = objs[i];
-      if (b->types != JsonSchemaNode::kObject || !b->branches.empty() || !b->tagged.empty() || b->any_members || b->props.empty())
+      if (b->types != JsonSchemaNode::kObject || !b->branches.empty() || !b->tagged.empty() || !b->keyed.empty() || b->any_members ||
+          b->props.empty())
         return fmt::format("branch {} is not an object with properties", index[i]);
       const JsonSchemaNode::Prop& tag = b->props[0];
       if (!tag.node->string_enum || tag.node->types != JsonSchemaNode::kString)
@@ -152,6 +153,45 @@ class JsonSchemaCompiler {
     n.allow_true = n.allow_false = false;
     n.props = {JsonSchemaNode::Prop{*key, &t, true}};
     n.tagged = std::move(owner);
+    n.branches.clear();
+    return "";
+  }
+
+  // Makes `n` a union of the object branches `objs` told apart by their first key
+  // (JsonSchemaNode::keyed): each branch's possible first keys (its properties up to and with the
+  // first required one) belong to no other branch. Returns why not ("" when it is one).
+  std::string key_union(JsonSchemaNode& n, const std::vector<const JsonSchemaNode*>& objs, const std::vector<size_t>& index) {
+    std::vector<JsonSchemaNode::Prop> keys;
+    std::vector<const JsonSchemaNode*> owner;
+    std::vector<int32_t> prop;
+    std::vector<size_t> from;
+    bool empty_ok = false;
+    for (size_t i = 0; i < objs.size(); ++i) {
+      const JsonSchemaNode* b = objs[i];
+      if (filling_.count(b)) return fmt::format("branch {} refers back to the union (recursion)", index[i]);
+      if (b->types != JsonSchemaNode::kObject || !b->branches.empty() || !b->tagged.empty() || !b->keyed.empty() || b->any_members)
+        return fmt::format("branch {} is not an object with properties", index[i]);
+      bool required = false;
+      for (size_t k = 0; k < b->props.size() && !required; ++k) {
+        required = b->props[k].required;
+        for (size_t j = 0; j < keys.size(); ++j)
+          if (keys[j].key == b->props[k].key)
+            return fmt::format("branches {} and {} can both begin with \"{}\"", index[from[j]], index[i], b->props[k].key);
+        keys.push_back({b->props[k].key, b->props[k].node, false});
+        owner.push_back(b);
+        prop.push_back(static_cast<int32_t>(k));
+        from.push_back(i);
+      }
+      empty_ok |= !required;
+    }
+    if (keys.size() > JsonSchema::kMaxChoices) return fmt::format("{} first keys, more than {}", keys.size(), JsonSchema::kMaxChoices);
+    n.types = JsonSchemaNode::kObject;
+    n.any_members = false;
+    n.allow_true = n.allow_false = false;
+    n.props = std::move(keys);
+    n.keyed = std::move(owner);
+    n.keyed_prop = std::move(prop);
+    n.keyed_empty = empty_ok;
     n.branches.clear();
     return "";
   }
@@ -235,6 +275,12 @@ class JsonSchemaCompiler {
   }
 
   void fill(JsonSchemaNode& n, const J& s, const std::string& ptr) {
+    filling_.insert(&n);
+    fill_node(n, s, ptr);
+    filling_.erase(&n);
+  }
+
+  void fill_node(JsonSchemaNode& n, const J& s, const std::string& ptr) {
     if (s.is_boolean()) {
       if (!s.get<bool>()) bad(ptr, "the schema false allows no value");
       return;  // true: any value
@@ -294,10 +340,14 @@ class JsonSchemaCompiler {
         const bool only_objects = n.branches.empty();
         JsonSchemaNode& u = only_objects ? n : out_.nodes_.emplace_back();
         const std::string why = tag_union(u, objs, obj_index);
-        if (!why.empty())
-          bad(ptr, fmt::format("'{}' object branches must be a tagged union: their first property the same key, each "
-                               "holding different const / enum strings ({})",
-                               key, why));
+        if (!why.empty()) {
+          const std::string why_keys = key_union(u, objs, obj_index);
+          if (!why_keys.empty())
+            bad(ptr, fmt::format("'{}' object branches must be a tagged union (their first property the same key, each "
+                                 "holding different const / enum strings: {}) or begin with different keys (their "
+                                 "properties up to the first required one: {})",
+                                 key, why, why_keys));
+        }
         if (!only_objects) n.branches.push_back(&u);
       }
       return;
@@ -485,9 +535,10 @@ class JsonSchemaCompiler {
       for (const JsonSchemaNode& n : out_.nodes_) {
         if (finite[&n]) continue;
         bool f = false;
-        if (!n.branches.empty() || !n.tagged.empty()) {
+        if (!n.branches.empty() || !n.tagged.empty() || !n.keyed.empty()) {
           for (const JsonSchemaNode* b : n.branches) f |= finite[b];
           for (const JsonSchemaNode* b : n.tagged) f |= finite[b];
+          for (const JsonSchemaNode* b : n.keyed) f |= finite[b];
         } else {
           f = (n.types & (JsonSchemaNode::kString | JsonSchemaNode::kNumber | JsonSchemaNode::kInteger | JsonSchemaNode::kBoolean |
                           JsonSchemaNode::kNull)) != 0;
@@ -518,9 +569,10 @@ class JsonSchemaCompiler {
       changed = false;
       for (JsonSchemaNode& n : out_.nodes_) {
         int32_t m = kInf;
-        if (!n.branches.empty() || !n.tagged.empty()) {
+        if (!n.branches.empty() || !n.tagged.empty() || !n.keyed.empty()) {
           for (const JsonSchemaNode* b : n.branches) m = std::min(m, md(b));
           for (const JsonSchemaNode* b : n.tagged) m = std::min(m, md(b));
+          for (const JsonSchemaNode* b : n.keyed) m = std::min(m, md(b));
         } else {
           if (n.types & (JsonSchemaNode::kString | JsonSchemaNode::kNumber | JsonSchemaNode::kInteger | JsonSchemaNode::kBoolean |
                          JsonSchemaNode::kNull))
@@ -553,6 +605,7 @@ class JsonSchemaCompiler {
   int depth_ = 0;
   std::map<std::string, const JsonSchemaNode*> memo_;
   std::set<std::string> resolving_;
+  std::set<const JsonSchemaNode*> filling_;  // nodes whose members are being compiled
 };
 
 std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
@@ -673,6 +726,7 @@ bool JsonPrefix::may_close_object() const {
   const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   const JsonSchemaNode& o = *f.node;
   if (o.any_members) return true;
+  if (!o.keyed.empty()) return o.keyed_empty;  // no key yet: {} if a branch takes it
   for (size_t i = static_cast<size_t>(f.next); i < o.props.size(); ++i)
     if (o.props[i].required) return false;
   return true;
@@ -681,7 +735,7 @@ bool JsonPrefix::may_close_object() const {
 bool JsonPrefix::fits(const JsonSchemaNode* v) const { return depth_ + (v ? v->min_depth : 0) <= kMaxDepth; }
 
 int32_t JsonPrefix::object_depth(const JsonSchemaNode& n) {
-  if (!n.tagged.empty()) return n.min_depth;  // the shallowest branch the tag can pick
+  if (!n.tagged.empty() || !n.keyed.empty()) return n.min_depth;  // the shallowest branch the tag / key can pick
   int32_t d = 1;
   for (const auto& p : n.props)
     if (p.required) d = std::max(d, 1 + p.node->min_depth);
@@ -779,8 +833,11 @@ bool JsonPrefix::open_key() {
   choice_base_ = f.next;
   for (size_t i = static_cast<size_t>(f.next); i < o.props.size(); ++i) {
     // an optional property whose value could not end within kMaxDepth is not begun (a required one
-    // fits: the object was opened only if its required values do)
-    if (o.props[i].required || fits(o.props[i].node)) choices_ |= uint64_t{1} << (i - static_cast<size_t>(f.next));
+    // fits: the object was opened only if its required values do); a keyed union's key only when
+    // its branch fits, and then as that branch's property
+    const bool branch_fits = o.keyed.empty() || depth_ - 1 + o.keyed[i]->min_depth <= kMaxDepth;
+    const bool required = o.keyed.empty() ? o.props[i].required : o.keyed[i]->props[static_cast<size_t>(o.keyed_prop[i])].required;
+    if (branch_fits && (required || fits(o.props[i].node))) choices_ |= uint64_t{1} << (i - static_cast<size_t>(f.next));
     if (o.props[i].required) break;
   }
   if (choices_ == 0) return false;
@@ -943,7 +1000,13 @@ bool JsonPrefix::step(uint8_t c) {
           if (((choices_ >> b) & 1) && cand(b).size() == off_) {
             if (key_) {
               prop_ = choice_base_ + b;
-              frames_[static_cast<size_t>(depth_ - 1)].next = prop_ + 1;
+              Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+              if (!f.node->keyed.empty()) {  // a keyed union: the object goes on as the branch this key begins
+                const size_t i = static_cast<size_t>(prop_);
+                prop_ = f.node->keyed_prop[i];
+                f.node = f.node->keyed[i];
+              }
+              f.next = prop_ + 1;
               s_ = S::colon;
             } else {
               // A tagged union's tag: the object goes on as the branch the string names.

@@ -13,7 +13,9 @@
 // is too), `enum` / `const` of strings, numbers (written as nlohmann writes them), booleans and null,
 // `anyOf` / `oneOf` whose branches start differently (e.g. pydantic's
 // Optional: [X, {"type": "null"}]) or are objects tagged by their first property (a required const /
-// enum string, distinct between branches: a discriminated union; the tag picks the branch), `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion
+// enum string, distinct between branches: a discriminated union; the tag picks the branch) or begin
+// with different keys (an untagged union of models with different fields; the first key picks the
+// branch), `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion
 // allowed; a schema whose values could only be infinite is refused), `false` subschemas (a
 // property that must be absent, `items: false` for an empty array), and annotations (title,
 // description, default, examples; $schema, $id, $comment), `pattern` (runtime/string_pattern.h;
@@ -100,6 +102,13 @@ struct JsonSchemaNode {
   // once the tag's string is written, the object goes on as tagged[i], i its index in the tag's
   // enum_strings.
   std::vector<const JsonSchemaNode*> tagged;
+  // A union of objects told apart by their first key (anyOf / oneOf of objects, untagged, whose
+  // possible first keys -- their properties up to and with the first required one -- differ between
+  // branches): this node is an object whose props are those keys (none required); once key i is
+  // written, the object goes on as keyed[i], from its property keyed_prop[i].
+  std::vector<const JsonSchemaNode*> keyed;
+  std::vector<int32_t> keyed_prop;
+  bool keyed_empty = false;  // some branch takes {} (none of its properties required)
 };
 
 class JsonSchema {

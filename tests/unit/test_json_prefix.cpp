@@ -285,8 +285,10 @@ TEST(JsonSchema, TaggedUnionsFollowTheBranchTheirTagNames) {
   const std::pair<std::string, std::string> bad[] = {
       {R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"enum":["a","b"]}},"required":["k"]},{"type":"object","properties":{"k":{"const":"b"}},"required":["k"]}]}}})",
        "the tag \"b\" names two branches"},
-      {R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"const":"a"}},"required":["k"]},{"type":"object","properties":{"t":{"const":"b"}},"required":["t"]}]}}})",
+      {R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"const":"a"}},"required":["k"]},{"type":"object","properties":{"t":{"const":"b"},"k":{"const":"c"}},"required":["k"]}]}}})",
        "first property is \"t\", another's \"k\""},
+      {R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"const":"a"}},"required":["k"]},{"type":"object","properties":{"t":{"const":"b"},"k":{"const":"c"}},"required":["k"]}]}}})",
+       "branches 0 and 1 can both begin with \"k\""},
       {R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"type":"string"}},"required":["k"]},{"type":"object","properties":{"k":{"const":"b"}},"required":["k"]}]}}})",
        "branch 0's first property \"k\" is not a const / enum string"},
       {R"({"type":"object","properties":{"p":{"anyOf":[{"type":"object","properties":{"k":{"const":"a"}}},{"type":["object","null"]}]}}})",
@@ -317,6 +319,10 @@ TEST(JsonSchema, DeepRecursionNeverReachesADeadEnd) {
       R"({"type":"object","properties":{"k":{"type":"array","items":{"type":"array","items":{"$ref":"#"}},"minItems":1}},"required":[]})",
       R"({"type":"object","properties":{"node":{"oneOf":[{"type":"object","properties":{"t":{"const":"leaf"},"x":{"type":"boolean"}},"required":["t","x"]},
           {"type":"object","properties":{"t":{"const":"pair"},"l":{"$ref":"#/properties/node"},"r":{"$ref":"#/properties/node"}},"required":["t","l","r"]}]}},"required":["node"]})",
+      // an untagged union told apart by its first key, recursive below it
+      R"({"type":"object","properties":{"t":{"$ref":"#/$defs/T"}},"required":["t"],"$defs":{"T":{"anyOf":[
+          {"type":"object","properties":{"leaf":{"type":"integer"}},"required":["leaf"]},
+          {"type":"object","properties":{"n":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/T"},"minItems":1}},"required":["kids"]}]}}})",
   };
   // Opening bytes first (a model that always goes deeper), then the rest.
   const std::string deeper = "{[\"", rest = "}],:0123456789.-nulltruefalse ";
@@ -508,6 +514,44 @@ TEST(JsonSchema, RecursiveOptionalsQuotesSurrogatesAndFalseSchemas) {
   EXPECT_TRUE(whole);
   EXPECT_EQ(accepted_by(*falses, R"({"gone":1})"), 2u);  // no key "g..."
   EXPECT_EQ(accepted_by(*falses, R"({"none":[1])"), 9u);
+}
+
+// Untagged unions of objects with different first keys (pydantic's Union[Answer, Question] of
+// models with different fields): the first key written picks the branch, the rest of the object
+// follows it; {} only when a branch takes it; recursion through such a union is refused.
+TEST(JsonSchema, UnionsOfObjectsToldApartByTheirFirstKey) {
+  const auto schema = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"r":{"anyOf":[
+      {"$ref":"#/$defs/Answer"},{"$ref":"#/$defs/Question"},{"type":"null"}]},
+      "e":{"oneOf":[{"type":"object","properties":{"x":{"type":"integer"}}},{"type":"object","properties":{"y":{"type":"string"}},"required":["y"]}]}},
+      "required":["r"],
+      "$defs":{"Answer":{"type":"object","properties":{"text":{"type":"string"},"score":{"type":"number"}},"required":["text","score"]},
+               "Question":{"type":"object","properties":{"lang":{"enum":["en","fr"]},"ask":{"type":"string"},"urgent":{"type":"boolean"}},"required":["ask"]}}})"));
+  for (const std::string& doc : {std::string(R"({"r":{"text":"hi","score":0.5}})"), std::string(R"({"r":{"ask":"why?"}})"),
+                                std::string(R"({"r":{"lang":"fr","ask":"pourquoi ?","urgent":true}})"), std::string(R"({"r":null,"e":{}})"),
+                                std::string(R"({"r":null,"e":{"x":1}})"), std::string(R"({"r":null,"e":{"y":"s"}})")}) {
+    bool whole = false;
+    EXPECT_EQ(accepted_by(*schema, doc, &whole), doc.size()) << doc;
+    EXPECT_TRUE(whole) << doc;
+  }
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"r":{})", R"({"r":{)"},                                  // both branches require a key
+      {R"({"r":{"score":1)", R"({"r":{")"},                           // Answer's first key is "text"
+      {R"({"r":{"text":"a","ask")", R"({"r":{"text":"a",")"},          // an Answer goes on as one
+      {R"({"r":{"text":"a"})", R"({"r":{"text":"a")"},                // its score is required
+      {R"({"r":{"lang":"en","text")", R"({"r":{"lang":"en",")"},      // a Question's
+      {R"({"r":{"lang":"en"})", R"({"r":{"lang":"en")"},              // its ask is required
+      {R"({"r":null,"e":{"x":1,"y")", R"({"r":null,"e":{"x":1)"},
+  };
+  for (const auto& [text, ok_prefix] : refused) EXPECT_EQ(accepted_by(*schema, text), ok_prefix.size()) << text;
+  // recursion below the union's branches is fine
+  EXPECT_NO_THROW(JsonSchema::compile(J::parse(R"({"type":"object","properties":{"t":{"$ref":"#/$defs/T"}},"$defs":{"T":{"anyOf":[
+        {"type":"object","properties":{"leaf":{"type":"integer"}},"required":["leaf"]},
+        {"type":"object","properties":{"kids":{"type":"array","items":{"$ref":"#/$defs/T"}}},"required":["kids"]}]}}})")));
+  const std::string rec = test::error_of([&] {
+    JsonSchema::compile(J::parse(R"({"type":"object","properties":{"t":{"$ref":"#/$defs/T"}},"$defs":{"T":{"type":"object","properties":{
+        "u":{"anyOf":[{"$ref":"#/$defs/T"},{"type":"object","properties":{"z":{"type":"integer"}},"required":["z"]}]}}}}})"));
+  });
+  EXPECT_NE(rec.find("branch 0 refers back to the union (recursion)"), std::string::npos) << rec;
 }
 
 // Numeric bounds (pydantic's Field(ge=, le=, gt=, lt=)): a number is begun, and goes on, only while
