@@ -377,6 +377,16 @@ TEST(JsonSchema, DeepRecursionNeverReachesADeadEnd) {
   levels += R"({"value":1)";  // an object at depth kMaxDepth
   EXPECT_EQ(accepted_by(*tree, levels + ","), levels.size());
   EXPECT_EQ(accepted_by(*tree, levels + "}"), levels.size() + 1);
+  // A keyed union's branch whose required values cannot fit is not begun by its key: at depth 64
+  // only the leaf's key ("kids" and "n" begin the branch that opens an array).
+  const auto keyed = JsonSchema::compile(J::parse(schemas[std::size(schemas) - 1]));
+  std::string at_limit = R"({"t":)";
+  for (int i = 0; i < (JsonPrefix::kMaxDepth - 2) / 2; ++i) at_limit += R"({"kids":[)";
+  at_limit += "{";  // depth 64
+  EXPECT_EQ(accepted_by(*keyed, at_limit + "\"kids"), at_limit.size() + 1);
+  EXPECT_EQ(accepted_by(*keyed, at_limit + "\"n"), at_limit.size() + 1);
+  const std::string leaf = at_limit + "\"leaf\":1}";
+  EXPECT_EQ(accepted_by(*keyed, leaf), leaf.size());
   // Exponents of two digits at most.
   const auto num = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"x":{"type":"number"}},"required":["x"]})"));
   EXPECT_EQ(accepted_by(*num, R"({"x":1e99})"), std::string(R"({"x":1e99})").size());
