@@ -250,9 +250,13 @@ class JsonSchemaCompiler {
       const bool excl = exclusive || (s.contains(min ? "exclusiveMinimum" : "exclusiveMaximum") &&
                                       s[min ? "exclusiveMinimum" : "exclusiveMaximum"].is_boolean() &&
                                       s[min ? "exclusiveMinimum" : "exclusiveMaximum"].get<bool>());
-      // the least / greatest writable value in range
-      if (min) lo = std::max(lo, excl ? units(v, false) + 1 : units(v, true));
-      else hi = std::min(hi, excl ? units(v, true) - 1 : units(v, false));
+      // The least / greatest decimal whose double a client reads is in range: at least / most the
+      // bound's shortest text (a decimal past it reads as a double past it, rounding being monotone);
+      // for an exclusive bound, the shortest text of the next double beyond it (a decimal just past
+      // the bound itself may read back as the bound).
+      const J b = excl ? J(std::nextafter(v.get<double>(), min ? HUGE_VAL : -HUGE_VAL)) : v;
+      if (min) lo = std::max(lo, units(b, true));
+      else hi = std::min(hi, units(b, false));
       any = true;
     }
     if (!any) return;
@@ -268,7 +272,9 @@ class JsonSchemaCompiler {
     const JsonUnits top = (n.types & JsonSchemaNode::kNumber) ? 10000000000000000 * one - 1 : 9999999999999999 * one;
     lo = std::max(lo, -top);
     hi = std::min(hi, top);
-    if (lo > hi) bad(ptr, fmt::format("'minimum' / 'maximum' allow no number (of at most {} digits)", JsonPrefix::kMaxDigits));
+    if (lo > hi)
+      bad(ptr, fmt::format("'minimum' / 'maximum' allow no number of at most {} digits before the point and {} after it",
+                           JsonPrefix::kMaxDigits, JsonPrefix::kBoundedFraction));
     n.bounded = true;
     n.lo = lo;
     n.hi = hi;
@@ -281,6 +287,7 @@ class JsonSchemaCompiler {
   }
 
   void fill_node(JsonSchemaNode& n, const J& s, const std::string& ptr) {
+    std::vector<std::string> enum_raw;  // a string enum's values, decoded
     if (s.is_boolean()) {
       if (!s.get<bool>()) bad(ptr, "the schema false allows no value");
       return;  // true: any value
@@ -393,6 +400,7 @@ class JsonSchemaCompiler {
         if (v.is_string()) {
           allowed |= JsonSchemaNode::kString;
           n.enum_strings.push_back(quoted_body(v.get<std::string>()));
+          enum_raw.push_back(v.get<std::string>());
           if (n.enum_strings.back().size() > 1024) bad(ptr, "an enum string longer than 1024 bytes is not supported");
         } else if (v.is_number()) {
           // a value of the node's type and bounds (1.0 is an integer, as JSON Schema counts)
@@ -503,16 +511,31 @@ class JsonSchemaCompiler {
     // pattern, or a format enforced as one (strings only; an enum's strings are given)
     const bool fmt_pattern = s.contains("format") && s["format"].is_string() && !StringPattern::format_pattern(s["format"].get<std::string>()).empty();
     if (s.contains("pattern") && !s["pattern"].is_string()) bad(ptr, "'pattern' must be a string");
-    if ((s.contains("pattern") || fmt_pattern) && (n.types & JsonSchemaNode::kString) && !n.string_enum) {
+    if (s.contains("pattern") && fmt_pattern)  // (both would have to hold: one automaton each)
+      bad(ptr, fmt::format("'pattern' beside the 'format' {} (enforced as a pattern of its own) is not supported", s["format"].dump()));
+    if ((s.contains("pattern") || fmt_pattern) && (n.types & JsonSchemaNode::kString)) {
       const bool own = s.contains("pattern");
       const std::string text = own ? s["pattern"].get<std::string>() : std::string(StringPattern::format_pattern(s["format"].get<std::string>()));
-      const std::string what = own ? fmt::format("json_schema {}: 'pattern' {}", ptr.empty() ? "(the root)" : ptr, J(text).dump(-1, ' ', false, J::error_handler_t::replace))
+      std::string shown = J(text.substr(0, 200)).dump(-1, ' ', false, J::error_handler_t::replace);
+      if (text.size() > 200) shown += fmt::format(" (the first 200 of {} bytes)", text.size());
+      const std::string what = own ? fmt::format("json_schema {}: 'pattern' {}", ptr.empty() ? "(the root)" : ptr, shown)
                                    : fmt::format("json_schema {}: 'format' {}", ptr, s["format"].dump());
       const StringPattern& p = out_.patterns_.emplace_back(StringPattern::compile(text, what));
       const int32_t most = p.max_rest(p.start());
-      if (p.min_rest(p.start()) > n.max_length || (most != StringPattern::kUnbounded && most < n.min_length))
+      if (!n.string_enum && (p.min_rest(p.start()) > n.max_length || (most != StringPattern::kUnbounded && most < n.min_length)))
         bad(ptr, fmt::format("'{}' and 'minLength' / 'maxLength' allow no string together", own ? "pattern" : "format"));
       n.pattern = &p;
+    }
+    // An enum's strings are given: those that break the string's other keywords are dropped.
+    if (n.string_enum && (n.pattern || n.min_length > 0 || n.max_length < INT64_MAX)) {
+      std::vector<std::string> kept;
+      for (size_t i = 0; i < n.enum_strings.size(); ++i) {
+        const int64_t chars = std::count_if(enum_raw[i].begin(), enum_raw[i].end(), [](char c) { return (static_cast<uint8_t>(c) & 0xC0) != 0x80; });
+        if (chars >= n.min_length && chars <= n.max_length && (!n.pattern || n.pattern->matches(enum_raw[i]))) kept.push_back(n.enum_strings[i]);
+      }
+      n.enum_strings = std::move(kept);
+      if (n.enum_strings.empty()) n.types &= ~JsonSchemaNode::kString;
+      n.pattern = nullptr;
     }
     if (s.contains("minItems")) n.min_items = count("minItems");
     if (s.contains("maxItems")) n.max_items = std::min(n.max_items, count("maxItems"));

@@ -44,7 +44,8 @@ Ranges intersect(const Ranges& a, const Ranges& b) {
 
 // The characters a string with a pattern can hold: control characters only through the short
 // escapes \b \t \n \f \r (\u escapes are not taken there).
-const Ranges kWritable = {{0x08, 0x0A}, {0x0C, 0x0D}, {0x20, 0x10FFFF}};
+// Surrogates (U+D800..DFFF) are no characters: UTF-8 cannot write them.
+const Ranges kWritable = {{0x08, 0x0A}, {0x0C, 0x0D}, {0x20, 0xD7FF}, {0xE000, 0x10FFFF}};
 
 // ECMA-262's \d, \w, \s (WhiteSpace and LineTerminator code points).
 const Ranges kDigit = {{'0', '9'}};
@@ -155,6 +156,7 @@ class PatternCompiler {
   void parse_cat(Ast& cat, bool top) {
     while (!end() && !at('|') && !at(')')) {
       if (at('$') && top && (i_ + 1 == cps_.size() || cps_[i_ + 1] == '|')) return;  // the alternative's end anchor
+      if (at('$') && !top && i_ + 1 == cps_.size()) bad(offsets_[i_], "has a '(' without its ')'");
       if (at('^') || at('$')) bad(offsets_[i_], fmt::format("has '{}' inside it: anchors are supported only at the ends of the pattern or of its top-level alternatives", static_cast<char>(cps_[i_])));
       cat.kids.push_back(parse_repeat());
     }
@@ -171,6 +173,8 @@ class PatternCompiler {
       else if (at('?')) lo = 0, hi = 1, ++i_;
       else if (!counted(lo, hi)) return a;
       if (at('?')) ++i_;  // lazy: the same strings
+      if (at('*') || at('+') || at('?') || (at('{') && counted_ahead()))
+        bad(offsets_[i_], "has a quantifier after a quantifier (ECMA's \"nothing to repeat\"; group the first: (a*)*)");
       if (hi >= 0 && lo > hi) bad(offsets_[q], "has a repetition {n,m} with n above m");
       if (lo > 1000 || hi > 1000) bad(offsets_[q], "repeats more than 1000 times");
       auto r = make(Ast::kRepeat);
@@ -181,9 +185,20 @@ class PatternCompiler {
     }
   }
 
-  // {n}, {n,}, {n,m}; false (and nothing read) when the '{' is a literal, as ECMA's Annex B reads it
+  bool counted_ahead() {
+    const size_t keep = i_;
+    int32_t lo = 0, hi = 0;
+    const bool q = counted(lo, hi);
+    i_ = keep;
+    return q;
+  }
+
+  // {n}, {n,}, {n,m}; false (and nothing read) when the '{' is a literal, as ECMA's Annex B reads it.
+  // {,m} is refused: a literal to ECMA, a repetition to Python's re (jsonschema's).
   bool counted(int32_t& lo, int32_t& hi) {
     if (!at('{')) return false;
+    if (i_ + 2 < cps_.size() && cps_[i_ + 1] == ',' && cps_[i_ + 2] >= '0' && cps_[i_ + 2] <= '9')
+      bad(offsets_[i_], "has {,m}, which ECMA reads as text and other engines as a repetition: write {0,m} or \\{");
     size_t k = i_ + 1;
     auto number = [&](int32_t& v) {
       const size_t s = k;
@@ -216,8 +231,10 @@ class PatternCompiler {
           while (!end() && !at('>')) ++i_;  // a named group: its name
           if (end()) bad(here, "has a group name without its '>'");
           ++i_;
-        } else {
+        } else if (at('=') || at('!') || at('<')) {
           bad(here, "has a lookahead / lookbehind group (not supported)");
+        } else {
+          bad(here, "has an inline flag or modifier group (?...) (not supported)");
         }
       }
       auto alt = parse_alt();
@@ -319,8 +336,10 @@ class PatternCompiler {
           single = true;
           return {{c, c}};
         }
+        const uint32_t letter = end() ? 0 : cps_[i_];  // \d \w \s and their negations are classes
         Ranges e = parse_escape(true, item);
-        single = e.size() == 1 && e[0].first == e[0].second && !(cps_[i_ - 1] == 'd' || cps_[i_ - 1] == 'w' || cps_[i_ - 1] == 's');
+        single = e.size() == 1 && e[0].first == e[0].second && letter != 'd' && letter != 'w' && letter != 's' && letter != 'D' &&
+                 letter != 'W' && letter != 'S';
         return e;
       };
       bool single_lo = false;
@@ -342,6 +361,8 @@ class PatternCompiler {
 
   // Glushkov's construction: each class occurrence a position; first / last sets and follow edges.
   Info build(const Ast& a) {
+    // counted repetitions of empty groups make no positions but may nest: ((){1000}){1000} ...
+    if (++steps_ > 100000) fail("{} repeats too much (counted repetitions unrolled to more than 100000 steps)", what_);
     Info r;
     switch (a.kind) {
       case Ast::kClass: {
@@ -445,6 +466,7 @@ class PatternCompiler {
   std::vector<size_t> offsets_;  // byte offset of each code point (and the end)
   size_t i_ = 0;
   int depth_ = 0;
+  int64_t steps_ = 0;
   StringPattern out_;
 };
 
@@ -454,14 +476,25 @@ StringPattern StringPattern::compile(std::string_view pattern, const std::string
 }
 
 std::string_view StringPattern::format_pattern(std::string_view format) {
-  // RFC 3339 full-date / full-time / date-time (JSON Schema 2020-12 section 7.3.1), RFC 4122 UUID, a
-  // plain address, dotted-quad IPv4.
-  if (format == "date") return R"(^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$)";
-  if (format == "time") return R"(^([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$)";
-  if (format == "date-time")
-    return R"(^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$)";
+  // RFC 3339 full-date / full-time / date-time (JSON Schema 2020-12 section 7.3.1) as Python's
+  // datetime (pydantic) also reads them: years 0001-9999, a day within its month (Feb 29 in leap
+  // years), no leap second, an offset; an RFC 4122 UUID; a plain address; dotted-quad IPv4.
+#define MK_YEAR R"((?:[1-9]\d{3}|0[1-9]\d{2}|00[1-9]\d|000[1-9]))"
+#define MK_MONTH_DAY R"((?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2[0-8])))"
+#define MK_LEAP_YEAR R"((?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00))"
+#define MK_DATE "(?:" MK_YEAR "-" MK_MONTH_DAY "|" MK_LEAP_YEAR "-02-29)"
+#define MK_TIME R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:[Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d))"
+  if (format == "date") return "^" MK_DATE "$";
+  if (format == "time") return "^" MK_TIME "$";
+  if (format == "date-time") return "^" MK_DATE "[Tt]" MK_TIME "$";
+#undef MK_YEAR
+#undef MK_MONTH_DAY
+#undef MK_LEAP_YEAR
+#undef MK_DATE
+#undef MK_TIME
   if (format == "uuid") return R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)";
-  if (format == "email") return R"(^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){1,4}$)";
+  if (format == "email")
+    return R"(^[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,}$)";
   if (format == "ipv4") return R"(^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$)";
   return {};
 }
@@ -479,6 +512,19 @@ StringPattern::Set StringPattern::step(const Set& s, uint32_t lo, uint32_t hi) c
         for (size_t j = 0; j < 4; ++j) out[j] |= pos_[q].follow[j];
     }
   return out;
+}
+
+bool StringPattern::matches(std::string_view text) const {
+  Set s = start_;
+  for (size_t i = 0; i < text.size() && !empty(s);) {
+    const auto c = static_cast<uint8_t>(text[i]);
+    const int n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    uint32_t cp = n == 1 ? c : c & (0x3F >> (n - 1));
+    for (int k = 1; k < n && i + static_cast<size_t>(k) < text.size(); ++k) cp = cp << 6 | (static_cast<uint8_t>(text[i + static_cast<size_t>(k)]) & 0x3F);
+    s = step(s, cp, cp);
+    i += static_cast<size_t>(n);
+  }
+  return accepts(s);
 }
 
 int32_t StringPattern::min_rest(const Set& s) const {

@@ -42,6 +42,8 @@ class StringPattern {
   Set step(const Set& s, uint32_t lo, uint32_t hi) const;
   bool accepts(const Set& s) const { return (s[kMaxStates / 64] >> (kMaxStates % 64)) & 1; }
   static bool empty(const Set& s) { return (s[0] | s[1] | s[2] | s[3]) == 0; }
+  // Whether a whole string (UTF-8) matches.
+  bool matches(std::string_view text) const;
   // Fewest / most characters from s to a match end (kUnbounded: no most).
   int32_t min_rest(const Set& s) const;
   int32_t max_rest(const Set& s) const;

@@ -578,13 +578,16 @@ TEST(JsonSchema, NumberBoundsNumericEnumsAndTuples) {
       "m":{"enum":[1,"a",null]},
       "pt":{"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],"minItems":2,"maxItems":2},
       "d7":{"type":"array","items":[{"type":"integer"}],"additionalItems":{"type":"string"}},
-      "old":{"type":"number","minimum":10,"exclusiveMinimum":true}}})"));
+      "old":{"type":"number","minimum":10,"exclusiveMinimum":true},
+      "u":{"type":"number","minimum":0.5,"exclusiveMaximum":1},
+      "g":{"type":"number","exclusiveMinimum":1e15,"maximum":1000000000000002}}})"));
   for (const std::string& doc : {std::string(R"({"age":1})"), std::string(R"({"age":120})"), std::string(R"({"age":99,"p":0.3})"),
                                 std::string(R"({"p":0.000001})"), std::string(R"({"p":0.29999999999999999})"), std::string(R"({"p":0.30000})"),
                                 std::string(R"({"t":-2})"), std::string(R"({"t":-5})"), std::string(R"({"e":10})"), std::string(R"({"e":2.5})"),
                                 std::string(R"({"e":1,"i":1})"), std::string(R"({"i":3,"m":"a"})"), std::string(R"({"m":1})"),
                                 std::string(R"({"m":null})"), std::string(R"({"pt":[1,"a"]})"), std::string(R"({"d7":[1,"a","b"]})"),
-                                std::string(R"({"d7":[]})"), std::string(R"({"old":10.5})")}) {
+                                std::string(R"({"d7":[]})"), std::string(R"({"old":10.5})"), std::string(R"({"u":0.9999999999999999})"),
+                                std::string(R"({"g":1000000000000000.1})")}) {
     bool whole = false;
     EXPECT_EQ(accepted_by(*schema, doc, &whole), doc.size()) << doc;
     EXPECT_TRUE(whole) << doc;
@@ -618,6 +621,10 @@ TEST(JsonSchema, NumberBoundsNumericEnumsAndTuples) {
       {R"({"pt":[1,"a",)", R"({"pt":[1,"a")"},
       {R"({"d7":[1,2)", R"({"d7":[1,)"},
       {R"({"old":10})", R"({"old":10)"},
+      // Exclusive bounds (trial 49): a decimal just past the bound that reads back as the bound
+      {R"({"u":0.99999999999999999)", R"({"u":0.9999999999999999)"},
+      {R"({"g":1000000000000000.0000000000000001)", R"({"g":1000000000000000.)"},
+      {R"({"old":10.0000000000000001)", R"({"old":10.00000000000000)"},
   };
   for (const auto& [text, ok_prefix] : refused) EXPECT_EQ(accepted_by(*schema, text), ok_prefix.size()) << text;
 
@@ -633,6 +640,8 @@ TEST(JsonSchema, NumberBoundsNumericEnumsAndTuples) {
       R"({"type":"integer","minimum":7,"maximum":7})",
       R"({"type":"number","minimum":0.1,"maximum":0.1})",
       R"({"type":"integer","minimum":-9007199254740993,"maximum":-9007199254740991})",
+      R"({"type":"number","exclusiveMinimum":0.1,"exclusiveMaximum":0.3})",
+      R"({"type":"number","exclusiveMinimum":1e15,"exclusiveMaximum":1000000000000002})",
       R"({"type":"number","minimum":1e300})",  // beyond 16 digits: no number fits
   };
   std::mt19937 rng(3);
@@ -701,15 +710,19 @@ TEST(JsonSchema, PatternsAndFormats) {
       "id":{"type":"string","format":"uuid"},
       "ip":{"type":"string","format":"ipv4"},
       "lim":{"type":"string","pattern":"^a*b*$","minLength":2,"maxLength":3},
-      "wild":{"type":"string","format":"hostname"}}})"));
+      "wild":{"type":"string","format":"hostname"},
+      "mail":{"type":"string","format":"email"},
+      "hex":{"type":"string","pattern":"^[\\x41-\\x4d]+$"}}})"));
   for (const std::string& doc : {
            std::string(R"({"phone":"555-1234"})"), std::string(R"({"code":"US"})"), std::string(R"({"code":"EN-gb"})"),
            std::string(R"({"has":"xxabbbcyy"})"), std::string(R"({"has":"abc"})"), std::string(R"({"alt":"x"})"),
            std::string("{\"alt\":\"\xc3\xa9zz\"}"), std::string(R"({"alt":"y"})"), std::string(R"({"esc":"\n."})"),
            std::string(R"({"esc":"\\"})"), std::string(R"({"esc":"\""})"), std::string(R"({"day":"2024-02-29"})"),
-           std::string(R"({"at":"2024-02-29T23:59:60.123+05:30"})"), std::string(R"({"at":"1999-12-31t00:00:00Z"})"),
+           std::string(R"({"at":"2024-02-29T23:59:59.123+05:30"})"), std::string(R"({"at":"1999-12-31t00:00:00Z"})"),
            std::string(R"({"id":"123e4567-e89b-12d3-a456-426614174000"})"), std::string(R"({"ip":"255.0.10.199"})"),
-           std::string(R"({"lim":"ab"})"), std::string(R"({"lim":"bbb"})"), std::string(R"({"wild":"anything at all"})")}) {
+           std::string(R"({"lim":"ab"})"), std::string(R"({"lim":"bbb"})"), std::string(R"({"wild":"anything at all"})"),
+           std::string(R"({"day":"2000-02-29"})"), std::string(R"({"day":"0004-02-29"})"), std::string(R"({"day":"2023-12-31"})"),
+           std::string(R"({"mail":"john.doe+x@mail.example.com"})"), std::string(R"({"hex":"AM"})")}) {
     bool whole = false;
     EXPECT_EQ(accepted_by(*schema, doc, &whole), doc.size()) << doc;
     EXPECT_TRUE(whole) << doc;
@@ -730,7 +743,12 @@ TEST(JsonSchema, PatternsAndFormats) {
       {R"({"esc":"\t)", R"({"esc":"\)"},                  // \t stands for a tab: not in the class
       {R"({"esc":"a)", R"({"esc":")"},
       {R"({"day":"2024-13)", R"({"day":"2024-1)"},
-      {R"({"day":"2024-02-32)", R"({"day":"2024-02-3)"},
+      {R"({"day":"2024-02-32)", R"({"day":"2024-02-)"},           // February has no 3x
+      {R"({"day":"2023-02-29)", R"({"day":"2023-02-2)"},          // nor a 29th in 2023
+      {R"({"day":"1900-02-29)", R"({"day":"1900-02-2)"},
+      {R"({"day":"0000)", R"({"day":"000)"},                      // years 0001-9999
+      {R"({"day":"2024-04-31)", R"({"day":"2024-04-3)"},
+      {R"({"at":"2024-02-29T23:59:60)", R"({"at":"2024-02-29T23:59:)"},  // no leap second (Python's datetime)
       {R"({"at":"2024-02-29T24)", R"({"at":"2024-02-29T2)"},
       {R"({"at":"2024-02-29T23:59:59")", R"({"at":"2024-02-29T23:59:59)"},  // an offset is required
       {R"({"id":"123e4567-e89b-12d3-a456-42661417400g)", R"({"id":"123e4567-e89b-12d3-a456-42661417400)"},
@@ -738,6 +756,9 @@ TEST(JsonSchema, PatternsAndFormats) {
       {R"({"lim":"a")", R"({"lim":"a)"},                  // minLength 2
       {R"({"lim":"aaaa)", R"({"lim":"aaa)"},              // maxLength 3
       {R"({"lim":"aba)", R"({"lim":"ab)"},
+      {R"({"mail":"a..b)", R"({"mail":"a.)"},
+      {R"({"mail":"a@b")", R"({"mail":"a@b)"},                  // a domain with a dot
+      {R"({"hex":"AN)", R"({"hex":"A)"},                        // [\x41-\x4d] ends at M
   };
   for (const auto& [text, ok_prefix] : refused) EXPECT_EQ(accepted_by(*schema, text), ok_prefix.size()) << text;
 
@@ -782,7 +803,12 @@ TEST(JsonSchema, PatternsAndFormats) {
            {"\\bx", "word boundary"}, {"a^b", "anchors are supported only at the ends"}, {"*a", "nothing to repeat"},
            {"a{3,2}", "n above m"}, {"a{2000}", "more than 1000 times"}, {"[a-", "without its ']'"}, {"[z-a]", "out of order"},
            {"(a{200}){2}", "more than 255 character positions"}, {"[^\\s\\S]", "matches no string"},
-           {"\\p{L}", "Unicode property"}, {"^\\0$", "matches no string"}}) {
+           {"\\p{L}", "Unicode property"}, {"^\\0$", "matches no string"}, {"((((){999}){999}){999}){999}", "repeats too much"},
+           // trial 49: a lone surrogate is no character; ECMA's "nothing to repeat"; {,m}; flags; an open group
+           {"^\\ud800$", "matches no string"}, {"^[\\ud800-\\udbff]$", "matches no string"},
+           {"a**", "quantifier after a quantifier"}, {"^a{2}{3}$", "quantifier after a quantifier"}, {"a+*", "quantifier after a quantifier"},
+           {"a?+", "quantifier after a quantifier"}, {"^a{,3}$", "write {0,m}"}, {"(?i)abc", "inline flag"}, {"^(a$", "'(' without its ')'"},
+           {std::string(5000, 'a'), "longer than 4096 bytes"}}) {
     J s = J::parse(R"({"type":"object","properties":{"x":{"type":"string"}}})");
     s["properties"]["x"]["pattern"] = pat;
     const std::string e = test::error_of([&] { JsonSchema::compile(s); });
@@ -792,6 +818,28 @@ TEST(JsonSchema, PatternsAndFormats) {
   EXPECT_NE(test::error_of([&] { JsonSchema::compile(J::parse(R"({"type":"object","properties":{"x":{"type":"string","pattern":"^abc$","maxLength":2}}})")); })
                 .find("allow no string together"),
             std::string::npos);
+  // A long pattern is named by its start only.
+  J big = J::parse(R"({"type":"object","properties":{"x":{"type":"string"}}})");
+  big["properties"]["x"]["pattern"] = std::string(5000, 'a');
+  const std::string long_error = test::error_of([&] { JsonSchema::compile(big); });
+  EXPECT_LT(long_error.size(), 400u) << long_error;
+  EXPECT_NE(long_error.find("(the first 200 of 5000 bytes)"), std::string::npos) << long_error;
+  // A pattern beside an enforced format: both would have to hold.
+  EXPECT_NE(test::error_of([&] { JsonSchema::compile(J::parse(R"({"type":"object","properties":{"x":{"type":"string","pattern":"^x$","format":"email"}}})")); })
+                .find("'pattern' beside the 'format' \"email\""),
+            std::string::npos);
+  // Enum strings that break the string's other keywords are dropped (trial 49: they were written).
+  const auto en = JsonSchema::compile(J::parse(R"({"type":"object","properties":{"a":{"enum":["abc","x"],"pattern":"^x$"},
+      "b":{"enum":["a","bb"],"minLength":2},"c":{"enum":["2024-01-01","nope"],"format":"date"}}})"));
+  EXPECT_EQ(accepted_by(*en, R"({"a":"a)"), std::string(R"({"a":")").size());
+  EXPECT_EQ(accepted_by(*en, R"({"a":"x","b":"a")"), std::string(R"({"a":"x","b":")").size());
+  EXPECT_EQ(accepted_by(*en, R"({"a":"x","b":"bb","c":"n)"), std::string(R"({"a":"x","b":"bb","c":")").size());
+  bool whole = false;
+  EXPECT_EQ(accepted_by(*en, R"({"a":"x","b":"bb","c":"2024-01-01"})", &whole), std::string(R"({"a":"x","b":"bb","c":"2024-01-01"})").size());
+  EXPECT_TRUE(whole);
+  for (const char* none : {R"({"type":"object","properties":{"a":{"const":"abc","pattern":"^x$"}}})",
+                           R"({"type":"object","properties":{"a":{"const":"abcdef","maxLength":2}}})"})
+    EXPECT_NE(test::error_of([&] { JsonSchema::compile(J::parse(none)); }).find("allows no value"), std::string::npos) << none;
 }
 
 // Random patterns (a client's): each compiles or is refused with an error, and every string walk of
