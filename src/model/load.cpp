@@ -25,8 +25,10 @@ ModelFile load_model(const std::string& path) {
   try {
     return load_llama2c(std::move(file));
   } catch (const Error& e) {
-    fail("{}: not a GGUF file (no GGUF magic), a Hugging Face directory, or a valid llama2.c checkpoint: {}", path,
-         e.what());
+    // (the llama2.c reader names the path too: said once)
+    std::string_view why = e.what();
+    if (why.starts_with(path + ": ")) why.remove_prefix(path.size() + 2);
+    fail("{}: not a GGUF file (no GGUF magic), a Hugging Face directory, or a valid llama2.c checkpoint: {}", path, why);
   }
 }
 

@@ -5,6 +5,8 @@
 #include "support/errors.h"
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "model/model_file.h"
@@ -166,6 +168,14 @@ TEST(Llama2cReal, Truncated) {
   }
   expect_error(full.substr(0, full.size() - 1), "file size 1056539 bytes");
   expect_error(full + "x", "file size 1056541 bytes");
+  // Through load_model (not GGUF, not a directory): the path is named once (trial 48: twice).
+  const std::string cut = (std::filesystem::temp_directory_path() / "mk_llama2c_cut.bin").string();
+  std::ofstream(cut, std::ios::binary) << full.substr(0, 1000000);
+  const std::string msg = error_of([&] { load_model(cut); });
+  EXPECT_EQ(msg, cut + ": not a GGUF file (no GGUF magic), a Hugging Face directory, or a valid llama2.c checkpoint: llama2.c file "
+                       "size 1000000 bytes does not match the 1056540 bytes implied by the header (dim=64 hidden_dim=172 n_layers=5 "
+                       "n_heads=8 n_kv_heads=4 vocab_size=512 shared classifier seq_len=512)");
+  std::filesystem::remove(cut);
 }
 
 // ---------------------------------------------------------------------------------------------
