@@ -325,8 +325,9 @@ class Server {
     if (!tokens || !tokens->is_array()) bad("tokens", "'tokens' must be an array of token ids");
     std::vector<int32_t> ids;
     for (const json& t : *tokens) {
-      if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) ||
-          t.get<int64_t>() < 0 || t.get<int64_t>() >= s_.hparams.n_vocab)
+      if (!t.is_number_integer()) bad("tokens", fmt::format("'tokens' must be an array of token ids (integers), not {}", clip_json(t)));
+      if ((t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) || t.get<int64_t>() < 0 ||
+          t.get<int64_t>() >= s_.hparams.n_vocab)
         bad("tokens", fmt::format("token {} is not an id of the vocabulary [0, {})", clip_json(t), s_.hparams.n_vocab));
       ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
@@ -336,10 +337,13 @@ class Server {
     Utf8Stream stream;
     std::string text;
     int32_t prev = -1;
+    const int32_t mid = s_.tokenizer->n_vocab();  // a `prev` that is neither the start nor BOS
     for (const int32_t id : ids) {
       if (id >= s_.tokenizer->n_vocab()) continue;
       std::string b = s_.tokenizer->token_bytes(prev, id);
-      if (b.empty()) b = s_.tokenizer->token_text(id);
+      // a control token (no bytes anywhere) as its text; a SentencePiece piece that is only the
+      // dummy prefix's space gives nothing at the start, as it would in decode()
+      if (b.empty() && s_.tokenizer->token_bytes(mid, id).empty()) b = s_.tokenizer->token_text(id);
       text += stream.push(b);
       prev = id;
     }
@@ -1300,8 +1304,15 @@ class Server {
     // llama.cpp server's /tokenize and /detokenize (clients count a prompt's tokens with them).
     auto with_body = [guarded](auto fn) {
       return [guarded, fn](const httplib::Request& q, httplib::Response& r, const httplib::ContentReader& read) {
+        if (q.is_multipart_form_data()) {  // (as the /v1 endpoints)
+          r.set_header("Connection", "close");
+          return send_error(r, {415,
+                                "the request body is multipart/form-data (curl -F); send a JSON object (Content-Type: "
+                                "application/json, curl -d)",
+                                "invalid_request_error", "", ""});
+        }
         std::string body;
-        const bool whole = !q.is_multipart_form_data() && read([&body](const char* data, size_t n) {
+        const bool whole = read([&body](const char* data, size_t n) {
           body.append(data, n);
           return true;
         });

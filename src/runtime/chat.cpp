@@ -14,6 +14,7 @@
 #include "support/error.h"
 #include "support/text_file.h"
 #include "support/json.h"
+#include "support/printable.h"
 
 namespace mk {
 
@@ -204,7 +205,16 @@ std::string render_chat_template(const std::string& source, const nlohmann::orde
     what = std::regex_replace(what, kRange, "list index $1 is past the end of a list of $2");
     if (what.size() > kMaxTemplateErrorBytes)
       what = what.substr(0, kMaxTemplateErrorBytes) + fmt::format("... ({} bytes)", what.size());
-    fail("chat template: {}", what);
+    // The quoted source may hold escape sequences or bytes that are not UTF-8 (a template file is
+    // anyone's): escaped line by line, the lines kept (new-user trial 50).
+    std::string shown;
+    for (size_t at = 0; at <= what.size();) {
+      const size_t nl = std::min(what.find('\n', at), what.size());
+      shown += printable(std::string_view(what).substr(at, nl - at), what.size());
+      if (nl < what.size()) shown += '\n';
+      at = nl + 1;
+    }
+    fail("chat template: {}", shown);
   }
 }
 

@@ -126,8 +126,9 @@ class JsonSchemaCompiler {
     std::vector<const JsonSchemaNode*> owner;
     for (size_t i = 0; i < objs.size(); ++i) {
       const JsonSchemaNode* b = objs[i];
-      if (b->types != JsonSchemaNode::kObject || !b->branches.empty() || !b->tagged.empty() || !b->keyed.empty() || b->any_members ||
-          b->props.empty())
+      if (!b->tagged.empty() || !b->keyed.empty() || provisional_.count(b))
+        return fmt::format("branch {} is itself a union of objects (not supported)", index[i]);
+      if (b->types != JsonSchemaNode::kObject || !b->branches.empty() || b->any_members || b->props.empty())
         return fmt::format("branch {} is not an object with properties", index[i]);
       const JsonSchemaNode::Prop& tag = b->props[0];
       if (!tag.node->string_enum || tag.node->types != JsonSchemaNode::kString)
@@ -157,6 +158,63 @@ class JsonSchemaCompiler {
     return "";
   }
 
+  // anyOf / oneOf object branches (2 or more), made one object branch: a tagged union, else one told
+  // apart by its first keys; oneOf's branches must also exclude each other.
+  struct Union {
+    JsonSchemaNode* node;
+    std::vector<const JsonSchemaNode*> objs;
+    std::vector<size_t> index;
+    std::string ptr;
+    const char* key;
+  };
+  void make_union(const Union& un) {
+    const std::string why = tag_union(*un.node, un.objs, un.index);
+    if (why.empty()) return;
+    const std::string why_keys = key_union(*un.node, un.objs, un.index);
+    if (!why_keys.empty())
+      bad(un.ptr, fmt::format("'{}' object branches must be a tagged union (their first property the same key, each "
+                              "holding different const / enum strings: {}) or begin with different keys (their "
+                              "properties up to the first required one: {})",
+                              un.key, why, why_keys));
+    if (std::string_view(un.key) != "oneOf") return;
+    // oneOf: an object of one branch must be of no other. JSON Schema lets an object hold keys its
+    // schema does not list (unless additionalProperties is false), so another branch refuses it only
+    // by a required key the first branch does not list, or, closed, by a key of the first branch's
+    // it does not list (trial 50: oneOf [{x}, {y}] replies matched both).
+    const auto lists = [](const JsonSchemaNode* b, const std::string& k) {
+      return std::any_of(b->props.begin(), b->props.end(), [&](const JsonSchemaNode::Prop& p) { return p.key == k; });
+    };
+    for (size_t a = 0; a < un.objs.size(); ++a)
+      for (size_t b = 0; b < un.objs.size(); ++b) {
+        if (a == b) continue;
+        const JsonSchemaNode *A = un.objs[a], *B = un.objs[b];
+        bool excluded = std::any_of(B->props.begin(), B->props.end(), [&](const JsonSchemaNode::Prop& p) { return p.required && !lists(A, p.key); });
+        if (!excluded && B->closed) {  // every first key of A's is one B does not list, and A writes one
+          bool a_requires = false, firsts_unlisted = true;
+          for (size_t k = 0; k < A->props.size() && !a_requires; ++k) {
+            a_requires = A->props[k].required;
+            firsts_unlisted &= !lists(B, A->props[k].key);
+          }
+          excluded = a_requires && firsts_unlisted;
+        }
+        if (!excluded)
+          bad(un.ptr, fmt::format("'oneOf' branches {} and {}: an object of branch {} may also be one of branch {} (JSON Schema "
+                                  "lets an object hold keys its schema does not list); use 'anyOf', or make each branch "
+                                  "require a key the others do not list",
+                                  un.index[a], un.index[b], un.index[a], un.index[b]));
+      }
+  }
+
+ public:
+  // The unions put off while their branches compiled (make_union), in order.
+  void make_deferred() {
+    for (size_t i = 0; i < deferred_.size(); ++i) {
+      provisional_.erase(deferred_[i].node);
+      make_union(deferred_[i]);
+    }
+  }
+
+ private:
   // Makes `n` a union of the object branches `objs` told apart by their first key
   // (JsonSchemaNode::keyed): each branch's possible first keys (its properties up to and with the
   // first required one) belong to no other branch. Returns why not ("" when it is one).
@@ -169,7 +227,9 @@ class JsonSchemaCompiler {
     for (size_t i = 0; i < objs.size(); ++i) {
       const JsonSchemaNode* b = objs[i];
       if (filling_.count(b)) return fmt::format("branch {} refers back to the union (recursion)", index[i]);
-      if (b->types != JsonSchemaNode::kObject || !b->branches.empty() || !b->tagged.empty() || !b->keyed.empty() || b->any_members)
+      if (!b->tagged.empty() || !b->keyed.empty() || provisional_.count(b))
+        return fmt::format("branch {} is itself a union of objects (not supported)", index[i]);
+      if (b->types != JsonSchemaNode::kObject || !b->branches.empty() || b->any_members)
         return fmt::format("branch {} is not an object with properties", index[i]);
       bool required = false;
       for (size_t k = 0; k < b->props.size() && !required; ++k) {
@@ -346,16 +406,20 @@ class JsonSchemaCompiler {
       } else if (objs.size() > 1) {
         const bool only_objects = n.branches.empty();
         JsonSchemaNode& u = only_objects ? n : out_.nodes_.emplace_back();
-        const std::string why = tag_union(u, objs, obj_index);
-        if (!why.empty()) {
-          const std::string why_keys = key_union(u, objs, obj_index);
-          if (!why_keys.empty())
-            bad(ptr, fmt::format("'{}' object branches must be a tagged union (their first property the same key, each "
-                                 "holding different const / enum strings: {}) or begin with different keys (their "
-                                 "properties up to the first required one: {})",
-                                 key, why, why_keys));
-        }
         if (!only_objects) n.branches.push_back(&u);
+        Union un{&u, objs, obj_index, ptr, key};
+        // A branch still compiling (the union is reached again through it: pydantic's
+        // Union[Node, Leaf] with Node's children of the same union) has not all its properties yet:
+        // the union is made once the whole schema is compiled; meanwhile it is an object.
+        if (std::any_of(objs.begin(), objs.end(), [&](const JsonSchemaNode* b) { return filling_.count(b) != 0; })) {
+          u.types = JsonSchemaNode::kObject;
+          u.any_members = false;
+          u.allow_true = u.allow_false = false;
+          provisional_.insert(&u);
+          deferred_.push_back(std::move(un));
+        } else {
+          make_union(un);
+        }
       }
       return;
     }
@@ -472,6 +536,7 @@ class JsonSchemaCompiler {
       if ((open || schema) && !n.any_members) bad(ptr, "'additionalProperties' beside 'properties' is not supported");
       if (schema) n.additional = node_at(ptr + "/additionalProperties");  // a dict: any keys, values of it
       if (!open && !schema && n.props.empty()) n.any_members = false;  // {} only
+      n.closed = !open && !schema;
     }
     // array: prefixItems (2020-12) or an items list (draft 7) for the first items, then items (2020-12)
     // or additionalItems (draft 7) for the rest
@@ -629,6 +694,8 @@ class JsonSchemaCompiler {
   std::map<std::string, const JsonSchemaNode*> memo_;
   std::set<std::string> resolving_;
   std::set<const JsonSchemaNode*> filling_;  // nodes whose members are being compiled
+  std::vector<Union> deferred_;               // unions made after the whole schema (make_deferred)
+  std::set<const JsonSchemaNode*> provisional_;  // their nodes until then
 };
 
 std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
@@ -647,6 +714,7 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const nlohmann::ordered_js
   auto r = std::make_shared<JsonSchema>();
   JsonSchemaCompiler c(schema, *r);
   r->root_ = c.node_at("");
+  c.make_deferred();
   if (!(r->root_->types & JsonSchemaNode::kObject) || !r->root_->branches.empty())
     fail("json_schema: the root must be an object schema (\"type\": \"object\")");
   c.check_finite(r->root_);

@@ -61,6 +61,7 @@ struct JsonSchemaNode {
   enum Type : uint8_t { kObject = 1, kArray = 2, kString = 4, kNumber = 8, kInteger = 16, kBoolean = 32, kNull = 64, kAny = 127 };
   uint8_t types = kAny;
   bool any_members = true;  // an object of any keys and values (no `properties`)
+  bool closed = false;      // additionalProperties: false written (JSON Schema's default lets other keys be)
   struct Prop {
     std::string key;  // the name as written between quotes (nlohmann's escapes)
     const JsonSchemaNode* node = nullptr;

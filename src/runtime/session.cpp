@@ -55,7 +55,8 @@ bool carries_tokenizer(const ModelFile& m, int64_t n_vocab) {
 }  // namespace
 
 std::string tokenizer_problem(const ModelFile& m, int64_t n_vocab) {
-  if (m.path.rfind("synth:", 0) == 0 || !carries_tokenizer(m, n_vocab)) return "";
+  // (a llama2.c checkpoint without a tokenizer beside it: the error that says to pass one with -z)
+  if (m.path.rfind("synth:", 0) == 0 || (!carries_tokenizer(m, n_vocab) && m.format != "llama2c")) return "";
   try {
     const auto t = open_tokenizer(m, "", n_vocab);
     if (t->n_vocab() > n_vocab) return fmt::format("tokenizer has {} tokens but the model's vocabulary is {}", t->n_vocab(), n_vocab);

@@ -46,7 +46,8 @@ int64_t resolve_n_ctx(const Hparams& hp, int64_t n_ctx);
 // weight data (tensor data == nullptr); files are mapped either way.
 ModelFile open_model(const std::string& path, bool with_data = true);
 // Why the model's own tokenizer (GGUF metadata, an HF tokenizer.json, a llama2.c tokenizer file
-// beside it) cannot be loaded; "" when it loads or the model carries none.
+// beside it) cannot be loaded, or that a llama2.c checkpoint has none beside it; "" when it loads
+// or another model carries none.
 std::string tokenizer_problem(const ModelFile& m, int64_t n_vocab);
 
 class Session {
