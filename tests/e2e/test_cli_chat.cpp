@@ -368,7 +368,7 @@ TEST(E2EChatConversation, InterruptEndsTheReply) {
 namespace {
 TEST(E2EChatCli, BrokenTemplateBadSystemTextAndTinyContextAreNamedAtStart) {
   const std::string tmpl = (std::filesystem::path(::testing::TempDir()) / "mk_broken.jinja").string();
-  std::ofstream(tmpl) << "{% for m in messages %}{{ m['content'] }";
+  std::ofstream(tmpl) << "{% for m in messages %}{{ m['content'] }\x1b[31m";  // (an escape sequence: shown escaped)
   const std::string err_path = (std::filesystem::path(::testing::TempDir()) / "mk_chat_broken.txt").string();
   const auto chat = [&](const std::string& extra, int* status) {
     const std::string replies = mk::test::run_shell("printf 'Hello\\nAgain\\n' | " + std::string(MK_CLI_PATH) +
@@ -386,6 +386,7 @@ TEST(E2EChatCli, BrokenTemplateBadSystemTextAndTinyContextAreNamedAtStart) {
     EXPECT_NE(err.find("(--chat-template-file " + tmpl + ")"), std::string::npos) << err;
     EXPECT_EQ(err.find("turn is dropped"), std::string::npos) << err;
     EXPECT_EQ(err.find("run without --system"), std::string::npos) << err;
+    EXPECT_EQ(err.find('\x1b'), std::string::npos) << "the template's bytes reach the terminal raw";
   }
   auto [replies, err] = chat(" --chat-template-file " + kTemplate + " --system \"$(printf 'a\\377b')\"", &status);
   EXPECT_EQ(status, 1) << err;

@@ -480,6 +480,14 @@ TEST(E2ECliUsage, DamagedTokenizerIsAnErrorForTextAndAWarningForIds) {
   EXPECT_TRUE(has(info.out, "tokenizer:    cannot be used: " + path + ": " + why)) << info.out;
   EXPECT_TRUE(has(info.out, "(text prompts, chat, tokenize and serve's text requests refuse the model; run --ids works)\n")) << info.out;
   EXPECT_FALSE(has(cli("info -m " MK_SHARED_DIR "/models/stories260K/stories260K.gguf").out, "tokenizer:"));
+  // a llama2.c checkpoint with no tokenizer beside it, which run -p refuses (trial 50)
+  const std::string lonely = (std::filesystem::path(::testing::TempDir()) / "mk_lonely" / "model.bin").string();
+  std::filesystem::create_directories(std::filesystem::path(lonely).parent_path());
+  std::filesystem::copy_file(MK_SHARED_DIR "/models/stories260K/stories260K.bin", lonely, std::filesystem::copy_options::overwrite_existing);
+  Result alone = cli("info -m " + lonely);
+  EXPECT_EQ(alone.status, 0) << alone.err;
+  EXPECT_TRUE(has(alone.out, "tokenizer:    cannot be used: " + lonely + ": llama2.c checkpoints carry no tokenizer; pass one with -z")) << alone.out;
+  std::filesystem::remove_all(std::filesystem::path(lonely).parent_path());
   Result r = cli("run -m " + path + " --ids 1,403 -n 2 --temp 0");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(has(r.err, "warning: the model's tokenizer cannot be used (" + path + ": " + why)) << r.err;
