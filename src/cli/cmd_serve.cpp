@@ -1279,8 +1279,8 @@ class Server {
     // The body is read here, whatever its Content-Type: cpp-httplib's own reading refuses an
     // application/x-www-form-urlencoded body (curl -d's default type) over 8 KiB with a bare 413,
     // a limit compiled into Debian's libcpp-httplib. --max-body is enforced before routing.
-    auto generate = [this, guarded](bool chat) {
-      return [this, guarded, chat](const httplib::Request& q, httplib::Response& r, const httplib::ContentReader& read) {
+    auto with_body = [guarded](auto fn) {
+      return [guarded, fn](const httplib::Request& q, httplib::Response& r, const httplib::ContentReader& read) {
         if (q.is_multipart_form_data()) {  // (its body would need multipart receivers): not read
           r.set_header("Connection", "close");
           return send_error(r, {415,
@@ -1294,37 +1294,22 @@ class Server {
           return true;
         });
         if (!whole) return send_error(r, {400, "the request body could not be read", "invalid_request_error", "", ""});
-        guarded([this, &body, chat](const httplib::Request& q2, httplib::Response& r2) {
-          handle_generate(q2, body, r2, chat);
-        })(q, r);
+        guarded([&](const httplib::Request& q2, httplib::Response& r2) { fn(q2, body, r2); })(q, r);
       };
     };
-    svr.Post("/v1/completions", generate(false));
-    svr.Post("/v1/chat/completions", generate(true));
+    svr.Post("/v1/completions", with_body([this](const httplib::Request& q, const std::string& body, httplib::Response& r) {
+               handle_generate(q, body, r, false);
+             }));
+    svr.Post("/v1/chat/completions", with_body([this](const httplib::Request& q, const std::string& body, httplib::Response& r) {
+               handle_generate(q, body, r, true);
+             }));
     // llama.cpp server's /tokenize and /detokenize (clients count a prompt's tokens with them).
-    auto with_body = [guarded](auto fn) {
-      return [guarded, fn](const httplib::Request& q, httplib::Response& r, const httplib::ContentReader& read) {
-        if (q.is_multipart_form_data()) {  // (as the /v1 endpoints)
-          r.set_header("Connection", "close");
-          return send_error(r, {415,
-                                "the request body is multipart/form-data (curl -F); send a JSON object (Content-Type: "
-                                "application/json, curl -d)",
-                                "invalid_request_error", "", ""});
-        }
-        std::string body;
-        const bool whole = read([&body](const char* data, size_t n) {
-          body.append(data, n);
-          return true;
-        });
-        if (!whole) {
-          r.set_header("Connection", "close");
-          return send_error(r, {400, "the request body could not be read as JSON", "invalid_request_error", "", ""});
-        }
-        guarded([&](const httplib::Request&, httplib::Response& r2) { r2.set_content(json_text(fn(body)), "application/json"); })(q, r);
-      };
-    };
-    svr.Post("/tokenize", with_body([this](const std::string& body) { return tokenize(body); }));
-    svr.Post("/detokenize", with_body([this](const std::string& body) { return detokenize(body); }));
+    svr.Post("/tokenize", with_body([this](const httplib::Request&, const std::string& body, httplib::Response& r) {
+               r.set_content(json_text(tokenize(body)), "application/json");
+             }));
+    svr.Post("/detokenize", with_body([this](const httplib::Request&, const std::string& body, httplib::Response& r) {
+               r.set_content(json_text(detokenize(body)), "application/json");
+             }));
     svr.Get("/metrics", [this, &svr](const httplib::Request&, httplib::Response& res) {
       std::string text = prometheus_text(e_.stats());
       text +=

@@ -160,6 +160,16 @@ size_t accepted_by(const JsonSchema& schema, const std::string& text, bool* whol
   return i;
 }
 
+// Feeds the first byte of `order` that continues `p` and appends it to `out`; false when none does.
+bool feed_first(JsonPrefix& p, const std::string& order, std::string& out) {
+  for (char c : order)
+    if (p.feed(static_cast<uint8_t>(c))) {
+      out += c;
+      return true;
+    }
+  return false;
+}
+
 // A pydantic-style schema: $defs and $ref (a recursive one), Optional as anyOf [X, null], enums,
 // arrays with bounds, integers, nested objects.
 const J kPerson = J::parse(R"({
@@ -698,13 +708,7 @@ TEST(JsonSchema, NumberBoundsNumericEnumsAndTuples) {
         order += rng() % 3 == 0 ? "}" : "";
         std::shuffle(order.begin(), order.end(), rng);
         order += "}eE+";
-        bool moved = false;
-        for (char c : order)
-          if (p.feed(static_cast<uint8_t>(c))) {
-            out += c;
-            moved = true;
-            break;
-          }
+        const bool moved = feed_first(p, order, out);
         ASSERT_TRUE(moved) << b << ": no byte continues " << out;
       }
       const J v = J::parse(out)["x"];
@@ -814,13 +818,7 @@ TEST(JsonSchema, PatternsAndFormats) {
         std::shuffle(order.begin(), order.end(), rng);
         if (rng() % 4 == 0) order = "\"}" + order;
         order += "\xc3\xe2\x80\xa9\xbf}";
-        bool moved = false;
-        for (char c : order)
-          if (p.feed(static_cast<uint8_t>(c))) {
-            out += c;
-            moved = true;
-            break;
-          }
+        const bool moved = feed_first(p, order, out);
         ASSERT_TRUE(moved) << pat << ": no byte continues " << out;
       }
       const std::string v = J::parse(out)["x"].get<std::string>();
