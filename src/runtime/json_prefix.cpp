@@ -258,7 +258,7 @@ class JsonSchemaCompiler {
 
   // A JSON number in units of 10^-kBoundScale, rounded up (`up`) or down where it has more digits;
   // beyond what a number of JsonPrefix::kMaxDigits integral digits can reach it is +-kHuge.
-  static constexpr JsonUnits kHuge = static_cast<JsonUnits>(100000000000000000) * 1000000000000000000;  // 10^35
+  static constexpr JsonUnits kHuge = 100000000000000000 * JsonSchemaNode::kOne;  // 10^35
   static JsonUnits units(const J& v, bool up) {
     const std::string t = v.dump();  // the shortest text that reads back as v (nlohmann: 0.3, 1e-07, 2.5e+20)
     size_t i = 0;
@@ -322,13 +322,13 @@ class JsonSchemaCompiler {
     if (!any) return;
     if (!(n.types & (JsonSchemaNode::kNumber | JsonSchemaNode::kInteger))) return;  // bounds apply to numbers only
     if (!(n.types & JsonSchemaNode::kNumber)) {  // an integer: whole units
-      constexpr JsonUnits one = 1000000000000000000;  // 10^kBoundScale
+      constexpr JsonUnits one = JsonSchemaNode::kOne;
       auto floor_div = [](JsonUnits a, JsonUnits b) { return a / b - (a % b != 0 && a < 0 ? 1 : 0); };
       lo = -floor_div(-lo, one) * one;
       hi = floor_div(hi, one) * one;
     }
     // the values of JsonPrefix::kMaxDigits integral digits (and kBoundedFraction fraction digits)
-    constexpr JsonUnits one = 1000000000000000000;
+    constexpr JsonUnits one = JsonSchemaNode::kOne;
     const JsonUnits top = (n.types & JsonSchemaNode::kNumber) ? 10000000000000000 * one - 1 : 9999999999999999 * one;
     lo = std::max(lo, -top);
     hi = std::min(hi, top);
@@ -845,7 +845,7 @@ int32_t JsonPrefix::array_depth(const JsonSchemaNode& n) {
 // may take, after the point the fraction's interval.
 bool JsonPrefix::in_bounds(bool ending) const {
   const JsonSchemaNode& n = *node_;
-  constexpr JsonUnits one = 1000000000000000000;  // 10^kBoundScale
+  constexpr JsonUnits one = JsonSchemaNode::kOne;
   auto pow10 = [](int k) {
     JsonUnits p = 1;
     while (k-- > 0) p *= 10;
@@ -863,9 +863,10 @@ bool JsonPrefix::in_bounds(bool ending) const {
       return ending ? meets(0, 0) : meets(0, integer_ ? 0 : one - 1);
     case S::n_int:
       if (ending) return meets(ip, ip);
-      for (int k = 0; digits_ + k <= kMaxDigits; ++k) {
-        const JsonUnits w = pow10(k);
-        if (meets(ip * w, ip * w + w * one - (integer_ ? one : 1))) return true;
+      {
+        JsonUnits w = 1;  // 10^k
+        for (int k = 0; digits_ + k <= kMaxDigits; ++k, w *= 10)
+          if (meets(ip * w, ip * w + w * one - (integer_ ? one : 1))) return true;
       }
       return false;
     case S::n_dot:
@@ -1137,12 +1138,12 @@ bool JsonPrefix::step(uint8_t c) {
       if (!key_ && chars_++ >= node_->max_length) return false;
       if (c == '\\') {
         s_ = S::str_esc;
-        if (key_ || !node_->pattern) return true;
+        if (!patterned()) return true;
         for (uint8_t e : {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'})  // what the escape can stand for
           if (pattern_char(e, e, false)) return true;
         return false;
       }
-      if (c < 0x80) return key_ || !node_->pattern || pattern_char(c, c, true);
+      if (c < 0x80) return !patterned() || pattern_char(c, c, true);
       // UTF-8 lead bytes (RFC 3629 table): the range of the first continuation byte, then 80..BF.
       lo_ = 0x80;
       hi_ = 0xBF;
@@ -1163,7 +1164,7 @@ bool JsonPrefix::step(uint8_t c) {
         return false;
       }
       s_ = S::str_utf8;
-      return key_ || !node_->pattern || pattern_utf8();
+      return !patterned() || pattern_utf8();
     case S::str_utf8:
       if (c < lo_ || c > hi_) return false;
       lo_ = 0x80;
@@ -1171,12 +1172,12 @@ bool JsonPrefix::step(uint8_t c) {
       cp_ = cp_ << 6 | (c & 0x3F);
       if (--left_ == 0) {
         s_ = S::str;
-        return key_ || !node_->pattern || pattern_char(cp_, cp_, true);
+        return !patterned() || pattern_char(cp_, cp_, true);
       }
-      return key_ || !node_->pattern || pattern_utf8();
+      return !patterned() || pattern_utf8();
     case S::str_esc:
       if (c == 'u') {
-        if (!key_ && node_->pattern) return false;  // (a pattern's string takes its characters unescaped)
+        if (patterned()) return false;  // (a pattern's string takes its characters unescaped)
         left_ = 4;
         code_ = 0;
         low_ = false;
@@ -1185,7 +1186,7 @@ bool JsonPrefix::step(uint8_t c) {
       }
       if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't') return false;
       s_ = S::str;
-      if (key_ || !node_->pattern) return true;
+      if (!patterned()) return true;
       return pattern_char(c == 'b' ? 0x08 : c == 'f' ? 0x0C : c == 'n' ? 0x0A : c == 'r' ? 0x0D : c == 't' ? 0x09 : c, 0, true);
     case S::str_u: {
       if (!is_hex(c)) return false;

@@ -58,6 +58,7 @@ __extension__ typedef __int128 JsonUnits;
 
 struct JsonSchemaNode {
   static constexpr int kBoundScale = 18;
+  static constexpr JsonUnits kOne = 1000000000000000000;  // 1 in units: 10^kBoundScale
   enum Type : uint8_t { kObject = 1, kArray = 2, kString = 4, kNumber = 8, kInteger = 16, kBoolean = 32, kNull = 64, kAny = 127 };
   uint8_t types = kAny;
   bool any_members = true;  // an object of any keys and values (no `properties`)
@@ -179,6 +180,7 @@ class JsonPrefix {
   // A string with a pattern: some character in [lo, hi] continues it (within its length bounds);
   // commit: the character is whole, take it.
   bool pattern_char(uint32_t lo, uint32_t hi, bool commit);
+  bool patterned() const { return !key_ && node_->pattern; }  // the string being read has a pattern
   bool pattern_utf8();  // after a byte of a UTF-8 character: the characters its bytes so far can become
 
   S s_ = S::start;
