@@ -13,6 +13,9 @@ namespace mk {
 struct BuildOptions {
   int64_t n_ctx = 0;        // positions per sequence; 0 = the model's context length
   bool all_logits = false;  // logits for every row, else only the rows a step asks for (the last one)
+  // An embedding graph: output "embd", the output norm's rows [n_tokens, n_embd] (every row), no
+  // classifier, no logits (runtime/embed.h pools them).
+  bool embeddings = false;
   // Paged KV cache (backend/step_batch.h): rows in the pool shared by all sequences (0 = n_ctx,
   // enough for one full-length sequence) and rows per block (0 = 16).
   int64_t kv_pool_tokens = 0;

@@ -180,6 +180,10 @@ class DecoderBuilder {
       x = g_.add(Op::add, {x, d}, {}, b + ".ffn_residual");
     }
     x = norm(x, "output_norm", n_embd, "output_norm");
+    if (s_.embeddings) {  // the hidden state every row ends with, as llama.cpp's embeddings and HF's last hidden state
+      g_.add_output(x, "embd");
+      return std::move(g_);
+    }
     int cls = weight("output.weight", {hp_.n_vocab, n_embd}, false);
     if (cls < 0) cls = emb;  // tied embeddings: the classifier is the token embedding
     int logits = g_.add(Op::matmul, {x, cls}, {}, "logits_all");

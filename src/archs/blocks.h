@@ -16,6 +16,7 @@ struct DecoderSpec {
   Hparams hp;
   int64_t n_ctx = 0;  // positions per sequence
   bool all_logits = false;
+  bool embeddings = false;  // BuildOptions::embeddings
   int64_t kv_pool_tokens = 0, kv_block_size = 0;  // paged KV pool (BuildOptions)
 
   enum class Norm { rms, layer } norm = Norm::rms;
@@ -58,7 +59,7 @@ std::string rope_freq_factors(const std::vector<double>& factors);
 // Builds the graph; required weights are looked up and shape-checked against hp, optional ones
 // (biases, q/k norms, a separate classifier) are used when present. Output "logits":
 // [n_tokens, n_vocab] when all_logits, else [n_out, n_vocab] (the rows a step asks for: the last one
-// for one sequence).
+// for one sequence); with embeddings, output "embd" [n_tokens, n_embd] instead.
 Graph build_decoder(const ModelFile& model, const DecoderSpec& spec);
 
 }  // namespace mk

@@ -41,6 +41,7 @@ Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o) {
   if (s.n_ctx > s.hp.n_ctx_train)
     fail("{}: context of {} tokens exceeds GPT-2's {} learned positions", m.path, s.n_ctx, s.hp.n_ctx_train);
   s.all_logits = o.all_logits;
+  s.embeddings = o.embeddings;
   s.kv_pool_tokens = o.kv_pool_tokens;
   s.kv_block_size = o.kv_block_size;
   s.norm = DecoderSpec::Norm::layer;

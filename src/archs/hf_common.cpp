@@ -138,6 +138,7 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
   s.hp = read_hf_hparams(m);
   s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.hp.n_ctx_train;
   s.all_logits = o.all_logits;
+  s.embeddings = o.embeddings;
   s.kv_pool_tokens = o.kv_pool_tokens;
   s.kv_block_size = o.kv_block_size;
   s.ffn_act = hf_activation(c);

@@ -172,6 +172,7 @@ DecoderSpec gguf_decoder_spec(const ModelFile& m, const BuildOptions& o, const c
   const std::string& a = s.hp.arch;
   s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.hp.n_ctx_train;
   s.all_logits = o.all_logits;
+  s.embeddings = o.embeddings;
   s.kv_pool_tokens = o.kv_pool_tokens;
   s.kv_block_size = o.kv_block_size;
   s.rope_mode = rope_mode;

@@ -14,6 +14,7 @@ namespace mk::cli {
 void add_run_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_logits_command(CLI::App& app);
+void add_embed_command(CLI::App& app);
 void add_compile_command(CLI::App& app);
 void add_bench_copy_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);

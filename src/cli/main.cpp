@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   mk::cli::add_run_command(app);
   mk::cli::add_info_command(app);
   mk::cli::add_logits_command(app);
+  mk::cli::add_embed_command(app);
   mk::cli::add_compile_command(app);
   mk::cli::add_bench_copy_command(app);
   mk::cli::add_tokenize_command(app);

@@ -53,6 +53,10 @@ struct GraphOutput {
   std::string name;  // "logits"
 };
 
+// The output a step returns as floats (Backend::forward): "logits" [rows, n_vocab], or "embd"
+// [rows, n_embd] in an embedding graph (BuildOptions::embeddings).
+inline bool is_main_output(std::string_view name) { return name == "logits" || name == "embd"; }
+
 class Graph {
  public:
   std::vector<Node> nodes;

@@ -99,6 +99,7 @@ Session::Session(const SessionOptions& o) : model(open_model(o.model_path, /*wit
   hparams = read_hparams(model);
   n_ctx = resolve_n_ctx(hparams, o.n_ctx);
   BuildOptions build{n_ctx, o.all_logits};
+  build.embeddings = o.embeddings;
   if (o.kv_pool_tokens < 0) fail("KV pool size must be >= 0 tokens, got {}", o.kv_pool_tokens);
   if (o.kv_pool_seqs < 1) fail("KV pool must hold at least one sequence, got {}", o.kv_pool_seqs);
   // The default pool holds kv_pool_seqs full contexts, each a whole number of blocks (3 x 100 rows in

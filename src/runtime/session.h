@@ -23,6 +23,7 @@ struct SessionOptions {
   BackendOptions backend_options;
   int64_t n_ctx = 0;           // 0 = the model's context length, capped at kDefaultMaxCtx
   bool all_logits = false;     // logits for every prompt position (the `logits` command)
+  bool embeddings = false;     // an embedding graph (BuildOptions::embeddings; runtime/embed.h): eval() returns hidden states
   // Paged KV pool (BuildOptions): rows shared by all sequences (0 = kv_pool_seqs x n_ctx; `run`
   // has one sequence) and rows per block (0 = the default, 16). `serve` sizes it for --parallel.
   int64_t kv_pool_tokens = 0;

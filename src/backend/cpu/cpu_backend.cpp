@@ -47,6 +47,11 @@ class CpuBackend final : public Backend {
     else if (o.kv_type == "f32") kv_f16 = false;
     else if (o.kv_type != "auto") fail("--kv-type: expected auto, f16 or f32, got '{}'", o.kv_type);
     interp_ = std::make_unique<cpu::Interpreter>(compile_program(g, co), m, !trace_path_.empty(), act_quant, kv_f16);
+    for (const auto& [name, b] : interp_->program().outputs)
+      if (is_main_output(name)) {
+        main_output_ = name;
+        per_token_ = interp_->program().buffers[static_cast<size_t>(b)].rows == SymExpr::tokens();
+      }
   }
 
   std::string name() const override { return "cpu"; }
@@ -54,16 +59,13 @@ class CpuBackend final : public Backend {
   std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_past) override {
     if (tokens.empty()) fail("forward: no tokens");
     const int64_t max = interp_->program().max_tokens;
-    bool per_token = false;  // logits for every position (all_logits) or only the last one
-    for (const auto& [name, b] : interp_->program().outputs)
-      if (name == "logits") per_token = interp_->program().buffers[static_cast<size_t>(b)].rows == SymExpr::tokens();
     std::vector<float> all;
     for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(max)) {
       auto chunk = tokens.subspan(at, std::min(tokens.size() - at, static_cast<size_t>(max)));
       interp_->set_want_topk(false);
       interp_->step(chunk, n_past + static_cast<int64_t>(at));
-      auto out = interp_->output("logits");
-      if (!per_token) all.clear();
+      auto out = interp_->output(main_output_);
+      if (!per_token_) all.clear();
       all.insert(all.end(), out.begin(), out.end());
     }
     return all;
@@ -74,7 +76,7 @@ class CpuBackend final : public Backend {
     interp_->set_want_topk(false);
     interp_->step(in);
     int64_t rows = 0, cols = 0;
-    auto out = interp_->output("logits", &rows, &cols);
+    auto out = interp_->output(main_output_, &rows, &cols);
     return select_logit_rows(out, rows, cols, batch, in);
   }
   std::vector<int32_t> forward_rows(const StepBatch& batch, OutputKind kind) override {
@@ -113,6 +115,8 @@ class CpuBackend final : public Backend {
  private:
   std::string trace_path_;
   bool finished_ = false;
+  std::string main_output_ = "logits";  // is_main_output: "logits", or "embd" in an embedding graph
+  bool per_token_ = false;              // it has a row for every position (all_logits, embd) or only the last one
   std::unique_ptr<cpu::Interpreter> interp_;
 };
 

@@ -186,7 +186,7 @@ void Interpreter::step(std::span<const int32_t> tokens, int64_t n_past) {
     fail("context overflow: {} tokens in the cache + {} new > context length {}", n_past, n, p_.n_ctx);
   bool all_rows = false;
   for (const auto& [name, b] : p_.outputs)
-    if (name == "logits") all_rows = p_.buffers[static_cast<size_t>(b)].rows == SymExpr::tokens();
+    if (is_main_output(name)) all_rows = p_.buffers[static_cast<size_t>(b)].rows == SymExpr::tokens();
   step(one_sequence_step(tokens, n_past, limits(), all_rows));
 }
 

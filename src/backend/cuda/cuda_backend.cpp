@@ -233,8 +233,8 @@ class CudaBackend final : public Backend {
     steps_host_ = static_cast<int32_t*>(rt_->host_alloc(static_cast<size_t>(kMaxDecodeSteps) * 4 * sizeof(int32_t), nullptr));
     out_buffer_ = -1;
     for (const auto& [oname, b] : p.outputs)
-      if (oname == "logits") out_buffer_ = b;
-    if (out_buffer_ < 0) fail("{}: the program has no output named logits", name_);
+      if (is_main_output(oname)) out_buffer_ = b;
+    if (out_buffer_ < 0) fail("{}: the program has no output named logits or embd", name_);
     const Buffer& ob = p.buffers[static_cast<size_t>(out_buffer_)];
     out_host_ = rt_->host_alloc(static_cast<size_t>(ob.max_rows * ob.cols) * 4, nullptr);
     for (OutputKind kind : {OutputKind::greedy, OutputKind::topk}) {  // what greedy decoding / top-k sampling copies back

@@ -1,0 +1,45 @@
+// Embeddings: one vector per input text, from the hidden state a decoder ends each row with (the
+// output norm's rows, BuildOptions::embeddings), pooled over the input's positions and by default
+// L2-normalized; as llama.cpp's `llama-embedding` / server `--embeddings` and sentence-transformers'
+// Pooling module. Attention stays causal (decoder embedding models such as Qwen3-Embedding or
+// e5-mistral are read with last-token pooling).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model_file.h"
+
+namespace mk {
+
+// none: every row; mean: the rows' average; cls: the first row; last: the last row.
+enum class Pooling { none, mean, cls, last };
+// "none" | "mean" | "cls" | "last"; pooling_from_name throws mk::Error naming the choices.
+const char* pooling_name(Pooling p);
+Pooling pooling_from_name(std::string_view name);
+
+// The pooling the model file names: GGUF `{arch}.pooling_type` (0 none, 1 mean, 2 cls, 3 last; 4,
+// a reranker's rank, is refused), or an HF directory's sentence-transformers `1_Pooling/config.json`
+// (pooling_mode_mean_tokens / _cls_token / _lasttoken); mean when it names none. Throws mk::Error
+// for a value it cannot use, naming the file and key.
+Pooling model_pooling(const ModelFile& m);
+
+struct EmbedOptions {
+  Pooling pooling = Pooling::mean;
+  bool normalize = true;  // divide each vector by its L2 norm (a zero vector stays zero)
+};
+
+// Embeds each input (token ids, BOS/EOS already added) on a backend whose graph was built with
+// BuildOptions::embeddings (its forward() returns [rows, n_embd]). Returns, per input, [n_embd]
+// floats, or with Pooling::none [n_tokens * n_embd] row-major (each row normalized). Inputs are
+// batched: on a paged backend as many sequences as the KV pool holds at once, at most
+// max_batch_rows() rows a step, one after another otherwise; the vectors do not depend on the
+// batching. Throws mk::Error naming the input (its index) for: no tokens, more than n_ctx tokens or
+// than the KV pool's rows, an id outside [0, n_vocab), a hidden state that is not finite.
+std::vector<std::vector<float>> embed(Backend& backend, int64_t n_embd, int64_t n_ctx, int64_t n_vocab,
+                                      std::span<const std::vector<int32_t>> inputs, const EmbedOptions& o);
+
+}  // namespace mk
