@@ -21,7 +21,7 @@ void add_compile_command(CLI::App& app) {
     std::string model, emit = "program", out, schedule = "dynamic";
     int threads = 0;
     int64_t n_ctx = 0, max_tokens = 256, attn_splits = -1;
-    bool all_logits = false;
+    bool all_logits = false, embeddings = false;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("compile", "compile a model and print its IR or instruction program");
@@ -45,7 +45,9 @@ void add_compile_command(CLI::App& app) {
       ->transform(integer_at_least(0));
   auto* max_tokens_opt = cmd->add_option("--max-tokens", o->max_tokens, "most tokens per step (buffers are sized for it)")
       ->transform(integer_at_least(1));
-  cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
+  auto* all_logits = cmd->add_flag("--all-logits", o->all_logits, "logits for every position");
+  cmd->add_flag("--embeddings", o->embeddings, "the embedding graph (embed, serve --embeddings): the output norm's rows, no logits")
+      ->excludes(all_logits);
   cmd->add_option("--attn-splits", o->attn_splits,
                   "flash-decoding splits of attention (0 = auto; default: auto for --emit cuda, else 1)")
       ->transform(integer_range(0, 64));
@@ -53,7 +55,9 @@ void add_compile_command(CLI::App& app) {
     ModelFile model = open_model(o->model, /*with_data=*/false);  // shapes are all compile needs
     Hparams hp = read_hparams(model);
     const int64_t n_ctx = resolve_n_ctx(hp, o->n_ctx);  // as run and serve: not past the training context
-    Graph g = build_graph(model, BuildOptions{n_ctx, o->all_logits});
+    BuildOptions bo{n_ctx, o->all_logits};
+    bo.embeddings = o->embeddings;
+    Graph g = build_graph(model, bo);
     CompileOptions co;
     co.workers = o->threads > 0 ? o->threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     if (o->emit == "cuda" && o->threads <= 0) co.workers = kCudaDefaultBlocks;

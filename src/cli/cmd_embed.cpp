@@ -15,6 +15,7 @@ void add_embed_command(CLI::App& app) {
     std::vector<std::string> prompts;
     std::string file, ids, pooling;
     bool no_normalize = false;
+    int64_t dimensions = 0;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("embed", "print the embedding of each text (the last hidden state, pooled) as JSON");
@@ -31,6 +32,9 @@ void add_embed_command(CLI::App& app) {
                   "(GGUF pooling_type, sentence-transformers' 1_Pooling), else mean")
       ->check(CLI::IsMember({"none", "mean", "cls", "last"}));
   cmd->add_flag("--no-normalize", o->no_normalize, "keep the vectors as they are (default: divided by their L2 norm)");
+  cmd->add_option("--dimensions", o->dimensions,
+                  "keep the first N values of each vector, before normalizing (OpenAI's shortened embeddings; 0 = all)")
+      ->transform(integer_at_least(0, INT64_MAX));
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length: the longest input (0 = the model's, at most 4096)")
       ->transform(integer_at_least(0));
   cmd->add_option("--backend", o->session.backend, "backend: cpu, cuda, ... (default: the fastest available)")->check(backend_name());
@@ -67,6 +71,9 @@ void add_embed_command(CLI::App& app) {
     EmbedOptions eo;
     eo.pooling = o->pooling.empty() ? model_pooling(s.model) : pooling_from_name(o->pooling);
     eo.normalize = !o->no_normalize;
+    if (o->dimensions > s.hparams.n_embd)
+      usage_error(fmt::format("--dimensions {} is more than the model's {} (n_embd)", o->dimensions, s.hparams.n_embd));
+    eo.dimensions = o->dimensions;
     std::vector<std::vector<int32_t>> inputs;
     if (!o->ids.empty()) {
       inputs.push_back(parse_ids(o->ids));
@@ -76,22 +83,22 @@ void add_embed_command(CLI::App& app) {
         if (inputs.back().empty()) fail("input {}: the text gives no tokens to embed", i);
       }
     }
-    const int64_t n_embd = s.hparams.n_embd;
+    const int64_t n_embd = s.hparams.n_embd, d = o->dimensions > 0 ? o->dimensions : n_embd;
     const std::vector<std::vector<float>> vectors = embed(*s.backend, n_embd, s.n_ctx, s.hparams.n_vocab, inputs, eo);
     s.backend->finish();
     nlohmann::ordered_json j;
     j["backend"] = s.backend->name();
     j["pooling"] = pooling_name(eo.pooling);
     j["normalized"] = eo.normalize;
-    j["n_embd"] = n_embd;
+    j["dimensions"] = d;
     nlohmann::ordered_json data = nlohmann::ordered_json::array();
     for (size_t i = 0; i < vectors.size(); ++i) {
       nlohmann::ordered_json e = {{"index", i}, {"n_tokens", inputs[i].size()}};
       if (eo.pooling == Pooling::none) {
         nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-        for (size_t at = 0; at < vectors[i].size(); at += static_cast<size_t>(n_embd))
+        for (size_t at = 0; at < vectors[i].size(); at += static_cast<size_t>(d))
           rows.push_back(std::vector<float>(vectors[i].begin() + static_cast<std::ptrdiff_t>(at),
-                                            vectors[i].begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(n_embd))));
+                                            vectors[i].begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(d))));
         e["embedding"] = std::move(rows);
       } else {
         e["embedding"] = vectors[i];

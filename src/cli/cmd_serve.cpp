@@ -1,8 +1,11 @@
 // `megakernel serve`: an OpenAI-compatible HTTP server (cpp-httplib) over the continuous-batching
 // engine (runtime/engine.h). Endpoints: GET /health, GET /v1/models, POST /v1/completions,
-// POST /v1/chat/completions (stream: Server-Sent Events), GET /metrics (Prometheus text).
+// POST /v1/chat/completions (stream: Server-Sent Events), GET /metrics (Prometheus text); with
+// --embeddings POST /v1/embeddings instead of the completions (runtime/embed.h).
 // Errors are OpenAI error objects: {"error": {"message", "type", "param", "code"}}.
 #include <httplib.h>
+#include <boost/archive/iterators/base64_from_binary.hpp>
+#include <boost/archive/iterators/transform_width.hpp>
 #include <pthread.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -34,6 +37,7 @@
 #include "cli/http_connections.h"
 #include "runtime/chat.h"
 #include "model/tokenizer.h"
+#include "runtime/embed.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "runtime/tool_calls.h"
@@ -60,6 +64,8 @@ struct ServeOptions {
   std::string template_file;
   std::string model_id;
   bool prefix_cache = true;
+  bool embeddings = false;  // serve POST /v1/embeddings instead of completions (an embedding graph)
+  std::string pooling;      // runtime/embed.h: mean, cls or last; "" = the model's
 };
 
 // --timeout above a year would overflow the deadline arithmetic for no use (0 means no limit);
@@ -121,6 +127,17 @@ size_t first_invalid_utf8(std::string_view s) {
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) {
   throw HttpError{400, message, "invalid_request_error", param, ""};
+}
+
+// Bytes as base64 (RFC 4648, padded): an embedding's float32 values, little-endian, for
+// encoding_format "base64" (what the openai client asks for by default).
+std::string base64(const void* data, size_t n) {
+  using namespace boost::archive::iterators;
+  using It = base64_from_binary<transform_width<const char*, 6, 8>>;
+  const char* p = static_cast<const char*>(data);
+  std::string s(It(p), It(p + n));
+  s.append((3 - n % 3) % 3, '=');
+  return s;
 }
 
 // Non-streaming replies still running after heartbeat_after are sent chunked, with a whitespace
@@ -1198,6 +1215,88 @@ class Server {
     };
   }
 
+  // POST /v1/embeddings (OpenAI's): "input" a string, an array of strings, an array of token ids
+  // or an array of such arrays (at most kMaxEmbedInputs); "encoding_format" float (default) or
+  // base64 (float32 little-endian); "dimensions": the first N values (then normalized again, as
+  // OpenAI's shortened embeddings: for models trained for it, Matryoshka). Texts get the
+  // vocabulary's BOS / EOS. One request at a time (its inputs batched: runtime/embed.h).
+  static constexpr size_t kMaxEmbedInputs = 2048;
+  json embeddings(const std::string& body_text) {
+    const json body = parse_body(body_text);
+    if (const json* m = field(body, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
+    const json* input = field(body, "input");
+    if (!input) bad("input", "'input' is required: a string, an array of strings or of token ids");
+    std::vector<std::vector<int32_t>> inputs;
+    auto ids_of = [&](const json& a, const std::string& where) {
+      std::vector<int32_t> ids;
+      for (const json& t : a) {
+        if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) ||
+            t.get<int64_t>() < 0 || t.get<int64_t>() >= s_.hparams.n_vocab)
+          bad("input", fmt::format("{}: {} is not a token id of the vocabulary [0, {})", where, clip_json(t), s_.hparams.n_vocab));
+        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+      if (ids.empty()) bad("input", fmt::format("{}: an empty array of token ids", where));
+      return ids;
+    };
+    auto text_ids = [&](const json& t, const std::string& where) {
+      if (!s_.tokenizer) bad("input", no_tokenizer(s_, o_.session.model_path, o_.model_id));
+      const std::string& text = t.get_ref<const std::string&>();
+      if (text.empty()) bad("input", fmt::format("{} is an empty string", where));
+      if (const size_t off = first_invalid_utf8(text); off != std::string_view::npos)
+        bad("input", fmt::format("{} is not valid UTF-8 (byte {})", where, off));
+      return s_.tokenizer->encode(text, /*add_bos=*/true);
+    };
+    if (input->is_string()) {
+      inputs.push_back(text_ids(*input, "'input'"));
+    } else if (input->is_array() && !input->empty() && input->at(0).is_number()) {
+      inputs.push_back(ids_of(*input, "'input'"));
+    } else if (input->is_array() && !input->empty()) {
+      if (input->size() > kMaxEmbedInputs)
+        bad("input", fmt::format("'input' has {} items, at most {} are taken in one request", input->size(), kMaxEmbedInputs));
+      for (size_t i = 0; i < input->size(); ++i) {
+        const json& item = (*input)[i];
+        const std::string where = fmt::format("input[{}]", i);
+        if (item.is_string()) inputs.push_back(text_ids(item, where));
+        else if (item.is_array()) inputs.push_back(ids_of(item, where));
+        else bad("input", fmt::format("{} must be a string or an array of token ids, not {}", where, clip_json(item)));
+      }
+    } else {
+      bad("input", input->is_array() ? "'input' is an empty array" : "'input' must be a string, an array of strings or of token ids");
+    }
+    bool b64 = false;
+    if (const json* f = field(body, "encoding_format")) {
+      if (!f->is_string() || (*f != "float" && *f != "base64"))
+        bad("encoding_format", fmt::format("'encoding_format' must be \"float\" or \"base64\", not {}", clip_json(*f)));
+      b64 = *f == "base64";
+    }
+    const int64_t n_embd = s_.hparams.n_embd;
+    const EmbedOptions eo{pooling_, /*normalize=*/true, get_int(body, "dimensions", n_embd, 1, n_embd)};
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (static_cast<int64_t>(inputs[i].size()) > s_.n_ctx)
+        bad("input", fmt::format("{}: {} tokens are more than the context length {}", input->is_array() && !input->at(0).is_number() ? fmt::format("input[{}]", i) : std::string("'input'"),
+                                 inputs[i].size(), s_.n_ctx));
+    std::vector<std::vector<float>> vectors;
+    try {
+      std::lock_guard lock(embed_mu_);
+      vectors = embed(*s_.backend, n_embd, s_.n_ctx, s_.hparams.n_vocab, inputs, eo);
+    } catch (const Error& e) {  // what the checks above leave: an input past a small --kv-tokens pool, a hidden state that overflowed
+      bad("input", for_client(e.what()));
+    }
+    json data = json::array();
+    int64_t n_tokens = 0;
+    for (size_t i = 0; i < vectors.size(); ++i) {
+      const std::vector<float>& v = vectors[i];
+      json e = {{"object", "embedding"}, {"index", i}};
+      e["embedding"] = b64 ? json(base64(v.data(), v.size() * sizeof(float))) : json(v);
+      data.push_back(std::move(e));
+      n_tokens += static_cast<int64_t>(inputs[i].size());
+    }
+    return {{"object", "list"},
+            {"data", std::move(data)},
+            {"model", o_.model_id},
+            {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}};
+  }
+
   void install(HttpServer& svr) {
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       // Runs before the body is read. cpp-httplib 0.11 does not apply the payload limit to chunked
@@ -1297,11 +1396,30 @@ class Server {
         guarded([&](const httplib::Request& q2, httplib::Response& r2) { fn(q2, body, r2); })(q, r);
       };
     };
-    svr.Post("/v1/completions", with_body([this](const httplib::Request& q, const std::string& body, httplib::Response& r) {
+    // One kind of model per server, as llama.cpp's --embeddings: the other endpoints answer 501.
+    auto not_served = [this](const char* what) {
+      throw HttpError{501,
+                      o_.embeddings ? fmt::format("this server serves embeddings only (started with --embeddings): {} need a server started without it", what)
+                                    : std::string("this server does not serve embeddings: start it with --embeddings"),
+                      "invalid_request_error", "", "not_supported"};
+    };
+    svr.Post("/v1/completions", with_body([this, not_served](const httplib::Request& q, const std::string& body, httplib::Response& r) {
+               if (o_.embeddings) not_served("completions");
                handle_generate(q, body, r, false);
              }));
-    svr.Post("/v1/chat/completions", with_body([this](const httplib::Request& q, const std::string& body, httplib::Response& r) {
+    svr.Post("/v1/chat/completions", with_body([this, not_served](const httplib::Request& q, const std::string& body, httplib::Response& r) {
+               if (o_.embeddings) not_served("chat completions");
                handle_generate(q, body, r, true);
+             }));
+    svr.Post("/v1/embeddings", with_body([this, not_served](const httplib::Request&, const std::string& body, httplib::Response& r) {
+               if (!o_.embeddings) not_served("embeddings");
+               if (draining_) throw HttpError{503, "the server is shutting down", "server_error", "", ""};
+               ++in_flight_;
+               struct Release {
+                 std::atomic<int>& n;
+                 ~Release() { --n; }
+               } release{in_flight_};
+               r.set_content(json_text(embeddings(body)), "application/json");
              }));
     // llama.cpp server's /tokenize and /detokenize (clients count a prompt's tokens with them).
     svr.Post("/tokenize", with_body([this](const httplib::Request&, const std::string& body, httplib::Response& r) {
@@ -1383,6 +1501,8 @@ class Server {
 
   std::atomic<int> in_flight_{0};
   std::atomic<bool> draining_{false};
+  Pooling pooling_ = Pooling::mean;  // --embeddings: the vectors' pooling
+  std::mutex embed_mu_;              // one embedding request on the backend at a time
 
  private:
   ServeOptions o_;
@@ -1451,6 +1571,9 @@ void serve(ServeOptions o) {
   if (o.kv_tokens < 0) fail("--kv-tokens must be >= 0, got {}", o.kv_tokens);
   o.session.kv_pool_tokens = o.kv_tokens;
   o.session.kv_pool_seqs = o.parallel;  // default pool: every running request can reach the full context
+  o.session.embeddings = o.embeddings;
+  if (!o.pooling.empty() && !o.embeddings) throw CLI::ValidationError("--pooling", "needs --embeddings");
+  if (o.pooling == "none") throw CLI::ValidationError("--pooling", "none gives a vector per token, which /v1/embeddings cannot return: use mean, cls or last");
   // The KV pool and the per-row buffers grow with --parallel, the context and --kv-tokens: an
   // allocation that fails names them, so the user knows what to lower.
   std::unique_ptr<Session> session;
@@ -1476,7 +1599,16 @@ void serve(ServeOptions o) {
   if (!s.tokenizer_error.empty())
     std::fprintf(stderr, "warning: the model's tokenizer cannot be used (%s); only prompts of token ids can be served\n",
                  s.tokenizer_error.c_str());
-  if (!o.template_file.empty()) {  // a template that cannot be read or parsed is the server's error, found at start
+  Pooling pooling = Pooling::mean;
+  if (o.embeddings) {
+    pooling = o.pooling.empty() ? model_pooling(s.model) : pooling_from_name(o.pooling);
+    if (pooling == Pooling::none)
+      fail("{}: the model's pooling is none (a vector per token), which /v1/embeddings cannot return: pass --pooling mean, cls or last",
+           o.session.model_path);
+  }
+  if (o.embeddings) {
+    if (!o.template_file.empty()) throw CLI::ValidationError("--chat-template-file", "an --embeddings server does not chat");
+  } else if (!o.template_file.empty()) {  // a template that cannot be read or parsed is the server's error, found at start
     if (!s.tokenizer) fail("--chat-template-file: {}, so it cannot chat", no_tokenizer(s));
     render_model_chat(s.model, *s.tokenizer, json::array({{{"role", "user"}, {"content", "Hello"}}}), o.template_file);
   } else if (s.tokenizer) {  // a model without a template serves completions only: say so at start
@@ -1522,6 +1654,7 @@ void serve(ServeOptions o) {
   engine.start();
 
   Server server(o, s, engine);
+  server.pooling_ = pooling;
   HttpServer svr;  // cpp-httplib with our connection loop: http_connections.h
   // Threads kept ready for connections; more start on demand (a slow client never holds back others).
   const size_t http_threads = static_cast<size_t>(std::max(engine.parallel(), 1) + o.max_queue + 4);
@@ -1613,8 +1746,9 @@ void serve(ServeOptions o) {
                  static_cast<long long>(engine.kv_blocks_total() * engine.kv_block_size()), static_cast<long long>(engine.n_ctx()));
   std::fprintf(
       stderr,
-      "serve: %s on %s backend, context %lld, %d parallel, KV %lld %s x %lld tokens; listening on http://%s:%d\n",
-      o.model_id.c_str(), s.backend->name().c_str(), static_cast<long long>(engine.n_ctx()), engine.parallel(),
+      "serve: %s%s on %s backend, context %lld, %d parallel, KV %lld %s x %lld tokens; listening on http://%s:%d\n",
+      o.model_id.c_str(), o.embeddings ? fmt::format(" (embeddings, {} pooling)", pooling_name(pooling)).c_str() : "",
+      s.backend->name().c_str(), static_cast<long long>(engine.n_ctx()), engine.parallel(),
       static_cast<long long>(engine.kv_blocks_total()), engine.kv_blocks_total() == 1 ? "block" : "blocks",
       static_cast<long long>(engine.kv_block_size()),
       (o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host).c_str(), port);  // IPv6 in brackets
@@ -1669,6 +1803,10 @@ void add_serve_command(CLI::App& app) {
                 "compute every prompt in full (default: a prompt that begins as an earlier request's did, in whole "
                 "KV blocks, reuses that request's KV cache rows)");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 chat template to use instead of the model's");
+  cmd->add_flag("--embeddings", o->embeddings,
+                "serve POST /v1/embeddings (the last hidden state, pooled, L2-normalized) instead of completions");
+  cmd->add_option("--pooling", o->pooling, "with --embeddings: mean, cls or last (default: the model's, else mean)")
+      ->check(CLI::IsMember({"none", "mean", "cls", "last"}));
   cmd->add_option("--alias", o->model_id, "model id reported by /v1/models and in responses (default: the file name)")
       ->check(not_empty);
   cmd->add_option("-c,--ctx-size", o->session.n_ctx, "context length per request (0 = the model's, at most 4096)")

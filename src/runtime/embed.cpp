@@ -84,6 +84,14 @@ void take_row(Pooling p, std::span<const float> row, Pooled& out) {
   }
 }
 
+// The first d values of each n_embd-long row.
+void truncate_rows(std::vector<float>& v, int64_t n_embd, int64_t d) {
+  size_t out = 0;
+  for (size_t at = 0; at < v.size(); at += static_cast<size_t>(n_embd))
+    for (int64_t i = 0; i < d; ++i) v[out++] = v[at + static_cast<size_t>(i)];
+  v.resize(out);
+}
+
 void normalize_rows(std::vector<float>& v, int64_t n_embd) {
   for (size_t at = 0; at < v.size(); at += static_cast<size_t>(n_embd)) {
     double ss = 0;
@@ -195,7 +203,9 @@ std::vector<std::vector<float>> embed(Backend& backend, int64_t n_embd, int64_t 
       if (!std::isfinite(v[k]))
         fail("input {}: its embedding is not finite ({} at row {}, element {}): the model's hidden state overflowed", i,
              v[k], static_cast<int64_t>(k) / n_embd, static_cast<int64_t>(k) % n_embd);
-    if (o.normalize) normalize_rows(v, n_embd);
+    const int64_t d = o.dimensions > 0 && o.dimensions < n_embd ? o.dimensions : n_embd;
+    if (d < n_embd) truncate_rows(v, n_embd, d);
+    if (o.normalize) normalize_rows(v, d);
   }
   return result;
 }

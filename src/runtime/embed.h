@@ -30,11 +30,15 @@ Pooling model_pooling(const ModelFile& m);
 struct EmbedOptions {
   Pooling pooling = Pooling::mean;
   bool normalize = true;  // divide each vector by its L2 norm (a zero vector stays zero)
+  // > 0: keep the first `dimensions` values of each vector (before normalizing): OpenAI's shortened
+  // embeddings, meaningful for models trained for it (Matryoshka). 0 or >= n_embd: all.
+  int64_t dimensions = 0;
 };
 
 // Embeds each input (token ids, BOS/EOS already added) on a backend whose graph was built with
-// BuildOptions::embeddings (its forward() returns [rows, n_embd]). Returns, per input, [n_embd]
-// floats, or with Pooling::none [n_tokens * n_embd] row-major (each row normalized). Inputs are
+// BuildOptions::embeddings (its forward() returns [rows, n_embd]). Returns, per input, [d] floats
+// (d = n_embd, or EmbedOptions::dimensions), or with Pooling::none [n_tokens * d] row-major (each row
+// normalized). Inputs are
 // batched: on a paged backend as many sequences as the KV pool holds at once, at most
 // max_batch_rows() rows a step, one after another otherwise; the vectors do not depend on the
 // batching. Throws mk::Error naming the input (its index) for: no tokens, more than n_ctx tokens or

@@ -175,7 +175,7 @@ TEST(E2ECliUsage, NumericOptionsRefuseWhatTheyCannotHold) {
 // An unknown or missing command is named with the list of commands (not CLI11's "A subcommand is
 // required"); an option given twice says so (not "At Most 1 required but received 2"), exit 2.
 TEST(E2ECliUsage, UnknownCommandAndRepeatedOptionAreNamed) {
-  const std::string commands = "run, info, logits, compile, bench-copy, tokenize, chat, serve";
+  const std::string commands = "run, info, logits, embed, compile, bench-copy, tokenize, chat, serve";
   Result r = cli("bogus");
   EXPECT_EQ(r.status, 2);
   EXPECT_TRUE(has(r.err, "error: unknown command 'bogus'; the commands are: " + commands)) << r.err;

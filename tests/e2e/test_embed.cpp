@@ -17,6 +17,7 @@
 #include "runtime/embed.h"
 #include "support/cli.h"
 #include "support/compare.h"
+#include "support/errors.h"
 
 namespace mk {
 namespace {
@@ -148,14 +149,7 @@ TEST(E2EEmbedErrors, BadInputsAreNamed) {
   const nlohmann::json& m = model_case("stories260K");
   auto l = load(model_path(m), 16, "cpu");
   const Hparams hp = read_hparams(l->m);
-  auto error = [&](std::vector<std::vector<int32_t>> in) {
-    try {
-      embed(*l->b, hp.n_embd, 16, hp.n_vocab, in, {});
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto error = [&](std::vector<std::vector<int32_t>> in) { return test::error_of([&] { embed(*l->b, hp.n_embd, 16, hp.n_vocab, in, {}); }); };
   EXPECT_EQ(error({{1, 2}, {}}), "input 1: no tokens to embed");
   EXPECT_EQ(error({std::vector<int32_t>(17, 5)}), "input 0: 17 tokens are more than the context length 16");
   EXPECT_EQ(error({{1, 2}, {1, 512}}), "input 1: token 512 (at 1) is not an id of the vocabulary [0, 512)");
@@ -177,7 +171,7 @@ TEST(E2EEmbedCli, TextsGiveLlamaCppsIdsAndVectors) {
   const nlohmann::json j = nlohmann::json::parse(out);
   EXPECT_EQ(j.at("pooling"), "mean");  // the GGUF names none
   EXPECT_EQ(j.at("normalized"), true);
-  EXPECT_EQ(j.at("n_embd"), 64);
+  EXPECT_EQ(j.at("dimensions"), 64);
   ASSERT_EQ(j.at("data").size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(j["data"][i].at("index"), i);
@@ -191,6 +185,19 @@ TEST(E2EEmbedCli, TextsGiveLlamaCppsIdsAndVectors) {
   EXPECT_EQ(k.at("pooling"), "none");
   EXPECT_EQ(k["data"][0].at("embedding").size(), 3u);
   EXPECT_EQ(k["data"][0]["embedding"][2].size(), 64u);
+  // --dimensions: the first values of each row, each row normalized again
+  const nlohmann::json d = nlohmann::json::parse(
+      test::run_cli("embed -m " + model_path(m) + " --ids 1,403,407 --pooling none --dimensions 5", &status, &err));
+  ASSERT_EQ(status, 0) << err;
+  EXPECT_EQ(d.at("dimensions"), 5);
+  ASSERT_EQ(d["data"][0]["embedding"].size(), 3u);
+  for (size_t r = 0; r < 3; ++r) {
+    const std::vector<float> full = k["data"][0]["embedding"][r].get<std::vector<float>>(), got = d["data"][0]["embedding"][r];
+    double ss = 0;
+    for (size_t i = 0; i < 5; ++i) ss += static_cast<double>(full[i]) * full[i];
+    ASSERT_EQ(got.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], full[i] / std::sqrt(ss), 1e-6) << r << " " << i;
+  }
 }
 
 TEST(E2EEmbedCli, ErrorsAreNamed) {
@@ -206,6 +213,9 @@ TEST(E2EEmbedCli, ErrorsAreNamed) {
   EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find("input 0: "), std::string::npos) << out;
   EXPECT_NE(out.find("tokens are more than the context length 4"), std::string::npos) << out;
+  out = test::run_cli("embed -m " + model + " --ids 1,2 --dimensions 65", &status);
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("--dimensions 65 is more than the model's 64 (n_embd)"), std::string::npos) << out;
   out = test::run_cli("embed -m " + model + " --ids 1,600", &status);
   EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find("input 0: token 600 (at 1) is not an id of the vocabulary [0, 512)"), std::string::npos) << out;
@@ -215,6 +225,44 @@ TEST(E2EEmbedCli, ErrorsAreNamed) {
   EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find(empty + ": no non-empty line to embed"), std::string::npos) << out;
   std::filesystem::remove(empty);
+}
+
+TEST(EmbedPooling, ModelFileNamesItsPooling) {
+  ModelFile g;
+  g.format = "gguf";
+  g.path = "m.gguf";
+  EXPECT_EQ(model_pooling(g), Pooling::mean);  // names none
+  g.metadata["general.architecture"] = "qwen3";
+  for (const auto& [v, p] : {std::pair{0, Pooling::none}, {1, Pooling::mean}, {2, Pooling::cls}, {3, Pooling::last}}) {
+    g.metadata["qwen3.pooling_type"] = v;
+    EXPECT_EQ(model_pooling(g), p) << v;
+  }
+  g.metadata["qwen3.pooling_type"] = 4;
+  EXPECT_EQ(test::error_of([&] { model_pooling(g); }), "m.gguf: qwen3.pooling_type is 4 (rank: a reranker's score), which is not supported; --pooling picks another");
+  g.metadata["qwen3.pooling_type"] = 9;
+  EXPECT_EQ(test::error_of([&] { model_pooling(g); }), "m.gguf: qwen3.pooling_type is 9, expected 0 (none), 1 (mean), 2 (cls) or 3 (last)");
+
+  const std::filesystem::path dir = std::filesystem::path(testing::TempDir()) / "mk_embed_pooling";
+  std::filesystem::create_directories(dir / "1_Pooling");
+  ModelFile h;
+  h.format = "hf";
+  h.path = dir.string();
+  const std::string cfg = (dir / "1_Pooling" / "config.json").string();
+  auto write = [&](const std::string& text) { std::ofstream(cfg) << text; };
+  write(R"({"word_embedding_dimension": 1024, "pooling_mode_cls_token": false, "pooling_mode_mean_tokens": false, "pooling_mode_lasttoken": true})");
+  EXPECT_EQ(model_pooling(h), Pooling::last);  // Qwen3-Embedding's
+  write(R"({"pooling_mode_cls_token": true})");
+  EXPECT_EQ(model_pooling(h), Pooling::cls);
+  write(R"({"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true})");
+  EXPECT_EQ(test::error_of([&] { model_pooling(h); }), cfg + ": more than one pooling mode is on (their vectors would be concatenated); --pooling picks one");
+  write(R"({"pooling_mode_max_tokens": true})");
+  EXPECT_EQ(test::error_of([&] { model_pooling(h); }), cfg + ": pooling_mode_max_tokens is not supported (mean, cls and last are); --pooling picks one");
+  write(R"({"pooling_mode_lasttoken": "yes"})");
+  EXPECT_EQ(test::error_of([&] { model_pooling(h); }), cfg + ": pooling_mode_lasttoken must be true or false");
+  write("{");
+  EXPECT_THROW(model_pooling(h), Error);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(model_pooling(h), Pooling::mean);  // no sentence-transformers folder
 }
 
 }  // namespace

@@ -1423,6 +1423,86 @@ def half_close_checks():
     check(srv.stop() == 0, "half-close server: exit code 0")
 
 
+def embeddings_checks():
+    """serve --embeddings: /v1/embeddings through the openai client (base64 by default) and raw
+    (floats), equal to `megakernel embed`'s vectors and to llama.cpp's (tests/data/embeddings);
+    dimensions, token-id inputs, concurrency, errors, 501 for the other kind of endpoint."""
+    import base64
+    import math
+    import struct
+    gguf = f"{SHARED}/models/stories260K/stories260K.gguf"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    fixture = json.load(open(os.path.join(repo, "tests", "data", "embeddings", "expected.json")))["models"][0]
+    want_mean = fixture["cases"][0]["embeddings"]  # mean, normalized
+    texts = fixture["texts"][:3]
+
+    def close(a, b, tol=1e-5):
+        num = sum((x - y) ** 2 for x, y in zip(a, b))
+        den = sum(y * y for y in b)
+        return len(a) == len(b) and math.sqrt(num / den) < tol
+
+    srv = Server([gguf], "--embeddings")
+    try:
+        r = srv.client.embeddings.create(model="stories260K", input=texts)  # the client asks for base64
+        check(r.object == "list" and [d.index for d in r.data] == [0, 1, 2], "embeddings: a list of 3, indexed")
+        check(all(close(d.embedding, want_mean[i]) for i, d in enumerate(r.data)),
+              "embeddings: openai client (base64) vectors equal llama.cpp's (mean, normalized)")
+        n_tok = sum(len(x) for x in fixture["inputs"][:3])
+        check(r.usage.prompt_tokens == n_tok and r.usage.total_tokens == n_tok, f"embeddings: usage counts {n_tok} tokens")
+        st, _, text = srv.raw("POST", "/v1/embeddings", {"input": texts[0], "encoding_format": "float"})
+        j = json.loads(text)
+        check(st == 200 and close(j["data"][0]["embedding"], want_mean[0]) and j["data"][0]["object"] == "embedding",
+              "embeddings: encoding_format float, a single string")
+        cli = json.loads(subprocess.run([BIN, "embed", "-m", gguf, "-t", "2", "-p", texts[0]], capture_output=True, text=True).stdout)
+        check(j["data"][0]["embedding"] == cli["data"][0]["embedding"], "embeddings: the same bits as `megakernel embed`")
+        ids = fixture["inputs"][1]
+        r2 = srv.client.embeddings.create(model="x", input=ids)
+        check(close(r2.data[0].embedding, want_mean[1]), "embeddings: an input of token ids")
+        r3 = srv.client.embeddings.create(model="x", input=[ids, fixture["inputs"][3]])
+        check(close(r3.data[1].embedding, want_mean[3]), "embeddings: a list of id lists (a 300-token one)")
+        for dims in (1, 2, 3, 8):  # base64 of 4, 8, 12, 32 bytes: every padding
+            st, _, text = srv.raw("POST", "/v1/embeddings", {"input": texts[0], "encoding_format": "base64", "dimensions": dims})
+            v = struct.unpack(f"<{dims}f", base64.b64decode(json.loads(text)["data"][0]["embedding"]))
+            head = want_mean[0][:dims]
+            n = math.sqrt(sum(x * x for x in head))
+            check(st == 200 and close(list(v), [x / n for x in head], 1e-5), f"embeddings: dimensions {dims}: the first values, normalized")
+        with cf.ThreadPoolExecutor(8) as ex:
+            outs = list(ex.map(lambda i: srv.client.embeddings.create(model="x", input=texts[i % 3]).data[0].embedding, range(16)))
+        check(all(close(o, want_mean[i % 3]) for i, o in enumerate(outs)), "embeddings: 16 concurrent requests")
+        expect_error(srv, {"input": []}, 400, "input", "/v1/embeddings")
+        expect_error(srv, {"input": ""}, 400, "input", "/v1/embeddings")
+        expect_error(srv, {"input": [["a"]]}, 400, "input", "/v1/embeddings")
+        expect_error(srv, {"input": [1, 512]}, 400, "input", "/v1/embeddings")
+        expect_error(srv, {"input": [[1, 2], {}]}, 400, "input", "/v1/embeddings")
+        expect_error(srv, {"input": "x" * 5000}, 400, "input", "/v1/embeddings", what="a text longer than the context")
+        expect_error(srv, {"input": ["x"] * 2049}, 400, "input", "/v1/embeddings")
+        expect_error(srv, {"model": 3, "input": "x"}, 400, "model", "/v1/embeddings")
+        expect_error(srv, {"input": "x", "encoding_format": "int8"}, 400, "encoding_format", "/v1/embeddings")
+        expect_error(srv, {"input": "x", "dimensions": 0}, 400, "dimensions", "/v1/embeddings")
+        expect_error(srv, {"input": "x", "dimensions": 65}, 400, "dimensions", "/v1/embeddings")
+        expect_error(srv, {"prompt": "x"}, 501, path="/v1/completions")
+        expect_error(srv, {"messages": [{"role": "user", "content": "x"}]}, 501, path="/v1/chat/completions")
+        st, _, text = srv.raw("POST", "/tokenize", {"content": texts[0], "add_special": True})
+        check(st == 200 and json.loads(text)["tokens"] == fixture["inputs"][0], "embeddings server: /tokenize gives the ids it embeds")
+        srv.blocks_free_at_end("embeddings")
+    finally:
+        check(srv.stop() == 0, "embeddings server: SIGTERM exits 0")
+    srv = Server([gguf], "--embeddings", "--pooling", "last")
+    try:
+        r = srv.client.embeddings.create(model="x", input=texts[1])
+        check(close(r.data[0].embedding, fixture["cases"][2]["embeddings"][1]), "embeddings: --pooling last equals llama.cpp's")
+    finally:
+        srv.stop()
+    srv = Server(STORIES)
+    try:
+        expect_error(srv, {"input": "x"}, 501, path="/v1/embeddings", what="embeddings on a completions server")
+    finally:
+        srv.stop()
+    for extra, what in ((["--pooling", "mean"], "--pooling without --embeddings"), (["--embeddings", "--pooling", "none"], "--pooling none")):
+        out = subprocess.run([BIN, "serve", "-m", gguf, "--port", "0", *extra], capture_output=True, text=True, timeout=60)
+        check(out.returncode == 2 and "--pooling" in out.stderr, f"serve {what}: exit 2 naming --pooling ({out.returncode}: {out.stderr.strip()[:120]})")
+
+
 def queued_ghost_checks():
     """A streaming client that gives up while its request waits in the queue: the server writes an
     SSE comment (`: ping`) every heartbeat while a stream has nothing to send, the write fails, and
@@ -1496,5 +1576,6 @@ if __name__ == "__main__":
         tool_call_checks([SMOLLM2], "SmolLM2", auto_too=True)
     lifecycle_checks()
     queued_ghost_checks()
+    embeddings_checks()
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
     sys.exit(1 if failures else 0)

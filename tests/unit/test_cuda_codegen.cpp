@@ -89,9 +89,11 @@ ModelFile synthetic_llama_bf16(int64_t n_vocab, int64_t n_embd, int64_t n_layer,
 }
 
 // attn_splits 0: what the cuda backends compile (flash-decoding splits covering the 132 SMs).
-Program compile_for_h200(const ModelFile& m, ScheduleKind schedule, int64_t n_ctx, int64_t attn_splits = 0) {
+Program compile_for_h200(const ModelFile& m, ScheduleKind schedule, int64_t n_ctx, int64_t attn_splits = 0,
+                         bool embeddings = false) {
   BuildOptions bo;
   bo.n_ctx = n_ctx;
+  bo.embeddings = embeddings;
   Graph g = build_graph(m, bo);
   CompileOptions co;
   co.workers = 132;  // one block per SM on an H200
@@ -165,6 +167,8 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
           compile_for_h200(m, s, 256, s == ScheduleKind::dynamic ? 0 : 1), s == ScheduleKind::dynamic,
           s == ScheduleKind::static_cp);
   }
+  // An embedding graph (serve --embeddings): the output norm's rows are the program's output.
+  add("embeddings-stories260K", compile_for_h200(load_model(kStories), ScheduleKind::dynamic, 256, 0, /*embeddings=*/true));
   add("synthetic-llama-bf16", compile_for_h200(synthetic_llama_bf16(512, 256, 2, 4, 2, 512, 7), ScheduleKind::dynamic, 256));
   // Quantized weights read raw by the device (device/quant.cuh): all ten ggml block types in one
   // 512-wide model (plain matmuls, GLU pairs, a quantized embedding), and stories260K in q4_1
@@ -220,6 +224,10 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
       EXPECT_NE(c.src.code.find(dyn ? "#define MK_STATIC 0" : "#define MK_STATIC 1"), std::string::npos) << c.name;
       // One function serves the same projection in every layer (stories260K has 5 layers).
       EXPECT_LT(c.src.n_functions, static_cast<int>(c.program.ops.size())) << c.name;
+    }
+    if (c.name == "embeddings-stories260K") {
+      EXPECT_EQ(c.program.outputs.size(), 1u);
+      EXPECT_EQ(c.program.outputs.at(0).first, "embd");
     }
     if (c.name == "synthetic-llama-bf16") {
       EXPECT_NE(c.src.code.find("using W = MkBF16"), std::string::npos);
