@@ -39,6 +39,7 @@
 #include "model/tokenizer.h"
 #include "runtime/embed.h"
 #include "runtime/engine.h"
+#include "runtime/reasoning.h"
 #include "runtime/session.h"
 #include "runtime/tool_calls.h"
 #include "support/env.h"
@@ -65,6 +66,7 @@ struct ServeOptions {
   std::string model_id;
   bool prefix_cache = true;
   bool embeddings = false;  // serve POST /v1/embeddings instead of completions (an embedding graph)
+  std::string reasoning_format = "deepseek";  // deepseek: <think> blocks go to reasoning_content; none: left in content
   std::string pooling;      // runtime/embed.h: mean, cls or last; "" = the model's
 };
 
@@ -228,6 +230,9 @@ struct ParsedRequest {
   ToolFormat tools = ToolFormat::none;
   std::string forced_prefix, forced_suffix;
   bool one_call = false;  // parallel_tool_calls false: calls past the first are dropped
+  // Chat with a template that thinks (runtime/reasoning.h): the reply's <think> block goes to
+  // reasoning_content; reasoning_open: the prompt left it open (the reply starts inside it).
+  bool reasoning = false, reasoning_open = false;
   size_t n_choices() const { return prompts.size() * static_cast<size_t>(n); }
 };
 
@@ -252,7 +257,9 @@ class Server {
  public:
   Server(ServeOptions o, Session& s, Engine& e) : o_(std::move(o)), s_(s), e_(e) {
     try {
-      tool_format_ = tool_format_of(o_.template_file.empty() ? model_chat_template(s_.model) : read_text_file(o_.template_file));
+      const std::string source = o_.template_file.empty() ? model_chat_template(s_.model) : read_text_file(o_.template_file);
+      tool_format_ = tool_format_of(source);
+      thinks_ = template_thinks(source);
     } catch (const Error&) {
       no_chat_template_ = o_.template_file.empty();
     }
@@ -593,6 +600,16 @@ class Server {
         bad("messages", for_client(ex.what()));
       }
       r.prompts.push_back({tok->encode(prompt + r.forced_prefix, /*add_bos=*/false, /*parse_special=*/true), ""});
+      // llama.cpp's per-request reasoning_format: none leaves the <think> block in the content.
+      std::string reasoning_format = o_.reasoning_format;
+      if (const json* f = field(body, "reasoning_format"); f && !f->is_null()) {
+        if (!f->is_string() || (*f != "none" && *f != "deepseek" && *f != "auto"))
+          bad("reasoning_format", fmt::format("'reasoning_format' must be \"none\", \"deepseek\" or \"auto\", not {}", clip_json(*f)));
+        reasoning_format = *f == "none" ? "none" : "deepseek";
+      }
+      // A forced call or a JSON reply begins at once: no reasoning to take apart.
+      r.reasoning = thinks_ && reasoning_format != "none" && r.forced_prefix.empty() && !r.params.json;
+      r.reasoning_open = r.reasoning && prompt_opens_thinking(prompt);
     } else {
       const json* pr = field(body, "prompt");
       if (!pr) bad("prompt", "'prompt' is required");
@@ -740,10 +757,14 @@ class Server {
   // The assistant's message of a finished choice: its text, or with tools its content and tool
   // calls (finish_reason "tool_calls"). `index` numbers the calls' ids.
   std::pair<json, const char*> chat_message(const ParsedRequest& pr, const RequestOutput& out) {
-    if (pr.tools == ToolFormat::none) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
-    const ToolReply tr = read_calls(pr, out.text, out.finish);
-    if (tr.calls.empty()) return {{{"role", "assistant"}, {"content", out.text}}, finish_name(out.finish)};
-    json msg = {{"role", "assistant"}, {"content", tr.content.empty() ? json(nullptr) : json(tr.content)}};
+    ReasoningParts parts{"", out.text};
+    if (pr.reasoning) parts = split_reasoning(out.text, pr.reasoning_open);
+    json msg = {{"role", "assistant"}, {"content", parts.content}};
+    if (!parts.reasoning.empty()) msg["reasoning_content"] = parts.reasoning;
+    if (pr.tools == ToolFormat::none) return {std::move(msg), finish_name(out.finish)};
+    const ToolReply tr = read_calls(pr, parts.content, out.finish);
+    if (tr.calls.empty()) return {std::move(msg), finish_name(out.finish)};
+    msg["content"] = tr.content.empty() ? json(nullptr) : json(tr.content);
     msg["tool_calls"] = tool_calls_json(tr.calls, false, pr.tools);
     // "length" stays: a reply max_tokens cut may hold a call cut short (left as text)
     return {std::move(msg), out.finish == FinishReason::stop ? "tool_calls" : finish_name(out.finish)};
@@ -1063,10 +1084,12 @@ class Server {
             bool echo_pending = false, done = false;
             std::string text;  // with tools: the reply so far, of which `sent` bytes went out as content
             size_t sent = 0;
+            ReasoningSplitter think{false};  // with pr->reasoning: the <think> block goes out as reasoning_content
           };
           std::vector<ChoiceState> st(reqs->size());
           for (size_t k = 0; k < st.size(); ++k) {
             st[k].echo_pending = pr->echo;
+            st[k].think = ReasoningSplitter(pr->reasoning_open);
             if (chat && !send(ck({{"index", k},
                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
                                   {"logprobs", nullptr},
@@ -1109,6 +1132,18 @@ class Server {
               }
               std::move(out.logprobs.begin(), out.logprobs.end(), std::back_inserter(c.lps));
               std::string piece = std::move(out.text);
+              if (pr->reasoning) {
+                ReasoningParts parts = c.think.feed(piece);
+                if (out.done) {
+                  ReasoningParts tail = c.think.finish();
+                  parts.reasoning += tail.reasoning;
+                  parts.content += tail.content;
+                }
+                piece = std::move(parts.content);
+                if (!parts.reasoning.empty() &&
+                    !send(ck({{"index", k}, {"delta", {{"reasoning_content", parts.reasoning}}}, {"logprobs", take_logprobs(c)}, {"finish_reason", nullptr}})))
+                  return cancel_all();
+              }
               if (pr->tools != ToolFormat::none) {  // text from a call's marker on is held back
                 c.text += piece;
                 const size_t safe = pr->forced_prefix.empty() ? std::max(c.sent, tool_content_safe(pr->tools, c.text)) : 0;
@@ -1510,6 +1545,7 @@ class Server {
   Engine& e_;
   bool no_chat_template_ = false;  // no --chat-template-file and the model carries none (or a broken one)
   ToolFormat tool_format_ = ToolFormat::none;  // how the chat template's model calls tools (runtime/tool_calls.h)
+  bool thinks_ = false;                        // the chat template writes <think> (runtime/reasoning.h)
   std::atomic<uint64_t> next_id_{1};
   std::mutex codes_mu_;
   std::map<int, uint64_t> codes_;
@@ -1803,6 +1839,11 @@ void add_serve_command(CLI::App& app) {
                 "compute every prompt in full (default: a prompt that begins as an earlier request's did, in whole "
                 "KV blocks, reuses that request's KV cache rows)");
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 chat template to use instead of the model's");
+  cmd->add_option("--reasoning-format", o->reasoning_format,
+                  "deepseek: a chat reply's <think> block goes to reasoning_content (templates that write <think>: Qwen3, "
+                  "DeepSeek-R1); none: it stays in the content")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "deepseek"}));
   cmd->add_flag("--embeddings", o->embeddings,
                 "serve POST /v1/embeddings (the last hidden state, pooled, L2-normalized) instead of completions");
   cmd->add_option("--pooling", o->pooling, "with --embeddings: mean, cls or last (default: the model's, else mean)")

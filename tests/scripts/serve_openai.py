@@ -1423,6 +1423,58 @@ def half_close_checks():
     check(srv.stop() == 0, "half-close server: exit code 0")
 
 
+def reasoning_checks():
+    """<think> reasoning apart from the content (reasoning_content), on stories260K with templates
+    that open the block for the model (DeepSeek-R1's shape: the whole reply is reasoning) or close it
+    in the prompt (Qwen3's enable_thinking false: the reply is content); reasoning_format none keeps
+    the text as it was; streamed deltas add up to the non-streamed message."""
+    chatml = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    tdir = tempfile.mkdtemp(prefix="mk_think_")
+    opened, closed = os.path.join(tdir, "open.jinja"), os.path.join(tdir, "closed.jinja")
+    open(opened, "w").write(chatml + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
+    open(closed, "w").write(chatml + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}{% endif %}")
+    msgs = [{"role": "user", "content": "Once upon a time"}]
+    srv = Server(STORIES, "--chat-template-file", opened)
+    try:
+        plain = srv.client.chat.completions.create(model="x", messages=msgs, max_tokens=24, temperature=0,
+                                                   extra_body={"reasoning_format": "none"}).choices[0]
+        r = srv.client.chat.completions.create(model="x", messages=msgs, max_tokens=24, temperature=0).choices[0]
+        rc = getattr(r.message, "reasoning_content", None)
+        check(rc == plain.message.content.strip() and r.message.content == "" and r.finish_reason == "length",
+              f"reasoning: an opened <think> makes the reply reasoning_content ({rc!r:.60} / {r.message.content!r:.30})")
+        parts, content = [], []
+        for ch in srv.client.chat.completions.create(model="x", messages=msgs, max_tokens=24, temperature=0, stream=True):
+            if ch.choices:
+                d = ch.choices[0].delta
+                parts.append(getattr(d, "reasoning_content", None) or "")
+                content.append(d.content or "")
+        check("".join(parts) == rc and "".join(content) == "" and len([p for p in parts if p]) > 1,
+              "reasoning: streamed reasoning_content deltas add up to the message's")
+        expect_error(srv, {"messages": msgs, "reasoning_format": "think"}, 400, "reasoning_format", "/v1/chat/completions")
+        st, _, text = srv.raw("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
+        check(st == 200 and "reasoning_content" not in text, "reasoning: completions are left as text")
+        j = srv.client.chat.completions.create(model="x", messages=msgs, max_tokens=24, temperature=0,
+                                               response_format={"type": "json_object"}).choices[0].message
+        check(getattr(j, "reasoning_content", None) is None and j.content.startswith("{"),
+              "reasoning: a JSON reply is content (no reasoning taken apart)")
+    finally:
+        srv.stop()
+    srv = Server(STORIES, "--chat-template-file", closed)
+    try:
+        r = srv.client.chat.completions.create(model="x", messages=msgs, max_tokens=24, temperature=0).choices[0]
+        check(getattr(r.message, "reasoning_content", None) is None and r.message.content,
+              "reasoning: a <think> closed in the prompt leaves the reply as content")
+    finally:
+        srv.stop()
+    srv = Server(STORIES, "--chat-template-file", opened, "--reasoning-format", "none")
+    try:
+        r = srv.client.chat.completions.create(model="x", messages=msgs, max_tokens=24, temperature=0).choices[0]
+        check(getattr(r.message, "reasoning_content", None) is None and r.message.content == plain.message.content,
+              "reasoning: --reasoning-format none keeps the text in the content")
+    finally:
+        srv.stop()
+
+
 def embeddings_checks():
     """serve --embeddings: /v1/embeddings through the openai client (base64 by default) and raw
     (floats), equal to `megakernel embed`'s vectors and to llama.cpp's (tests/data/embeddings);
@@ -1577,5 +1629,6 @@ if __name__ == "__main__":
     lifecycle_checks()
     queued_ghost_checks()
     embeddings_checks()
+    reasoning_checks()
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
     sys.exit(1 if failures else 0)
