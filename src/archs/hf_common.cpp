@@ -199,6 +199,16 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
     }
     return hf_llama_tensor_name(canonical, tied);
   };
+  // A bias the config builds a layer with must be in the file (transformers would refuse the
+  // checkpoint): left out, the model would run without it and answer wrongly.
+  for (int64_t il = 0; il < s.hp.n_layer; ++il)
+    for (const auto& [on, key, parts] : {std::tuple{attn_bias, "attention_bias", std::vector<const char*>{"attn_q", "attn_k", "attn_v", "attn_output"}},
+                                         std::tuple{mlp_bias, "mlp_bias", std::vector<const char*>{"ffn_gate", "ffn_up", "ffn_down"}}}) {
+      if (!on) continue;
+      for (const char* part : parts)
+        if (const std::string name = s.resolve(fmt::format("blk.{}.{}.bias", il, part)); !name.empty() && !m.find(name))
+          fail("{}: config.json sets {} true, but tensor {} is missing", m.path, key, name);
+    }
   return s;
 }
 

@@ -156,6 +156,22 @@ TEST(HfFamiliesErrors, BiasesFollowTheConfig) {
   m.add_tensor(b);
   EXPECT_EQ(logits(m), base);  // attention_bias false (the fixture's): not part of the model
   m.metadata["hf.config"]["attention_bias"] = true;
+  // the config's other biases must be there too (it ran without them before)
+  EXPECT_NE(test::error_of([&] { build_graph(m, {8, false}); })
+                .find("config.json sets attention_bias true, but tensor model.layers.0.self_attn.k_proj.bias is missing"),
+            std::string::npos);
+  std::vector<float> zeros(static_cast<size_t>(std::max(hp.n_embd, hp.n_head * hp.head_dim)), 0.0f);
+  for (int64_t il = 0; il < hp.n_layer; ++il)
+    for (const auto& [proj, width] : {std::pair{"q_proj", hp.n_head * hp.head_dim}, {"k_proj", hp.n_head_kv * hp.head_dim},
+                                      {"v_proj", hp.n_head_kv * hp.head_dim}, {"o_proj", hp.n_embd}}) {
+      if (il == 0 && std::string(proj) == "q_proj") continue;  // the ones above
+      WeightTensor z;
+      z.name = fmt::format("model.layers.{}.self_attn.{}.bias", il, proj);
+      z.shape = {width};
+      z.data = reinterpret_cast<const uint8_t*>(zeros.data());
+      z.nbytes = static_cast<size_t>(width) * sizeof(float);
+      m.add_tensor(z);
+    }
   EXPECT_GT(rel_l2(logits(m), base), 1e-2);
   m.metadata["hf.config"]["attention_bias"] = "yes";
   EXPECT_NE(test::error_of([&] { build_graph(m, {8, false}); }).find("attention_bias must be true or false"), std::string::npos);

@@ -153,12 +153,14 @@ TEST(HfDir, LayerCountBelowTheCheckpointsLayersIsRefused) {
 // Config values that float32 cannot hold, or that name the wrong field (new-user trial 48): an
 // rms_norm_eps that overflows (1e39) or underflows (1e-50) float32 gave zero logits silently; an
 // odd head_dim was blamed on partial_rotary_factor, which the config did not set.
-TEST(HfDir, EpsilonOutsideFloat32AndOddHeadDimAreNamed) {
+TEST(HfDir, EpsilonOutsideFloat32OddHeadDimAndMissingBiasesAreNamed) {
   const fs::path src = kHfFixtures / "llama_gqa_float32";
   if (!fs::is_directory(src)) GTEST_SKIP() << "no fixture " << src;
   for (const auto& [key, value, want] : {std::tuple<const char*, Json, const char*>{"rms_norm_eps", 1e39, "within float32's range, got 1e+39"},
                                          {"rms_norm_eps", 1e-50, "within float32's range, got 1e-50"},
-                                         {"head_dim", 17, "head_dim 17 (hidden_size / num_attention_heads, or head_dim) must be even"}}) {
+                                         {"head_dim", 17, "head_dim 17 (hidden_size / num_attention_heads, or head_dim) must be even"},
+                                         {"attention_bias", true, "config.json sets attention_bias true, but tensor model.layers.0.self_attn.q_proj.bias is missing"},
+                                         {"mlp_bias", true, "config.json sets mlp_bias true, but tensor model.layers.0.mlp.gate_proj.bias is missing"}}) {
     TempDir d;
     for (const char* f : {"model.safetensors", "tokenizer.json", "generation_config.json"}) fs::create_symlink(src / f, d.path() / f);
     Json config = Json::parse(std::ifstream(src / "config.json"));
