@@ -396,11 +396,17 @@ class PatternCompiler {
           s.nullable = true;
           concat(r, s);
         } else {
-          for (int32_t k = a.min; k < a.max; ++k) {  // x?, (max - min) times
+          // (max - min) optional copies nested, (x(x(x)?)?)?: a copy follows only the one before it.
+          // (Flat, x?x?x?, a copy follows every earlier one, and after k characters a state holds
+          // all the later copies: a token mask under [a-z]{1,80} took 25x a plain string's.)
+          Info tail;  // empty: nullable, no positions
+          for (int32_t k = a.max; k > a.min; --k) {
             Info o = build(x);
+            concat(o, tail);
             o.nullable = true;
-            concat(r, o);
+            tail = o;
           }
+          concat(r, tail);
         }
         return r;
       }
@@ -527,17 +533,20 @@ bool StringPattern::matches(std::string_view text) const {
   return accepts(s);
 }
 
+// (the positions of s by their set bits: a state holds few of a long pattern's positions)
 int32_t StringPattern::min_rest(const Set& s) const {
   int32_t m = accepts(s) ? 0 : kUnbounded;
-  for (size_t q = 0; q < pos_.size(); ++q)
-    if ((s[q / 64] >> (q % 64)) & 1) m = std::min(m, pos_[q].min_rest);
+  for (size_t k = 0; k < 4; ++k)
+    for (uint64_t bits = s[k]; bits; bits &= bits - 1)
+      if (const size_t q = k * 64 + static_cast<size_t>(__builtin_ctzll(bits)); q < pos_.size()) m = std::min(m, pos_[q].min_rest);
   return m;
 }
 
 int32_t StringPattern::max_rest(const Set& s) const {
   int32_t m = 0;
-  for (size_t q = 0; q < pos_.size(); ++q)
-    if ((s[q / 64] >> (q % 64)) & 1) m = std::max(m, pos_[q].max_rest);
+  for (size_t k = 0; k < 4; ++k)
+    for (uint64_t bits = s[k]; bits; bits &= bits - 1)
+      if (const size_t q = k * 64 + static_cast<size_t>(__builtin_ctzll(bits)); q < pos_.size()) m = std::max(m, pos_[q].max_rest);
   return m;
 }
 
