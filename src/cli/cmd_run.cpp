@@ -38,6 +38,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--trace", o->session.backend_options.trace_path, "write a Chrome/Perfetto trace to this file")
       ->check(CLI::Validator([](std::string& s) { return s.empty() ? std::string("must not be empty") : std::string(); }, "FILE"));
   cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
+  cmd->add_option("--draft", o->gen.draft,
+                  "prompt lookup decoding: draft up to N tokens from the text so far (what followed its last words before) "
+                  "and check them in one step; greedy only (--temp 0), the same tokens as without (0 = off)")
+      ->transform(integer_range(0, 255));
   auto* json_flag = cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");
   cmd->add_option("--logprobs", o->gen.logprobs,
                   "with --json: each generated token's log-probability (the model's own, before temperature and "
@@ -130,6 +134,10 @@ void add_run_command(CLI::App& app) {
       j["prompt_ms_per_token"] = r.prompt_ms_per_token();
       j["backend"] = s.backend->name();
       j["stop_reason"] = r.stop_reason;
+      if (o->gen.draft > 0) {
+        j["n_drafted"] = r.n_drafted;
+        j["n_draft_accepted"] = r.n_draft_accepted;
+      }
       std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());  // bytes of a prompt that is not UTF-8: U+FFFD
       return;
     }
@@ -160,9 +168,10 @@ void add_run_command(CLI::App& app) {
                                                                 r.ms_per_token() > 0 ? 1000.0 / r.ms_per_token() : 0.0)
                                                   : std::string("no decode step");
     auto tokens = [](size_t n) { return fmt::format("{} {}", n, n == 1 ? "token" : "tokens"); };
-    std::fprintf(stderr, "[%s] prompt: %s, %.3f ms/token | generation: %s, %s\n", s.backend->name().c_str(),
+    std::fprintf(stderr, "[%s] prompt: %s, %.3f ms/token | generation: %s, %s%s\n", s.backend->name().c_str(),
                  tokens(r.prompt_ids.size()).c_str(), r.prompt_ms_per_token(), tokens(r.generated_ids.size()).c_str(),
-                 rate.c_str());
+                 rate.c_str(),
+                 o->gen.draft > 0 ? fmt::format(" | lookup: {} of {} drafted tokens accepted", r.n_draft_accepted, r.n_drafted).c_str() : "");
   });
 }
 

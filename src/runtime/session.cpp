@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "model/synth.h"
+#include "runtime/lookup.h"
 #include "passes/pass.h"
 #include "ir/topk.h"
 #include "support/error.h"
@@ -182,10 +183,25 @@ std::vector<GreedyRow> Session::eval_greedy_steps(int32_t token, int steps) {
   return rows;
 }
 
+std::vector<GreedyRow> Session::eval_greedy_rows(std::span<const int32_t> tokens) {
+  if (backend->kv_pool_blocks() <= 0) fail("eval_greedy_rows: backend '{}' has no paged KV cache", backend->name());
+  if (static_cast<int64_t>(tokens.size()) > backend->max_batch_rows())
+    fail("eval_greedy_rows: {} tokens, more than a step's {} rows", tokens.size(), backend->max_batch_rows());
+  return eval_step(*this, tokens, [&](int64_t at) {
+    return backend->forward_greedy(one_sequence_batch(tokens, at, backend->kv_block_size(), /*all_rows=*/true));
+  });
+}
+
 void Session::reset() {
   backend->reset();
   n_past = 0;
 }
+
+namespace {
+// The n-grams prompt lookup matches: 2 to 4 tokens (a lone token recurs everywhere in prose, and its
+// drafts were nearly all refused: SmolLM2 writing a story, 4 of 235).
+constexpr int kLookupMinNgram = 2, kLookupMaxNgram = 4;
+}  // namespace
 
 GenerateResult generate(Session& s, const GenerateOptions& o, const std::function<void(const std::string&)>& on_text,
                         const std::function<void(int32_t)>& on_token) {
@@ -253,6 +269,14 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   // positions fed up to it); stopping early leaves n_past at the last row used.
   const int steps = greedy ? std::max(1, s.backend->decode_steps()) : 1;
   std::deque<std::pair<GreedyRow, int64_t>> ahead;
+  if (o.draft < 0) fail("draft tokens must be >= 0, got {}", o.draft);
+  // Prompt lookup (runtime/lookup.h): a step of [next, drafts...] gives each row's greedy choice; the
+  // rows up to the first draft the model would not have chosen are used as rows decoded ahead.
+  const int draft = greedy && s.backend->kv_pool_blocks() > 0
+                        ? static_cast<int>(std::min<int64_t>(o.draft, s.backend->max_batch_rows() - 1))
+                        : 0;
+  std::vector<int32_t> history;  // prompt + generated, for the lookup
+  if (draft > 0) history = r.prompt_ids;
   TopKRow c;
   std::vector<float> logits;
   auto eval = [&](std::span<const int32_t> t) {
@@ -303,6 +327,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
       break;
     }
     r.generated_ids.push_back(next);
+    if (draft > 0) history.push_back(next);
     if (o.logprobs >= 0) r.logprobs.push_back(std::move(lp));
     sampler.accept(next);
     if (on_token) on_token(next);
@@ -321,6 +346,22 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
       break;
     }
     ++r.n_decode_steps;
+    if (draft > 0 && ahead.empty()) {  // drafts for the tokens after next: no more than will be used or fit
+      const int64_t room = std::min<int64_t>(o.n_new - 2 - i, s.n_ctx - s.n_past - 1);
+      const std::vector<int32_t> d =
+          lookup_draft(history, kLookupMinNgram, kLookupMaxNgram, static_cast<int>(std::min<int64_t>(draft, room)));
+      if (!d.empty()) {
+        std::vector<int32_t> fed = {next};
+        fed.insert(fed.end(), d.begin(), d.end());
+        const int64_t at = s.n_past;
+        const std::vector<GreedyRow> rows = s.eval_greedy_rows(fed);
+        size_t keep = 1;  // row j is the model's own when drafts 1..j are the choices of rows 0..j-1
+        while (keep < rows.size() && rows[keep - 1].n_nonfinite == 0 && rows[keep - 1].id == d[keep - 1]) ++keep;
+        for (size_t j = 0; j < keep; ++j) ahead.emplace_back(rows[j], at + static_cast<int64_t>(j) + 1);
+        r.n_drafted += static_cast<int64_t>(d.size());
+        r.n_draft_accepted += static_cast<int64_t>(keep) - 1;
+      }
+    }
     if (greedy && ahead.empty() && steps > 1) {  // the next rows, up to the last token asked for
       const int64_t at = s.n_past;
       const std::vector<GreedyRow> rows = s.eval_greedy_steps(next, static_cast<int>(std::min<int64_t>(steps, o.n_new - 1 - i)));

@@ -64,6 +64,9 @@ class Session {
   // the context's room); advances n_past by the rows returned. The caller sets n_past back to the
   // positions it keeps when it stops before using every row.
   std::vector<GreedyRow> eval_greedy_steps(int32_t token, int steps);
+  // The same step as eval_greedy, returning every token's greedy row (a paged backend: at most
+  // max_batch_rows() tokens): prompt lookup decoding checks its draft tokens with them.
+  std::vector<GreedyRow> eval_greedy_rows(std::span<const int32_t> tokens);
   void reset();
 
   ModelFile model;
@@ -110,6 +113,10 @@ struct GenerateOptions {
   // -1: none. n in [0, kMaxTopLogprobs]: each generated token's log-probability and the n most likely
   // tokens (GenerateResult::logprobs); the tokens are then chosen from the whole logits row.
   int logprobs = -1;
+  // Prompt lookup decoding (runtime/lookup.h): up to `draft` tokens drafted from the text so far,
+  // checked in one step; greedy decoding only (temperature 0, no penalties, logprobs or JSON), on a
+  // backend with a paged KV cache; the tokens are the same as without. 0 = off.
+  int draft = 0;
 };
 
 struct GenerateResult {
@@ -119,6 +126,7 @@ struct GenerateResult {
   std::string stop_reason;  // "eos", "n_new", "context", "interrupted"
   double prompt_ms = 0, generation_ms = 0;
   int n_decode_steps = 0;
+  int64_t n_drafted = 0, n_draft_accepted = 0;  // prompt lookup: tokens drafted, and those the model confirmed
   double prompt_ms_per_token() const { return prompt_ids.empty() ? 0 : prompt_ms / static_cast<double>(prompt_ids.size()); }
   double ms_per_token() const { return n_decode_steps ? generation_ms / n_decode_steps : 0; }
 };

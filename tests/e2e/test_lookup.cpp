@@ -1,0 +1,107 @@
+// Prompt lookup decoding (runtime/lookup.h; GenerateOptions::draft): the drafts, and generation with
+// them giving the same tokens as without on every backend with a paged KV cache (cpu, cuda-emu):
+// stories260K's llama2.c greedy references, a prompt the model copies from (drafts accepted), the
+// context's end (drafts never run past it), and requests that are not greedy (no drafts).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/lookup.h"
+#include "runtime/session.h"
+#include "support/cli.h"
+
+namespace mk {
+namespace {
+
+TEST(Lookup, DraftsFollowTheLatestEarlierNgram) {
+  const std::vector<int32_t> h = {1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3};
+  // last 3 tokens (1 2 3): latest earlier occurrence at 4, followed by 7 8 5 1 ...
+  EXPECT_EQ(lookup_draft(h, 2, 4, 3), (std::vector<int32_t>{7, 8, 5}));
+  EXPECT_EQ(lookup_draft(h, 2, 4, 10), (std::vector<int32_t>{7, 8, 5, 1, 2, 3}));  // to the end of the history
+  EXPECT_EQ(lookup_draft(h, 2, 4, 0), (std::vector<int32_t>{}));
+  // the longest n-gram wins: (9 1 2 3) is not earlier, (1 2 3) is
+  EXPECT_EQ(lookup_draft(std::vector<int32_t>{5, 6, 1, 2, 4, 2, 6, 1, 2}, 1, 3, 2), (std::vector<int32_t>{4, 2}));
+  EXPECT_EQ(lookup_draft(std::vector<int32_t>{5, 6, 1, 2, 4, 2, 6, 1, 2}, 1, 1, 2), (std::vector<int32_t>{6, 1}));  // 1-grams only: "2" at 5 is the latest
+  EXPECT_EQ(lookup_draft(std::vector<int32_t>{1, 2, 3, 4}, 1, 4, 4), (std::vector<int32_t>{}));  // nothing recurs
+  EXPECT_EQ(lookup_draft(std::vector<int32_t>{7, 7, 7}, 2, 4, 4), (std::vector<int32_t>{7}));     // overlapping: 7 7 -> 7
+  EXPECT_EQ(lookup_draft(std::vector<int32_t>{3, 4, 9, 4}, 2, 4, 4), (std::vector<int32_t>{}));   // only a 1-gram recurs
+  EXPECT_EQ(lookup_draft(std::vector<int32_t>{}, 1, 4, 4), (std::vector<int32_t>{}));
+  EXPECT_EQ(lookup_draft(std::vector<int32_t>{4}, 1, 4, 4), (std::vector<int32_t>{}));
+}
+
+struct Drafted {
+  std::vector<int32_t> ids;
+  std::string stop;
+  int64_t drafted = 0, accepted = 0;
+};
+
+Drafted generate_ids(const std::string& backend, int64_t n_ctx, const std::vector<int32_t>& prompt, int n_new, int draft, float temp = 0) {
+  SessionOptions so;
+  so.model_path = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
+  so.backend = backend;
+  so.backend_options.threads = 2;
+  so.n_ctx = n_ctx;
+  Session s(so);
+  GenerateOptions g;
+  g.prompt_ids = prompt;
+  g.n_new = n_new;
+  g.draft = draft;
+  g.sampler.temperature = temp;
+  g.sampler.seed = 5;
+  const GenerateResult r = generate(s, g);
+  return {r.generated_ids, r.stop_reason, r.n_drafted, r.n_draft_accepted};
+}
+
+class E2ELookup : public testing::TestWithParam<std::string> {};
+
+TEST_P(E2ELookup, SameTokensAsWithoutDrafts) {
+  const nlohmann::json ref = test::stories_reference();
+  for (const auto& c : ref) {
+    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
+    const auto want = c.at("generated_ids").get<std::vector<int32_t>>();
+    for (int draft : {1, 4, 16}) {
+      const Drafted r = generate_ids(GetParam(), 320, prompt, static_cast<int>(want.size()), draft);
+      EXPECT_EQ(r.ids, want) << "draft " << draft;
+    }
+  }
+  // a long story: the tiny model repeats its phrases ("The cat was very happy."), drafts are
+  // accepted (cpu: 69 of 242 on 250 tokens), the tokens are the same
+  const auto rep = ref[0].at("prompt_ids").get<std::vector<int32_t>>();
+  const Drafted plain = generate_ids(GetParam(), 320, rep, 250, 0);
+  const Drafted drafted = generate_ids(GetParam(), 320, rep, 250, 8);
+  EXPECT_EQ(drafted.ids, plain.ids);
+  EXPECT_GT(drafted.accepted, 20) << drafted.drafted;
+  EXPECT_EQ(plain.drafted, 0);
+  // to the context's end: drafts stop short of it, the stop is the context's
+  const Drafted full = generate_ids(GetParam(), 96, rep, 400, 0), full_drafted = generate_ids(GetParam(), 96, rep, 400, 8);
+  EXPECT_EQ(full_drafted.ids, full.ids);
+  EXPECT_EQ(full_drafted.stop, "context");
+  EXPECT_EQ(full.ids.size(), 96u - rep.size() + 1);
+  // sampling (not greedy): no drafts, the same draws as without
+  const Drafted sampled = generate_ids(GetParam(), 320, rep, 60, 8, 0.8f), sampled_plain = generate_ids(GetParam(), 320, rep, 60, 0, 0.8f);
+  EXPECT_EQ(sampled.ids, sampled_plain.ids);
+  EXPECT_EQ(sampled.drafted, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, E2ELookup, testing::Values("cpu", "cuda-emu"),
+                         [](const auto& info) { return info.param == "cuda-emu" ? std::string("cuda_emu") : info.param; });
+
+TEST(E2ELookupCli, RunReportsItsDrafts) {
+  int status = -1;
+  std::string err;
+  const std::string model = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
+  const std::string p = "'Once upon a time, there was a little girl named Lily. She loved to play outside. Once upon a time'";
+  const auto a = nlohmann::json::parse(test::run_cli("run -m " + model + " -p " + p + " -n 80 --temp 0 --json --draft 6", &status, &err));
+  ASSERT_EQ(status, 0) << err;
+  const auto b = nlohmann::json::parse(test::run_cli("run -m " + model + " -p " + p + " -n 80 --temp 0 --json", &status, &err));
+  EXPECT_EQ(a.at("generated_ids"), b.at("generated_ids"));
+  EXPECT_GT(a.at("n_drafted").get<int>(), 0);
+  EXPECT_FALSE(b.contains("n_drafted"));
+  test::run_cli("run -m " + model + " -p " + p + " -n 40 --temp 0 --draft 6", &status, &err);
+  EXPECT_NE(err.find("drafted tokens accepted"), std::string::npos) << err;
+  test::run_cli("run -m " + model + " -p hi --draft 256", &status, &err);
+  EXPECT_EQ(status, 2) << err;
+}
+
+}  // namespace
+}  // namespace mk
