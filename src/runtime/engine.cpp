@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "ir/topk.h"
+#include "runtime/lookup.h"
 #include "support/error.h"
 
 namespace mk {
@@ -148,6 +149,7 @@ struct Engine::Seq {
   bool finished = false;
   bool in_running = false;  // admitted into running_ (under mu_)
   std::optional<JsonPrefix> json;  // the reply so far, with RequestParams::json
+  std::vector<int32_t> draft;      // this step's drafted tokens after its decode row (prompt lookup)
   explicit Seq(RequestParams p) : params(std::move(p)), sampler(params.sampler) {
     for (int32_t t : params.prompt_ids) sampler.accept(t);  // the penalty window starts with the prompt
   }
@@ -462,6 +464,7 @@ bool Engine::step() {
       rows.push_back(1);
       --budget;
     }
+  const size_t n_decode = seqs.size();
   for (auto& s : running_)
     if (s->n_computed < s->n_prompt && budget > 0) {
       int64_t n = std::min(s->n_prompt - s->n_computed, budget);
@@ -470,6 +473,21 @@ bool Engine::step() {
       rows.push_back(n);
       budget -= n;
     }
+  // Drafts (prompt lookup) of the greedy decoding sequences, from the rows the prompts' chunks left
+  // (a draft may be refused; a prompt row is always used): no more than the tokens still to come
+  // after the next one (the KV blocks reserved for them) or the context holds.
+  for (size_t i = 0; i < n_decode; ++i) {
+    Seq& s = *seqs[i];
+    s.draft.clear();
+    if (budget <= 0) continue;
+    if (s.params.draft <= 0 || !paged_ || !s.sampler.decides_by_argmax() || s.params.logprobs >= 0 || s.json) continue;
+    const int64_t room = std::min({static_cast<int64_t>(s.params.draft), budget, s.max_tokens - s.n_generated - 1,
+                                   o_.n_ctx - 1 - s.n_computed});
+    if (room <= 0) continue;
+    s.draft = lookup_draft(s.tokens, kLookupMinNgram, kLookupMaxNgram, static_cast<int>(room));
+    rows[i] += static_cast<int64_t>(s.draft.size());
+    budget -= static_cast<int64_t>(s.draft.size());
+  }
   run_batch(seqs, rows);
   std::lock_guard lock(mu_);
   finished_unreaped_ -= static_cast<int64_t>(std::erase_if(running_, [](const auto& s) { return s->finished; }));
@@ -485,12 +503,14 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     Seq* s;
     int64_t pos;
     bool sample;
+    int32_t draft = -1;  // >= 0: the row after draft token `draft` (checked against row draft's choice)
   };
   std::vector<Want> wanted;
   bool prompt_rows = false;
   for (size_t i = 0; i < seqs.size(); ++i) {
     Seq& s = *seqs[i];
-    for (int64_t r = 0; r < rows[i]; ++r) {
+    const int64_t n_draft = s.n_computed >= s.n_prompt ? static_cast<int64_t>(s.draft.size()) : 0;
+    for (int64_t r = 0; r < rows[i] - n_draft; ++r) {
       int64_t pos = s.n_computed + r;
       b.tokens.push_back(s.tokens[static_cast<size_t>(pos)]);
       b.positions.push_back(static_cast<int32_t>(pos));
@@ -501,9 +521,17 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
         prompt_rows = true;
       }
     }
-    if (s.n_computed + rows[i] == static_cast<int64_t>(s.tokens.size()) && s.max_tokens > 0) {
+    if (s.n_computed + rows[i] - n_draft == static_cast<int64_t>(s.tokens.size()) && s.max_tokens > 0) {
       b.logit_rows.push_back(static_cast<int32_t>(b.n_rows() - 1));
-      wanted.push_back({&s, s.n_computed + rows[i] - 1, true});
+      wanted.push_back({&s, s.n_computed + rows[i] - n_draft - 1, true});
+    }
+    for (int64_t d = 0; d < n_draft; ++d) {  // the drafts, each row's choice wanted too
+      const int64_t pos = s.n_computed + rows[i] - n_draft + d;
+      b.tokens.push_back(s.draft[static_cast<size_t>(d)]);
+      b.positions.push_back(static_cast<int32_t>(pos));
+      b.seq.push_back(static_cast<int32_t>(i));
+      b.logit_rows.push_back(static_cast<int32_t>(b.n_rows() - 1));
+      wanted.push_back({&s, pos, true, static_cast<int32_t>(d)});
     }
     b.block_tables.push_back(s.blocks);
   }
@@ -554,10 +582,12 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     for (Seq* s : seqs) finish(*s, FinishReason::error, msg);
     return;
   }
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    seqs[i]->n_computed += rows[i];
-    if (prefix_cache_) key_full_blocks(*seqs[i]);
-  }
+  // Drafts: a sequence keeps the rows up to its first draft that the row before it did not choose
+  // (their KV holds the tokens it generates; later steps overwrite the rest), and the choices of
+  // those rows are its next tokens.
+  std::vector<int64_t> accepted(seqs.size(), 0);
+  const auto& drafted = [&](size_t i) { return seqs[i]->n_computed >= seqs[i]->n_prompt ? static_cast<int64_t>(seqs[i]->draft.size()) : 0; };
+  // (choose_rows below fills chosen; draft rows are checked after it)
   const auto now = clock::now();
   std::vector<Choice> chosen(wanted.size());
   auto row_of = [&](size_t k) {
@@ -601,10 +631,29 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     choose_rows(0, std::min(wanted.size(), per));
     for (auto& t : pool) t.join();
   }
+  for (size_t k = 0, i = 0; k < wanted.size(); ++k) {
+    const Want& w = wanted[k];
+    if (w.draft < 0) continue;
+    while (seqs[i] != w.s) ++i;  // wanted rows come in the sequences' order, each draft after the row before it
+    const Choice& before = chosen[k - 1];
+    if (accepted[i] == w.draft && before.error.empty() && before.id == w.s->draft[static_cast<size_t>(w.draft)]) ++accepted[i];
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      stats_.draft_tokens += static_cast<uint64_t>(drafted(i));
+      stats_.draft_tokens_accepted += static_cast<uint64_t>(accepted[i]);
+    }
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i]->n_computed += rows[i] - drafted(i) + accepted[i];
+    if (prefix_cache_) key_full_blocks(*seqs[i]);
+  }
   // In row order: a sequence's prompt entries come before its first token.
   for (size_t k = 0; k < wanted.size(); ++k) {
     Seq& s = *wanted[k].s;
     if (s.finished) continue;
+    if (wanted[k].draft >= 0 && wanted[k].draft >= accepted[static_cast<size_t>(std::find(seqs.begin(), seqs.end(), &s) - seqs.begin())]) continue;
     if (wanted[k].sample) {
       emit(s, chosen[k], now);
     } else if (!chosen[k].error.empty()) {
@@ -706,6 +755,8 @@ std::string prometheus_text(const EngineStats& s) {
   counter("steps_total", "Batches run (forward steps).", s.steps);
   counter("batch_rows_total", "Rows (tokens) of all batches run.", s.batch_rows);
   counter("prompt_tokens_cached_total", "Prompt tokens whose KV came from the prefix cache.", s.prompt_tokens_cached);
+  counter("draft_tokens_total", "Tokens drafted by prompt lookup (serve --draft).", s.draft_tokens);
+  counter("draft_tokens_accepted_total", "Drafted tokens the model confirmed (generated without a step of their own).", s.draft_tokens_accepted);
   gauge("queue_depth", "Requests waiting for admission.", s.queue_depth);
   gauge("requests_running", "Sequences admitted and not yet ended.", s.running);
   gauge("kv_blocks_used", "KV cache blocks held by sequences.", s.kv_blocks_used);

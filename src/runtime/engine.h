@@ -96,6 +96,10 @@ struct RequestParams {
   // token, or its end), so that with the prefix cache it starts from the KV blocks `after` computed
   // for the same prompt (serve's n > 1: one prefill, not n). It waits at the head of the queue.
   std::shared_ptr<const Request> after;
+  // Prompt lookup decoding (runtime/lookup.h): up to `draft` tokens drafted from the prompt and reply
+  // each step, checked in the same step's batch; for greedy requests (temperature 0, no penalties,
+  // bias, logprobs or JSON) on a paged backend; the tokens are the same as without. 0 = off.
+  int draft = 0;
 };
 
 // "stop": EOS/end of turn or a stop string; "length": max_tokens or the context is full;
@@ -168,6 +172,7 @@ struct EngineStats {
   uint64_t requests_submitted = 0, requests_rejected = 0, prompt_tokens = 0, generated_tokens = 0;
   uint64_t steps = 0, batch_rows = 0;
   uint64_t prompt_tokens_cached = 0;  // prompt tokens of admitted requests read from the prefix cache
+  uint64_t draft_tokens = 0, draft_tokens_accepted = 0;  // prompt lookup (RequestParams::draft)
   std::map<std::string, uint64_t> finished;  // by finish_reason_name
   int64_t queue_depth = 0, running = 0, kv_blocks_used = 0, kv_blocks_free = 0, kv_block_size = 0;
   int64_t kv_blocks_cached = 0;  // free blocks (counted in kv_blocks_free) still holding a cached prefix

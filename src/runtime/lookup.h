@@ -11,6 +11,10 @@
 
 namespace mk {
 
+// The n-grams `run --draft` and `serve --draft` match: 2 to 4 tokens (a lone token recurs everywhere
+// in prose, and its drafts were nearly all refused: SmolLM2 writing a story, 4 of 235).
+inline constexpr int kLookupMinNgram = 2, kLookupMaxNgram = 4;
+
 // The draft after `history` (prompt + generated, its last token the one about to be fed): for n from
 // max_ngram down to min_ngram, the tokens (at most max_draft) that followed the latest earlier
 // occurrence of history's last n tokens; empty when none recurs or max_draft < 1.

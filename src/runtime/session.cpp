@@ -197,12 +197,6 @@ void Session::reset() {
   n_past = 0;
 }
 
-namespace {
-// The n-grams prompt lookup matches: 2 to 4 tokens (a lone token recurs everywhere in prose, and its
-// drafts were nearly all refused: SmolLM2 writing a story, 4 of 235).
-constexpr int kLookupMinNgram = 2, kLookupMaxNgram = 4;
-}  // namespace
-
 GenerateResult generate(Session& s, const GenerateOptions& o, const std::function<void(const std::string&)>& on_text,
                         const std::function<void(int32_t)>& on_token) {
   using clock = std::chrono::steady_clock;

@@ -1475,6 +1475,38 @@ def reasoning_checks():
         srv.stop()
 
 
+def draft_checks():
+    """serve --draft: greedy replies with prompt lookup equal `run --temp 0` (and sampled ones are
+    untouched), 8 at once; /metrics counts drafted and accepted tokens; blocks free at the end."""
+    prompts = ["Once upon a time", "Lily and Ben", "The cat sat on the mat. The cat sat on the mat. The cat"]
+    want = {p: run_cli(STORIES, p, 150, "--temp", "0")["text"] for p in prompts}
+    srv = Server(STORIES, "--draft", "8", "--parallel", "8")
+    try:
+        def one(k):
+            p = prompts[k % len(prompts)]
+            r = srv.client.completions.create(model="x", prompt=p, max_tokens=150, temperature=0)
+            return p, r.choices[0].text
+        with cf.ThreadPoolExecutor(8) as ex:
+            outs = list(ex.map(one, range(9)))
+        check(all(t == want[p] for p, t in outs), "draft: 9 greedy replies (8 at once) equal `run --temp 0`")
+        text = "".join(c.choices[0].text for c in srv.client.completions.create(model="x", prompt=prompts[2], max_tokens=150,
+                                                                                 temperature=0, stream=True))
+        check(text == want[prompts[2]], "draft: a streamed greedy reply equals `run --temp 0`")
+        a = srv.client.completions.create(model="x", prompt=prompts[0], max_tokens=40, temperature=0.8, seed=3).choices[0].text
+        m = srv.metrics()
+        check(m["megakernel_draft_tokens_accepted_total"] > 0 and m["megakernel_draft_tokens_total"] >= m["megakernel_draft_tokens_accepted_total"],
+              f"draft: /metrics counts drafts ({m['megakernel_draft_tokens_accepted_total']:.0f} of {m['megakernel_draft_tokens_total']:.0f} accepted)")
+        srv.blocks_free_at_end("draft")
+    finally:
+        srv.stop()
+    srv = Server(STORIES)
+    try:
+        b = srv.client.completions.create(model="x", prompt=prompts[0], max_tokens=40, temperature=0.8, seed=3).choices[0].text
+        check(a == b, "draft: a sampled reply is the same as on a server without --draft")
+    finally:
+        srv.stop()
+
+
 def embeddings_checks():
     """serve --embeddings: /v1/embeddings through the openai client (base64 by default) and raw
     (floats), equal to `megakernel embed`'s vectors and to llama.cpp's (tests/data/embeddings);
@@ -1630,5 +1662,6 @@ if __name__ == "__main__":
     queued_ghost_checks()
     embeddings_checks()
     reasoning_checks()
+    draft_checks()
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
     sys.exit(1 if failures else 0)

@@ -102,6 +102,9 @@ class FakeBackend : public Backend {
   }
 
   int64_t steps = 0, max_rows_seen = 0, max_seqs_seen = 0, mixed_steps = 0;
+  // > 0: the logits depend on the last `window` tokens only (every row is still read back through
+  // the block tables), so greedy replies fall into cycles that prompt lookup can draft.
+  int64_t window = 0;
 
  private:
   int64_t pool_row(const StepBatch& b, int64_t r, int64_t p) const {
@@ -112,7 +115,8 @@ class FakeBackend : public Backend {
   // A smooth, seed-sensitive distribution whose argmax depends on every token of the sequence.
   std::vector<float> logits_of(const std::vector<int32_t>& toks) const {
     uint64_t h = 1469598103934665603ull;
-    for (int32_t t : toks) h = (h ^ static_cast<uint64_t>(t + 1)) * 1099511628211ull;
+    const size_t from = window > 0 && toks.size() > static_cast<size_t>(window) ? toks.size() - static_cast<size_t>(window) : 0;
+    for (size_t i = from; i < toks.size(); ++i) h = (h ^ static_cast<uint64_t>(toks[i] + 1)) * 1099511628211ull;
     std::vector<float> l(static_cast<size_t>(n_vocab_));
     for (int64_t v = 0; v < n_vocab_; ++v)
       l[v] = static_cast<float>(std::sin(static_cast<double>((h >> 17) % 10007) * 0.001 + v * 0.37) * 4);
@@ -287,6 +291,60 @@ TEST(Engine, BatchedEqualsAloneAndFreesEveryBlock) {
   EXPECT_NE(prom.find("megakernel_kv_blocks_used 0\n"), std::string::npos);
   EXPECT_NE(prom.find(fmt::format("megakernel_generated_tokens_total {}\n", gen)), std::string::npos);
   EXPECT_NE(prom.find("megakernel_time_to_first_token_seconds_count 12\n"), std::string::npos);
+}
+
+// Prompt lookup (RequestParams::draft): greedy requests draft from their prompt and reply, each
+// step's drafts checked in the batch beside other requests' rows (sampled ones too, which make the
+// step return logits), and get the tokens they get alone without drafts, in fewer steps; the fake
+// reads every row back through the block tables (a draft past the reserved blocks or a rejected
+// draft's row read later would fail it); every block is free at the end.
+TEST(Engine, DraftsGiveTheSameTokensInFewerSteps) {
+  auto request = [](int i, int draft) {
+    RequestParams p = make_request(i);
+    p.max_tokens = 30 + i % 7;
+    if (i % 4 != 3) p.sampler.temperature = 0;  // every fourth samples
+    p.draft = draft;
+    return p;
+  };
+  const int n = 8;
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < n; ++i) {
+    FakeBackend b(64, 4, 64, 64);
+    b.window = 3;
+    Engine e(b, nullptr, engine_options(1));
+    auto req = e.submit(request(i, 0));
+    run_until_idle(e);
+    alone.push_back(collect(*req).token_ids);
+  }
+  auto steps_without = [&](int64_t max_rows) {
+    FakeBackend b(64, 4, 64, max_rows);
+    b.window = 3;
+    Engine e(b, nullptr, engine_options(4));
+    for (int i = 0; i < n; ++i) e.submit(request(i, 0));
+    run_until_idle(e);
+    return b.steps;
+  };
+  for (const int64_t max_rows : {64, 6}) {  // 6: drafts squeezed by the other rows
+    FakeBackend b(64, 4, 64, max_rows);
+    b.window = 3;
+    Engine e(b, nullptr, engine_options(4));
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (int i = 0; i < n; ++i) reqs.push_back(e.submit(request(i, 5)));
+    run_until_idle(e);
+    for (int i = 0; i < n; ++i) {
+      RequestOutput out = collect(*reqs[i]);
+      EXPECT_EQ(out.finish, FinishReason::length) << i << " " << out.error;
+      EXPECT_EQ(out.token_ids, alone[i]) << "request " << i << ", " << max_rows << " rows a step";
+    }
+    const EngineStats st = e.stats();
+    EXPECT_GT(st.draft_tokens_accepted, 20u) << st.draft_tokens;
+    if (max_rows == 64) {
+      EXPECT_LT(st.draft_tokens_accepted, st.draft_tokens);  // some refused too (a 2-gram's earlier follower)
+    }
+    EXPECT_EQ(st.kv_blocks_used, 0);
+    EXPECT_NE(prometheus_text(st).find(fmt::format("megakernel_draft_tokens_accepted_total {}\n", st.draft_tokens_accepted)), std::string::npos);
+    EXPECT_LT(b.steps, steps_without(max_rows)) << max_rows;
+  }
 }
 
 // Prefix caching in the engine: a prompt that begins with whole blocks an earlier request computed
