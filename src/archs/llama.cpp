@@ -29,6 +29,9 @@ constexpr const char* kKnownKeys[] = {
     "rope.scaling.original_context_length",
     // Whether the model was fine-tuned with the scaling: information only (llama.cpp reads, never uses it).
     "rope.scaling.finetuned",
+    // How an embedding model's vectors are pooled (runtime/embed.h model_pooling reads and checks it);
+    // the logits do not depend on it.
+    "pooling_type",
 };
 
 // Further known keys of single families (read by their descriptions, e.g. gemma3.cpp).
@@ -62,7 +65,6 @@ constexpr NeutralKey kNeutralKeys[] = {
     {"logit_scale", 1, "scaled logits"},
     {"embedding_scale", 1, "scaled embeddings"},
     {"residual_scale", 1, "scaled residuals"},
-    {"pooling_type", 0, "pooled (embedding) outputs"},
 };
 
 double numeric_value(const ModelFile& m, const std::string& key) {

@@ -50,14 +50,21 @@ void add_embed_command(CLI::App& app) {
   cmd->callback([o, prompt, file] {
     if (o->prompts.empty() && o->file.empty() && o->ids.empty()) usage_error("embed needs its input: -p TEXT, -f FILE or --ids ID,...");
     std::vector<std::string> texts = o->prompts;
+    std::vector<std::string> labels;  // what errors call each input: "-p 2", "FILE line 7"
+    for (size_t k = 0; k < texts.size(); ++k) labels.push_back(texts.size() == 1 ? "-p" : fmt::format("-p {}", k + 1));
     if (file->count() > 0) {
       const std::string text = read_text_file(o->file);
+      size_t line_no = 0;
       for (size_t at = 0; at <= text.size();) {
         size_t end = text.find('\n', at);
         if (end == std::string::npos) end = text.size();
         std::string line = text.substr(at, end - at);
+        ++line_no;
         if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (!line.empty()) texts.push_back(std::move(line));
+        if (!line.empty()) {
+          texts.push_back(std::move(line));
+          labels.push_back(fmt::format("{} line {}", text_file_name(o->file), line_no));
+        }
         at = end + 1;
       }
       if (texts.empty()) fail("{}: no non-empty line to embed", text_file_name(o->file));
@@ -77,12 +84,21 @@ void add_embed_command(CLI::App& app) {
     std::vector<std::vector<int32_t>> inputs;
     if (!o->ids.empty()) {
       inputs.push_back(parse_ids(o->ids));
+      labels = {"--ids"};
     } else {
       for (size_t i = 0; i < texts.size(); ++i) {
-        inputs.push_back(s.tokenizer->encode(texts[i], /*add_bos=*/true));
-        if (inputs.back().empty()) fail("input {}: the text gives no tokens to embed", i);
+        if (texts[i].empty()) fail("{}: the text is empty", labels[i]);  // as serve's 400 (a BOS alone is no text's vector)
+        try {
+          inputs.push_back(s.tokenizer->encode(texts[i], /*add_bos=*/true));
+        } catch (const Error& e) {
+          fail("{}: {}", labels[i], e.what());
+        }
+        if (inputs.back().empty()) fail("{}: the text gives no tokens to embed", labels[i]);
       }
     }
+    for (size_t i = 0; i < inputs.size(); ++i)  // named as the user gave them (embed() counts inputs from 0)
+      if (static_cast<int64_t>(inputs[i].size()) > s.n_ctx)
+        fail("{}: {} tokens are more than the context length {} (-c)", labels[i], inputs[i].size(), s.n_ctx);
     const int64_t n_embd = s.hparams.n_embd, d = o->dimensions > 0 ? o->dimensions : n_embd;
     const std::vector<std::vector<float>> vectors = embed(*s.backend, n_embd, s.n_ctx, s.hparams.n_vocab, inputs, eo);
     s.backend->finish();

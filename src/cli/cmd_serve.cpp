@@ -1307,17 +1307,48 @@ class Server {
       b64 = *f == "base64";
     }
     const int64_t n_embd = s_.hparams.n_embd;
-    const EmbedOptions eo{pooling_, /*normalize=*/true, get_int(body, "dimensions", n_embd, 1, n_embd)};
-    for (size_t i = 0; i < inputs.size(); ++i)
-      if (static_cast<int64_t>(inputs[i].size()) > s_.n_ctx)
-        bad("input", fmt::format("{}: {} tokens are more than the context length {}", input->is_array() && !input->at(0).is_number() ? fmt::format("input[{}]", i) : std::string("'input'"),
-                                 inputs[i].size(), s_.n_ctx));
+    EmbedOptions eo{pooling_, /*normalize=*/true, get_int(body, "dimensions", n_embd, 1, n_embd), {}};
+    const int64_t pool_rows = s_.backend->kv_pool_blocks() * s_.backend->kv_block_size();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(inputs[i].size());
+      const std::string which = input->is_array() && !input->at(0).is_number() ? fmt::format("input[{}]", i) : std::string("'input'");
+      if (n > s_.n_ctx)
+        throw HttpError{400, fmt::format("{}: {} tokens are more than the context length {}", which, n, s_.n_ctx),
+                        "invalid_request_error", "input", "context_length_exceeded"};
+      if (pool_rows > 0 && n > pool_rows)
+        throw HttpError{400, fmt::format("{}: {} tokens are more than the KV pool's {} rows (--kv-tokens)", which, n, pool_rows),
+                        "invalid_request_error", "input", "context_length_exceeded"};
+    }
+    // One request on the backend at a time; the others wait, at most --parallel + --max-queue of
+    // them in all (429 beyond), each until its --timeout (408) or a shutdown that cancels (503).
+    struct Waiting {
+      std::atomic<int>& n;
+      ~Waiting() { --n; }
+    } waiting{embed_requests_};
+    if (++embed_requests_ > o_.parallel + o_.max_queue)
+      throw HttpError{429, fmt::format("too many embedding requests at once (--parallel {} + --max-queue {})", o_.parallel, o_.max_queue),
+                      "rate_limit_error", "", "queue_full"};
+    const auto deadline = o_.timeout_s > 0 ? std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000))
+                                           : std::chrono::steady_clock::time_point::max();
+    eo.before_step = [this, deadline] {
+      if (cancel_embeddings_) throw HttpError{503, "the request was cancelled: the server is shutting down", "server_error", "", "cancelled"};
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw HttpError{408, fmt::format("the request did not finish within {} s (--timeout)", o_.timeout_s), "timeout_error", "", "timeout"};
+    };
+    std::unique_lock lock(embed_mu_, std::defer_lock);
+    while (!lock.try_lock_for(std::chrono::milliseconds(20))) eo.before_step();
     std::vector<std::vector<float>> vectors;
     try {
-      std::lock_guard lock(embed_mu_);
       vectors = embed(*s_.backend, n_embd, s_.n_ctx, s_.hparams.n_vocab, inputs, eo);
-    } catch (const Error& e) {  // what the checks above leave: an input past a small --kv-tokens pool, a hidden state that overflowed
-      bad("input", for_client(e.what()));
+    } catch (const Error& e) {  // what the checks above leave: a hidden state that overflowed
+      throw HttpError{500, for_client(e.what()), "server_error", "", ""};
+    }
+    lock.unlock();
+    {
+      std::lock_guard stats_lock(codes_mu_);
+      ++embed_stats_.requests;
+      embed_stats_.inputs += inputs.size();
+      for (const auto& in : inputs) embed_stats_.tokens += in.size();
     }
     json data = json::array();
     int64_t n_tokens = 0;
@@ -1334,8 +1365,40 @@ class Server {
             {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}};
   }
 
+  // A known path asked with another method: 405 with the method it takes (RFC 9110 15.5.6); false
+  // for another path.
+  static bool method_not_allowed(const httplib::Request& req, httplib::Response& res) {
+    static const std::map<std::string, std::string> kAllow = {{"/health", "GET"},
+                                                              {"/v1/models", "GET"},
+                                                              {"/metrics", "GET"},
+                                                              {"/v1/completions", "POST"},
+                                                              {"/v1/chat/completions", "POST"},
+                                                              {"/v1/embeddings", "POST"},
+                                                              {"/tokenize", "POST"},
+                                                              {"/detokenize", "POST"}};
+    const auto it = kAllow.find(req.path);
+    if (it == kAllow.end()) return false;
+    res.status = 405;
+    res.set_header("Allow", it->second);
+    res.set_header("Connection", "close");  // its body is not read
+    res.set_content(json_text(error_json(fmt::format("{} takes {}, not {}", req.path, it->second, req.method), "invalid_request_error", "", "")),
+                    "application/json");
+    return true;
+  }
+
   void install(HttpServer& svr) {
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // No endpoint takes PUT, PATCH, DELETE or another method: refused before its body is read
+      // (cpp-httplib 0.11 would wait for a body without Content-Length until its read timeout).
+      if (req.method != "GET" && req.method != "HEAD" && req.method != "POST" && req.method != "OPTIONS") {
+        if (!method_not_allowed(req, res)) {
+          res.status = 405;
+          res.set_header("Connection", "close");
+          res.set_content(json_text(error_json(fmt::format("no endpoint takes {}", req.method), "invalid_request_error", "", "")),
+                          "application/json");
+        }
+        return httplib::Server::HandlerResponse::Handled;
+      }
       // Runs before the body is read. cpp-httplib 0.11 does not apply the payload limit to chunked
       // bodies, so those are refused (411, as servers that need the length up front answer).
       if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
@@ -1476,29 +1539,18 @@ class Server {
         if (const uint64_t t = svr.timeouts_sent()) codes[408] += t;  // the connection layer's 408s
         for (const auto& [code, n] : codes)
           text += fmt::format("megakernel_http_responses_total{{code=\"{}\"}} {}\n", code, n);
+        if (o_.embeddings)
+          for (const auto& [name, help, v] :
+               {std::tuple{"embedding_requests_total", "Embedding requests served.", embed_stats_.requests},
+                {"embedding_inputs_total", "Inputs embedded.", embed_stats_.inputs},
+                {"embedding_tokens_total", "Tokens of the inputs embedded.", embed_stats_.tokens}})
+            text += fmt::format("# HELP megakernel_{} {}\n# TYPE megakernel_{} counter\nmegakernel_{} {}\n", name, help, name, name, v);
       }
       res.set_content(text, "text/plain; version=0.0.4");
     });
     svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      // A known path asked with another method: 405 with the method it takes (RFC 9110 15.5.6).
-      static const std::map<std::string, std::string> kAllow = {{"/health", "GET"},
-                                                                {"/v1/models", "GET"},
-                                                                {"/metrics", "GET"},
-                                                                {"/v1/completions", "POST"},
-                                                                {"/v1/chat/completions", "POST"},
-                                                                {"/tokenize", "POST"},
-                                                                {"/detokenize", "POST"}};
-      if (auto it = kAllow.find(req.path); res.status == 404 && it != kAllow.end()) {
-        res.status = 405;
-        res.set_header("Allow", it->second);
-        res.set_header("Connection", "close");  // its body is not read
-        res.set_content(
-            json_text(error_json(fmt::format("{} takes {}, not {}", req.path, it->second, req.method),
-                                 "invalid_request_error", "", "")),
-            "application/json");
-        return httplib::Server::HandlerResponse::Handled;
-      }
+      if (res.status == 404 && method_not_allowed(req, res)) return httplib::Server::HandlerResponse::Handled;
       // cpp-httplib's own refusals (malformed request line or headers, sizes, no route) may leave
       // request bytes unread: the connection closes after them.
       res.set_header("Connection", "close");
@@ -1539,7 +1591,12 @@ class Server {
   std::atomic<int> in_flight_{0};
   std::atomic<bool> draining_{false};
   Pooling pooling_ = Pooling::mean;  // --embeddings: the vectors' pooling
-  std::mutex embed_mu_;              // one embedding request on the backend at a time
+  std::timed_mutex embed_mu_;        // one embedding request on the backend at a time
+  std::atomic<int> embed_requests_{0};         // embedding requests running or waiting for embed_mu_
+  std::atomic<bool> cancel_embeddings_{false};  // shutdown: they end at their next step (503)
+  struct {
+    uint64_t requests = 0, inputs = 0, tokens = 0;  // served (under codes_mu_)
+  } embed_stats_;
 
  private:
   ServeOptions o_;
@@ -1758,6 +1815,7 @@ void serve(ServeOptions o) {
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
           if (!idle()) {
             std::fprintf(stderr, "serve: cancelling the requests still in flight\n");
+            server.cancel_embeddings_ = true;
             engine.shutdown(true);
             // The cancelled requests' replies (503, or an error event in a stream) get a moment to go out.
             const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -1777,7 +1835,7 @@ void serve(ServeOptions o) {
                  static_cast<long long>(engine.kv_block_size()));
   // A pool smaller than one request at full context: every request must then set max_tokens (each
   // 400 says so; new-user trial 45 asked for the note up front).
-  if (engine.paged() && engine.kv_blocks_total() * engine.kv_block_size() < engine.n_ctx())
+  if (!o.embeddings && engine.paged() && engine.kv_blocks_total() * engine.kv_block_size() < engine.n_ctx())
     std::fprintf(stderr,
                  "note: the KV pool (%lld rows) is smaller than one request at the full context (%lld): requests must set "
                  "max_tokens so that prompt + max_tokens fit in it\n",

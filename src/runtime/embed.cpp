@@ -125,6 +125,7 @@ std::vector<std::vector<float>> embed(Backend& backend, int64_t n_embd, int64_t 
   };
   if (!paged) {  // one input at a time, all its rows (the graph returns every row)
     for (size_t i = 0; i < inputs.size(); ++i) {
+      if (o.before_step) o.before_step();
       const std::vector<float> out = backend.forward(inputs[i], 0);
       if (static_cast<int64_t>(out.size()) != static_cast<int64_t>(inputs[i].size()) * n_embd)
         fail("internal error: embed: the backend returned {} values for {} rows of {}", out.size(), inputs[i].size(), n_embd);
@@ -177,6 +178,7 @@ std::vector<std::vector<float>> embed(Backend& backend, int64_t n_embd, int64_t 
           if (pos == len) ++s, pos = 0;
         }
         if (b.logit_rows.empty()) b.logit_rows.push_back(static_cast<int32_t>(b.n_rows() - 1));  // a row must come back
+        if (o.before_step) o.before_step();
         const std::vector<float> out = backend.forward(b);
         if (static_cast<int64_t>(out.size()) != static_cast<int64_t>(b.logit_rows.size()) * n_embd)
           fail("internal error: embed: the backend returned {} values for {} rows of {}", out.size(), b.logit_rows.size(), n_embd);

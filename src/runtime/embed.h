@@ -5,6 +5,7 @@
 // e5-mistral are read with last-token pooling).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,6 +34,9 @@ struct EmbedOptions {
   // > 0: keep the first `dimensions` values of each vector (before normalizing): OpenAI's shortened
   // embeddings, meaningful for models trained for it (Matryoshka). 0 or >= n_embd: all.
   int64_t dimensions = 0;
+  // Called before each backend step; an exception it throws ends embed() (a server's deadline or
+  // shutdown). Empty: none.
+  std::function<void()> before_step;
 };
 
 // Embeds each input (token ids, BOS/EOS already added) on a backend whose graph was built with

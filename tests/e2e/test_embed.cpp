@@ -18,6 +18,7 @@
 #include "support/cli.h"
 #include "support/compare.h"
 #include "support/errors.h"
+#include "support/gguf_write.h"
 
 namespace mk {
 namespace {
@@ -46,6 +47,13 @@ std::vector<float> flat(const nlohmann::json& e) {
   else
     for (const auto& v : e) r.push_back(v.get<float>());
   return r;
+}
+
+EmbedOptions opts(Pooling pooling, bool normalize) {
+  EmbedOptions o;
+  o.pooling = pooling;
+  o.normalize = normalize;
+  return o;
 }
 
 struct Loaded {
@@ -81,7 +89,7 @@ TEST_P(E2EEmbed, CpuEqualsLlamaCppForEveryPoolingBatchedOrNot) {
   for (const auto& c : m.at("cases")) {
     const std::string pooling = c.at("pooling");
     SCOPED_TRACE(pooling + (c.at("normalize").get<bool>() ? " normalized" : " raw"));
-    EmbedOptions eo{pooling_from_name(pooling), c.at("normalize").get<bool>()};
+    const EmbedOptions eo = opts(pooling_from_name(pooling), c.at("normalize").get<bool>());
     const auto all = embed(*l->b, n_embd, m.at("n_ctx"), read_hparams(l->m).n_vocab, inputs, eo);
     ASSERT_EQ(all.size(), inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -111,7 +119,7 @@ TEST(E2EEmbedGraph, RowsTimesTheClassifierAreTheLogits) {
   auto e = load(model_path(m), 64, "reference");
   auto lg = load(model_path(m), 64, "reference", /*embeddings=*/false);
   const Hparams hp = read_hparams(e->m);
-  const auto rows = embed(*e->b, hp.n_embd, 64, hp.n_vocab, std::span<const std::vector<int32_t>>(&ids, 1), {Pooling::none, false});
+  const auto rows = embed(*e->b, hp.n_embd, 64, hp.n_vocab, std::span<const std::vector<int32_t>>(&ids, 1), opts(Pooling::none, false));
   const std::vector<float> logits = lg->b->forward(ids, 0);
   ASSERT_EQ(rows.at(0).size(), ids.size() * static_cast<size_t>(hp.n_embd));
   ASSERT_EQ(logits.size(), ids.size() * static_cast<size_t>(hp.n_vocab));
@@ -139,7 +147,7 @@ TEST(E2EEmbedBackends, CudaEmuAndReferenceGiveCpusVectors) {
     const Hparams hp = read_hparams(l->m);
     for (const auto& c : m.at("cases")) {
       if (c.at("pooling") != "mean" && c.at("pooling") != "last") continue;
-      const auto got = embed(*l->b, hp.n_embd, m.at("n_ctx"), hp.n_vocab, some, {pooling_from_name(c.at("pooling").get<std::string>()), c.at("normalize").get<bool>()});
+      const auto got = embed(*l->b, hp.n_embd, m.at("n_ctx"), hp.n_vocab, some, opts(pooling_from_name(c.at("pooling").get<std::string>()), c.at("normalize").get<bool>()));
       for (size_t i = 0; i < some.size(); ++i) EXPECT_LT(test::rel_l2(got[i], flat(c.at("embeddings").at(i))), 1e-5) << "input " << i;
     }
   }
@@ -158,6 +166,16 @@ TEST(E2EEmbedErrors, BadInputsAreNamed) {
   const auto v = embed(*l->b, hp.n_embd, 16, hp.n_vocab, std::vector<std::vector<int32_t>>{std::vector<int32_t>(16, 7), {1, 7}, {1, 7}}, {});
   EXPECT_EQ(v.at(1), v.at(2));
   EXPECT_THROW(pooling_from_name("max"), Error);
+  // before_step runs before each step; what it throws ends embed() (a server's deadline, shutdown)
+  EmbedOptions o;
+  int calls = 0;
+  o.before_step = [&] {
+    if (++calls == 2) throw std::runtime_error("stop here");
+  };
+  auto big = load(model_path(m), 512, "cpu");
+  const std::vector<std::vector<int32_t>> long_input = {std::vector<int32_t>(300, 7)};  // two steps of 256 rows
+  EXPECT_THROW(embed(*big->b, hp.n_embd, 512, hp.n_vocab, long_input, o), std::runtime_error);
+  EXPECT_EQ(calls, 2);
 }
 
 TEST(E2EEmbedCli, TextsGiveLlamaCppsIdsAndVectors) {
@@ -211,20 +229,53 @@ TEST(E2EEmbedCli, ErrorsAreNamed) {
   EXPECT_NE(out.find("--pooling"), std::string::npos) << out;
   out = test::run_cli("embed -m " + model + " -c 4 -p 'Once upon a time there was'", &status);
   EXPECT_EQ(status, 1) << out;
-  EXPECT_NE(out.find("input 0: "), std::string::npos) << out;
-  EXPECT_NE(out.find("tokens are more than the context length 4"), std::string::npos) << out;
+  EXPECT_NE(out.find("-p: 7 tokens are more than the context length 4 (-c)"), std::string::npos) << out;
+  out = test::run_cli("embed -m " + model + " -p Once -p ''", &status);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("-p 2: the text is empty"), std::string::npos) << out;
   out = test::run_cli("embed -m " + model + " --ids 1,2 --dimensions 65", &status);
   EXPECT_EQ(status, 2) << out;
   EXPECT_NE(out.find("--dimensions 65 is more than the model's 64 (n_embd)"), std::string::npos) << out;
   out = test::run_cli("embed -m " + model + " --ids 1,600", &status);
   EXPECT_EQ(status, 1) << out;
-  EXPECT_NE(out.find("input 0: token 600 (at 1) is not an id of the vocabulary [0, 512)"), std::string::npos) << out;
+  EXPECT_NE(out.find("token 600 (at 1) is not an id of the vocabulary [0, 512)"), std::string::npos) << out;
   const std::string empty = (std::filesystem::path(testing::TempDir()) / "mk_embed_empty.txt").string();
   std::ofstream(empty) << "\n\n";
   out = test::run_cli("embed -m " + model + " -f " + empty, &status);
   EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find(empty + ": no non-empty line to embed"), std::string::npos) << out;
+  std::ofstream(empty) << "Once\n\nOnce upon a time there was a girl\n";  // line 3 is too long for -c 6
+  out = test::run_cli("embed -m " + model + " -c 6 -f " + empty, &status);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find(empty + " line 3: 11 tokens are more than the context length 6 (-c)"), std::string::npos) << out;
   std::filesystem::remove(empty);
+}
+
+// A GGUF that names its pooling (embedding models: Qwen3-Embedding's qwen3.pooling_type = 3) loads,
+// embeds with it by default, and still generates (trial 51: every such file was refused).
+TEST(E2EEmbedCli, GgufPoolingTypeIsTheDefault) {
+  const nlohmann::json& m = model_case("stories260K");
+  ModelFile f = load_model(model_path(m));
+  f.metadata["llama.pooling_type"] = 3;
+  const std::string path = (std::filesystem::path(testing::TempDir()) / "mk_pooling_last.gguf").string();
+  test::write_gguf(f, path);
+  int status = -1;
+  std::string err;
+  const std::string out = test::run_cli("embed -m " + path + " -p '" + m.at("texts").at(1).get<std::string>() + "'", &status, &err);
+  ASSERT_EQ(status, 0) << err;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("pooling"), "last");
+  EXPECT_LT(test::rel_l2(j["data"][0].at("embedding").get<std::vector<float>>(), flat(m.at("cases").at(2).at("embeddings").at(1))), 1e-5);
+  test::run_cli("run -m " + path + " -p hi -n 4", &status, &err);
+  EXPECT_EQ(status, 0) << err;
+  f.metadata["llama.pooling_type"] = 4;
+  test::write_gguf(f, path);
+  test::run_cli("embed -m " + path + " -p hi", &status, &err);
+  EXPECT_EQ(status, 1);
+  EXPECT_NE(err.find("llama.pooling_type is 4 (rank: a reranker's score), which is not supported; --pooling picks another"), std::string::npos) << err;
+  test::run_cli("embed -m " + path + " -p hi --pooling mean", &status, &err);
+  EXPECT_EQ(status, 0) << err;
+  std::filesystem::remove(path);
 }
 
 TEST(EmbedPooling, ModelFileNamesItsPooling) {

@@ -507,6 +507,18 @@ def stories_checks():
           f"a known endpoint asked with the wrong method: 405 + Allow: POST, got {st} {hdr.get('Allow')}")
     st, hdr, _ = srv.raw("POST", "/v1/models", body=b"")
     check(st == 405 and hdr.get("Allow") == "GET", f"POST /v1/models: 405 + Allow: GET, got {st}")
+    for method, path, allow in (("PUT", "/health", "GET"), ("DELETE", "/v1/completions", "POST"), ("PATCH", "/nothing", None)):
+        t0 = time.time()
+        c2 = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        c2.putrequest(method, path)
+        c2.endheaders()  # no body, no Content-Length
+        r2 = c2.getresponse()
+        r2.read()
+        c2.close()
+        check(r2.status == 405 and r2.getheader("Allow") == allow and time.time() - t0 < 2,
+              f"{method} {path} without a body: 405 at once ({r2.status}, Allow {r2.getheader('Allow')}, {time.time() - t0:.1f} s)")
+    st, hdr, _ = srv.raw("GET", "/v1/embeddings")
+    check(st == 405 and hdr.get("Allow") == "POST", f"GET /v1/embeddings: 405 + Allow: POST, got {st}")
     st, _, text = srv.raw("GET", "/v1/models")
     check(st == 200 and json.loads(text)["data"][0]["id"] == "stories260K", "/v1/models lists the model")
     m = c.models.retrieve("stories260K")
@@ -1568,9 +1580,40 @@ def embeddings_checks():
         expect_error(srv, {"messages": [{"role": "user", "content": "x"}]}, 501, path="/v1/chat/completions")
         st, _, text = srv.raw("POST", "/tokenize", {"content": texts[0], "add_special": True})
         check(st == 200 and json.loads(text)["tokens"] == fixture["inputs"][0], "embeddings server: /tokenize gives the ids it embeds")
+        m = srv.metrics()
+        check(m["megakernel_embedding_requests_total"] >= 10 and m["megakernel_embedding_tokens_total"] > 300,
+              f"embeddings: /metrics counts them ({m['megakernel_embedding_requests_total']:.0f} requests)")
         srv.blocks_free_at_end("embeddings")
     finally:
         check(srv.stop() == 0, "embeddings server: SIGTERM exits 0")
+    # long requests: --timeout (408), the queue bound (429), a shutdown that cancels them (503)
+    heavy = {"input": ["Once upon a time, there was a little girl named Lily. She loved to play outside in the park. " * 4] * 300}
+    srv = Server([gguf], "--embeddings", "--timeout", "1", "--parallel", "1", "--max-queue", "0")
+    try:
+        t0 = time.time()
+        st, _, text = srv.raw("POST", "/v1/embeddings", heavy)
+        check(st == 408 and "timeout" in text and time.time() - t0 < 10, f"embeddings: --timeout 1 ends a long request with 408 ({st}, {time.time() - t0:.1f} s)")
+        with cf.ThreadPoolExecutor(2) as ex:
+            first = ex.submit(srv.raw, "POST", "/v1/embeddings", heavy)
+            time.sleep(0.3)
+            st2, h2, _ = srv.raw("POST", "/v1/embeddings", {"input": "x"})
+            first.result()
+        check(st2 == 429 and "Retry-After" in h2, f"embeddings: beyond --parallel + --max-queue: 429 ({st2})")
+    finally:
+        srv.stop()
+    srv = Server([gguf], "--embeddings", env={"MK_SERVE_DRAIN_MS": "300"})
+    try:
+        with cf.ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(srv.raw, "POST", "/v1/embeddings", heavy)
+            time.sleep(0.5)
+            t0 = time.time()
+            srv.proc.send_signal(signal.SIGTERM)
+            st, _, text = fut.result()
+        check(st == 503 and "cancelled" in text, f"embeddings: a shutdown past the drain limit cancels a long request with 503 ({st}: {text[:80]})")
+        check(srv.proc.wait(timeout=30) == 0 and time.time() - t0 < 10, f"embeddings: and exits 0 at once ({time.time() - t0:.1f} s)")
+    finally:
+        if srv.proc.poll() is None:
+            srv.stop()
     srv = Server([gguf], "--embeddings", "--pooling", "last")
     try:
         r = srv.client.embeddings.create(model="x", input=texts[1])
