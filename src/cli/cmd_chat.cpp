@@ -60,6 +60,10 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--chat-template-file", o->template_file, "Jinja2 template to use instead of the model's");
   cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->capture_default_str()->transform(integer_at_least(0));
   add_generation_options(cmd, o->session, o->gen.sampler);
+  cmd->add_option("--draft", o->gen.draft,
+                  "prompt lookup decoding (as run's): draft up to N tokens from the turn so far; greedy only (--temp 0), "
+                  "the same tokens as without (0 = off)")
+      ->transform(integer_range(0, 255));
   cmd->callback([o, system] {
     Session s(o->session);
     try {  // ids past the vocabulary, known once the model is loaded: a usage error as the others

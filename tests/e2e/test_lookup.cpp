@@ -103,5 +103,24 @@ TEST(E2ELookupCli, RunReportsItsDrafts) {
   EXPECT_EQ(status, 2) << err;
 }
 
+// `chat --draft`: the turns' replies are the same as without (stories260K with a ChatML template;
+// each turn drafts from its own prompt and reply).
+TEST(E2ELookupCli, ChatRepliesAreTheSame) {
+  const std::string tpl = std::string(MK_SOURCE_DIR) + "/tests/chat/templates/chatml.jinja";
+  auto chat = [&](int draft) {
+    int status = -1;
+    const std::string out = test::run_shell(
+        "printf 'Once upon a time there was a cat. The cat was happy. The cat\\nThe dog\\n' | " + std::string(MK_CLI_PATH) +
+            " chat --temp 0 -n 60 --draft " + std::to_string(draft) + " -m " + std::string(MK_SHARED_DIR) +
+            "/models/stories260K/stories260K.gguf --chat-template-file " + tpl + " 2>&1",
+        &status);
+    EXPECT_EQ(status, 0) << out;
+    return out;
+  };
+  const std::string plain = chat(0);
+  EXPECT_GT(plain.size(), 40u);
+  EXPECT_EQ(chat(6), plain);
+}
+
 }  // namespace
 }  // namespace mk
