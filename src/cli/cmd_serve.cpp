@@ -1034,7 +1034,10 @@ class Server {
         return;
       }
       handed_over = true;
-      set_streamed_content(http_req, res, "application/json",
+      // "; charset=utf-8": cpp-httplib gzips "application/json" for a client that accepts it (the
+      // openai client does), and its compressor held the heartbeats back, so a client that left
+      // went unnoticed (new-user trial 52); this type is not compressed.
+      set_streamed_content(http_req, res, "application/json; charset=utf-8",
           [this, reqs, outs, reply](size_t, httplib::DataSink& sink) {
             // A heartbeat right away (the reply is late already), then one per heartbeat_every_, all
             // within this one call: between calls cpp-httplib ends a chunked body once the server

@@ -702,23 +702,30 @@ def nonstream_disconnect_checks():
     check(st == 200 and headers.get("Transfer-Encoding") == "chunked" and text[:1].isspace()
           and json.loads(text)["choices"][0]["text"] == ref["text"],
           f"the raw reply: chunked, whitespace first, then the JSON object ({st} {headers.get('Transfer-Encoding')} {text[:40]!r})")
-    # A raw client that sends a long request, reads the start of the reply, and closes the socket.
-    before = srv.metrics().get('megakernel_requests_finished_total{reason="cancelled"}', 0)
+    # A raw client that sends a long request, reads the start of the reply, and closes the socket;
+    # again accepting gzip, as the openai client does (the compressor held the heartbeats back, so
+    # the client's leaving went unnoticed: new-user trial 52).
     body = json.dumps({"prompt": prompt, "max_tokens": 480, "ignore_eos": True, "temperature": 0}).encode()
-    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    head = sock.recv(4096)
-    sock.close()
-    check(head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower(), f"the long reply started chunked: {head[:60]!r}")
-    for _ in range(200):
-        m = srv.metrics()
-        if m.get('megakernel_requests_finished_total{reason="cancelled"}', 0) > before:
-            break
-        time.sleep(0.05)
-    got = m.get('megakernel_requests_finished_total{reason="cancelled"}', 0)
-    check(got == before + 1, f"non-streaming client gone: request cancelled ({got - before} cancelled)")
-    check(m.get('megakernel_requests_finished_total{reason="length"}', 0) == 2, "non-streaming client gone: it did not run to its end")
+    for k, extra in enumerate((b"", b"Accept-Encoding: gzip, deflate\r\n")):
+        before = srv.metrics().get('megakernel_requests_finished_total{reason="cancelled"}', 0)
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        head = b""
+        while b"\r\n\r\n" not in head or head.endswith(b"\r\n\r\n"):  # the headers and the first chunk
+            head += sock.recv(4096)
+        sock.close()
+        check(head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower() and b"content-encoding" not in head.lower()
+              and head.split(b"\r\n\r\n", 1)[1].startswith(b"1\r\n "),
+              f"the long reply started chunked with a heartbeat, uncompressed{' (gzip accepted)' if extra else ''}: {head[-40:]!r}")
+        for _ in range(200):
+            m = srv.metrics()
+            if m.get('megakernel_requests_finished_total{reason="cancelled"}', 0) > before:
+                break
+            time.sleep(0.05)
+        got = m.get('megakernel_requests_finished_total{reason="cancelled"}', 0)
+        check(got == before + 1, f"non-streaming client gone{' (gzip accepted)' if extra else ''}: request cancelled ({got - before} cancelled)")
+    check(m.get('megakernel_requests_finished_total{reason="length"}', 0) == 2, "non-streaming clients gone: they did not run to their end")
     srv.blocks_free_at_end("after the non-streaming disconnect")
     check(srv.stop() == 0, "heartbeat server: exit code 0")
 
