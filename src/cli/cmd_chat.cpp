@@ -66,6 +66,8 @@ void add_chat_command(CLI::App& app) {
       ->transform(integer_range(0, 255));
   cmd->callback([o, system] {
     Session s(o->session);
+    if (const std::string why = draft_unused_reason(s, o->gen); !why.empty())
+      std::fprintf(stderr, "note: --draft is off: %s\n", why.c_str());
     try {  // ids past the vocabulary, known once the model is loaded: a usage error as the others
       check_logit_bias(o->gen.sampler, s.hparams.n_vocab);
     } catch (const Error& e) {

@@ -51,7 +51,7 @@ void add_embed_command(CLI::App& app) {
     if (o->prompts.empty() && o->file.empty() && o->ids.empty()) usage_error("embed needs its input: -p TEXT, -f FILE or --ids ID,...");
     std::vector<std::string> texts = o->prompts;
     std::vector<std::string> labels;  // what errors call each input: "-p 2", "FILE line 7"
-    for (size_t k = 0; k < texts.size(); ++k) labels.push_back(texts.size() == 1 ? "-p" : fmt::format("-p {}", k + 1));
+    for (size_t k = 0; k < texts.size(); ++k) labels.push_back(texts.size() == 1 ? "-p" : fmt::format("-p #{}", k + 1));
     if (file->count() > 0) {
       const std::string text = read_text_file(o->file);
       size_t line_no = 0;
@@ -87,7 +87,7 @@ void add_embed_command(CLI::App& app) {
       labels = {"--ids"};
     } else {
       for (size_t i = 0; i < texts.size(); ++i) {
-        if (texts[i].empty()) fail("{}: the text is empty", labels[i]);  // as serve's 400 (a BOS alone is no text's vector)
+        if (texts[i].empty()) usage_error(fmt::format("{}: the text is empty", labels[i]));  // as serve's 400 (a BOS alone is no text's vector)
         try {
           inputs.push_back(s.tokenizer->encode(texts[i], /*add_bos=*/true));
         } catch (const Error& e) {

@@ -105,6 +105,8 @@ void add_run_command(CLI::App& app) {
       o->gen.prompt = render_model_chat(s.model, *s.tokenizer, msgs, o->template_file);
       o->gen.add_bos = false;  // the template writes the special tokens it wants
     }
+    const std::string no_draft = draft_unused_reason(s, o->gen);
+    if (!no_draft.empty()) std::fprintf(stderr, "note: --draft is off: %s\n", no_draft.c_str());
     GenerateResult r;
     if (o->json) {
       r = generate(s, o->gen);
@@ -171,7 +173,9 @@ void add_run_command(CLI::App& app) {
     std::fprintf(stderr, "[%s] prompt: %s, %.3f ms/token | generation: %s, %s%s\n", s.backend->name().c_str(),
                  tokens(r.prompt_ids.size()).c_str(), r.prompt_ms_per_token(), tokens(r.generated_ids.size()).c_str(),
                  rate.c_str(),
-                 o->gen.draft > 0 ? fmt::format(" | lookup: {} of {} drafted tokens accepted", r.n_draft_accepted, r.n_drafted).c_str() : "");
+                 o->gen.draft > 0 && no_draft.empty()
+                     ? fmt::format(" | lookup: {} of {} drafted tokens accepted", r.n_draft_accepted, r.n_drafted).c_str()
+                     : "");
   });
 }
 

@@ -197,6 +197,16 @@ void Session::reset() {
   n_past = 0;
 }
 
+std::string draft_unused_reason(const Session& s, const GenerateOptions& o) {
+  if (o.draft <= 0) return "";
+  if (o.sampler.temperature != 0) return "it checks greedy choices: sampling (--temp > 0) draws each token";
+  if (Sampler(o.sampler).changes_row()) return "it checks the model's own greedy choices: penalties and logit biases change the row";
+  if (o.logprobs >= 0) return "log-probabilities are taken from each token's whole row";
+  if (o.json) return "a JSON reply is drawn token by token from the tokens that continue it";
+  if (s.backend->kv_pool_blocks() <= 0) return fmt::format("backend '{}' has no paged KV cache", s.backend->name());
+  return "";
+}
+
 GenerateResult generate(Session& s, const GenerateOptions& o, const std::function<void(const std::string&)>& on_text,
                         const std::function<void(int32_t)>& on_token) {
   using clock = std::chrono::steady_clock;

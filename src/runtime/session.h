@@ -131,6 +131,10 @@ struct GenerateResult {
   double ms_per_token() const { return n_decode_steps ? generation_ms / n_decode_steps : 0; }
 };
 
+// Why GenerateOptions::draft cannot be used for these options on this session ("" when it can):
+// drafts are checked by greedy rows on a paged KV cache. `run` and `chat` print it as a note.
+std::string draft_unused_reason(const Session& s, const GenerateOptions& o);
+
 // Streams text pieces (valid UTF-8) to on_text and each generated id to on_token as they are
 // generated. The caller calls s.backend->finish() when done with the session's steps (writes
 // traces). A text prompt needs the session's tokenizer; prompt_ids do not: without a tokenizer

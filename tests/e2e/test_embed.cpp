@@ -231,8 +231,8 @@ TEST(E2EEmbedCli, ErrorsAreNamed) {
   EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find("-p: 7 tokens are more than the context length 4 (-c)"), std::string::npos) << out;
   out = test::run_cli("embed -m " + model + " -p Once -p ''", &status);
-  EXPECT_EQ(status, 1) << out;
-  EXPECT_NE(out.find("-p 2: the text is empty"), std::string::npos) << out;
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("-p #2: the text is empty"), std::string::npos) << out;
   out = test::run_cli("embed -m " + model + " --ids 1,2 --dimensions 65", &status);
   EXPECT_EQ(status, 2) << out;
   EXPECT_NE(out.find("--dimensions 65 is more than the model's 64 (n_embd)"), std::string::npos) << out;

@@ -101,6 +101,17 @@ TEST(E2ELookupCli, RunReportsItsDrafts) {
   EXPECT_NE(err.find("drafted tokens accepted"), std::string::npos) << err;
   test::run_cli("run -m " + model + " -p hi --draft 256", &status, &err);
   EXPECT_EQ(status, 2) << err;
+  // drafts that cannot be used are named, not silently dropped
+  for (const auto& [flags, why] : std::vector<std::pair<std::string, std::string>>{
+           {"--temp 0.8", "sampling (--temp > 0) draws each token"},
+           {"--temp 0 --repeat-penalty 1.1", "penalties and logit biases change the row"},
+           {"--temp 0 --json --logprobs 1", "log-probabilities are taken from each token's whole row"}}) {
+    test::run_cli("run -m " + model + " -p hi -n 2 --draft 4 " + flags, &status, &err);
+    EXPECT_EQ(status, 0) << err;
+    EXPECT_NE(err.find("note: --draft is off: "), std::string::npos) << flags << ": " << err;
+    EXPECT_NE(err.find(why), std::string::npos) << flags << ": " << err;
+    EXPECT_EQ(err.find("lookup:"), std::string::npos) << flags << ": " << err;
+  }
 }
 
 // `chat --draft`: the turns' replies are the same as without (stories260K with a ChatML template;
