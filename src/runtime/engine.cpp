@@ -150,6 +150,7 @@ struct Engine::Seq {
   bool in_running = false;  // admitted into running_ (under mu_)
   std::optional<JsonPrefix> json;  // the reply so far, with RequestParams::json
   std::vector<int32_t> draft;      // this step's drafted tokens after its decode row (prompt lookup)
+  DraftBackoff draft_backoff;
   explicit Seq(RequestParams p) : params(std::move(p)), sampler(params.sampler) {
     for (int32_t t : params.prompt_ids) sampler.accept(t);  // the penalty window starts with the prompt
   }
@@ -481,8 +482,8 @@ bool Engine::step() {
     s.draft.clear();
     if (budget <= 0) continue;
     if (s.params.draft <= 0 || !paged_ || !s.sampler.decides_by_argmax() || s.params.logprobs >= 0 || s.json) continue;
-    const int64_t room = std::min({static_cast<int64_t>(s.params.draft), budget, s.max_tokens - s.n_generated - 1,
-                                   o_.n_ctx - 1 - s.n_computed});
+    const int64_t room = std::min({static_cast<int64_t>(s.draft_backoff.limit(s.params.draft)), budget,
+                                   s.max_tokens - s.n_generated - 1, o_.n_ctx - 1 - s.n_computed});
     if (room <= 0) continue;
     s.draft = lookup_draft(s.tokens, kLookupMinNgram, kLookupMaxNgram, static_cast<int>(room));
     rows[i] += static_cast<int64_t>(s.draft.size());
@@ -643,6 +644,7 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     for (size_t i = 0; i < seqs.size(); ++i) {
       stats_.draft_tokens += static_cast<uint64_t>(drafted(i));
       stats_.draft_tokens_accepted += static_cast<uint64_t>(accepted[i]);
+      seqs[i]->draft_backoff.record(drafted(i), accepted[i]);
     }
   }
   for (size_t i = 0; i < seqs.size(); ++i) {

@@ -20,4 +20,34 @@ inline constexpr int kLookupMinNgram = 2, kLookupMaxNgram = 4;
 // occurrence of history's last n tokens; empty when none recurs or max_draft < 1.
 std::vector<int32_t> lookup_draft(std::span<const int32_t> history, int min_ngram, int max_ngram, int max_draft);
 
+// When and how much a sequence drafts: after a draft the model refused whole, the next 1, 2, 4, ...
+// (at most 32) steps draft nothing, and an accepted token starts over; a draft is at most 2 + twice
+// the tokens the previous one had accepted. Where the text's n-grams recur with other continuations
+// (counting, lists of numbers) refused drafts' rows cost more than they save; where the reply copies,
+// drafts stay long. Changes when and how long drafts are, never the tokens.
+class DraftBackoff {
+ public:
+  // The longest draft this step (0: none), of at most `max_draft`.
+  int limit(int max_draft) {
+    if (skip_ > 0) {
+      --skip_;
+      return 0;
+    }
+    return max_draft < cap_ ? max_draft : cap_;
+  }
+  void record(int64_t drafted, int64_t accepted) {
+    if (drafted == 0) return;
+    cap_ = static_cast<int>(2 + 2 * accepted);
+    if (accepted > 0) {
+      next_ = 1;
+    } else {
+      skip_ = next_;
+      next_ = next_ < 32 ? next_ * 2 : 32;
+    }
+  }
+
+ private:
+  int skip_ = 0, next_ = 1, cap_ = 1 << 30;
+};
+
 }  // namespace mk

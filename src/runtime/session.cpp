@@ -281,6 +281,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
                         : 0;
   std::vector<int32_t> history;  // prompt + generated, for the lookup
   if (draft > 0) history = r.prompt_ids;
+  DraftBackoff backoff;
   TopKRow c;
   std::vector<float> logits;
   auto eval = [&](std::span<const int32_t> t) {
@@ -351,7 +352,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
     }
     ++r.n_decode_steps;
     if (draft > 0 && ahead.empty()) {  // drafts for the tokens after next: no more than will be used or fit
-      const int64_t room = std::min<int64_t>(o.n_new - 2 - i, s.n_ctx - s.n_past - 1);
+      const int64_t room = std::min<int64_t>({o.n_new - 2 - i, s.n_ctx - s.n_past - 1, backoff.limit(draft)});
       const std::vector<int32_t> d =
           lookup_draft(history, kLookupMinNgram, kLookupMaxNgram, static_cast<int>(std::min<int64_t>(draft, room)));
       if (!d.empty()) {
@@ -364,6 +365,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
         for (size_t j = 0; j < keep; ++j) ahead.emplace_back(rows[j], at + static_cast<int64_t>(j) + 1);
         r.n_drafted += static_cast<int64_t>(d.size());
         r.n_draft_accepted += static_cast<int64_t>(keep) - 1;
+        backoff.record(static_cast<int64_t>(d.size()), static_cast<int64_t>(keep) - 1);
       }
     }
     if (greedy && ahead.empty() && steps > 1) {  // the next rows, up to the last token asked for
