@@ -29,6 +29,28 @@ TEST(Lookup, DraftsFollowTheLatestEarlierNgram) {
   EXPECT_EQ(lookup_draft(std::vector<int32_t>{4}, 1, 4, 4), (std::vector<int32_t>{}));
 }
 
+TEST(Lookup, BackoffDraftsLessAfterRefusals) {
+  DraftBackoff b;
+  EXPECT_EQ(b.limit(8), 8);
+  b.record(8, 0);  // refused whole: skip 1 step, then drafts of at most 2
+  EXPECT_EQ(b.limit(8), 0);
+  EXPECT_EQ(b.limit(8), 2);
+  b.record(2, 0);  // again: skip 2
+  EXPECT_EQ(b.limit(8), 0);
+  EXPECT_EQ(b.limit(8), 0);
+  EXPECT_EQ(b.limit(8), 2);
+  b.record(2, 2);  // accepted: no skip, 2 + 2 * 2
+  EXPECT_EQ(b.limit(8), 6);
+  b.record(6, 5);
+  EXPECT_EQ(b.limit(8), 8);
+  b.record(0, 0);  // no draft made: nothing changes
+  EXPECT_EQ(b.limit(8), 8);
+  for (int k = 0; k < 10; ++k) b.record(2, 0);  // the skip grows to at most 32
+  int skipped = 0;
+  while (b.limit(8) == 0) ++skipped;
+  EXPECT_EQ(skipped, 32);
+}
+
 struct Drafted {
   std::vector<int32_t> ids;
   std::string stop;
