@@ -505,6 +505,7 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     int64_t pos;
     bool sample;
     int32_t draft = -1;  // >= 0: the row after draft token `draft` (checked against row draft's choice)
+    size_t seq = 0;      // s's index in seqs
   };
   std::vector<Want> wanted;
   bool prompt_rows = false;
@@ -518,13 +519,13 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
       b.seq.push_back(static_cast<int32_t>(i));
       if (s.params.prompt_logprobs && pos + 1 < s.n_prompt) {
         b.logit_rows.push_back(static_cast<int32_t>(b.n_rows() - 1));
-        wanted.push_back({&s, pos, false});
+        wanted.push_back({&s, pos, false, -1, i});
         prompt_rows = true;
       }
     }
     if (s.n_computed + rows[i] - n_draft == static_cast<int64_t>(s.tokens.size()) && s.max_tokens > 0) {
       b.logit_rows.push_back(static_cast<int32_t>(b.n_rows() - 1));
-      wanted.push_back({&s, s.n_computed + rows[i] - n_draft - 1, true});
+      wanted.push_back({&s, s.n_computed + rows[i] - n_draft - 1, true, -1, i});
     }
     for (int64_t d = 0; d < n_draft; ++d) {  // the drafts, each row's choice wanted too
       const int64_t pos = s.n_computed + rows[i] - n_draft + d;
@@ -532,7 +533,7 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
       b.positions.push_back(static_cast<int32_t>(pos));
       b.seq.push_back(static_cast<int32_t>(i));
       b.logit_rows.push_back(static_cast<int32_t>(b.n_rows() - 1));
-      wanted.push_back({&s, pos, true, static_cast<int32_t>(d)});
+      wanted.push_back({&s, pos, true, static_cast<int32_t>(d), i});
     }
     b.block_tables.push_back(s.blocks);
   }
@@ -583,12 +584,6 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     for (Seq* s : seqs) finish(*s, FinishReason::error, msg);
     return;
   }
-  // Drafts: a sequence keeps the rows up to its first draft that the row before it did not choose
-  // (their KV holds the tokens it generates; later steps overwrite the rest), and the choices of
-  // those rows are its next tokens.
-  std::vector<int64_t> accepted(seqs.size(), 0);
-  const auto& drafted = [&](size_t i) { return seqs[i]->n_computed >= seqs[i]->n_prompt ? static_cast<int64_t>(seqs[i]->draft.size()) : 0; };
-  // (choose_rows below fills chosen; draft rows are checked after it)
   const auto now = clock::now();
   std::vector<Choice> chosen(wanted.size());
   auto row_of = [&](size_t k) {
@@ -632,12 +627,16 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     choose_rows(0, std::min(wanted.size(), per));
     for (auto& t : pool) t.join();
   }
-  for (size_t k = 0, i = 0; k < wanted.size(); ++k) {
+  // Drafts: a sequence keeps the rows up to its first draft that the row before it did not choose
+  // (their KV holds the tokens it generates; later steps overwrite the rest), and the choices of
+  // those rows are its next tokens. (A draft's row follows the row before it in `wanted`.)
+  std::vector<int64_t> accepted(seqs.size(), 0);
+  auto drafted = [&](size_t i) { return seqs[i]->n_computed >= seqs[i]->n_prompt ? static_cast<int64_t>(seqs[i]->draft.size()) : 0; };
+  for (size_t k = 0; k < wanted.size(); ++k) {
     const Want& w = wanted[k];
-    if (w.draft < 0) continue;
-    while (seqs[i] != w.s) ++i;  // wanted rows come in the sequences' order, each draft after the row before it
+    if (w.draft < 0 || accepted[w.seq] != w.draft) continue;
     const Choice& before = chosen[k - 1];
-    if (accepted[i] == w.draft && before.error.empty() && before.id == w.s->draft[static_cast<size_t>(w.draft)]) ++accepted[i];
+    if (before.error.empty() && before.id == w.s->draft[static_cast<size_t>(w.draft)]) ++accepted[w.seq];
   }
   {
     std::lock_guard lock(mu_);
@@ -655,7 +654,7 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   for (size_t k = 0; k < wanted.size(); ++k) {
     Seq& s = *wanted[k].s;
     if (s.finished) continue;
-    if (wanted[k].draft >= 0 && wanted[k].draft >= accepted[static_cast<size_t>(std::find(seqs.begin(), seqs.end(), &s) - seqs.begin())]) continue;
+    if (wanted[k].draft >= accepted[wanted[k].seq]) continue;  // a draft's row after a refused draft (-1: not a draft)
     if (wanted[k].sample) {
       emit(s, chosen[k], now);
     } else if (!chosen[k].error.empty()) {
