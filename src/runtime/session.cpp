@@ -197,7 +197,7 @@ void Session::reset() {
   n_past = 0;
 }
 
-std::string draft_unused_reason(const Session& s, const GenerateOptions& o) {
+std::string draft_unused_reason(const Session& s, const GenerateOptions& o) {  // (generate's `greedy`, on a paged cache)
   if (o.draft <= 0) return "";
   if (o.sampler.temperature != 0) return "it checks greedy choices: sampling (--temp > 0) draws each token";
   if (Sampler(o.sampler).changes_row()) return "it checks the model's own greedy choices: penalties and logit biases change the row";
@@ -276,9 +276,7 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   if (o.draft < 0) fail("draft tokens must be >= 0, got {}", o.draft);
   // Prompt lookup (runtime/lookup.h): a step of [next, drafts...] gives each row's greedy choice; the
   // rows up to the first draft the model would not have chosen are used as rows decoded ahead.
-  const int draft = greedy && s.backend->kv_pool_blocks() > 0
-                        ? static_cast<int>(std::min<int64_t>(o.draft, s.backend->max_batch_rows() - 1))
-                        : 0;
+  const int draft = draft_unused_reason(s, o).empty() ? static_cast<int>(std::min<int64_t>(o.draft, s.backend->max_batch_rows() - 1)) : 0;
   std::vector<int32_t> history;  // prompt + generated, for the lookup
   if (draft > 0) history = r.prompt_ids;
   DraftBackoff backoff;
