@@ -1369,7 +1369,7 @@ class Server {
   }
 
   // A known path asked with another method: 405 with the method it takes (RFC 9110 15.5.6); false
-  // for another path.
+  // for another path or the path's own method.
   static bool method_not_allowed(const httplib::Request& req, httplib::Response& res) {
     static const std::map<std::string, std::string> kAllow = {{"/health", "GET"},
                                                               {"/v1/models", "GET"},
@@ -1380,7 +1380,7 @@ class Server {
                                                               {"/tokenize", "POST"},
                                                               {"/detokenize", "POST"}};
     const auto it = kAllow.find(req.path);
-    if (it == kAllow.end()) return false;
+    if (it == kAllow.end() || it->second == req.method || (req.method == "HEAD" && it->second == "GET")) return false;
     res.status = 405;
     res.set_header("Allow", it->second);
     res.set_header("Connection", "close");  // its body is not read
@@ -1402,6 +1402,8 @@ class Server {
         }
         return httplib::Server::HandlerResponse::Handled;
       }
+      // A POST to a GET endpoint is a 405 whether or not it has a body (it was a 411 without one).
+      if (req.method == "POST" && method_not_allowed(req, res)) return httplib::Server::HandlerResponse::Handled;
       // Runs before the body is read. cpp-httplib 0.11 does not apply the payload limit to chunked
       // bodies, so those are refused (411, as servers that need the length up front answer).
       if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {

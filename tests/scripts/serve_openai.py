@@ -519,6 +519,13 @@ def stories_checks():
               f"{method} {path} without a body: 405 at once ({r2.status}, Allow {r2.getheader('Allow')}, {time.time() - t0:.1f} s)")
     st, hdr, _ = srv.raw("GET", "/v1/embeddings")
     check(st == 405 and hdr.get("Allow") == "POST", f"GET /v1/embeddings: 405 + Allow: POST, got {st}")
+    c2 = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    c2.putrequest("POST", "/health")
+    c2.endheaders()  # no body, no Content-Length: a 405 (the path's method), not a 411
+    r2 = c2.getresponse()
+    r2.read()
+    c2.close()
+    check(r2.status == 405 and r2.getheader("Allow") == "GET", f"POST /health without a body: 405 + Allow: GET ({r2.status})")
     st, _, text = srv.raw("GET", "/v1/models")
     check(st == 200 and json.loads(text)["data"][0]["id"] == "stories260K", "/v1/models lists the model")
     m = c.models.retrieve("stories260K")
