@@ -61,8 +61,8 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("-n,--n-predict", o->gen.n_new, "at most this many tokens per reply")->capture_default_str()->transform(integer_at_least(0));
   add_generation_options(cmd, o->session, o->gen.sampler);
   cmd->add_option("--draft", o->gen.draft,
-                  "prompt lookup decoding (as run's): draft up to N tokens from the turn so far; greedy only (--temp 0), "
-                  "the same tokens as without (0 = off)")
+                  "prompt lookup decoding (as run's): draft up to N tokens from the turn so far, "
+                  "the same tokens as without, sampled ones for a seed too (0 = off)")
       ->transform(integer_range(0, 255));
   cmd->callback([o, system] {
     Session s(o->session);

@@ -40,7 +40,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-sequence");
   cmd->add_option("--draft", o->gen.draft,
                   "prompt lookup decoding: draft up to N tokens from the text so far (what followed its last words before) "
-                  "and check them in one step; greedy only (--temp 0), the same tokens as without (0 = off)")
+                  "and check them in one step; the same tokens as without, sampled ones for a seed too (0 = off)")
       ->transform(integer_range(0, 255));
   auto* json_flag = cmd->add_flag("--json", o->json, "print one JSON object instead of streaming text");
   cmd->add_option("--logprobs", o->gen.logprobs,

@@ -67,7 +67,7 @@ struct ServeOptions {
   bool prefix_cache = true;
   bool embeddings = false;  // serve POST /v1/embeddings instead of completions (an embedding graph)
   std::string reasoning_format = "deepseek";
-  int draft = 0;  // prompt lookup decoding for greedy requests (RequestParams::draft)  // deepseek: <think> blocks go to reasoning_content; none: left in content
+  int draft = 0;  // prompt lookup decoding (RequestParams::draft)  // deepseek: <think> blocks go to reasoning_content; none: left in content
   std::string pooling;      // runtime/embed.h: mean, cls or last; "" = the model's
 };
 
@@ -676,7 +676,7 @@ class Server {
             "invalid_request_error", max_name, "context_length_exceeded"};
     }
     if (o_.timeout_s > 0) p.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000));
-    p.draft = o_.draft;  // used by greedy requests only (RequestParams::draft)
+    p.draft = o_.draft;  // not for JSON replies (RequestParams::draft)
     if (r.echo && p.json) bad("echo", "'echo' cannot be combined with a JSON format: the prompt before the object would not parse");
     p.prompt_logprobs = r.echo && p.logprobs >= 0;
     if (r.echo)  // each prompt as the reply shows it: its tokens' bytes in context, whole characters
@@ -1910,8 +1910,8 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "deepseek"}));
   cmd->add_option("--draft", o->draft,
-                  "prompt lookup decoding for greedy requests (temperature 0): draft up to N tokens from the prompt and reply, "
-                  "checked in the step's batch; the same tokens as without (0 = off)")
+                  "prompt lookup decoding: draft up to N tokens from the prompt and reply, checked in the step's batch; "
+                  "the same tokens as without, sampled ones for a seed too (not for JSON replies; 0 = off)")
       ->transform(integer_range(0, 255));
   cmd->add_flag("--embeddings", o->embeddings,
                 "serve POST /v1/embeddings (the last hidden state, pooled, L2-normalized) instead of completions");

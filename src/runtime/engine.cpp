@@ -313,10 +313,11 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
   if (s.params.signal) s.params.signal->notify();
 }
 
-Engine::Choice Engine::choose(Seq& s, std::span<const float> logits, const GreedyRow* greedy, const TopKRow* top) {
+Engine::Choice Engine::choose(Seq& s, int64_t pos, int32_t fed, std::span<const float> logits, const GreedyRow* greedy,
+                              const TopKRow* top) {
   Choice c;
   try {
-    const std::string where = fmt::format("position {}", s.tokens.size() - 1);
+    const std::string where = fmt::format("position {}", pos);
     if (greedy) {  // chosen by the backend (forward_greedy): the same rule and the same refusal
       check_finite_count(greedy->n_nonfinite, greedy->first_nonfinite, greedy->first_value, n_vocab_, where);
       c.id = greedy->id;
@@ -333,9 +334,8 @@ Engine::Choice Engine::choose(Seq& s, std::span<const float> logits, const Greed
         c.id = s.sampler.sample(logits);
       }
       if (s.params.logprobs >= 0) {
-        const int32_t prev = s.tokens.back();
         c.lp = generated_logprob(logits, c.id, s.params.logprobs, [&](int32_t t) {
-          return tok_ ? tok_->token_bytes(prev, t) : std::string();
+          return tok_ ? tok_->token_bytes(fed, t) : std::string();
         });
       }
     }
@@ -368,7 +368,7 @@ bool Engine::emit(Seq& s, const Choice& c, clock::time_point now) {
   s.last_token = now;
   int32_t prev = s.tokens.back();
   s.tokens.push_back(next);
-  s.sampler.accept(next);
+  if (!c.accepted) s.sampler.accept(next);
   ++s.n_generated;
   s.new_ids.push_back(next);
   {
@@ -474,14 +474,14 @@ bool Engine::step() {
       rows.push_back(n);
       budget -= n;
     }
-  // Drafts (prompt lookup) of the greedy decoding sequences, from the rows the prompts' chunks left
+  // Drafts (prompt lookup) of the decoding sequences, from the rows the prompts' chunks left
   // (a draft may be refused; a prompt row is always used): no more than the tokens still to come
   // after the next one (the KV blocks reserved for them) or the context holds.
   for (size_t i = 0; i < n_decode; ++i) {
     Seq& s = *seqs[i];
     s.draft.clear();
     if (budget <= 0) continue;
-    if (s.params.draft <= 0 || !paged_ || !s.sampler.decides_by_argmax() || s.params.logprobs >= 0 || s.json) continue;
+    if (s.params.draft <= 0 || !paged_ || s.json) continue;
     const int64_t room = std::min({static_cast<int64_t>(s.draft_backoff.limit(s.params.draft)), budget,
                                    s.max_tokens - s.n_generated - 1, o_.n_ctx - 1 - s.n_computed});
     if (room <= 0) continue;
@@ -589,6 +589,13 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   auto row_of = [&](size_t k) {
     return std::span<const float>(logits.data() + k * static_cast<size_t>(n_vocab_), static_cast<size_t>(n_vocab_));
   };
+  auto choose_row = [&](size_t k) {
+    const Want& w = wanted[k];
+    const int32_t fed = b.tokens[static_cast<size_t>(b.logit_rows[k])];
+    return all_greedy ? choose(*w.s, w.pos, fed, {}, &greedy[k], nullptr)
+           : all_top  ? choose(*w.s, w.pos, fed, {}, nullptr, &top[k])
+                      : choose(*w.s, w.pos, fed, row_of(k), nullptr, nullptr);
+  };
   auto choose_rows = [&](size_t from, size_t to) {
     for (size_t k = from; k < to; ++k) {
       const Want& w = wanted[k];
@@ -607,9 +614,8 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
         }
         continue;
       }
-      chosen[k] = all_greedy ? choose(*w.s, {}, &greedy[k], nullptr)
-                  : all_top  ? choose(*w.s, {}, nullptr, &top[k])
-                             : choose(*w.s, row_of(k), nullptr, nullptr);
+      if (w.draft >= 0 && !w.s->sampler.decides_by_argmax()) continue;  // drawn below, once the token before it is known
+      chosen[k] = choose_row(k);
     }
   };
   // Rows drawn from whole logits rows (~1 ms each at a 49152-token vocabulary on a Zen 1 core) are
@@ -629,14 +635,22 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
   }
   // Drafts: a sequence keeps the rows up to its first draft that the row before it did not choose
   // (their KV holds the tokens it generates; later steps overwrite the rest), and the choices of
-  // those rows are its next tokens. (A draft's row follows the row before it in `wanted`.)
+  // those rows are its next tokens. (A draft's row follows the row before it in `wanted`.) A sampled
+  // sequence draws a draft's row only once the row before it chose the draft: its penalty window
+  // takes that token first, and its random numbers go to the rows it keeps, as without drafts.
   std::vector<int64_t> accepted(seqs.size(), 0);
   auto drafted = [&](size_t i) { return seqs[i]->n_computed >= seqs[i]->n_prompt ? static_cast<int64_t>(seqs[i]->draft.size()) : 0; };
   for (size_t k = 0; k < wanted.size(); ++k) {
     const Want& w = wanted[k];
     if (w.draft < 0 || accepted[w.seq] != w.draft) continue;
-    const Choice& before = chosen[k - 1];
-    if (before.error.empty() && before.id == w.s->draft[static_cast<size_t>(w.draft)]) ++accepted[w.seq];
+    Choice& before = chosen[k - 1];
+    if (!before.error.empty() || before.id != w.s->draft[static_cast<size_t>(w.draft)]) continue;
+    ++accepted[w.seq];
+    if (!w.s->sampler.decides_by_argmax()) {
+      w.s->sampler.accept(before.id);
+      before.accepted = true;
+      chosen[k] = choose_row(k);
+    }
   }
   {
     std::lock_guard lock(mu_);

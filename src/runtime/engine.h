@@ -97,8 +97,10 @@ struct RequestParams {
   // for the same prompt (serve's n > 1: one prefill, not n). It waits at the head of the queue.
   std::shared_ptr<const Request> after;
   // Prompt lookup decoding (runtime/lookup.h): up to `draft` tokens drafted from the prompt and reply
-  // each step, checked in the same step's batch; for greedy requests (temperature 0, no penalties,
-  // bias, logprobs or JSON) on a paged backend; the tokens are the same as without. 0 = off.
+  // each step, checked in the same step's batch, on a paged backend (not for JSON replies). Each
+  // row's token is chosen as without drafts (a sampled one with the same random numbers, after the
+  // tokens before it) and the rows after the first draft it differs from are dropped: the tokens
+  // are the same as without. 0 = off.
   int draft = 0;
 };
 
@@ -232,8 +234,10 @@ class Engine {
     int32_t id = -1;
     std::string error;
     GeneratedLogprob lp;  // when the request asks for logprobs
+    bool accepted = false;  // already in the sampler's penalty window (a draft row followed it)
   };
-  Choice choose(Seq& s, std::span<const float> logits, const GreedyRow* greedy, const TopKRow* top);
+  // The token of the row at position `pos` that was fed `fed` (logprobs' bytes follow it).
+  Choice choose(Seq& s, int64_t pos, int32_t fed, std::span<const float> logits, const GreedyRow* greedy, const TopKRow* top);
   // The chosen token through EOS, the detokenizer, stop strings and limits; false when s ended.
   bool emit(Seq& s, const Choice& c, std::chrono::steady_clock::time_point now);
   void run_batch(std::vector<Seq*>& batch_seqs, const std::vector<int64_t>& n_rows_of);

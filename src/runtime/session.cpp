@@ -183,13 +183,29 @@ std::vector<GreedyRow> Session::eval_greedy_steps(int32_t token, int steps) {
   return rows;
 }
 
-std::vector<GreedyRow> Session::eval_greedy_rows(std::span<const int32_t> tokens) {
-  if (backend->kv_pool_blocks() <= 0) fail("eval_greedy_rows: backend '{}' has no paged KV cache", backend->name());
-  if (static_cast<int64_t>(tokens.size()) > backend->max_batch_rows())
-    fail("eval_greedy_rows: {} tokens, more than a step's {} rows", tokens.size(), backend->max_batch_rows());
-  return eval_step(*this, tokens, [&](int64_t at) {
-    return backend->forward_greedy(one_sequence_batch(tokens, at, backend->kv_block_size(), /*all_rows=*/true));
+namespace {
+// One step of `tokens` on the paged pool with every row a logit row, through `forward(batch)`.
+template <typename Forward>
+auto eval_all_rows(Session& s, std::span<const int32_t> tokens, Forward forward) {
+  if (s.backend->kv_pool_blocks() <= 0) fail("eval_*_rows: backend '{}' has no paged KV cache", s.backend->name());
+  if (static_cast<int64_t>(tokens.size()) > s.backend->max_batch_rows())
+    fail("eval_*_rows: {} tokens, more than a step's {} rows", tokens.size(), s.backend->max_batch_rows());
+  return eval_step(s, tokens, [&](int64_t at) {
+    return forward(one_sequence_batch(tokens, at, s.backend->kv_block_size(), /*all_rows=*/true));
   });
+}
+}  // namespace
+
+std::vector<GreedyRow> Session::eval_greedy_rows(std::span<const int32_t> tokens) {
+  return eval_all_rows(*this, tokens, [&](const StepBatch& b) { return backend->forward_greedy(b); });
+}
+
+std::vector<TopKRow> Session::eval_topk_rows(std::span<const int32_t> tokens) {
+  return eval_all_rows(*this, tokens, [&](const StepBatch& b) { return backend->forward_topk(b); });
+}
+
+std::vector<float> Session::eval_rows(std::span<const int32_t> tokens) {
+  return eval_all_rows(*this, tokens, [&](const StepBatch& b) { return backend->forward(b); });
 }
 
 void Session::reset() {
@@ -199,9 +215,6 @@ void Session::reset() {
 
 std::string draft_unused_reason(const Session& s, const GenerateOptions& o) {  // (generate's `greedy`, on a paged cache)
   if (o.draft <= 0) return "";
-  if (o.sampler.temperature != 0) return "it checks greedy choices: sampling (--temp > 0) draws each token";
-  if (Sampler(o.sampler).changes_row()) return "it checks the model's own greedy choices: penalties and logit biases change the row";
-  if (o.logprobs >= 0) return "log-probabilities are taken from each token's whole row";
   if (o.json) return "a JSON reply is drawn token by token from the tokens that continue it";
   if (s.backend->kv_pool_blocks() <= 0) return fmt::format("backend '{}' has no paged KV cache", s.backend->name());
   return "";
@@ -268,20 +281,32 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   const bool greedy = sampler.decides_by_argmax() && o.logprobs < 0 && !json;
   const bool top = !greedy && o.logprobs < 0 && !json && sampler.covered_by(kTopK, s.hparams.n_vocab);
   GreedyRow g;
-  // Greedy decoding takes backend->decode_steps() rows per call (a GPU issues those steps before it
-  // waits): `ahead` holds the rows not used yet, each with the n_past that using it leaves (the
-  // positions fed up to it); stopping early leaves n_past at the last row used.
+  TopKRow c;
+  std::vector<float> logits;
+  // Rows computed ahead of their turn: greedy decoding takes backend->decode_steps() rows per call
+  // (a GPU issues those steps before it waits), and prompt lookup a step of [next, drafts...]. Each
+  // holds the n_past that using it leaves (the positions fed up to it) and the token it was fed
+  // (-1: the greedy choice of the row before, which decode_greedy fed itself): a row is used only
+  // when the token chosen from the row before it is the one it was fed, so the tokens are the same
+  // as one step at a time. Stopping early, or a draft that differs, leaves n_past at the last row used.
+  struct Ahead {
+    GreedyRow g;
+    TopKRow c;
+    std::vector<float> logits;  // one row
+    int64_t n_past = 0;
+    int32_t fed = -1;
+    bool drafted = false;  // fed a draft token
+  };
   const int steps = greedy ? std::max(1, s.backend->decode_steps()) : 1;
-  std::deque<std::pair<GreedyRow, int64_t>> ahead;
+  std::deque<Ahead> ahead;
   if (o.draft < 0) fail("draft tokens must be >= 0, got {}", o.draft);
-  // Prompt lookup (runtime/lookup.h): a step of [next, drafts...] gives each row's greedy choice; the
-  // rows up to the first draft the model would not have chosen are used as rows decoded ahead.
+  // Prompt lookup (runtime/lookup.h): a step of [next, drafts...] gives every row's greedy row,
+  // candidates or logits.
   const int draft = draft_unused_reason(s, o).empty() ? static_cast<int>(std::min<int64_t>(o.draft, s.backend->max_batch_rows() - 1)) : 0;
   std::vector<int32_t> history;  // prompt + generated, for the lookup
   if (draft > 0) history = r.prompt_ids;
   DraftBackoff backoff;
-  TopKRow c;
-  std::vector<float> logits;
+  int64_t run_drafted = 0, run_accepted = 0;  // the latest draft: tokens drafted, and rows of it used
   auto eval = [&](std::span<const int32_t> t) {
     if (greedy)
       g = s.eval_greedy(t);
@@ -349,7 +374,10 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
       break;
     }
     ++r.n_decode_steps;
+    if (!ahead.empty() && ahead.front().fed >= 0 && ahead.front().fed != next) ahead.clear();  // a draft the model did not choose
     if (draft > 0 && ahead.empty()) {  // drafts for the tokens after next: no more than will be used or fit
+      if (run_drafted > 0) backoff.record(run_drafted, run_accepted);
+      run_drafted = run_accepted = 0;
       const int64_t room = std::min<int64_t>({o.n_new - 2 - i, s.n_ctx - s.n_past - 1, backoff.limit(draft)});
       const std::vector<int32_t> d =
           lookup_draft(history, kLookupMinNgram, kLookupMaxNgram, static_cast<int>(std::min<int64_t>(draft, room)));
@@ -357,23 +385,46 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
         std::vector<int32_t> fed = {next};
         fed.insert(fed.end(), d.begin(), d.end());
         const int64_t at = s.n_past;
-        const std::vector<GreedyRow> rows = s.eval_greedy_rows(fed);
-        size_t keep = 1;  // row j is the model's own when drafts 1..j are the choices of rows 0..j-1
-        while (keep < rows.size() && rows[keep - 1].n_nonfinite == 0 && rows[keep - 1].id == d[keep - 1]) ++keep;
-        for (size_t j = 0; j < keep; ++j) ahead.emplace_back(rows[j], at + static_cast<int64_t>(j) + 1);
-        r.n_drafted += static_cast<int64_t>(d.size());
-        r.n_draft_accepted += static_cast<int64_t>(keep) - 1;
-        backoff.record(static_cast<int64_t>(d.size()), static_cast<int64_t>(keep) - 1);
+        std::vector<GreedyRow> gs;
+        std::vector<TopKRow> cs;
+        std::vector<float> ls;
+        if (greedy)
+          gs = s.eval_greedy_rows(fed);
+        else if (top)
+          cs = s.eval_topk_rows(fed);
+        else
+          ls = s.eval_rows(fed);
+        for (size_t j = 0; j < fed.size(); ++j) {
+          Ahead a;
+          if (greedy) a.g = gs.at(j);
+          if (top) a.c = std::move(cs.at(j));
+          if (!greedy && !top)
+            a.logits.assign(ls.begin() + static_cast<std::ptrdiff_t>(j * static_cast<size_t>(n_vocab)),
+                            ls.begin() + static_cast<std::ptrdiff_t>((j + 1) * static_cast<size_t>(n_vocab)));
+          a.n_past = at + static_cast<int64_t>(j) + 1;
+          a.fed = j == 0 ? -1 : fed[j];
+          a.drafted = j > 0;
+          ahead.push_back(std::move(a));
+        }
+        run_drafted = static_cast<int64_t>(d.size());
+        r.n_drafted += run_drafted;
       }
     }
     if (greedy && ahead.empty() && steps > 1) {  // the next rows, up to the last token asked for
       const int64_t at = s.n_past;
       const std::vector<GreedyRow> rows = s.eval_greedy_steps(next, static_cast<int>(std::min<int64_t>(steps, o.n_new - 1 - i)));
-      for (size_t j = 0; j < rows.size(); ++j) ahead.emplace_back(rows[j], at + static_cast<int64_t>(j) + 1);
+      for (size_t j = 0; j < rows.size(); ++j) ahead.push_back({rows[j], {}, {}, at + static_cast<int64_t>(j) + 1, -1, false});
     }
-    if (!ahead.empty()) {  // a row decoded ahead: n_past as if it had been decoded alone
-      g = ahead.front().first;
-      s.n_past = ahead.front().second;
+    if (!ahead.empty()) {  // a row computed ahead: n_past as if it had been computed alone
+      Ahead& a = ahead.front();
+      g = a.g;
+      c = std::move(a.c);
+      logits = std::move(a.logits);
+      s.n_past = a.n_past;
+      if (a.drafted) {
+        ++run_accepted;
+        ++r.n_draft_accepted;
+      }
       ahead.pop_front();
       continue;
     }

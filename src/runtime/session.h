@@ -64,9 +64,11 @@ class Session {
   // the context's room); advances n_past by the rows returned. The caller sets n_past back to the
   // positions it keeps when it stops before using every row.
   std::vector<GreedyRow> eval_greedy_steps(int32_t token, int steps);
-  // The same step as eval_greedy, returning every token's greedy row (a paged backend: at most
-  // max_batch_rows() tokens): prompt lookup decoding checks its draft tokens with them.
+  // The same steps returning every token's row (a paged backend: at most max_batch_rows() tokens):
+  // prompt lookup decoding checks its draft tokens with them. eval_rows: [tokens, n_vocab] logits.
   std::vector<GreedyRow> eval_greedy_rows(std::span<const int32_t> tokens);
+  std::vector<TopKRow> eval_topk_rows(std::span<const int32_t> tokens);
+  std::vector<float> eval_rows(std::span<const int32_t> tokens);
   void reset();
 
   ModelFile model;
@@ -114,8 +116,9 @@ struct GenerateOptions {
   // tokens (GenerateResult::logprobs); the tokens are then chosen from the whole logits row.
   int logprobs = -1;
   // Prompt lookup decoding (runtime/lookup.h): up to `draft` tokens drafted from the text so far,
-  // checked in one step; greedy decoding only (temperature 0, no penalties, logprobs or JSON), on a
-  // backend with a paged KV cache; the tokens are the same as without. 0 = off.
+  // checked in one step on a backend with a paged KV cache (not for JSON replies). Each row's token
+  // is chosen as without drafts (greedy, or sampled with the same random numbers) and the rows after
+  // the first draft it differs from are dropped: the tokens are the same as without. 0 = off.
   int draft = 0;
 };
 
@@ -132,7 +135,8 @@ struct GenerateResult {
 };
 
 // Why GenerateOptions::draft cannot be used for these options on this session ("" when it can):
-// drafts are checked by greedy rows on a paged KV cache. `run` and `chat` print it as a note.
+// drafts need a paged KV cache, and a JSON reply's choices depend on its grammar's state. `run` and
+// `chat` print it as a note.
 std::string draft_unused_reason(const Session& s, const GenerateOptions& o);
 
 // Streams text pieces (valid UTF-8) to on_text and each generated id to on_token as they are

@@ -1504,10 +1504,22 @@ def reasoning_checks():
 
 
 def draft_checks():
-    """serve --draft: greedy replies with prompt lookup equal `run --temp 0` (and sampled ones are
-    untouched), 8 at once; /metrics counts drafted and accepted tokens; blocks free at the end."""
+    """serve --draft: greedy replies with prompt lookup equal `run --temp 0`, 8 at once; sampled
+    ones (seeded, penalties, logprobs) equal a server's without --draft, and draft too; /metrics
+    counts drafted and accepted tokens; blocks free at the end."""
     prompts = ["Once upon a time", "Lily and Ben", "The cat sat on the mat. The cat sat on the mat. The cat"]
     want = {p: run_cli(STORIES, p, 150, "--temp", "0")["text"] for p in prompts}
+    sampled = [dict(prompt=prompts[k % 3], max_tokens=120, temperature=0.5 + 0.1 * k, seed=k,
+                    **({"frequency_penalty": 0.3} if k % 3 == 1 else {}), **({"logprobs": 2} if k % 3 == 2 else {}))
+               for k in range(6)]
+
+    def sample_all(srv):
+        def one(kw):
+            c = srv.client.completions.create(model="x", **kw).choices[0]
+            return c.text, (c.logprobs.token_logprobs if c.logprobs else None)
+        with cf.ThreadPoolExecutor(6) as ex:
+            return list(ex.map(one, sampled))
+
     srv = Server(STORIES, "--draft", "8", "--parallel", "8")
     try:
         def one(k):
@@ -1520,17 +1532,21 @@ def draft_checks():
         text = "".join(c.choices[0].text for c in srv.client.completions.create(model="x", prompt=prompts[2], max_tokens=150,
                                                                                  temperature=0, stream=True))
         check(text == want[prompts[2]], "draft: a streamed greedy reply equals `run --temp 0`")
-        a = srv.client.completions.create(model="x", prompt=prompts[0], max_tokens=40, temperature=0.8, seed=3).choices[0].text
         m = srv.metrics()
         check(m["megakernel_draft_tokens_accepted_total"] > 0 and m["megakernel_draft_tokens_total"] >= m["megakernel_draft_tokens_accepted_total"],
               f"draft: /metrics counts drafts ({m['megakernel_draft_tokens_accepted_total']:.0f} of {m['megakernel_draft_tokens_total']:.0f} accepted)")
+        a = sample_all(srv)
+        m2 = srv.metrics()
+        check(m2["megakernel_draft_tokens_accepted_total"] > m["megakernel_draft_tokens_accepted_total"],
+              f"draft: sampled replies draft too ({m2['megakernel_draft_tokens_accepted_total'] - m['megakernel_draft_tokens_accepted_total']:.0f} "
+              f"of {m2['megakernel_draft_tokens_total'] - m['megakernel_draft_tokens_total']:.0f} accepted)")
         srv.blocks_free_at_end("draft")
     finally:
         srv.stop()
-    srv = Server(STORIES)
+    srv = Server(STORIES, "--parallel", "8")
     try:
-        b = srv.client.completions.create(model="x", prompt=prompts[0], max_tokens=40, temperature=0.8, seed=3).choices[0].text
-        check(a == b, "draft: a sampled reply is the same as on a server without --draft")
+        b = sample_all(srv)
+        check(a == b, "draft: 6 sampled replies (seeded; penalties, logprobs) are the same as on a server without --draft")
     finally:
         srv.stop()
 

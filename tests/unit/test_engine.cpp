@@ -105,6 +105,7 @@ class FakeBackend : public Backend {
   // > 0: the logits depend on the last `window` tokens only (every row is still read back through
   // the block tables), so greedy replies fall into cycles that prompt lookup can draft.
   int64_t window = 0;
+  float boost = 6;  // added to one token's logit (the others within +-4)
 
  private:
   int64_t pool_row(const StepBatch& b, int64_t r, int64_t p) const {
@@ -120,7 +121,7 @@ class FakeBackend : public Backend {
     std::vector<float> l(static_cast<size_t>(n_vocab_));
     for (int64_t v = 0; v < n_vocab_; ++v)
       l[v] = static_cast<float>(std::sin(static_cast<double>((h >> 17) % 10007) * 0.001 + v * 0.37) * 4);
-    l[(h >> 29) % static_cast<uint64_t>(n_vocab_)] += 6;
+    l[(h >> 29) % static_cast<uint64_t>(n_vocab_)] += boost;
     l[kPoison] = -1e30f;  // never generated: only a prompt can hold it
     return l;
   }
@@ -293,32 +294,41 @@ TEST(Engine, BatchedEqualsAloneAndFreesEveryBlock) {
   EXPECT_NE(prom.find("megakernel_time_to_first_token_seconds_count 12\n"), std::string::npos);
 }
 
-// Prompt lookup (RequestParams::draft): greedy requests draft from their prompt and reply, each
-// step's drafts checked in the batch beside other requests' rows (sampled ones too, which make the
-// step return logits), and get the tokens they get alone without drafts, in fewer steps; the fake
-// reads every row back through the block tables (a draft past the reserved blocks or a rejected
-// draft's row read later would fail it); every block is free at the end.
+// Prompt lookup (RequestParams::draft): requests draft from their prompt and reply, each step's
+// drafts checked in the batch beside other requests' rows, and get the tokens they get alone without
+// drafts, in fewer steps: greedy ones, sampled ones (a draft's row drawn only after the row before it
+// chose the draft, with the same random numbers and penalty window), with logprobs (the same
+// entries). The fake reads every row back through the block tables (a draft past the reserved
+// blocks or a rejected draft's row read later would fail it); every block is free at the end.
 TEST(Engine, DraftsGiveTheSameTokensInFewerSteps) {
   auto request = [](int i, int draft) {
     RequestParams p = make_request(i);
     p.max_tokens = 30 + i % 7;
-    if (i % 4 != 3) p.sampler.temperature = 0;  // every fourth samples
+    p.sampler.temperature = 0;
+    if (i % 4 == 1) p.sampler.temperature = 0.7f, p.sampler.top_k = 20;  // the backend's candidates
+    if (i % 4 == 2) {                                                      // whole rows
+      p.sampler.temperature = 0.7f, p.sampler.top_k = 0, p.sampler.repeat_penalty = 1.05f;
+      p.sampler.presence_penalty = 0.1f, p.sampler.penalty_last_n = 8;
+    }
+    if (i % 4 == 3) p.logprobs = 2;
     p.draft = draft;
     return p;
   };
-  const int n = 8;
-  std::vector<std::vector<int32_t>> alone;
+  const int n = 12;
+  std::vector<RequestOutput> alone;
   for (int i = 0; i < n; ++i) {
     FakeBackend b(64, 4, 64, 64);
     b.window = 3;
+    b.boost = 9;  // replies fall into cycles, sampled ones with detours
     Engine e(b, nullptr, engine_options(1));
     auto req = e.submit(request(i, 0));
     run_until_idle(e);
-    alone.push_back(collect(*req).token_ids);
+    alone.push_back(collect(*req));
   }
   auto steps_without = [&](int64_t max_rows) {
     FakeBackend b(64, 4, 64, max_rows);
     b.window = 3;
+    b.boost = 9;  // replies fall into cycles, sampled ones with detours
     Engine e(b, nullptr, engine_options(4));
     for (int i = 0; i < n; ++i) e.submit(request(i, 0));
     run_until_idle(e);
@@ -327,6 +337,7 @@ TEST(Engine, DraftsGiveTheSameTokensInFewerSteps) {
   for (const int64_t max_rows : {64, 6}) {  // 6: drafts squeezed by the other rows
     FakeBackend b(64, 4, 64, max_rows);
     b.window = 3;
+    b.boost = 9;  // replies fall into cycles, sampled ones with detours
     Engine e(b, nullptr, engine_options(4));
     std::vector<std::shared_ptr<Request>> reqs;
     for (int i = 0; i < n; ++i) reqs.push_back(e.submit(request(i, 5)));
@@ -334,10 +345,16 @@ TEST(Engine, DraftsGiveTheSameTokensInFewerSteps) {
     for (int i = 0; i < n; ++i) {
       RequestOutput out = collect(*reqs[i]);
       EXPECT_EQ(out.finish, FinishReason::length) << i << " " << out.error;
-      EXPECT_EQ(out.token_ids, alone[i]) << "request " << i << ", " << max_rows << " rows a step";
+      EXPECT_EQ(out.token_ids, alone[i].token_ids) << "request " << i << ", " << max_rows << " rows a step";
+      ASSERT_EQ(out.logprobs.size(), alone[i].logprobs.size()) << i;
+      for (size_t k = 0; k < out.logprobs.size(); ++k) {
+        EXPECT_EQ(out.logprobs[k].token.logprob, alone[i].logprobs[k].token.logprob) << i << " token " << k;
+        ASSERT_EQ(out.logprobs[k].top.size(), 2u);
+        EXPECT_EQ(out.logprobs[k].top[1].id, alone[i].logprobs[k].top[1].id) << i << " token " << k;
+      }
     }
     const EngineStats st = e.stats();
-    EXPECT_GT(st.draft_tokens_accepted, 20u) << st.draft_tokens;
+    EXPECT_GT(st.draft_tokens_accepted, 40u) << st.draft_tokens;
     if (max_rows == 64) {
       EXPECT_LT(st.draft_tokens_accepted, st.draft_tokens);  // some refused too (a 2-gram's earlier follower)
     }
