@@ -1,9 +1,16 @@
 // GPT-2 (GPT2LMHeadModel): LayerNorm with bias, learned position embeddings (wpe), no RoPE, a plain
 // (ungated) GELU-tanh MLP, biases on every projection, classifier tied to wte.
 // The Conv1D weights ([n_in, n_out]) are registered transposed by load_hf_dir (model/hf.h).
-// Source: transformers modeling_gpt2.py.
+// GGUF "gpt2" (llama.cpp LLM_ARCH_GPT2): the same model under canonical names, Conv1D weights
+// already transposed by the converter, c_attn fused as attn_qkv (split into views at load:
+// add_gguf_gpt2_views), classifier output.weight or tied to token_embd.
+// Source: transformers modeling_gpt2.py; llama.cpp convert_hf_to_gguf.py GPT2Model, llm_build_gpt2.
+#include <cmath>
+
+#include "archs/gguf_common.h"
 #include "archs/hf_common.h"
 #include "archs/registry.h"
+#include "model/hparams.h"
 
 namespace mk {
 
@@ -60,6 +67,41 @@ Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o) {
     for (const char* part : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_up", "ffn_down"})
       if (const std::string name = gpt2_tensor_name(fmt::format("blk.{}.{}.bias", il, part)); !m.find(name))
         fail("{}: missing tensor {}", m.path, name);
+  return build_decoder(m, s);
+}
+
+Hparams read_gguf_gpt2_hparams(const ModelFile& m) {
+  Hparams hp = read_gguf_llama_hparams(m);
+  const std::string key = hp.arch + ".attention.layer_norm_epsilon";
+  hp.norm_eps = m.get_float(key, 1e-5);
+  if (!(hp.norm_eps > 0) || !std::isfinite(hp.norm_eps)) fail("{}: {} = {} must be positive", m.path, key, hp.norm_eps);
+  if (hp.head_dim * hp.n_head != hp.n_embd || hp.n_head_kv != hp.n_head)
+    fail("{}: GPT-2 attention needs head_count x head_dim = embedding_length and no grouped heads, got {} x {} = {} "
+         "(head_count_kv {})",
+         m.path, hp.n_head, hp.head_dim, hp.n_embd, hp.n_head_kv);
+  return hp;
+}
+
+Graph build_gguf_gpt2(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s;
+  s.hp = read_gguf_gpt2_hparams(m);
+  s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.hp.n_ctx_train;
+  if (s.n_ctx > s.hp.n_ctx_train)
+    fail("{}: context of {} tokens exceeds GPT-2's {} learned positions", m.path, s.n_ctx, s.hp.n_ctx_train);
+  s.all_logits = o.all_logits;
+  s.embeddings = o.embeddings;
+  s.kv_pool_tokens = o.kv_pool_tokens;
+  s.kv_block_size = o.kv_block_size;
+  s.norm = DecoderSpec::Norm::layer;
+  s.learned_positions = true;
+  s.n_rot = -1;
+  s.ffn_gated = false;
+  s.ffn_act = "gelu_tanh";  // llama.cpp's ggml_gelu, transformers' gelu_new
+  m.get("position_embd.weight", {s.hp.n_ctx_train, s.hp.n_embd});
+  // Every projection and LayerNorm of GPT-2 has a bias (build_decoder takes biases as optional).
+  gguf_require_per_layer(m, s, {"attn_norm.bias", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
+                                "ffn_norm.bias", "ffn_up.bias", "ffn_down.bias"});
+  m.get("output_norm.bias");
   return build_decoder(m, s);
 }
 

@@ -43,6 +43,7 @@ const FamilyKeys kFamilyKeys[] = {
     {"gemma2", {"attention.sliding_window", "attn_logit_softcapping", "final_logit_softcapping"}},
     {"gemma3", {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"}},
     {"phi3", {"attention.sliding_window"}},
+    {"gpt2", {"attention.layer_norm_epsilon"}},
 };
 
 // Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).

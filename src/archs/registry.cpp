@@ -24,6 +24,7 @@ const ArchEntry kArchs[] = {
     {"gguf", "phi3", read_gguf_llama_hparams, build_gguf_phi3},
     {"gguf", "gemma2", read_gguf_llama_hparams, build_gguf_gemma2},
     {"gguf", "gemma3", read_gguf_llama_hparams, build_gguf_gemma3},
+    {"gguf", "gpt2", read_gguf_gpt2_hparams, build_gguf_gpt2},
     {"hf", "llama", read_hf_hparams, build_hf_llama},
     {"hf", "mistral", read_hf_hparams, build_hf_llama},
     {"hf", "qwen2", read_hf_hparams, build_hf_qwen2},

@@ -19,7 +19,9 @@ ModelFile load_model(const std::string& path) {
   auto file = MappedFile::open(path);
   if (file->size() >= 4 && std::memcmp(file->data(), "GGUF", 4) == 0) {
     ModelFile m = load_gguf(std::move(file));
-    if (m.has("general.architecture") && m.get_str("general.architecture") == "phi3") add_gguf_phi3_views(m);
+    const std::string arch = m.has("general.architecture") ? m.get_str("general.architecture") : "";
+    if (arch == "phi3") add_gguf_phi3_views(m);
+    if (arch == "gpt2") add_gguf_gpt2_views(m);
     return m;
   }
   try {
@@ -57,6 +59,27 @@ void add_gguf_phi3_views(ModelFile& m) {
       const WeightTensor gu = m.get(up->name, {2 * n_ff, n_embd});
       m.add_tensor(row_view(gu, 0, n_ff, p + "ffn_gate.weight"));
       m.add_tensor(row_view(gu, n_ff, n_ff, p + "ffn_up_half.weight"));
+    }
+  }
+}
+
+// llama.cpp's gpt2 GGUF keeps GPT-2's fused c_attn: blk.N.attn_qkv.weight ([q; k; v] rows, each
+// n_embd) and blk.N.attn_qkv.bias; their parts become views blk.N.attn_q/attn_k/attn_v.{weight,bias}.
+void add_gguf_gpt2_views(ModelFile& m) {
+  const int64_t n_embd = m.get_int("gpt2.embedding_length");
+  if (n_embd <= 0) fail("{}: gpt2.embedding_length = {} must be positive", m.path, n_embd);
+  for (int il = 0;; ++il) {
+    const std::string p = fmt::format("blk.{}.", il);
+    const WeightTensor* w = m.find(p + "attn_qkv.weight");
+    if (!w) break;
+    const WeightTensor qkv = m.get(w->name, {3 * n_embd, n_embd});  // a copy: add_tensor may move it
+    const WeightTensor* b = m.find(p + "attn_qkv.bias");
+    if (!b) fail("{}: missing tensor {}attn_qkv.bias", m.path, p);
+    const WeightTensor bias = m.get(b->name, {3 * n_embd});
+    const char* parts[] = {"attn_q", "attn_k", "attn_v"};
+    for (int k = 0; k < 3; ++k) {
+      m.add_tensor(row_view(qkv, k * n_embd, n_embd, p + parts[k] + ".weight"));
+      m.add_tensor(row_view(bias, k * n_embd, n_embd, p + parts[k] + ".bias"));
     }
   }
 }
