@@ -129,6 +129,8 @@ class DecoderBuilder {
       if (s_.n_rot != 0 && s_.n_rot != hd)
         fail("{}: a RoPE attention factor ({}) with partial rotation ({} of {} dims) is not supported", m_.path,
              s_.rope_attn_factor, s_.n_rot, hd);
+      if (std::find(s_.nope_layers.begin(), s_.nope_layers.end(), true) != s_.nope_layers.end())
+        fail("{}: a RoPE attention factor ({}) with layers without RoPE is not supported", m_.path, s_.rope_attn_factor);
       scale *= s_.rope_attn_factor * s_.rope_attn_factor;
     }
     // A layer count below the file's would silently drop layers (llama.cpp refuses such a file:
@@ -154,7 +156,7 @@ class DecoderBuilder {
         q = g_.add(Op::rms_norm, {q, qn}, {{"eps", hp_.norm_eps}, {"group", hd}, {"weight_offset", s_.norm_weight_offset}}, b + ".q_norm");
         k = g_.add(Op::rms_norm, {k, kn}, {{"eps", hp_.norm_eps}, {"group", hd}, {"weight_offset", s_.norm_weight_offset}}, b + ".k_norm");
       }
-      if (s_.n_rot >= 0) {
+      if (s_.n_rot >= 0 && !(il < static_cast<int>(s_.nope_layers.size()) && s_.nope_layers[static_cast<size_t>(il)])) {
         q = rope(q, pos, il, b + ".q_rope");
         k = rope(k, pos, il, b + ".k_rope");
       }

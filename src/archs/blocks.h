@@ -45,6 +45,9 @@ struct DecoderSpec {
   // scale, before the softmax) and of the output logits; 0 = none.
   double attn_softcap = 0.0, final_softcap = 0.0;
 
+  // SmolLM3: layers whose attention takes no RoPE (nope_layers[il] true; "NoPE"); empty = none.
+  std::vector<bool> nope_layers;
+
   bool qk_norm = false;                // Qwen3: RMSNorm over each head of q and k
   std::string ffn_act = "silu";        // silu | gelu | gelu_tanh
   bool ffn_gated = true;               // act(gate(x)) * up(x), else act(up(x))

@@ -18,13 +18,6 @@ double config_float(const nlohmann::ordered_json& c, std::initializer_list<const
   return def;
 }
 
-// A boolean config field: its value, `def` when absent or null; anything else is refused by name.
-bool config_bool(const nlohmann::ordered_json& c, const char* key, bool def) {
-  if (!c.contains(key) || c[key].is_null()) return def;
-  if (!c[key].is_boolean()) fail("config.json: {} must be true or false, got {}", key, clip(c[key].dump()));
-  return c[key].get<bool>();
-}
-
 // The sliding-window layers of the Llama-like families as transformers builds them (0 / empty: none):
 // MistralConfig and Phi3Config window every layer when sliding_window is set; Qwen2Config and
 // Qwen3Config only with use_sliding_window (default false), and then the layers from
@@ -58,6 +51,12 @@ void hf_sliding_layers(const nlohmann::ordered_json& c, const std::string& arch,
 }
 
 }  // namespace
+
+bool config_bool(const nlohmann::ordered_json& c, const char* key, bool def) {
+  if (!c.contains(key) || c[key].is_null()) return def;
+  if (!c[key].is_boolean()) fail("config.json: {} must be true or false, got {}", key, clip(c[key].dump()));
+  return c[key].get<bool>();
+}
 
 const nlohmann::ordered_json& hf_config(const ModelFile& m) {
   if (!m.metadata.contains("hf.config") || !m.metadata["hf.config"].is_object())
@@ -185,9 +184,9 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
   // unused): q/k/v always for Qwen2; attention_bias (q/k/v/o) and mlp_bias (gate/up/down) for the
   // configs that have them (Llama; Qwen3 and Gemma: attention_bias); none for Mistral and Phi-3.
   const std::string& arch = s.hp.arch;
-  const bool has_attn_bias_key = arch == "llama" || arch == "qwen3" || arch.starts_with("gemma");
+  const bool has_attn_bias_key = arch == "llama" || arch == "smollm3" || arch == "qwen3" || arch.starts_with("gemma");
   const bool attn_bias = has_attn_bias_key && config_bool(c, "attention_bias", false);
-  const bool mlp_bias = arch == "llama" && config_bool(c, "mlp_bias", false);
+  const bool mlp_bias = (arch == "llama" || arch == "smollm3") && config_bool(c, "mlp_bias", false);
   const bool qkv_bias = arch == "qwen2" || attn_bias;
   s.resolve = [tied, attn_bias, mlp_bias, qkv_bias](const std::string& canonical) -> std::string {
     if (canonical.ends_with(".bias")) {

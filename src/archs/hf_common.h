@@ -11,6 +11,9 @@ namespace mk {
 // config.json of an HF model (metadata `hf.config`); throws mk::Error when absent.
 const nlohmann::ordered_json& hf_config(const ModelFile& m);
 
+// A boolean config field: its value, `def` when absent or null; anything else is refused by name.
+bool config_bool(const nlohmann::ordered_json& c, const char* key, bool def);
+
 // Hyperparameters from config.json, accepting both the Llama spelling (hidden_size,
 // num_hidden_layers, ...) and GPT-2's (n_embd, n_layer, n_head, n_positions, n_inner).
 // head_dim defaults to n_embd / n_head; num_key_value_heads to n_head; n_ctx_train is

@@ -25,6 +25,7 @@ const ArchEntry kArchs[] = {
     {"gguf", "gemma2", read_gguf_llama_hparams, build_gguf_gemma2},
     {"gguf", "gemma3", read_gguf_llama_hparams, build_gguf_gemma3},
     {"gguf", "gpt2", read_gguf_gpt2_hparams, build_gguf_gpt2},
+    {"gguf", "smollm3", read_gguf_llama_hparams, build_gguf_smollm3},
     {"hf", "llama", read_hf_hparams, build_hf_llama},
     {"hf", "mistral", read_hf_hparams, build_hf_llama},
     {"hf", "qwen2", read_hf_hparams, build_hf_qwen2},
@@ -34,6 +35,7 @@ const ArchEntry kArchs[] = {
     {"hf", "gemma2", read_hf_hparams, build_hf_gemma2},
     {"hf", "gemma3_text", read_hf_hparams, build_hf_gemma3},
     {"hf", "gpt2", read_hf_hparams, build_hf_gpt2},
+    {"hf", "smollm3", read_hf_hparams, build_hf_smollm3},
 };
 
 const ArchEntry& find_arch(const ModelFile& m) {
