@@ -304,7 +304,10 @@ GenerateResult generate(Session& s, const GenerateOptions& o, const std::functio
   // candidates or logits.
   const int draft = draft_unused_reason(s, o).empty() ? static_cast<int>(std::min<int64_t>(o.draft, s.backend->max_batch_rows() - 1)) : 0;
   std::vector<int32_t> history;  // prompt + generated, for the lookup
-  if (draft > 0) history = r.prompt_ids;
+  if (draft > 0) {  // the conversation's earlier turns too (chat)
+    history = o.penalty_context;
+    history.insert(history.end(), r.prompt_ids.begin(), r.prompt_ids.end());
+  }
   DraftBackoff backoff;
   int64_t run_drafted = 0, run_accepted = 0;  // the latest draft: tokens drafted, and rows of it used
   auto eval = [&](std::span<const int32_t> t) {

@@ -107,7 +107,8 @@ struct GenerateOptions {
   bool add_bos = true;
   // Tokens before the prompt that the KV cache already holds (a conversation's earlier turns): they
   // enter the penalty window first, so that a chat turn is penalized as the whole conversation
-  // would be (serve's chat sends the whole conversation as its prompt).
+  // would be (serve's chat sends the whole conversation as its prompt), and prompt lookup drafts
+  // from them too.
   std::vector<int32_t> penalty_context;
   // When set and true, generation stops before the next token (stop_reason "interrupted"): `chat`
   // sets it from SIGINT so that Ctrl-C ends the reply, not the conversation.
