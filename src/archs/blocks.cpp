@@ -168,8 +168,10 @@ class DecoderBuilder {
       int a = g_.add(Op::attention, {q, kc, vc}, attn, b + ".attn");
       int o = linear(a, b + ".attn_output", n_embd, q_dim, b + ".attn_out");
       if (s_.post_norms) o = norm(o, b + ".post_attention_norm", n_embd, b + ".attn_post_norm");
-      x = g_.add(Op::add, {x, o}, {}, b + ".attn_residual");
-      h = norm(x, b + ".ffn_norm", n_embd, b + ".ffn_norm");
+      if (!s_.parallel_residual) {  // else the FFN reads the attention's input norm too
+        x = g_.add(Op::add, {x, o}, {}, b + ".attn_residual");
+        h = norm(x, b + ".ffn_norm", n_embd, b + ".ffn_norm");
+      }
       int up = linear(h, b + ".ffn_up", hp_.n_ff, n_embd, b + ".ffn_up");
       int act_in = up;
       if (s_.ffn_gated) act_in = linear(h, b + ".ffn_gate", hp_.n_ff, n_embd, b + ".ffn_gate");
@@ -179,7 +181,10 @@ class DecoderBuilder {
       if (s_.ffn_gated) m = g_.add(Op::mul, {m, up}, {}, b + ".ffn_gated");
       int d = linear(m, b + ".ffn_down", n_embd, hp_.n_ff, b + ".ffn_down");
       if (s_.post_norms) d = norm(d, b + ".post_ffw_norm", n_embd, b + ".ffn_post_norm");
-      x = g_.add(Op::add, {x, d}, {}, b + ".ffn_residual");
+      if (s_.parallel_residual)  // (attention + FFN) + x, llama.cpp's order
+        x = g_.add(Op::add, {g_.add(Op::add, {o, d}, {}, b + ".attn_ffn"), x}, {}, b + ".residual");
+      else
+        x = g_.add(Op::add, {x, d}, {}, b + ".ffn_residual");
     }
     x = norm(x, "output_norm", n_embd, "output_norm");
     if (s_.embeddings) {  // the hidden state every row ends with, as llama.cpp's embeddings and HF's last hidden state
@@ -189,6 +194,7 @@ class DecoderBuilder {
     int cls = weight("output.weight", {hp_.n_vocab, n_embd}, false);
     if (cls < 0) cls = emb;  // tied embeddings: the classifier is the token embedding
     int logits = g_.add(Op::matmul, {x, cls}, {}, "logits_all");
+    if (s_.output_bias) logits = g_.add(Op::add, {logits, weight("output.bias", {hp_.n_vocab})}, {}, "logits_all_b");
     if (s_.final_softcap > 0) logits = g_.add(Op::softcap, {logits}, {{"cap", s_.final_softcap}}, "logits_softcap");
     int out = s_.all_logits ? logits : g_.add(Op::last_row, {logits}, {}, "logits");
     g_.add_output(out, "logits");

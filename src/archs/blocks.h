@@ -45,6 +45,10 @@ struct DecoderSpec {
   // scale, before the softmax) and of the output logits; 0 = none.
   double attn_softcap = 0.0, final_softcap = 0.0;
 
+  // Phi-2: attention and FFN both read the layer's one norm (attn_norm) and add to the residual
+  // together: x + (attn(norm(x)) + ffn(norm(x))); no ffn_norm.
+  bool parallel_residual = false;
+  bool output_bias = false;  // Phi-2: the classifier has a bias (output.bias, required)
   // SmolLM3: layers whose attention takes no RoPE (nope_layers[il] true; "NoPE"); empty = none.
   std::vector<bool> nope_layers;
 

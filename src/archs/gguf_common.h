@@ -23,5 +23,8 @@ std::vector<double> gguf_rope_factors(const ModelFile& m, const std::string& nam
 // Every layer must carry blk.N.<name> for each name (e.g. "attn_q.bias"): a file that lost them
 // fails to load instead of computing something else. Throws mk::Error naming the first missing one.
 void gguf_require_per_layer(const ModelFile& m, const DecoderSpec& s, std::initializer_list<const char*> names);
+// Every layer's q/k/v biases: attn_qkv.bias where the file fuses them (add_gguf_qkv_views), else
+// attn_q/attn_k/attn_v.bias; the error names the tensor the file lacks.
+void gguf_require_qkv_bias(const ModelFile& m, const DecoderSpec& s);
 
 }  // namespace mk

@@ -3,7 +3,7 @@
 // The Conv1D weights ([n_in, n_out]) are registered transposed by load_hf_dir (model/hf.h).
 // GGUF "gpt2" (llama.cpp LLM_ARCH_GPT2): the same model under canonical names, Conv1D weights
 // already transposed by the converter, c_attn fused as attn_qkv (split into views at load:
-// add_gguf_gpt2_views), classifier output.weight or tied to token_embd.
+// add_gguf_qkv_views), classifier output.weight or tied to token_embd.
 // Source: transformers modeling_gpt2.py; llama.cpp convert_hf_to_gguf.py GPT2Model, llm_build_gpt2.
 #include <cmath>
 
@@ -99,8 +99,8 @@ Graph build_gguf_gpt2(const ModelFile& m, const BuildOptions& o) {
   s.ffn_act = "gelu_tanh";  // llama.cpp's ggml_gelu, transformers' gelu_new
   m.get("position_embd.weight", {s.hp.n_ctx_train, s.hp.n_embd});
   // Every projection and LayerNorm of GPT-2 has a bias (build_decoder takes biases as optional).
-  gguf_require_per_layer(m, s, {"attn_norm.bias", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
-                                "ffn_norm.bias", "ffn_up.bias", "ffn_down.bias"});
+  gguf_require_per_layer(m, s, {"attn_norm.bias", "attn_output.bias", "ffn_norm.bias", "ffn_up.bias", "ffn_down.bias"});
+  gguf_require_qkv_bias(m, s);
   m.get("output_norm.bias");
   return build_decoder(m, s);
 }

@@ -44,6 +44,7 @@ const FamilyKeys kFamilyKeys[] = {
     {"gemma3", {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"}},
     {"phi3", {"attention.sliding_window"}},
     {"gpt2", {"attention.layer_norm_epsilon"}},
+    {"phi2", {"attention.layer_norm_epsilon"}},
 };
 
 // Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).
@@ -217,6 +218,16 @@ std::vector<double> gguf_rope_factors(const ModelFile& m, const std::string& nam
 void gguf_require_per_layer(const ModelFile& m, const DecoderSpec& s, std::initializer_list<const char*> names) {
   for (int64_t il = 0; il < s.hp.n_layer; ++il)
     for (const char* n : names) m.get(fmt::format("blk.{}.{}", il, n));
+}
+
+void gguf_require_qkv_bias(const ModelFile& m, const DecoderSpec& s) {
+  for (int64_t il = 0; il < s.hp.n_layer; ++il) {
+    const std::string p = fmt::format("blk.{}.", il);
+    if (m.find(p + "attn_qkv.weight"))
+      m.get(p + "attn_qkv.bias");
+    else
+      for (const char* n : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) m.get(p + n);
+  }
 }
 
 Graph build_gguf_llama(const ModelFile& m, const BuildOptions& o) {

@@ -21,7 +21,7 @@ ModelFile load_model(const std::string& path) {
     ModelFile m = load_gguf(std::move(file));
     const std::string arch = m.has("general.architecture") ? m.get_str("general.architecture") : "";
     if (arch == "phi3") add_gguf_phi3_views(m);
-    if (arch == "gpt2") add_gguf_gpt2_views(m);
+    if (arch == "gpt2" || arch == "phi2") add_gguf_qkv_views(m, arch);
     return m;
   }
   try {
@@ -63,23 +63,31 @@ void add_gguf_phi3_views(ModelFile& m) {
   }
 }
 
-// llama.cpp's gpt2 GGUF keeps GPT-2's fused c_attn: blk.N.attn_qkv.weight ([q; k; v] rows, each
-// n_embd) and blk.N.attn_qkv.bias; their parts become views blk.N.attn_q/attn_k/attn_v.{weight,bias}.
-void add_gguf_gpt2_views(ModelFile& m) {
-  const int64_t n_embd = m.get_int("gpt2.embedding_length");
-  if (n_embd <= 0) fail("{}: gpt2.embedding_length = {} must be positive", m.path, n_embd);
+// llama.cpp's gpt2 and phi2 GGUFs may keep a fused projection: blk.N.attn_qkv.weight ([q; k; v]
+// rows: n_head and n_head_kv heads of head_dim) and blk.N.attn_qkv.bias; their parts become views
+// blk.N.attn_q/attn_k/attn_v.{weight,bias}.
+void add_gguf_qkv_views(ModelFile& m, const std::string& arch) {
+  const int64_t n_embd = m.get_int(arch + ".embedding_length"), n_head = m.get_int(arch + ".attention.head_count");
+  const int64_t n_head_kv = m.get_int(arch + ".attention.head_count_kv", n_head);
+  if (n_embd <= 0 || n_head <= 0 || n_head_kv <= 0 || n_embd % n_head != 0)
+    fail("{}: {} hyperparameters: embedding_length {} must be a positive multiple of head_count {} (head_count_kv {})",
+         m.path, arch, n_embd, n_head, n_head_kv);
+  const int64_t head_dim = m.get_int(arch + ".attention.key_length", n_embd / n_head);
+  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
   for (int il = 0;; ++il) {
     const std::string p = fmt::format("blk.{}.", il);
     const WeightTensor* w = m.find(p + "attn_qkv.weight");
-    if (!w) break;
-    const WeightTensor qkv = m.get(w->name, {3 * n_embd, n_embd});  // a copy: add_tensor may move it
-    const WeightTensor* b = m.find(p + "attn_qkv.bias");
-    if (!b) fail("{}: missing tensor {}attn_qkv.bias", m.path, p);
-    const WeightTensor bias = m.get(b->name, {3 * n_embd});
+    if (!w) {
+      if (m.find(p + "attn_q.weight")) continue;  // this layer's projections are separate
+      break;
+    }
+    const WeightTensor qkv = m.get(w->name, {q_dim + 2 * kv_dim, n_embd});  // a copy: add_tensor may move it
+    const int64_t from[] = {0, q_dim, q_dim + kv_dim}, rows[] = {q_dim, kv_dim, kv_dim};
     const char* parts[] = {"attn_q", "attn_k", "attn_v"};
-    for (int k = 0; k < 3; ++k) {
-      m.add_tensor(row_view(qkv, k * n_embd, n_embd, p + parts[k] + ".weight"));
-      m.add_tensor(row_view(bias, k * n_embd, n_embd, p + parts[k] + ".bias"));
+    for (int k = 0; k < 3; ++k) m.add_tensor(row_view(qkv, from[k], rows[k], p + parts[k] + ".weight"));
+    if (const WeightTensor* b = m.find(p + "attn_qkv.bias")) {
+      const WeightTensor bias = m.get(b->name, {q_dim + 2 * kv_dim});
+      for (int k = 0; k < 3; ++k) m.add_tensor(row_view(bias, from[k], rows[k], p + parts[k] + ".bias"));
     }
   }
 }

@@ -1,5 +1,6 @@
 // The "cpu" backend: compiles the graph once (passes/default_pipeline) for the requested worker
 // count and schedule, then runs every step on the persistent-thread interpreter.
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
@@ -37,7 +38,8 @@ class CpuBackend final : public Backend {
     co.max_tokens = n_ctx > 0 ? std::min<int64_t>(co.max_tokens, n_ctx) : co.max_tokens;
     const bool llama_like = cpu_llama_cpp_numerics(m);
     bool act_quant = llama_like, kv_f16 = llama_like;
-    if (o.act_quant == "on" && !any_act_weights(m))
+    const bool has_gelu = std::any_of(g.nodes.begin(), g.nodes.end(), [](const Node& n) { return n.op == Op::gelu || n.op == Op::gelu_tanh; });
+    if (o.act_quant == "on" && !any_act_weights(m) && !has_gelu)  // (with GELU: llama.cpp's f16 GELU table)
       std::fprintf(stderr, "note: --act-quant on: the model has no block-quantized weights, and matmuls over float "
                            "weights keep float32 activations (as llama.cpp's): it changes nothing here\n");
     if (o.act_quant == "on") act_quant = true;
