@@ -168,6 +168,7 @@ class DecoderBuilder {
       int a = g_.add(Op::attention, {q, kc, vc}, attn, b + ".attn");
       int o = linear(a, b + ".attn_output", n_embd, q_dim, b + ".attn_out");
       if (s_.post_norms) o = norm(o, b + ".post_attention_norm", n_embd, b + ".attn_post_norm");
+      if (s_.residual_scale != 1.0) o = g_.add(Op::scale, {o}, {{"s", s_.residual_scale}}, b + ".attn_out_scaled");
       if (!s_.parallel_residual) {  // else the FFN reads the attention's input norm too
         x = g_.add(Op::add, {x, o}, {}, b + ".attn_residual");
         h = norm(x, b + ".ffn_norm", n_embd, b + ".ffn_norm");
@@ -181,6 +182,7 @@ class DecoderBuilder {
       if (s_.ffn_gated) m = g_.add(Op::mul, {m, up}, {}, b + ".ffn_gated");
       int d = linear(m, b + ".ffn_down", n_embd, hp_.n_ff, b + ".ffn_down");
       if (s_.post_norms) d = norm(d, b + ".post_ffw_norm", n_embd, b + ".ffn_post_norm");
+      if (s_.residual_scale != 1.0) d = g_.add(Op::scale, {d}, {{"s", s_.residual_scale}}, b + ".ffn_out_scaled");
       if (s_.parallel_residual)  // (attention + FFN) + x, llama.cpp's order
         x = g_.add(Op::add, {g_.add(Op::add, {o, d}, {}, b + ".attn_ffn"), x}, {}, b + ".residual");
       else
@@ -195,6 +197,7 @@ class DecoderBuilder {
     if (cls < 0) cls = emb;  // tied embeddings: the classifier is the token embedding
     int logits = g_.add(Op::matmul, {x, cls}, {}, "logits_all");
     if (s_.output_bias) logits = g_.add(Op::add, {logits, weight("output.bias", {hp_.n_vocab})}, {}, "logits_all_b");
+    if (s_.logit_scale != 1.0) logits = g_.add(Op::scale, {logits}, {{"s", 1.0 / s_.logit_scale}}, "logits_all_scaled");
     if (s_.final_softcap > 0) logits = g_.add(Op::softcap, {logits}, {{"cap", s_.final_softcap}}, "logits_softcap");
     int out = s_.all_logits ? logits : g_.add(Op::last_row, {logits}, {}, "logits");
     g_.add_output(out, "logits");

@@ -49,6 +49,9 @@ struct DecoderSpec {
   // together: x + (attn(norm(x)) + ffn(norm(x))); no ffn_norm.
   bool parallel_residual = false;
   bool output_bias = false;  // Phi-2: the classifier has a bias (output.bias, required)
+  // Granite: the attention and FFN outputs are multiplied by residual_scale before each residual add,
+  // and the logits divided by logit_scale; 1 = none.
+  double residual_scale = 1.0, logit_scale = 1.0;
   // SmolLM3: layers whose attention takes no RoPE (nope_layers[il] true; "NoPE"); empty = none.
   std::vector<bool> nope_layers;
 

@@ -184,9 +184,10 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
   // unused): q/k/v always for Qwen2; attention_bias (q/k/v/o) and mlp_bias (gate/up/down) for the
   // configs that have them (Llama; Qwen3 and Gemma: attention_bias); none for Mistral and Phi-3.
   const std::string& arch = s.hp.arch;
-  const bool has_attn_bias_key = arch == "llama" || arch == "smollm3" || arch == "qwen3" || arch.starts_with("gemma");
+  const bool has_attn_bias_key =
+      arch == "llama" || arch == "smollm3" || arch == "granite" || arch == "qwen3" || arch.starts_with("gemma");
   const bool attn_bias = has_attn_bias_key && config_bool(c, "attention_bias", false);
-  const bool mlp_bias = (arch == "llama" || arch == "smollm3") && config_bool(c, "mlp_bias", false);
+  const bool mlp_bias = (arch == "llama" || arch == "smollm3" || arch == "granite") && config_bool(c, "mlp_bias", false);
   const bool qkv_bias = arch == "qwen2" || attn_bias;
   s.resolve = [tied, attn_bias, mlp_bias, qkv_bias](const std::string& canonical) -> std::string {
     if (canonical.ends_with(".bias")) {

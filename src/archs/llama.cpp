@@ -45,6 +45,7 @@ const FamilyKeys kFamilyKeys[] = {
     {"phi3", {"attention.sliding_window"}},
     {"gpt2", {"attention.layer_norm_epsilon"}},
     {"phi2", {"attention.layer_norm_epsilon"}},
+    {"granite", {"attention.scale", "embedding_scale", "residual_scale", "logit_scale"}},
 };
 
 // Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).

@@ -26,6 +26,7 @@ const ArchEntry kArchs[] = {
     {"gguf", "gemma3", read_gguf_llama_hparams, build_gguf_gemma3},
     {"gguf", "gpt2", read_gguf_gpt2_hparams, build_gguf_gpt2},
     {"gguf", "smollm3", read_gguf_llama_hparams, build_gguf_smollm3},
+    {"gguf", "granite", read_gguf_llama_hparams, build_gguf_granite},
     {"gguf", "phi2", read_gguf_phi2_hparams, build_gguf_phi2},
     {"hf", "llama", read_hf_hparams, build_hf_llama},
     {"hf", "mistral", read_hf_hparams, build_hf_llama},
@@ -37,6 +38,7 @@ const ArchEntry kArchs[] = {
     {"hf", "gemma3_text", read_hf_hparams, build_hf_gemma3},
     {"hf", "gpt2", read_hf_hparams, build_hf_gpt2},
     {"hf", "smollm3", read_hf_hparams, build_hf_smollm3},
+    {"hf", "granite", read_hf_hparams, build_hf_granite},
     {"hf", "phi", read_hf_hparams, build_hf_phi2},
 };
 

@@ -1,0 +1,77 @@
+// Granite 3 (GraniteForCausalLM): the Llama layout with four multipliers: embeddings x
+// embedding_multiplier, attention scores x attention_multiplier (in place of 1/sqrt(head_dim)),
+// each attention and FFN output x residual_multiplier before its residual add, logits /
+// logits_scaling.
+//   HF: config embedding_multiplier, attention_multiplier, residual_multiplier, logits_scaling;
+//       transformers modeling_granite.py.
+//   GGUF "granite": llama.cpp's converter (GraniteModel, a LlamaModel: q/k permuted) writes them as
+//       granite.embedding_scale, granite.attention.scale, granite.residual_scale, granite.logit_scale
+//       (each absent when the config has none); llama.cpp llm_build_granite.
+#include <cmath>
+
+#include "archs/gguf_common.h"
+#include "archs/hf_common.h"
+#include "archs/registry.h"
+#include "support/error.h"
+#include "support/json.h"
+
+namespace mk {
+
+namespace {
+
+struct Multipliers {
+  double embedding = 1, attention = 0, residual = 1, logits = 1;  // attention 0: 1/sqrt(head_dim)
+};
+
+void apply(DecoderSpec& s, const Multipliers& k) {
+  if (k.embedding != 1) {
+    s.embed_scale = true;
+    s.embed_scale_value = k.embedding;
+  }
+  s.attn_scale = k.attention;
+  s.residual_scale = k.residual;
+  s.logit_scale = k.logits;
+}
+
+double positive(double v, const std::string& what) {
+  if (!(v > 0) || !std::isfinite(v)) fail("{} = {} must be a positive number", what, v);
+  return v;
+}
+
+}  // namespace
+
+Graph build_gguf_granite(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s = gguf_decoder_spec(m, o, "adjacent");
+  const std::string a = s.hp.arch + ".";
+  Multipliers k;
+  auto key = [&](const char* suffix, double def) {
+    const std::string name = a + suffix;
+    return m.has(name) ? positive(m.get_float(name, def), m.path + ": " + name) : def;
+  };
+  k.embedding = key("embedding_scale", 1);
+  // attention.scale 0 is llama.cpp's "none given": 1/sqrt(head_dim)
+  k.attention = m.has(a + "attention.scale") && m.get_float(a + "attention.scale", 0) != 0 ? key("attention.scale", 0) : 0;
+  k.residual = key("residual_scale", 1);
+  k.logits = key("logit_scale", 1);
+  apply(s, k);
+  return build_decoder(m, s);
+}
+
+Graph build_hf_granite(const ModelFile& m, const BuildOptions& o) {
+  const auto& c = hf_config(m);
+  DecoderSpec s = hf_llama_spec(m, o, /*tied_default=*/false);  // GraniteConfig: tie_word_embeddings false
+  auto field = [&](const char* name, double def) {
+    if (!c.contains(name) || c[name].is_null()) return def;
+    if (!c[name].is_number()) fail("config.json: {} must be a number, got {}", name, clip(c[name].dump()));
+    return positive(c[name].get<double>(), std::string("config.json: ") + name);
+  };
+  Multipliers k;
+  k.embedding = field("embedding_multiplier", 1);
+  k.attention = field("attention_multiplier", 1);  // GraniteConfig's default (real configs set it)
+  k.residual = field("residual_multiplier", 1);
+  k.logits = field("logits_scaling", 1);
+  apply(s, k);
+  return build_decoder(m, s);
+}
+
+}  // namespace mk
