@@ -260,6 +260,7 @@ class Server {
     try {
       const std::string source = o_.template_file.empty() ? model_chat_template(s_.model) : read_text_file(o_.template_file);
       tool_format_ = tool_format_of(source);
+      if (s_.tokenizer) tool_marker_ids_ = tool_marker_tokens(*s_.tokenizer, tool_format_);
       thinks_ = template_thinks(source);
     } catch (const Error&) {
       no_chat_template_ = o_.template_file.empty();
@@ -734,6 +735,7 @@ class Server {
     if (kwargs.is_null()) kwargs = json::object();
     kwargs["tools"] = *tools;
     r.tools = tool_format_;
+    r.params.preserved_tokens = tool_marker_ids_;
     if (mode == "auto") return;
     if (r.params.json) bad("tool_choice", "a required tool call cannot be combined with a JSON response_format");
     if (!r.params.stop.empty()) bad("stop", "'stop' cannot be combined with a required tool call: it would cut the call");
@@ -1609,6 +1611,7 @@ class Server {
   Engine& e_;
   bool no_chat_template_ = false;  // no --chat-template-file and the model carries none (or a broken one)
   ToolFormat tool_format_ = ToolFormat::none;  // how the chat template's model calls tools (runtime/tool_calls.h)
+  std::vector<int32_t> tool_marker_ids_;          // its markers that are control tokens (tool_marker_tokens)
   bool thinks_ = false;                        // the chat template writes <think> (runtime/reasoning.h)
   std::atomic<uint64_t> next_id_{1};
   std::mutex codes_mu_;

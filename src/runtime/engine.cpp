@@ -376,7 +376,11 @@ bool Engine::emit(Seq& s, const Choice& c, clock::time_point now) {
     ++stats_.generated_tokens;
   }
   if (s.params.logprobs >= 0) s.new_logprobs.push_back(c.lp);
-  if (tok_) s.text += s.utf8.push(tok_->token_bytes(prev, next));
+  if (tok_) {
+    const auto& keep = s.params.preserved_tokens;
+    s.text += s.utf8.push(std::find(keep.begin(), keep.end(), next) != keep.end() ? tok_->token_text(next)
+                                                                                    : tok_->token_bytes(prev, next));
+  }
   StopScan scan = scan_stop_strings(s.text, s.params.stop);
   if (scan.found != std::string::npos) {
     s.text.resize(scan.found);

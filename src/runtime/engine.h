@@ -96,6 +96,9 @@ struct RequestParams {
   // token, or its end), so that with the prefix cache it starts from the KV blocks `after` computed
   // for the same prompt (serve's n > 1: one prefill, not n). It waits at the head of the queue.
   std::shared_ptr<const Request> after;
+  // Tokens whose literal text goes into the reply although decoding gives them none (control tokens
+  // that mark a tool call: runtime/tool_calls.h tool_marker_tokens).
+  std::vector<int32_t> preserved_tokens;
   // Prompt lookup decoding (runtime/lookup.h): up to `draft` tokens drafted from the prompt and reply
   // each step, checked in the same step's batch, on a paged backend (not for JSON replies). Each
   // row's token is chosen as without drafts (a sampled one with the same random numbers, after the

@@ -13,6 +13,10 @@ namespace {
 
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 constexpr std::string_view kMistral = "[TOOL_CALLS]", kPythonTag = "<|python_tag|>";
+constexpr std::string_view kGranite = "<|tool_call|>", kGraniteClose = "<|/tool_call|>";
+
+// The marker before a format's array of calls (mistral, granite).
+std::string_view array_marker(ToolFormat f) { return f == ToolFormat::mistral ? kMistral : kGranite; }
 
 std::string trim(std::string_view s) {
   const auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; };
@@ -99,6 +103,7 @@ const char* tool_format_name(ToolFormat f) {
   switch (f) {
     case ToolFormat::hermes: return "hermes";
     case ToolFormat::mistral: return "mistral";
+    case ToolFormat::granite: return "granite";
     case ToolFormat::json: return "json";
     default: return "none";
   }
@@ -108,7 +113,27 @@ ToolFormat tool_format_of(const std::string& source) {
   if (source.find("tools") == std::string::npos) return ToolFormat::none;
   if (source.find(kHermesOpen) != std::string::npos) return ToolFormat::hermes;
   if (source.find(kMistral) != std::string::npos) return ToolFormat::mistral;
+  if (source.find(kGranite) != std::string::npos) return ToolFormat::granite;
   return ToolFormat::json;
+}
+
+std::vector<std::string> tool_markers(ToolFormat f) {
+  switch (f) {
+    case ToolFormat::hermes: return {std::string(kHermesOpen), std::string(kHermesClose)};
+    case ToolFormat::mistral: return {std::string(kMistral)};
+    case ToolFormat::granite: return {std::string(kGranite), std::string(kGraniteClose)};
+    case ToolFormat::json: return {std::string(kPythonTag)};
+    default: return {};
+  }
+}
+
+std::vector<int32_t> tool_marker_tokens(const Tokenizer& tok, ToolFormat f) {
+  std::vector<int32_t> ids;
+  for (const std::string& m : tool_markers(f)) {
+    const std::vector<int32_t> t = tok.encode(m, /*add_bos=*/false, /*parse_special=*/true);
+    if (t.size() == 1 && tok.token_bytes(-1, t[0]).empty() && tok.token_text(t[0]) == m) ids.push_back(t[0]);
+  }
+  return ids;
 }
 
 ToolReply parse_tool_reply(ToolFormat f, const std::string& text) {
@@ -136,13 +161,15 @@ ToolReply parse_tool_reply(ToolFormat f, const std::string& text) {
     r.content = trim(content);
     return r;
   }
-  if (f == ToolFormat::mistral) {
-    const size_t m = text.find(kMistral);
+  if (f == ToolFormat::mistral || f == ToolFormat::granite) {
+    const std::string_view marker = array_marker(f);
+    const size_t m = text.find(marker);
     if (m == std::string::npos) {
       r.content = trim(text);
       return r;
     }
-    const size_t begin = m + kMistral.size(), end = json_value_end(text, begin);
+    const size_t begin = m + marker.size();
+    size_t end = json_value_end(text, begin);
     // the array (or one object) after the marker; text after it is content
     auto j = end == std::string_view::npos ? nlohmann::ordered_json() : parse_or_discard(std::string_view(text).substr(begin, end - begin));
     if (j.is_object()) j = nlohmann::ordered_json::array({j});
@@ -159,6 +186,11 @@ ToolReply parse_tool_reply(ToolFormat f, const std::string& text) {
     if (calls.empty()) {
       r.content = trim(text);
       return r;
+    }
+    if (f == ToolFormat::granite) {  // Phi-4-mini closes the array with <|/tool_call|>
+      const size_t after = text.find_first_not_of(" \n\t\r", end);
+      if (after != std::string::npos && text.compare(after, kGraniteClose.size(), kGraniteClose) == 0)
+        end = after + kGraniteClose.size();
     }
     r.content = trim(text.substr(0, m) + text.substr(end));
     r.calls = std::move(calls);
@@ -180,8 +212,9 @@ ToolReply parse_tool_reply(ToolFormat f, const std::string& text) {
 size_t tool_content_safe(ToolFormat f, const std::string& text) {
   switch (f) {
     case ToolFormat::hermes:
-    case ToolFormat::mistral: {
-      const std::string_view marker = f == ToolFormat::hermes ? kHermesOpen : kMistral;
+    case ToolFormat::mistral:
+    case ToolFormat::granite: {
+      const std::string_view marker = f == ToolFormat::hermes ? kHermesOpen : array_marker(f);
       if (const size_t at = text.find(marker); at != std::string::npos) return at;
       return text.size() - partial_marker(text, marker);
     }
@@ -250,8 +283,8 @@ ForcedCall forced_call(ToolFormat f, const nlohmann::ordered_json& tools, const 
   if (f == ToolFormat::hermes) {
     fc.prefix = "<tool_call>\n";
     fc.suffix = "\n</tool_call>";
-  } else if (f == ToolFormat::mistral) {
-    fc.prefix = "[TOOL_CALLS][";
+  } else if (f == ToolFormat::mistral || f == ToolFormat::granite) {
+    fc.prefix = std::string(array_marker(f)) + "[";
     fc.suffix = "]";
   }
   const char* args_key = f == ToolFormat::json ? "parameters" : "arguments";

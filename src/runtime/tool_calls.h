@@ -7,6 +7,8 @@
 //   hermes   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number of them
 //            (Hermes 2 Pro, Qwen2.5, Qwen3, SmolLM3: templates that write "<tool_call>")
 //   mistral  `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (templates that write "[TOOL_CALLS]")
+//   granite  `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`, optionally closed by
+//            `<|/tool_call|>` (Granite 3, Phi-4-mini: templates that write "<|tool_call|>")
 //   json     the whole reply is one object {"name": ..., "parameters" or "arguments": {...}},
 //            optionally after `<|python_tag|>` (Llama 3.1 / 3.2; templates that use `tools` otherwise)
 // A template that never names `tools` cannot show the model any tool: ToolFormat::none.
@@ -19,11 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "model/tokenizer.h"
 #include "runtime/json_prefix.h"
 
 namespace mk {
 
-enum class ToolFormat { none, hermes, mistral, json };
+enum class ToolFormat { none, hermes, mistral, granite, json };
 const char* tool_format_name(ToolFormat f);
 
 // The format a chat template's model uses, from the template's source (see above).
@@ -38,6 +41,16 @@ struct ToolReply {
   std::string content;  // the text outside the calls (trimmed)
   std::vector<ToolCall> calls;
 };
+
+// The strings that mark a call in a format's replies ("<tool_call>" / "</tool_call>", "[TOOL_CALLS]",
+// "<|tool_call|>" / "<|/tool_call|>", "<|python_tag|>"); none for ToolFormat::none.
+std::vector<std::string> tool_markers(ToolFormat f);
+
+// The ids of the markers that are one control token of the vocabulary (Mistral's [TOOL_CALLS],
+// Granite's <|tool_call|>, Llama 3's <|python_tag|>): decoding gives such a token no text, so a
+// reply with tools renders them as their literal text (RequestParams::preserved_tokens; llama.cpp's
+// server "preserved tokens") for parse_tool_reply to find.
+std::vector<int32_t> tool_marker_tokens(const Tokenizer& tok, ToolFormat f);
 
 // Splits a finished reply into text and calls.
 ToolReply parse_tool_reply(ToolFormat f, const std::string& text);

@@ -22,6 +22,8 @@
 #include "runtime/json_prefix.h"
 #include "runtime/kv_blocks.h"
 #include "runtime/session.h"
+#include "runtime/tool_calls.h"
+#include "model/tokenizer.h"
 #include "support/error.h"
 
 namespace mk {
@@ -1452,6 +1454,49 @@ TEST(E2ELogprobs, MatchLlamaCpp) {
       }
     }
   }
+}
+
+// A tool call's marker that is a control token (Mistral's [TOOL_CALLS], Granite's <|tool_call|>):
+// decoding gives it no text, so a reply with tools renders it literally (RequestParams::
+// preserved_tokens from tool_marker_tokens) for the call parser; other requests do not. The GPT-2
+// fixture's byte-level vocabulary with the markers added after it: special ones, and Hermes'
+// <tool_call> as an ordinary added token (Qwen's), which decodes as its text anyway.
+TEST(Engine, ToolMarkerControlTokensAreRenderedAsText) {
+  std::ifstream in(std::string(MK_SHARED_DIR) + "/fixtures/hf/gpt2_float32/tokenizer.json");
+  nlohmann::json doc = nlohmann::json::parse(in);
+  const int32_t base = static_cast<int32_t>(doc["model"]["vocab"].size());
+  const std::vector<std::pair<std::string, bool>> added = {
+      {"[TOOL_CALLS]", true}, {"<|tool_call|>", true}, {"<|/tool_call|>", true}, {"<tool_call>", false}, {"</tool_call>", false}};
+  for (size_t k = 0; k < added.size(); ++k)
+    doc["added_tokens"].push_back({{"id", base + static_cast<int32_t>(k)}, {"content", added[k].first}, {"single_word", false},
+                                   {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", added[k].second}});
+  const auto tok = make_hf_tokenizer(doc, "gpt2+markers");
+  EXPECT_EQ(tool_marker_tokens(*tok, ToolFormat::mistral), (std::vector<int32_t>{base}));
+  EXPECT_EQ(tool_marker_tokens(*tok, ToolFormat::granite), (std::vector<int32_t>{base + 1, base + 2}));
+  EXPECT_EQ(tool_marker_tokens(*tok, ToolFormat::hermes), (std::vector<int32_t>{}));  // they decode as text
+  EXPECT_EQ(tool_marker_tokens(*tok, ToolFormat::json), (std::vector<int32_t>{}));    // no <|python_tag|> here
+  EXPECT_EQ(tool_marker_tokens(*tok, ToolFormat::none), (std::vector<int32_t>{}));
+  const int64_t n_vocab = tok->n_vocab();
+  auto reply = [&](bool preserve) {
+    FakeBackend b(n_vocab, 4, 64, 64);
+    Engine e(b, tok.get(), engine_options(1, 128, n_vocab));
+    RequestParams p;
+    p.prompt_ids = {10, 11, 12};
+    p.max_tokens = 3;
+    p.sampler.temperature = 0;
+    p.sampler.logit_bias = {{base + 1, 100.0f}};  // the first token is <|tool_call|>, then it is penalized away
+    p.sampler.repeat_penalty = 1e6f;
+    if (preserve) p.preserved_tokens = tool_marker_tokens(*tok, ToolFormat::granite);
+    auto r = e.submit(p);
+    run_until_idle(e);
+    return collect(*r);
+  };
+  const RequestOutput kept = reply(true), plain = reply(false);
+  ASSERT_EQ(kept.token_ids.size(), 3u) << kept.error;
+  EXPECT_EQ(kept.token_ids[0], base + 1);
+  EXPECT_EQ(kept.token_ids, plain.token_ids);
+  EXPECT_TRUE(kept.text.starts_with("<|tool_call|>")) << kept.text;
+  EXPECT_EQ(kept.text.substr(13), plain.text);  // without it: the same text, no marker
 }
 
 }  // namespace

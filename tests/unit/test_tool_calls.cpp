@@ -20,6 +20,11 @@ TEST(JsonToolCalls, FormatComesFromTheTemplate) {
   EXPECT_EQ(tool_format_of("{% if tools %}{{ tools | tojson }} reply <tool_call>{...}</tool_call>{% endif %}"), ToolFormat::hermes);
   EXPECT_EQ(tool_format_of("{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}{% endif %}[TOOL_CALLS]"), ToolFormat::mistral);
   EXPECT_EQ(tool_format_of("{%- if tools is not none %}<|python_tag|>{{ tools }}{% endif %}"), ToolFormat::json);
+  EXPECT_EQ(tool_format_of("{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>{{ tools | tojson }}{% endif %}"
+                           "{{ '<|tool_call|>' + message.tool_calls | tojson }}"),
+            ToolFormat::granite);
+  EXPECT_EQ(tool_markers(ToolFormat::granite), (std::vector<std::string>{"<|tool_call|>", "<|/tool_call|>"}));
+  EXPECT_EQ(tool_markers(ToolFormat::none), (std::vector<std::string>{}));
   // "<tool_call>" without tools: the template cannot show any tool
   EXPECT_EQ(tool_format_of("<tool_call>"), ToolFormat::none);
 }
@@ -89,6 +94,18 @@ TEST(JsonToolCalls, MistralAndJsonReplies) {
   EXPECT_TRUE(r.calls.empty());
   EXPECT_EQ(r.content, "[TOOL_CALLS][{\"name\": \"a\"}, 5]");
 
+  // Granite: the same array after <|tool_call|>; Phi-4-mini closes it with <|/tool_call|>
+  r = parse_tool_reply(ToolFormat::granite, "<|tool_call|>[{\"name\": \"a\", \"arguments\": {\"x\": 1}}]");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"x":1})");
+  EXPECT_EQ(r.content, "");
+  r = parse_tool_reply(ToolFormat::granite, "Sure. <|tool_call|>[{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": {}}]\n<|/tool_call|> done");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[1].name, "b");
+  EXPECT_EQ(r.content, "Sure.  done");
+  r = parse_tool_reply(ToolFormat::granite, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}]");  // another format's marker
+  EXPECT_TRUE(r.calls.empty());
+
   r = parse_tool_reply(ToolFormat::json, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}\n");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, R"({"city":"Oslo"})");
@@ -110,6 +127,9 @@ TEST(JsonToolCalls, StreamsHoldBackWhatMayBeACall) {
   EXPECT_EQ(tool_content_safe(ToolFormat::hermes, "a <"), 2u);
   EXPECT_EQ(tool_content_safe(ToolFormat::mistral, "[TOOL_"), 0u);
   EXPECT_EQ(tool_content_safe(ToolFormat::mistral, "ok [1]"), 6u);
+  EXPECT_EQ(tool_content_safe(ToolFormat::granite, "ok <|tool"), 3u);
+  EXPECT_EQ(tool_content_safe(ToolFormat::granite, "ok <|tool_call|>[{"), 3u);
+  EXPECT_EQ(tool_content_safe(ToolFormat::granite, "a <| b"), 6u);
   EXPECT_EQ(tool_content_safe(ToolFormat::json, "  "), 0u);
   EXPECT_EQ(tool_content_safe(ToolFormat::json, " {\"na"), 0u);
   EXPECT_EQ(tool_content_safe(ToolFormat::json, "<|pyt"), 0u);
@@ -173,6 +193,10 @@ TEST(JsonToolCalls, ForcedCallsAreConstrainedToTheFunction) {
   // "required" with two functions: a union tagged by the name, each call's arguments of its function.
   const ForcedCall any = forced_call(ToolFormat::mistral, tools, "");
   EXPECT_EQ(any.prefix, "[TOOL_CALLS][");
+  const ForcedCall granite = forced_call(ToolFormat::granite, tools, "now");
+  EXPECT_EQ(granite.prefix, "<|tool_call|>[");
+  EXPECT_EQ(granite.suffix, "]");
+  ASSERT_EQ(parse_tool_reply(ToolFormat::granite, granite.prefix + R"({"name": "now", "arguments": {}})" + granite.suffix).calls.size(), 1u);
   EXPECT_TRUE(fits(any, R"({"name": "now", "arguments": {}})"));  // no parameters: an empty argument list
   EXPECT_FALSE(fits(any, R"({"name": "now", "arguments": {"x": [1]}})"));
   EXPECT_TRUE(fits(any, R"({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f"}})"));
