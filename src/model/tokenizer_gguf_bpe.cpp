@@ -76,6 +76,13 @@ constexpr const char* kDeepseekLetters =
 constexpr const char* kDeepseekPunct = R"(\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3001}\x{3002}]+)";
 constexpr const char* kDeepseekCjk = R"((?:(?!\s)[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}])+)";
 
+// DeepSeek V3 / R1 (after digit groups of 1-3 and a kana / CJK run): a punctuation mark joined to
+// the ASCII letters after it, a letter-and-mark run with one leading character that is not a
+// newline, letter, punctuation or symbol, punctuation and symbols with trailing newlines, and
+// whitespace as Llama 3's.
+constexpr const char* kDeepseekV3 =
+    R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 struct PreTokenizer {
   std::vector<const char*> names;
   std::vector<const char*> regexes;
@@ -98,6 +105,8 @@ const std::vector<PreTokenizer>& pre_tokenizers() {
       {{"tekken"}, {kTekken}, true, true},
       {{"gpt-4o", "llama4"}, {kGpt4o}},
       {{"deepseek-llm"}, {R"([\r\n])", kDeepseekLetters, kDeepseekPunct, R"(\s+\z)", kDeepseekCjk, R"(\p{N}+)"}},
+      {{"deepseek-coder"}, {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kDeepseekCjk, R"(\p{N})"}},
+      {{"deepseek-v3"}, {R"(\p{N}{1,3})", R"([\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+)", kDeepseekV3}},
   };
   return table;
 }

@@ -201,6 +201,12 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
       add(fmt::format("{}-tiny-s{}", family, splits),
           compile_for_h200(load_model(fmt::format("{}/tests/data/{}/{}-tiny.f32.gguf", MK_SOURCE_DIR, family, family)),
                            ScheduleKind::dynamic, 64, splits));
+  // GPT-2 and Phi-2 (LayerNorm, learned positions, parallel residuals, a classifier bias), SmolLM3
+  // (layers without RoPE), Granite (scaled residuals and logits).
+  for (const char* family : {"gpt2", "phi2", "smollm3", "granite"})
+    add(fmt::format("{}-tiny", family),
+        compile_for_h200(load_model(fmt::format("{}/tests/data/{}/{}-tiny.f32.gguf", MK_SOURCE_DIR, family, family)),
+                         ScheduleKind::dynamic, 64));
   // The benchmark shapes, from tensors without data (no multi-GB allocation), cut to 2 layers: the
   // device functions depend on the shapes, not on the layer count, and the passes take ~30 s on
   // the full 8B program (56k instructions).

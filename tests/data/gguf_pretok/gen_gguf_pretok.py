@@ -29,7 +29,7 @@ from gen_common import finish_gguf  # noqa: E402
 
 # One name of each family megakernel knows, and every new or changed name with its aliases.
 PRES = ["default", "llama-bpe", "dbrx", "chatglm-bpe", "gpt-2", "qwen2", "smollm", "falcon", "bloom", "poro-chat",
-        "gpt3-finnish", "viking", "seed-coder", "tekken", "gpt-4o", "llama4", "deepseek-llm"]
+        "gpt3-finnish", "viking", "seed-coder", "tekken", "gpt-4o", "llama4", "deepseek-llm", "deepseek-coder", "deepseek-v3"]
 
 # Whitespace runs, tabs, newlines, contractions, digits, punctuation, parentheses, case changes,
 # CJK, emoji, accents and other scripts.
