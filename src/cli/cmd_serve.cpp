@@ -1312,7 +1312,7 @@ class Server {
       b64 = *f == "base64";
     }
     const int64_t n_embd = s_.hparams.n_embd;
-    EmbedOptions eo{pooling_, /*normalize=*/true, get_int(body, "dimensions", n_embd, 1, n_embd), {}};
+    const int64_t dimensions = get_int(body, "dimensions", n_embd, 1, n_embd);
     const int64_t pool_rows = s_.backend->kv_pool_blocks() * s_.backend->kv_block_size();
     for (size_t i = 0; i < inputs.size(); ++i) {
       const int64_t n = static_cast<int64_t>(inputs[i].size());
@@ -1324,8 +1324,9 @@ class Server {
         throw HttpError{400, fmt::format("{}: {} tokens are more than the KV pool's {} rows (--kv-tokens)", which, n, pool_rows),
                         "invalid_request_error", "input", "context_length_exceeded"};
     }
-    // One request on the backend at a time; the others wait, at most --parallel + --max-queue of
-    // them in all (429 beyond), each until its --timeout (408) or a shutdown that cancels (503).
+    // Requests are embedded together: those waiting while a batch runs go in the next one
+    // (EmbedBatcher); at most --parallel + --max-queue of them in all (429 beyond), each until its
+    // --timeout (408) or a shutdown that cancels (503).
     struct Waiting {
       std::atomic<int>& n;
       ~Waiting() { --n; }
@@ -1335,20 +1336,17 @@ class Server {
                       "rate_limit_error", "", "queue_full"};
     const auto deadline = o_.timeout_s > 0 ? std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000))
                                            : std::chrono::steady_clock::time_point::max();
-    eo.before_step = [this, deadline] {
+    const std::function<void()> check = [this, deadline] {
       if (cancel_embeddings_) throw HttpError{503, "the request was cancelled: the server is shutting down", "server_error", "", "cancelled"};
       if (std::chrono::steady_clock::now() >= deadline)
         throw HttpError{408, fmt::format("the request did not finish within {} s (--timeout)", o_.timeout_s), "timeout_error", "", "timeout"};
     };
-    std::unique_lock lock(embed_mu_, std::defer_lock);
-    while (!lock.try_lock_for(std::chrono::milliseconds(20))) eo.before_step();
     std::vector<std::vector<float>> vectors;
     try {
-      vectors = embed(*s_.backend, n_embd, s_.n_ctx, s_.hparams.n_vocab, inputs, eo);
+      vectors = embedder_->embed(inputs, dimensions, /*normalize=*/true, check);
     } catch (const Error& e) {  // what the checks above leave: a hidden state that overflowed
       throw HttpError{500, for_client(e.what()), "server_error", "", ""};
     }
-    lock.unlock();
     {
       std::lock_guard stats_lock(codes_mu_);
       ++embed_stats_.requests;
@@ -1550,7 +1548,9 @@ class Server {
           for (const auto& [name, help, v] :
                {std::tuple{"embedding_requests_total", "Embedding requests served.", embed_stats_.requests},
                 {"embedding_inputs_total", "Inputs embedded.", embed_stats_.inputs},
-                {"embedding_tokens_total", "Tokens of the inputs embedded.", embed_stats_.tokens}})
+                {"embedding_tokens_total", "Tokens of the inputs embedded.", embed_stats_.tokens},
+                {"embedding_batches_total", "Batches the embedding requests ran in (requests waiting at once share one).",
+                 embedder_ ? embedder_->stats().batches : 0}})
             text += fmt::format("# HELP megakernel_{} {}\n# TYPE megakernel_{} counter\nmegakernel_{} {}\n", name, help, name, name, v);
       }
       res.set_content(text, "text/plain; version=0.0.4");
@@ -1598,7 +1598,7 @@ class Server {
   std::atomic<int> in_flight_{0};
   std::atomic<bool> draining_{false};
   Pooling pooling_ = Pooling::mean;  // --embeddings: the vectors' pooling
-  std::timed_mutex embed_mu_;        // one embedding request on the backend at a time
+  std::unique_ptr<EmbedBatcher> embedder_;    // --embeddings: concurrent requests embedded together
   std::atomic<int> embed_requests_{0};         // embedding requests running or waiting for embed_mu_
   std::atomic<bool> cancel_embeddings_{false};  // shutdown: they end at their next step (503)
   struct {
@@ -1758,6 +1758,8 @@ void serve(ServeOptions o) {
 
   Server server(o, s, engine);
   server.pooling_ = pooling;
+  if (o.embeddings)
+    server.embedder_ = std::make_unique<EmbedBatcher>(*s.backend, s.hparams.n_embd, s.n_ctx, s.hparams.n_vocab, pooling);
   HttpServer svr;  // cpp-httplib with our connection loop: http_connections.h
   // Threads kept ready for connections; more start on demand (a slow client never holds back others).
   const size_t http_threads = static_cast<size_t>(std::max(engine.parallel(), 1) + o.max_queue + 4);

@@ -212,4 +212,121 @@ std::vector<std::vector<float>> embed(Backend& backend, int64_t n_embd, int64_t 
   return result;
 }
 
+struct EmbedBatcher::Call {
+  std::span<const std::vector<int32_t>> inputs;
+  int64_t dimensions = 0;
+  bool normalize = true;
+  const std::function<void()>* check = nullptr;
+  std::vector<std::vector<float>> vectors;
+  std::exception_ptr error;
+  bool taken = false, done = false;
+};
+
+EmbedBatcher::EmbedBatcher(Backend& backend, int64_t n_embd, int64_t n_ctx, int64_t n_vocab, Pooling pooling)
+    : backend_(backend), n_embd_(n_embd), n_ctx_(n_ctx), n_vocab_(n_vocab), pooling_(pooling) {
+  if (pooling == Pooling::none) fail("EmbedBatcher: pooling none gives a vector per token; batch calls with a pooling");
+}
+
+EmbedBatcher::Stats EmbedBatcher::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+std::vector<std::vector<float>> EmbedBatcher::embed(std::span<const std::vector<int32_t>> inputs, int64_t dimensions,
+                                                    bool normalize, const std::function<void()>& check) {
+  Call call;
+  call.inputs = inputs;
+  call.dimensions = dimensions;
+  call.normalize = normalize;
+  call.check = check ? &check : nullptr;
+  std::unique_lock lock(mu_);
+  waiting_.push_back(&call);
+  while (!call.done) {
+    if (!busy_) {  // this thread runs the next batch: every call waiting now
+      std::vector<Call*> batch;
+      batch.swap(waiting_);
+      for (Call* c : batch) c->taken = true;
+      busy_ = true;
+      lock.unlock();
+      run(batch);
+      lock.lock();
+      busy_ = false;
+      ++stats_.batches;
+      stats_.calls += batch.size();
+      for (Call* c : batch) c->done = true;
+      cv_.notify_all();
+      continue;
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    if (!call.taken && !call.done && call.check) {
+      try {
+        (*call.check)();
+      } catch (...) {  // left while waiting: out of the queue
+        std::erase(waiting_, &call);
+        throw;
+      }
+    }
+  }
+  if (call.error) std::rethrow_exception(call.error);
+  return std::move(call.vectors);
+}
+
+void EmbedBatcher::run(std::vector<Call*>& batch) {
+  // The calls' inputs in order, each vector shaped (dimensions, normalization) for its own call.
+  std::vector<std::vector<int32_t>> all;
+  for (Call* c : batch) all.insert(all.end(), c->inputs.begin(), c->inputs.end());
+  EmbedOptions o;
+  o.pooling = pooling_;
+  o.normalize = false;
+  o.before_step = [&] {  // each call's check; the batch stops when none is left wanting it
+    bool wanted = false;
+    for (Call* c : batch) {
+      if (!c->error && c->check) {
+        try {
+          (*c->check)();
+        } catch (...) {
+          c->error = std::current_exception();
+        }
+      }
+      wanted |= !c->error;
+    }
+    if (!wanted) throw std::runtime_error("every call of the batch ended");
+  };
+  auto shape = [&](Call* c, std::vector<std::vector<float>> v) {
+    const int64_t d = c->dimensions > 0 && c->dimensions < n_embd_ ? c->dimensions : n_embd_;
+    for (auto& x : v) {
+      if (d < n_embd_) truncate_rows(x, n_embd_, d);
+      if (c->normalize) normalize_rows(x, d);
+    }
+    c->vectors = std::move(v);
+  };
+  try {
+    std::vector<std::vector<float>> vectors = mk::embed(backend_, n_embd_, n_ctx_, n_vocab_, all, o);
+    size_t at = 0;
+    for (Call* c : batch) {
+      std::vector<std::vector<float>> mine(std::make_move_iterator(vectors.begin() + static_cast<std::ptrdiff_t>(at)),
+                                           std::make_move_iterator(vectors.begin() + static_cast<std::ptrdiff_t>(at + c->inputs.size())));
+      at += c->inputs.size();
+      if (!c->error) shape(c, std::move(mine));
+    }
+  } catch (const Error&) {  // one call's input: each call alone, with its own indices in its error
+    for (Call* c : batch) {
+      if (c->error) continue;
+      try {
+        EmbedOptions one = o;
+        one.before_step = [c] {
+          if (c->check) (*c->check)();
+        };
+        shape(c, mk::embed(backend_, n_embd_, n_ctx_, n_vocab_, c->inputs, one));
+      } catch (...) {
+        c->error = std::current_exception();
+      }
+    }
+  } catch (...) {  // the checks ended every call (their errors are set), or something else failed
+    const std::exception_ptr e = std::current_exception();
+    for (Call* c : batch)
+      if (!c->error) c->error = e;
+  }
+}
+
 }  // namespace mk

@@ -4,8 +4,11 @@
 // Pooling module. Attention stays causal (decoder embedding models such as Qwen3-Embedding or
 // e5-mistral are read with last-token pooling).
 #pragma once
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -49,5 +52,38 @@ struct EmbedOptions {
 // than the KV pool's rows, an id outside [0, n_vocab), a hidden state that is not finite.
 std::vector<std::vector<float>> embed(Backend& backend, int64_t n_embd, int64_t n_ctx, int64_t n_vocab,
                                       std::span<const std::vector<int32_t>> inputs, const EmbedOptions& o);
+
+// Callers on many threads (a server's concurrent /v1/embeddings requests) embedded together: a call
+// that finds the backend busy waits, and the next batch takes every call waiting then, their inputs
+// in one embed() (a step of many short inputs costs little more than one). Each call's vectors are
+// bitwise those embed() gives it alone (they do not depend on the batching); `dimensions` and
+// normalization are per call (EmbedOptions'), pooling is the batcher's.
+class EmbedBatcher {
+ public:
+  EmbedBatcher(Backend& backend, int64_t n_embd, int64_t n_ctx, int64_t n_vocab, Pooling pooling);
+  // Blocks until this call's vectors are ready. `check` (may be empty) runs while the call waits and
+  // before each step of its batch; what it throws ends the call with that exception (waiting: at
+  // once; in a batch: when the batch ends, or at once when it ends every call of the batch, which
+  // then stops). A batch that fails with mk::Error (a hidden state that overflowed) is run again
+  // call by call, so each call gets its own vectors or its own error (naming its own input index).
+  std::vector<std::vector<float>> embed(std::span<const std::vector<int32_t>> inputs, int64_t dimensions, bool normalize,
+                                        const std::function<void()>& check = {});
+  struct Stats {
+    uint64_t calls = 0, batches = 0;  // calls served, and the batches that served them
+  };
+  Stats stats() const;
+
+ private:
+  struct Call;
+  void run(std::vector<Call*>& batch);
+  Backend& backend_;
+  int64_t n_embd_, n_ctx_, n_vocab_;
+  Pooling pooling_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Call*> waiting_;
+  bool busy_ = false;
+  Stats stats_;
+};
 
 }  // namespace mk

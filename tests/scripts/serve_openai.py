@@ -1613,6 +1613,9 @@ def embeddings_checks():
         st, _, text = srv.raw("POST", "/tokenize", {"content": texts[0], "add_special": True})
         check(st == 200 and json.loads(text)["tokens"] == fixture["inputs"][0], "embeddings server: /tokenize gives the ids it embeds")
         m = srv.metrics()
+        check(1 <= m["megakernel_embedding_batches_total"] <= m["megakernel_embedding_requests_total"],
+              f"embeddings: /metrics counts batches ({m['megakernel_embedding_batches_total']:.0f} for "
+              f"{m['megakernel_embedding_requests_total']:.0f} requests)")
         check(m["megakernel_embedding_requests_total"] >= 10 and m["megakernel_embedding_tokens_total"] > 300,
               f"embeddings: /metrics counts them ({m['megakernel_embedding_requests_total']:.0f} requests)")
         srv.blocks_free_at_end("embeddings")

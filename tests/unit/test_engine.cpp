@@ -18,6 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/utf8.h"
+#include "archs/arch.h"
+#include "runtime/embed.h"
 #include "runtime/engine.h"
 #include "runtime/json_prefix.h"
 #include "runtime/kv_blocks.h"
@@ -1497,6 +1499,67 @@ TEST(Engine, ToolMarkerControlTokensAreRenderedAsText) {
   EXPECT_EQ(kept.token_ids, plain.token_ids);
   EXPECT_TRUE(kept.text.starts_with("<|tool_call|>")) << kept.text;
   EXPECT_EQ(kept.text.substr(13), plain.text);  // without it: the same text, no marker
+}
+
+// EmbedBatcher (runtime/embed.h): calls from many threads at once are embedded together (fewer
+// batches than calls) and each gets bitwise the vectors embed() gives it alone, with its own
+// dimensions and normalization; a call whose check throws while it waits gets that exception and
+// the others are unaffected. stories260K's embedding graph on the cpu backend, a pool of 4 contexts.
+TEST(EngineEmbedBatcher, ConcurrentCallsAreBatchedAndGiveTheirVectorsAlone) {
+  ModelFile m = load_model(std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf");
+  BuildOptions bo{64, false};
+  bo.embeddings = true;
+  bo.kv_pool_tokens = 4 * 64;
+  Graph g = build_graph(m, bo);
+  BackendOptions o;
+  o.threads = 2;
+  auto backend = make_backend("cpu", g, m, o);
+  const Hparams hp = read_hparams(m);
+  const int n_calls = 8;
+  std::vector<std::vector<std::vector<int32_t>>> inputs(n_calls);
+  for (int c = 0; c < n_calls; ++c)
+    for (int k = 0; k < 1 + c % 3; ++k) {
+      std::vector<int32_t> in;
+      for (int t = 0; t < 3 + (c * 7 + k * 5) % 20; ++t) in.push_back(1 + (c * 31 + k * 17 + t * 13) % 500);
+      inputs[static_cast<size_t>(c)].push_back(std::move(in));
+    }
+  auto dims_of = [&](int c) { return c % 3 == 0 ? int64_t{0} : c % 3 == 1 ? int64_t{16} : hp.n_embd; };
+  std::vector<std::vector<std::vector<float>>> alone;
+  for (int c = 0; c < n_calls; ++c) {
+    EmbedOptions eo;
+    eo.pooling = Pooling::mean;
+    eo.dimensions = dims_of(c);
+    eo.normalize = c % 2 == 0;
+    alone.push_back(embed(*backend, hp.n_embd, 64, hp.n_vocab, inputs[static_cast<size_t>(c)], eo));
+  }
+  EmbedBatcher batcher(*backend, hp.n_embd, 64, hp.n_vocab, Pooling::mean);
+  std::atomic<int> started{0};
+  std::vector<std::vector<std::vector<float>>> got(n_calls);
+  std::vector<std::thread> threads;
+  std::atomic<bool> left_early{false};
+  for (int c = 0; c <= n_calls; ++c)
+    threads.emplace_back([&, c] {
+      ++started;
+      if (c == n_calls) {  // a call that leaves while it waits (its check throws)
+        try {
+          batcher.embed(inputs[0], 0, true, [&] { throw std::runtime_error("gone"); });
+        } catch (const std::runtime_error& e) {
+          left_early = std::string(e.what()) == "gone";
+        }
+        return;
+      }
+      // the first call's batch waits (its check) until every thread has started: the others queue
+      got[static_cast<size_t>(c)] = batcher.embed(inputs[static_cast<size_t>(c)], dims_of(c), c % 2 == 0, [&] {
+        while (started < n_calls + 1) std::this_thread::yield();
+      });
+    });
+  for (auto& t : threads) t.join();
+  for (int c = 0; c < n_calls; ++c) EXPECT_EQ(got[static_cast<size_t>(c)], alone[static_cast<size_t>(c)]) << "call " << c;
+  EXPECT_EQ(got[1][0].size(), 16u);
+  EXPECT_TRUE(left_early);
+  const EmbedBatcher::Stats st = batcher.stats();
+  EXPECT_GE(st.calls, static_cast<uint64_t>(n_calls));  // + 1 when the leaving call was in a batch when it left
+  EXPECT_LT(st.batches, static_cast<uint64_t>(n_calls));
 }
 
 }  // namespace
