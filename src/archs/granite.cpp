@@ -6,8 +6,10 @@
 //       transformers modeling_granite.py.
 //   GGUF "granite": llama.cpp's converter (GraniteModel, a LlamaModel: q/k permuted) writes them as
 //       granite.embedding_scale, granite.attention.scale, granite.residual_scale, granite.logit_scale
-//       (each absent when the config has none); llama.cpp llm_build_granite.
+//       (it leaves out those the config lacks, and llama.cpp then refuses the file: each is required
+//       here too; 0 means none); llama.cpp llm_build_granite.
 #include <cmath>
+#include <string_view>
 
 #include "archs/gguf_common.h"
 #include "archs/hf_common.h"
@@ -43,14 +45,17 @@ double positive(double v, const std::string& what) {
 Graph build_gguf_granite(const ModelFile& m, const BuildOptions& o) {
   DecoderSpec s = gguf_decoder_spec(m, o, "adjacent");
   const std::string a = s.hp.arch + ".";
+  // As llama.cpp: each key is required, and 0 means none (1/sqrt(head_dim) for the attention); a
+  // logit scale of 0 would divide by zero.
   Multipliers k;
-  auto key = [&](const char* suffix, double def) {
+  auto key = [&](const char* suffix, double none) {
     const std::string name = a + suffix;
-    return m.has(name) ? positive(m.get_float(name, def), m.path + ": " + name) : def;
+    if (!m.has(name)) fail("{}: missing metadata key {} (Granite's multipliers are all required, as llama.cpp reads them)", m.path, name);
+    const double v = m.get_float(name, none);
+    return v == 0 && std::string_view(suffix) != "logit_scale" ? none : positive(v, m.path + ": " + name);
   };
   k.embedding = key("embedding_scale", 1);
-  // attention.scale 0 is llama.cpp's "none given": 1/sqrt(head_dim)
-  k.attention = m.has(a + "attention.scale") && m.get_float(a + "attention.scale", 0) != 0 ? key("attention.scale", 0) : 0;
+  k.attention = key("attention.scale", 0);
   k.residual = key("residual_scale", 1);
   k.logits = key("logit_scale", 1);
   apply(s, k);

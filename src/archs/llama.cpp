@@ -226,6 +226,8 @@ void gguf_require_qkv_bias(const ModelFile& m, const DecoderSpec& s) {
     const std::string p = fmt::format("blk.{}.", il);
     if (m.find(p + "attn_qkv.weight"))
       m.get(p + "attn_qkv.bias");
+    else if (!m.find(p + "attn_q.weight"))
+      fail("{}: missing tensor {}attn_qkv.weight (or {}attn_q/attn_k/attn_v.weight)", m.path, p, p);
     else
       for (const char* n : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) m.get(p + n);
   }

@@ -12,6 +12,7 @@
 // only into one epilogue. The arithmetic per element is unchanged (same functions, same order),
 // so fused and unfused programs give bitwise identical results.
 #include "ir/fused.h"
+#include "model/dtype.h"
 #include "passes/graph_edit.h"
 #include "passes/pass.h"
 
@@ -79,6 +80,10 @@ void run_fuse(PassContext& cx) {
       int gate = g[a].inputs[0];
       if (!single_reader(a, id) || g[gate].op != Op::matmul || g[b].op != Op::matmul) continue;
       if (!single_reader(gate, a) || !single_reader(b, id) || g[gate].inputs[0] != g[b].inputs[0]) continue;
+      // One block-quantized and one float weight (a file quantized tensor by tensor) stay two
+      // matmuls: a backend that quantizes activations for block weights (the cpu's llama.cpp
+      // numerics) does so for one of them only, which one fused op reading one activation row cannot.
+      if (dtype_is_quantized(g[g[gate].inputs[1]].dtype) != dtype_is_quantized(g[g[b].inputs[1]].dtype)) continue;
       Parts p;
       p.x = g[gate].inputs[0];
       p.w = g[gate].inputs[1];

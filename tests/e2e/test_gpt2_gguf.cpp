@@ -127,6 +127,8 @@ std::string error_of(const std::function<void(ModelFile&)>& change, const std::s
 TEST(E2EGpt2GgufErrors, BadFilesAreNamed) {
   EXPECT_EQ(error_of({}), "");  // the copy itself loads
   EXPECT_NE(error_of({}, "blk.1.attn_qkv.bias").find("missing tensor blk.1.attn_qkv.bias"), std::string::npos);
+  EXPECT_NE(error_of({}, "blk.1.attn_qkv.weight").find("missing tensor blk.1.attn_qkv.weight (or blk.1.attn_q/attn_k/attn_v.weight)"),
+            std::string::npos);
   EXPECT_NE(error_of({}, "blk.0.ffn_down.bias").find("missing tensor blk.0.ffn_down.bias"), std::string::npos);
   EXPECT_NE(error_of({}, "output_norm.bias").find("missing tensor output_norm.bias"), std::string::npos);
   EXPECT_NE(error_of({}, "position_embd.weight").find("missing tensor position_embd.weight"), std::string::npos);

@@ -5,8 +5,9 @@
 //  - GGUF logits at every position equal llama.cpp's on reference, cpu and cuda-emu (measured 5e-7 on
 //    the last row), and through prefill + one-token steps on cpu and cuda-emu;
 //  - the HF directory (the config's *_multiplier / logits_scaling) gives the GGUF's logits;
-//  - each multiplier matters: the file without one of its four keys is far from llama.cpp's logits;
-//    a multiplier that is not a positive number is named.
+//  - each multiplier matters: the file with one of them neutral is far from llama.cpp's logits; as
+//    llama.cpp, each key is required and 0 means none (not for the logit divisor); a negative one is
+//    named.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -108,25 +109,39 @@ std::string changed(const std::function<void(ModelFile&)>& change) {
 
 TEST(E2EGraniteKeys, EachMultiplierMatters) {
   const std::vector<float> want = test::flat_rows(expected().logits);
-  for (const char* key : {"granite.embedding_scale", "granite.attention.scale", "granite.residual_scale", "granite.logit_scale"}) {
-    const std::string path = changed([&](ModelFile& m) { m.metadata.erase(key); });
-    EXPECT_GT(test::rel_l2(prompt_logits(path, "cpu"), want), 100 * kTol) << "without " << key;
-    if (std::string(key) == "granite.attention.scale") {  // 0: llama.cpp's 1/sqrt(head_dim), as absent
-      EXPECT_EQ(prompt_logits(changed([&](ModelFile& m) { m.metadata[key] = 0.0; }), "cpu"), prompt_logits(path, "cpu"));
+  const std::vector<std::pair<const char*, double>> keys = {
+      {"granite.embedding_scale", 1.0}, {"granite.attention.scale", 0.0}, {"granite.residual_scale", 1.0}, {"granite.logit_scale", 1.0}};
+  for (const auto& [key, none] : keys) {
+    // the neutral value (0 for the attention: 1/sqrt(head_dim)) is far from llama.cpp's logits
+    const std::string neutral = changed([&](ModelFile& m) { m.metadata[key] = none; });
+    EXPECT_GT(test::rel_l2(prompt_logits(neutral, "cpu"), want), 100 * kTol) << key << " = " << none;
+    // 0 is llama.cpp's "none" where it can be (not for the logit divisor)
+    if (std::string(key) != "granite.logit_scale") {
+      EXPECT_EQ(prompt_logits(changed([&](ModelFile& m) { m.metadata[key] = 0.0; }), "cpu"),
+                prompt_logits(changed([&](ModelFile& m) { m.metadata[key] = std::string(key) == "granite.attention.scale" ? 0.0 : 1.0; }), "cpu"))
+          << key;
     }
-    for (const double bad : {0.0, -2.0}) {
-      if (bad == 0 && std::string(key) == "granite.attention.scale") continue;
-      const std::string p = changed([&](ModelFile& m) { m.metadata[key] = bad; });
+    auto error_of = [&](const std::function<void(ModelFile&)>& change) {
       try {
-        prompt_logits(p, "cpu");
-        ADD_FAILURE() << key << " = " << bad << " accepted";
+        prompt_logits(changed(change), "cpu");
       } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(std::string(key) + " = " + fmt::format("{}", bad) + " must be a positive number"),
-                  std::string::npos)
-            << e.what();
+        return std::string(e.what());
       }
-    }
+      return std::string();
+    };
+    EXPECT_NE(error_of([&](ModelFile& m) { m.metadata.erase(key); }).find(std::string("missing metadata key ") + key), std::string::npos) << key;
+    EXPECT_NE(error_of([&](ModelFile& m) { m.metadata[key] = -2.0; }).find(std::string(key) + " = -2 must be a positive number"), std::string::npos)
+        << key;
   }
+  EXPECT_NE([&] {
+    try {
+      prompt_logits(changed([](ModelFile& m) { m.metadata["granite.logit_scale"] = 0.0; }), "cpu");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }().find("granite.logit_scale = 0 must be a positive number"),
+            std::string::npos);
   for (const auto& f : std::filesystem::directory_iterator(testing::TempDir()))
     if (f.path().filename().string().starts_with("mk_granite_changed")) std::filesystem::remove(f.path());
 }

@@ -94,3 +94,36 @@ TEST(E2EQuant, Q4KMStyleMixThroughAGgufFile) {
   EXPECT_EQ(logits(loaded, "cpu", "on"), logits(mixed, "cpu", "on"));
   EXPECT_EQ(logits(loaded, "cpu"), logits(mixed, "cpu", "on"));
 }
+
+namespace mk {
+namespace {
+
+// One of ffn_gate / ffn_up block-quantized and the other float32 (a file quantized tensor by
+// tensor): the quantized one's activations are quantized, as llama.cpp's (new-user trial 54: the
+// fused GLU read float rows for both, so --act-quant on and off gave the same logits). The fuse
+// pass keeps such a pair two matmuls; a float-only model is the control (on == off).
+TEST(E2EQuant, MixedGateAndUpQuantizeTheBlockWeightsActivations) {
+  auto logits = [](const ModelFile& model, const char* act_quant) {  // an f32 KV cache either way
+    Graph g = build_graph(model, BuildOptions{64, true});
+    BackendOptions o;
+    o.threads = 2;
+    o.act_quant = act_quant;
+    o.kv_type = "f32";
+    const std::vector<int32_t> prompt = {1, 103, 107, 261, 78, 32, 45, 300};
+    return make_backend("cpu", g, model, o)->forward(prompt, 0);
+  };
+  const ModelFile m = test::synth_256("mixed-glu", 64);
+  EXPECT_EQ(logits(m, "on"), logits(m, "off"));
+  for (const std::string q : {".ffn_gate.weight", ".ffn_up.weight"}) {
+    const ModelFile mixed = quant::quantize_model(m, [&](const WeightTensor& t) -> std::optional<DType> {
+      return t.name.ends_with(q) ? std::optional<DType>(DType::Q8_0) : std::nullopt;
+    });
+    ASSERT_EQ(mixed.get("blk.0" + q).dtype, DType::Q8_0);
+    const std::vector<float> on = logits(mixed, "on"), off = logits(mixed, "off");
+    EXPECT_GT(test::rel_l2(on, off), 1e-5) << q;
+    EXPECT_LT(test::rel_l2(on, off), 1e-2) << q;
+  }
+}
+
+}  // namespace
+}  // namespace mk
