@@ -146,11 +146,14 @@ class DecoderBuilder {
              "it declares", m_.path, printable(t.name, 200), il, hp_.n_layer, layer_count_source(m_, hp_), hp_.n_layer);
     for (int il = 0; il < hp_.n_layer; ++il) {
       std::string b = "blk." + std::to_string(il);
-      int h = norm(x, b + ".attn_norm", n_embd, b + ".attn_norm");
+      int h = s_.pre_norms ? norm(x, b + ".attn_norm", n_embd, b + ".attn_norm") : x;
       int q = linear(h, b + ".attn_q", q_dim, n_embd, b + ".q");
       int k = linear(h, b + ".attn_k", kv_dim, n_embd, b + ".k");
       int v = linear(h, b + ".attn_v", kv_dim, n_embd, b + ".v");
-      if (s_.qk_norm) {
+      if (s_.qk_norm && s_.qk_norm_full) {  // one RMSNorm over each row of q and of k
+        q = norm(q, b + ".attn_q_norm", q_dim, b + ".q_norm");
+        k = norm(k, b + ".attn_k_norm", kv_dim, b + ".k_norm");
+      } else if (s_.qk_norm) {
         int qn = weight(b + ".attn_q_norm.weight", {hd});
         int kn = weight(b + ".attn_k_norm.weight", {hd});
         q = g_.add(Op::rms_norm, {q, qn}, {{"eps", hp_.norm_eps}, {"group", hd}, {"weight_offset", s_.norm_weight_offset}}, b + ".q_norm");
@@ -171,7 +174,7 @@ class DecoderBuilder {
       if (s_.residual_scale != 1.0) o = g_.add(Op::scale, {o}, {{"s", s_.residual_scale}}, b + ".attn_out_scaled");
       if (!s_.parallel_residual) {  // else the FFN reads the attention's input norm too
         x = g_.add(Op::add, {x, o}, {}, b + ".attn_residual");
-        h = norm(x, b + ".ffn_norm", n_embd, b + ".ffn_norm");
+        h = s_.pre_norms ? norm(x, b + ".ffn_norm", n_embd, b + ".ffn_norm") : x;
       }
       int up = linear(h, b + ".ffn_up", hp_.n_ff, n_embd, b + ".ffn_up");
       int act_in = up;

@@ -56,6 +56,8 @@ struct DecoderSpec {
   std::vector<bool> nope_layers;
 
   bool qk_norm = false;                // Qwen3: RMSNorm over each head of q and k
+  bool qk_norm_full = false;           // OLMo 2: ... over the whole q and k projections instead
+  bool pre_norms = true;               // OLMo 2: false: no attn_norm / ffn_norm (post_norms alone)
   std::string ffn_act = "silu";        // silu | gelu | gelu_tanh
   bool ffn_gated = true;               // act(gate(x)) * up(x), else act(up(x))
   double attn_scale = 0.0;             // 0 = 1/sqrt(head_dim)

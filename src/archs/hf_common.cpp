@@ -185,7 +185,7 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
   // configs that have them (Llama; Qwen3 and Gemma: attention_bias); none for Mistral and Phi-3.
   const std::string& arch = s.hp.arch;
   const bool has_attn_bias_key =
-      arch == "llama" || arch == "smollm3" || arch == "granite" || arch == "qwen3" || arch.starts_with("gemma");
+      arch == "llama" || arch == "smollm3" || arch == "granite" || arch == "olmo2" || arch == "qwen3" || arch.starts_with("gemma");
   const bool attn_bias = has_attn_bias_key && config_bool(c, "attention_bias", false);
   const bool mlp_bias = (arch == "llama" || arch == "smollm3" || arch == "granite") && config_bool(c, "mlp_bias", false);
   const bool qkv_bias = arch == "qwen2" || attn_bias;

@@ -27,6 +27,7 @@ const ArchEntry kArchs[] = {
     {"gguf", "gpt2", read_gguf_gpt2_hparams, build_gguf_gpt2},
     {"gguf", "smollm3", read_gguf_llama_hparams, build_gguf_smollm3},
     {"gguf", "granite", read_gguf_llama_hparams, build_gguf_granite},
+    {"gguf", "olmo2", read_gguf_llama_hparams, build_gguf_olmo2},
     {"gguf", "phi2", read_gguf_phi2_hparams, build_gguf_phi2},
     {"hf", "llama", read_hf_hparams, build_hf_llama},
     {"hf", "mistral", read_hf_hparams, build_hf_llama},
@@ -39,6 +40,7 @@ const ArchEntry kArchs[] = {
     {"hf", "gpt2", read_hf_hparams, build_hf_gpt2},
     {"hf", "smollm3", read_hf_hparams, build_hf_smollm3},
     {"hf", "granite", read_hf_hparams, build_hf_granite},
+    {"hf", "olmo2", read_hf_hparams, build_hf_olmo2},
     {"hf", "phi", read_hf_hparams, build_hf_phi2},
 };
 

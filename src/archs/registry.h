@@ -17,6 +17,7 @@ Hparams read_gguf_gpt2_hparams(const ModelFile& m);  // layer_norm_epsilon in pl
 Graph build_gguf_gpt2(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_smollm3(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_granite(const ModelFile& m, const BuildOptions& o);
+Graph build_gguf_olmo2(const ModelFile& m, const BuildOptions& o);
 Hparams read_gguf_phi2_hparams(const ModelFile& m);  // layer_norm_epsilon in place of the RMS one
 Graph build_gguf_phi2(const ModelFile& m, const BuildOptions& o);
 
@@ -31,6 +32,7 @@ Graph build_hf_gemma3(const ModelFile& m, const BuildOptions& o);  // gemma3_tex
 Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_smollm3(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_granite(const ModelFile& m, const BuildOptions& o);
+Graph build_hf_olmo2(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_phi2(const ModelFile& m, const BuildOptions& o);  // model_type phi
 
 }  // namespace mk
