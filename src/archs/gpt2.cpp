@@ -71,10 +71,7 @@ Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o) {
 }
 
 Hparams read_gguf_gpt2_hparams(const ModelFile& m) {
-  Hparams hp = read_gguf_llama_hparams(m);
-  const std::string key = hp.arch + ".attention.layer_norm_epsilon";
-  hp.norm_eps = m.get_float(key, 1e-5);
-  if (!(hp.norm_eps > 0) || !std::isfinite(hp.norm_eps)) fail("{}: {} = {} must be positive", m.path, key, hp.norm_eps);
+  Hparams hp = read_gguf_layer_norm_hparams(m);
   if (hp.head_dim * hp.n_head != hp.n_embd || hp.n_head_kv != hp.n_head)
     fail("{}: GPT-2 attention needs head_count x head_dim = embedding_length and no grouped heads, got {} x {} = {} "
          "(head_count_kv {})",

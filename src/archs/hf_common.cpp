@@ -25,7 +25,7 @@ double config_float(const nlohmann::ordered_json& c, std::initializer_list<const
 // LlamaConfig has no window (a sliding_window key there is ignored, as transformers ignores it).
 void hf_sliding_layers(const nlohmann::ordered_json& c, const std::string& arch, int64_t n_layer, DecoderSpec& s) {
   const bool qwen = arch == "qwen2" || arch == "qwen3";
-  if (arch != "mistral" && arch != "phi3" && !qwen) return;
+  if (arch != "mistral" && arch != "phi3" && arch != "starcoder2" && !qwen) return;
   if (qwen && !config_bool(c, "use_sliding_window", false)) return;
   const int64_t w = hf_hparam(c, "sliding_window", {"sliding_window"}, 0);
   if (w <= 0) return;

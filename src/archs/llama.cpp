@@ -45,6 +45,7 @@ const FamilyKeys kFamilyKeys[] = {
     {"phi3", {"attention.sliding_window"}},
     {"gpt2", {"attention.layer_norm_epsilon"}},
     {"phi2", {"attention.layer_norm_epsilon"}},
+    {"starcoder2", {"attention.layer_norm_epsilon"}},
     {"granite", {"attention.scale", "embedding_scale", "residual_scale", "logit_scale"}},
 };
 
@@ -168,6 +169,14 @@ Hparams read_gguf_llama_hparams(const ModelFile& m) {
   if (m.has(a + ".vocab_size") && hparam("n_vocab", "vocab_size") != hp.n_vocab)
     fail("{}: {}.vocab_size = {} but token_embd.weight has {} rows", m.path, a, m.get_int(a + ".vocab_size"),
          hp.n_vocab);
+  return hp;
+}
+
+Hparams read_gguf_layer_norm_hparams(const ModelFile& m) {
+  Hparams hp = read_gguf_llama_hparams(m);
+  const std::string key = hp.arch + ".attention.layer_norm_epsilon";
+  hp.norm_eps = m.get_float(key, 1e-5);
+  if (!(hp.norm_eps > 0) || !std::isfinite(hp.norm_eps)) fail("{}: {} = {} must be positive", m.path, key, hp.norm_eps);
   return hp;
 }
 

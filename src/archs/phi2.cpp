@@ -50,17 +50,9 @@ std::string phi2_hf_tensor_name(const std::string& canonical) {
 
 }  // namespace
 
-Hparams read_gguf_phi2_hparams(const ModelFile& m) {
-  Hparams hp = read_gguf_llama_hparams(m);
-  const std::string key = hp.arch + ".attention.layer_norm_epsilon";
-  hp.norm_eps = m.get_float(key, 1e-5);
-  if (!(hp.norm_eps > 0) || !std::isfinite(hp.norm_eps)) fail("{}: {} = {} must be positive", m.path, key, hp.norm_eps);
-  return hp;
-}
-
 Graph build_gguf_phi2(const ModelFile& m, const BuildOptions& o) {
   DecoderSpec s = gguf_decoder_spec(m, o, "halves");
-  s.hp.norm_eps = read_gguf_phi2_hparams(m).norm_eps;
+  s.hp.norm_eps = read_gguf_layer_norm_hparams(m).norm_eps;
   phi2_common(s);
   s.ffn_act = "gelu_tanh";  // llama.cpp's ggml_gelu
   gguf_require_per_layer(m, s, {"attn_norm.bias", "attn_output.bias", "ffn_up.bias", "ffn_down.bias"});

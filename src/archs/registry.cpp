@@ -28,7 +28,8 @@ const ArchEntry kArchs[] = {
     {"gguf", "smollm3", read_gguf_llama_hparams, build_gguf_smollm3},
     {"gguf", "granite", read_gguf_llama_hparams, build_gguf_granite},
     {"gguf", "olmo2", read_gguf_llama_hparams, build_gguf_olmo2},
-    {"gguf", "phi2", read_gguf_phi2_hparams, build_gguf_phi2},
+    {"gguf", "starcoder2", read_gguf_layer_norm_hparams, build_gguf_starcoder2},
+    {"gguf", "phi2", read_gguf_layer_norm_hparams, build_gguf_phi2},
     {"hf", "llama", read_hf_hparams, build_hf_llama},
     {"hf", "mistral", read_hf_hparams, build_hf_llama},
     {"hf", "qwen2", read_hf_hparams, build_hf_qwen2},
@@ -41,6 +42,7 @@ const ArchEntry kArchs[] = {
     {"hf", "smollm3", read_hf_hparams, build_hf_smollm3},
     {"hf", "granite", read_hf_hparams, build_hf_granite},
     {"hf", "olmo2", read_hf_hparams, build_hf_olmo2},
+    {"hf", "starcoder2", read_hf_hparams, build_hf_starcoder2},
     {"hf", "phi", read_hf_hparams, build_hf_phi2},
 };
 
