@@ -132,10 +132,13 @@ void add_chat_command(CLI::App& app) {
         }
         std::printf("\n");
         std::fflush(stdout);
+        if (const int64_t n = conv.dropped_messages(); n > 0)
+          std::fprintf(stderr, "note: the conversation left no room for a reply in the context (%lld tokens): its %lld oldest message%s dropped\n",
+                       static_cast<long long>(s.n_ctx), static_cast<long long>(n), n == 1 ? " was" : "s were");
         if (r.stop_reason == "interrupted")
           std::fputs("note: reply interrupted (Ctrl-C); it stays in the conversation as far as it went\n", stderr);
         if (r.stop_reason == "context")
-          std::fprintf(stderr, "note: the context (%lld token%s) is full; /reset starts a new conversation\n",
+          std::fprintf(stderr, "note: the context (%lld token%s) is full: the next turn drops the oldest ones; /reset starts a new conversation\n",
                        static_cast<long long>(s.n_ctx), s.n_ctx == 1 ? "" : "s");
       } catch (const Error& e) {
         out.end_line();

@@ -305,14 +305,30 @@ void ChatConversation::reset() {
 
 GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOptions o,
                                        const std::function<void(const std::string&)>& on_text) {
+  dropped_ = 0;
+  const nlohmann::ordered_json before = messages_;
   messages_.push_back({{"role", "user"}, {"content", user_text}});
   GenerateResult r;
   try {  // a turn that fails anywhere (the template, the tokenizer, the step) did not happen
-    const std::string rendered = render_chat_template(template_, messages_, chat_options_for(session_.model, *session_.tokenizer));
-    const std::vector<int32_t> ids = session_.tokenizer->encode(rendered, /*add_bos=*/false, /*parse_special=*/true);
+    auto tokens = [&] {
+      const std::string rendered = render_chat_template(template_, messages_, chat_options_for(session_.model, *session_.tokenizer));
+      return session_.tokenizer->encode(rendered, /*add_bos=*/false, /*parse_special=*/true);
+    };
+    std::vector<int32_t> ids = tokens();
+    // Room for a reply: the oldest turns go (a user message and every message up to the next one),
+    // never the system prompt or this turn.
+    const int64_t room = std::min<int64_t>(std::max(o.n_new, 1), std::max<int64_t>(session_.n_ctx / 4, 1));
+    const size_t first = !messages_.empty() && messages_[0]["role"] == "system" ? 1 : 0;
+    while (static_cast<int64_t>(ids.size()) + room > session_.n_ctx && messages_.size() > first + 1) {
+      size_t end = first + 1;
+      while (end + 1 < messages_.size() && messages_[end]["role"] != "user") ++end;
+      dropped_ += static_cast<int64_t>(end - first);
+      messages_.erase(messages_.begin() + static_cast<std::ptrdiff_t>(first), messages_.begin() + static_cast<std::ptrdiff_t>(end));
+      ids = tokens();
+    }
     if (static_cast<int64_t>(ids.size()) > session_.n_ctx)
-      fail("the conversation with this turn is {} tokens, more than the context ({}){}", ids.size(), session_.n_ctx,
-           messages_.size() > 2 ? "; a larger -c holds more" : "; use a shorter message or a larger -c");
+      fail("the conversation with this turn is {} tokens, more than the context ({}); use a shorter message or a larger -c",
+           ids.size(), session_.n_ctx);
     const bool extends = cached_.size() < ids.size() && std::equal(cached_.begin(), cached_.end(), ids.begin()) &&
                          static_cast<int64_t>(cached_.size()) == session_.n_past;
     if (!extends) {
@@ -325,7 +341,8 @@ GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOpt
     o.penalty_context = cached_;  // the earlier turns, already in the KV cache
     r = generate(session_, o, on_text);
   } catch (...) {
-    messages_.erase(messages_.size() - 1);
+    messages_ = before;
+    dropped_ = 0;
     throw;
   }
   cached_.insert(cached_.end(), r.prompt_ids.begin(), r.prompt_ids.end());

@@ -76,11 +76,16 @@ class ChatConversation {
   // default, as SmolLM2's does); "" = an empty one (which suppresses such a default).
   ChatConversation(Session& session, std::string template_source, std::optional<std::string> system_prompt = std::nullopt);
   // Adds the user's turn, generates the assistant's reply (streamed to on_text; it stops at
-  // EOS/EOT) and adds the reply as the assistant's turn. Throws mk::Error when the conversation no
-  // longer fits the context.
+  // EOS/EOT) and adds the reply as the assistant's turn. When the conversation with this turn does
+  // not leave room in the context for a reply (min(options.n_new, n_ctx / 4) tokens), its oldest
+  // turns (after the system prompt: a user message and what answered it, as a whole) are dropped
+  // until it does (dropped_messages() counts them); the KV cache is then computed again. Throws
+  // mk::Error when the system prompt and this turn alone do not fit the context.
   GenerateResult reply(const std::string& user_text, GenerateOptions options,
                        const std::function<void(const std::string&)>& on_text = {});
   const nlohmann::ordered_json& messages() const { return messages_; }
+  // Messages the latest reply() dropped to fit the context (0: none).
+  int64_t dropped_messages() const { return dropped_; }
   // Starts a new conversation: every turn but the system prompt is dropped, and the KV cache with them.
   void reset();
 
@@ -89,6 +94,7 @@ class ChatConversation {
   std::string template_;
   nlohmann::ordered_json messages_ = nlohmann::ordered_json::array();
   std::vector<int32_t> cached_;  // the tokens in the KV cache, in order (size == session_.n_past)
+  int64_t dropped_ = 0;
 };
 
 // Reads an OpenAI-style messages file ([{"role": .., "content": ..}, ...]): parsed with

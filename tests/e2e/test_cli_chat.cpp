@@ -199,23 +199,39 @@ TEST(E2EChatCli, TemplateThatRefusesTheSystemRoleIsNamedAtStart) {
   std::filesystem::remove(err_path);
 }
 
-// When the conversation has filled the context, the next turn's error says so (it said "prompt is 16
-// tokens but only 0 fit ... use a shorter prompt"; trial 39).
-TEST(E2EChatCli, TurnPastAFullContextNamesTheConversation) {
+// When the conversation has filled the context, the next turn drops the oldest turns to make room
+// for its reply, says so, and is answered (it was an error: trial 39 made it name the conversation);
+// a turn that alone is longer than the context is still an error.
+TEST(E2EChatCli, TurnPastAFullContextDropsTheOldestTurns) {
   const std::string err_path = (std::filesystem::path(::testing::TempDir()) / "mk_chat_full.txt").string();
   int status = 0;
-  mk::test::run_shell("printf 'Hello\\nAgain\\n' | " + std::string(MK_CLI_PATH) + " chat --temp 0 -n 200 -c 128 -m " +
-                          kDir + " --chat-template-file " + kTemplate + " 2>" + err_path,
-                      &status);
+  const std::string replies = mk::test::run_shell("printf 'Hello\\nAgain\\nOnce more\\n' | " + std::string(MK_CLI_PATH) +
+                                                      " chat --temp 0 -n 200 -c 128 -m " + kDir + " --chat-template-file " +
+                                                      kTemplate + " 2>" + err_path,
+                                                  &status);
   std::stringstream err;
   err << std::ifstream(err_path).rdbuf();
-  std::filesystem::remove(err_path);
   const std::string out = err.str();
-  EXPECT_EQ(status, 1) << out;
-  EXPECT_NE(out.find("note: the context (128 tokens) is full"), std::string::npos) << out;
-  EXPECT_NE(out.find("error: the conversation with this turn is "), std::string::npos) << out;
-  EXPECT_NE(out.find("tokens, more than the context (128); a larger -c holds more (the turn is dropped"), std::string::npos) << out;
-  EXPECT_EQ(out.find("only 0 fit"), std::string::npos) << out;
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("note: the context (128 tokens) is full: the next turn drops the oldest ones"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: the conversation left no room for a reply in the context (128 tokens): its 2 oldest messages were dropped"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("error:"), std::string::npos) << out;
+  EXPECT_FALSE(replies.empty());
+  // one line longer than the context by itself
+  std::string line;
+  for (int k = 0; k < 200; ++k) line += "a b ";
+  mk::test::run_shell("printf '" + line + "\\n' | " + std::string(MK_CLI_PATH) + " chat --temp 0 -n 4 -c 128 -m " +
+                          kDir + " --chat-template-file " + kTemplate + " 2>" + err_path,
+                      &status);
+  std::stringstream err2;
+  err2 << std::ifstream(err_path).rdbuf();
+  std::filesystem::remove(err_path);
+  EXPECT_EQ(status, 1) << err2.str();
+  EXPECT_NE(err2.str().find("tokens, more than the context (128); use a shorter message or a larger -c (the turn is dropped"),
+            std::string::npos)
+      << err2.str();
 }
 
 // A turn that fails before its step (here: invalid UTF-8 in the line, named at its offset in the line)
@@ -276,6 +292,46 @@ TEST(E2EChatCli, UnknownCommandIsNotSent) {
   EXPECT_NE(out.find("note: /reset takes nothing after it; nothing done"), std::string::npos) << out;
   EXPECT_NE(out.find("note: unknown command /;"), std::string::npos) << out;
   EXPECT_NE(out.find("error: chat: 1 of 2 turns failed"), std::string::npos) << out;
+}
+
+// A conversation past the context drops its oldest turns, whole (a user message and its reply),
+// keeping the system prompt and the turn being answered; the reply is what a fresh session gives for
+// what is left.
+TEST(E2EChatConversation, OldestTurnsGoWhenTheContextIsFull) {
+  std::ifstream in(kTemplate);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  mk::SessionOptions so;
+  so.model_path = std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf";
+  so.backend = "cpu";
+  so.n_ctx = 96;
+  mk::Session s(so);
+  mk::ChatConversation conv(s, ss.str(), "Tell stories.");
+  mk::GenerateOptions g;
+  g.n_new = 20;
+  g.sampler.temperature = 0;
+  int64_t dropped = 0;
+  for (const char* turn : {"Once upon a time", "The little dog", "A big cat", "The sun was hot", "Lily and Ben"}) {
+    const mk::GenerateResult r = conv.reply(turn, g);
+    EXPECT_FALSE(r.generated_ids.empty()) << turn;
+    dropped += conv.dropped_messages();
+    EXPECT_EQ(conv.dropped_messages() % 2, 0) << turn;  // whole turns
+    const auto& m = conv.messages();
+    EXPECT_EQ(m[0]["role"], "system");
+    EXPECT_EQ(m[0]["content"], "Tell stories.");
+    EXPECT_EQ(m[1]["role"], "user");
+    EXPECT_EQ(m[m.size() - 2]["content"], turn);
+  }
+  EXPECT_GE(dropped, 4);
+  // the last reply equals a fresh session's for the conversation as it stands
+  nlohmann::ordered_json history = conv.messages();
+  const std::string last = history[history.size() - 1]["content"];
+  history.erase(history.size() - 1);
+  mk::Session fresh(so);
+  mk::GenerateOptions g2 = g;
+  g2.prompt = mk::render_model_chat(fresh.model, *fresh.tokenizer, history, kTemplate);
+  g2.add_bos = false;
+  EXPECT_EQ(mk::generate(fresh, g2).text, last);
 }
 
 // A second turn on the kept KV cache gives what a fresh session gives for the whole rendered
