@@ -24,10 +24,22 @@ void print_positions_and_attention(const ModelFile& m, const Hparams& hp) {
     return std::get<std::string>(v);
   };
   std::map<std::string, int> ropes;  // description -> layers (q's rope node per layer)
-  int n_attn = 0, n_window = 0;
+  int n_attn = 0, n_window = 0, n_parallel = 0;
   int64_t window = 0;
-  double scale = 0, attn_cap = 0, logit_cap = 0;
+  double scale = 0, attn_cap = 0, logit_cap = 0, embed_scale = 0, residual_scale = 0, logit_scale = 0;
+  bool logit_bias = false;
+  std::vector<bool> roped(static_cast<size_t>(hp.n_layer), false);
   for (const auto& n : g.nodes) {
+    // Granite's multipliers, Phi-2's parallel residuals and classifier bias (archs/blocks.cpp names)
+    if (n.op == Op::scale && n.name == "inp_scaled") embed_scale = n.attr_float("s");
+    if (n.op == Op::scale && n.name.ends_with(".attn_out_scaled")) residual_scale = n.attr_float("s");
+    if (n.op == Op::scale && n.name == "logits_all_scaled") logit_scale = 1.0 / n.attr_float("s");
+    n_parallel += n.name.ends_with(".attn_ffn");
+    logit_bias |= n.name == "logits_all_b";
+    if (n.op == Op::rope && n.name.starts_with("blk.") && n.name.ends_with(".q_rope")) {
+      const int64_t il = std::stoll(n.name.substr(4));
+      if (il >= 0 && il < hp.n_layer) roped[static_cast<size_t>(il)] = true;
+    }
     if (n.op == Op::attention) {
       ++n_attn;
       scale = n.attr_float("scale");
@@ -52,12 +64,24 @@ void print_positions_and_attention(const ModelFile& m, const Hparams& hp) {
   for (const auto& [d, layers] : ropes)
     rope += fmt::format("{}{}{}", rope.empty() ? "" : "; ", d,
                         ropes.size() > 1 ? fmt::format(" ({} of {} layers)", layers, hp.n_layer) : "");
+  std::string nope;  // layers without RoPE among layers with it (SmolLM3)
+  if (!rope.empty())
+    for (int64_t il = 0; il < hp.n_layer; ++il)
+      if (!roped[static_cast<size_t>(il)]) nope += fmt::format("{}{}", nope.empty() ? "" : ", ", il);
+  if (!nope.empty()) rope += "; none in layers " + nope;
   std::printf("rope:         %s\n", rope.empty() ? "none" : rope.c_str());
   std::string attn = fmt::format("scale {:g}", scale);
   if (n_window > 0) attn += fmt::format(", sliding window {} on {} of {} layers", window, n_window, n_attn);
   if (attn_cap > 0) attn += fmt::format(", scores soft-capped at {:g}", attn_cap);
   std::printf("attention:    %s\n", attn.c_str());
-  if (logit_cap > 0) std::printf("logits:       soft-capped at %s\n", fmt::format("{:g}", logit_cap).c_str());
+  if (n_parallel > 0) std::printf("layers:       attention and feed-forward in parallel on one norm\n");
+  if (embed_scale > 0) std::printf("embeddings:   scaled by %s\n", fmt::format("{:g}", embed_scale).c_str());
+  if (residual_scale > 0) std::printf("residuals:    attention and feed-forward outputs scaled by %s\n", fmt::format("{:g}", residual_scale).c_str());
+  std::string logits;
+  if (logit_bias) logits += "a classifier bias";
+  if (logit_scale > 0) logits += fmt::format("{}divided by {:g}", logits.empty() ? "" : ", ", logit_scale);
+  if (logit_cap > 0) logits += fmt::format("{}soft-capped at {:g}", logits.empty() ? "" : ", ", logit_cap);
+  if (!logits.empty()) std::printf("logits:       %s\n", logits.c_str());
 }
 
 // A GGUF file that load_model refuses for a tensor type it does not read (iq4_xs, iq2_*, tq*): what

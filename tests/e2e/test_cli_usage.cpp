@@ -837,7 +837,7 @@ TEST(E2ECliUsage, InfoNamesRopeAndAttention) {
   r = cli("info -m \"" + std::string(MK_SOURCE_DIR) + "/tests/data/gemma2/hf\"");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(has(r.out, "\nrope:         halves, n_rot 16, theta 10000\nattention:    scale 0.25, sliding window 8 on 2 of 4 "
-                         "layers, scores soft-capped at 2\nlogits:       soft-capped at 6\n"))
+                         "layers, scores soft-capped at 2\nembeddings:   scaled by 6.9282\nlogits:       soft-capped at 6\n"))
       << r.out;
 }
 

@@ -20,6 +20,7 @@
 #include "model/model_file.h"
 #include "support/compare.h"
 #include "support/error.h"
+#include "support/cli.h"
 #include "support/gguf_write.h"
 
 namespace mk {
@@ -87,6 +88,15 @@ INSTANTIATE_TEST_SUITE_P(Backends, E2EGranite, ::testing::Values("reference", "c
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 });
+
+TEST(E2EGraniteHf, InfoShowsTheMultipliers) {
+  int status = -1;
+  const std::string out = test::run_cli("info -m " + kGguf, &status);
+  EXPECT_EQ(status, 0) << out;
+  for (const char* line : {"attention:    scale 0.0078125\n", "embeddings:   scaled by 12\n",
+                           "residuals:    attention and feed-forward outputs scaled by 0.22\n", "logits:       divided by 8\n"})
+    EXPECT_NE(out.find(line), std::string::npos) << line << out;
+}
 
 TEST(E2EGraniteHf, HfDirectoryEqualsGguf) {
   EXPECT_LT(test::rel_l2(prompt_logits(kDir + "hf", "cpu"), prompt_logits(kGguf, "cpu")), 1e-5);

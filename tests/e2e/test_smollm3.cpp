@@ -20,6 +20,7 @@
 #include "model/model_file.h"
 #include "support/compare.h"
 #include "support/error.h"
+#include "support/cli.h"
 #include "support/gguf_write.h"
 
 namespace mk {
@@ -105,6 +106,14 @@ TEST(E2ESmolLM3Graph, RopeOnlyOutsideTheNopeLayers) {
         want.push_back(il);
     EXPECT_EQ(roped, want) << path;
   }
+}
+
+// `info` names the layers without RoPE (new-user trial 54: it did not show them).
+TEST(E2ESmolLM3Graph, InfoNamesTheLayersWithoutRope) {
+  int status = -1;
+  const std::string out = test::run_cli("info -m " + kGguf, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("rope:         adjacent, n_rot 16, theta 10000; none in layers 3, 7\n"), std::string::npos) << out;
 }
 
 // The same GGUF as arch llama (RoPE everywhere): far from llama.cpp's SmolLM3 logits.
