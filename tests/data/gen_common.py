@@ -141,3 +141,15 @@ def llama_cpp_logits(path, prompt, n_ctx):
 def rounded(logits):
     """Logits rows as JSON lists, 7 significant digits."""
     return [[float(f"{x:.7g}") for x in row] for row in logits]
+
+
+def write_expected(here, gguf_path, prompt, n_ctx, **extra):
+    """llama.cpp's logits at every position of `prompt` for the GGUF (f32 KV cache) to
+    here/expected.json ({"source", "prompt_ids", the `extra` fields, "logits"}); returns them."""
+    logits = llama_cpp_logits(gguf_path, prompt, n_ctx)
+    with open(os.path.join(here, "expected.json"), "w") as f:
+        json.dump({"source": "llama-cpp-python 0.3.16 (llama.cpp), f32 KV cache", "prompt_ids": prompt, **extra,
+                   "logits": rounded(logits)}, f)
+    print("wrote", gguf_path, "logits", logits.shape, "argmax", logits.argmax(-1).tolist(),
+          "max |logit|", float(np.abs(logits).max()))
+    return logits

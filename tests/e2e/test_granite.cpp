@@ -8,86 +8,32 @@
 //  - each multiplier matters: the file with one of them neutral is far from llama.cpp's logits; as
 //    llama.cpp, each key is required and 0 means none (not for the logit divisor); a negative one is
 //    named.
-#include <gtest/gtest.h>
-
-#include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-
-#include "archs/arch.h"
-#include "backend/backend.h"
-#include "model/model_file.h"
-#include "support/compare.h"
-#include "support/error.h"
+#include "support/arch_fixture.h"
 #include "support/cli.h"
-#include "support/gguf_write.h"
 
 namespace mk {
 namespace {
 
+const test::ArchFixture& fixture() { return test::arch_fixture("granite"); }
 const std::string kDir = std::string(MK_SOURCE_DIR) + "/tests/data/granite/";
 const std::string kGguf = kDir + "granite-tiny.f32.gguf";
 constexpr double kTol = 1e-4;
 
-struct Expected {
-  std::vector<int32_t> prompt;
-  std::vector<std::vector<float>> logits;  // [n_tokens][n_vocab]
-};
-
-const Expected& expected() {
-  static const Expected e = [] {
-    std::ifstream in(kDir + "expected.json");
-    const auto j = nlohmann::json::parse(in);
-    return Expected{j.at("prompt_ids").get<std::vector<int32_t>>(), j.at("logits").get<std::vector<std::vector<float>>>()};
-  }();
-  return e;
-}
-
-std::vector<float> prompt_logits(const std::string& path, const std::string& backend) {
-  ModelFile m = load_model(path);
-  Graph g = build_graph(m, {64, true});
-  BackendOptions bo;
-  bo.threads = 2;
-  bo.kv_type = "f32";  // as the oracle's cache
-  return make_backend(backend, g, m, bo)->forward(expected().prompt, 0);
-}
-
 class E2EGranite : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(E2EGranite, GgufLogitsMatchLlamaCpp) {
-  const Expected& e = expected();
-  const std::vector<float> got = prompt_logits(kGguf, GetParam());
-  const std::vector<float> want = test::flat_rows(e.logits);
-  ASSERT_EQ(got.size(), want.size());
-  EXPECT_LT(test::rel_l2(got, want), kTol) << GetParam();
-  const int64_t n_vocab = static_cast<int64_t>(e.logits[0].size());
-  EXPECT_EQ(test::argmax_rows(got, n_vocab), test::argmax_rows(want, n_vocab));
-}
+TEST_P(E2EGranite, GgufLogitsMatchLlamaCpp) { test::expect_fixture_logits(kGguf, fixture(), GetParam(), kTol); }
 
 TEST_P(E2EGranite, PrefillThenOneTokenStepsMatchLlamaCpp) {
   if (GetParam() == "reference") GTEST_SKIP() << "the prompt at once covers it";
-  const Expected& e = expected();
-  ModelFile m = load_model(kGguf);
-  Graph g = build_graph(m, {64, false});
-  BackendOptions bo;
-  bo.threads = 2;
-  bo.kv_type = "f32";
-  auto b = make_backend(GetParam(), g, m, bo);
-  const size_t n_prefill = 5;
-  std::vector<float> got = b->forward(std::span<const int32_t>(e.prompt.data(), n_prefill), 0);
-  for (size_t p = n_prefill; p < e.prompt.size(); ++p) {
-    std::vector<float> l = b->forward(std::span<const int32_t>(e.prompt.data() + p, 1), static_cast<int64_t>(p));
-    got.insert(got.end(), l.begin(), l.end());
-  }
-  EXPECT_LT(test::rel_l2(got, test::flat_rows(e.logits, n_prefill - 1)), kTol) << GetParam();
+  test::expect_stepped_logits(kGguf, fixture(), GetParam(), kTol);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, E2EGranite, ::testing::Values("reference", "cpu", "cuda-emu"), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Backends, E2EGranite, ::testing::Values("reference", "cpu", "cuda-emu"), test::backend_test_name);
+
+std::vector<float> prompt_logits(const std::string& path, const std::string& backend) {
+  return test::fixture_logits(path, fixture(), backend);
+}
+
 
 TEST(E2EGraniteHf, InfoShowsTheMultipliers) {
   int status = -1;
@@ -102,23 +48,11 @@ TEST(E2EGraniteHf, HfDirectoryEqualsGguf) {
   EXPECT_LT(test::rel_l2(prompt_logits(kDir + "hf", "cpu"), prompt_logits(kGguf, "cpu")), 1e-5);
 }
 
-// The GGUF with one metadata change, written to a temporary file.
-std::string changed(const std::function<void(ModelFile&)>& change) {
-  ModelFile raw = load_gguf(kGguf);
-  ModelFile m;
-  m.path = raw.path;
-  m.format = raw.format;
-  m.metadata = raw.metadata;
-  for (const WeightTensor& t : raw.tensors()) m.add_tensor(t);
-  change(m);
-  static int n = 0;  // a file per change: a path stays what it was written as
-  const std::string path = (std::filesystem::path(testing::TempDir()) / fmt::format("mk_granite_changed{}.gguf", n++)).string();
-  test::write_gguf(m, path);
-  return path;
-}
+// The GGUF with one metadata change, in a temporary file of its own.
+std::string changed(const std::function<void(ModelFile&)>& change) { return test::gguf_variant(kGguf, "", change); }
 
 TEST(E2EGraniteKeys, EachMultiplierMatters) {
-  const std::vector<float> want = test::flat_rows(expected().logits);
+  const std::vector<float> want = test::flat_rows(fixture().logits);
   const std::vector<std::pair<const char*, double>> keys = {
       {"granite.embedding_scale", 1.0}, {"granite.attention.scale", 0.0}, {"granite.residual_scale", 1.0}, {"granite.logit_scale", 1.0}};
   for (const auto& [key, none] : keys) {
@@ -152,8 +86,6 @@ TEST(E2EGraniteKeys, EachMultiplierMatters) {
     return std::string();
   }().find("granite.logit_scale = 0 must be a positive number"),
             std::string::npos);
-  for (const auto& f : std::filesystem::directory_iterator(testing::TempDir()))
-    if (f.path().filename().string().starts_with("mk_granite_changed")) std::filesystem::remove(f.path());
 }
 
 }  // namespace

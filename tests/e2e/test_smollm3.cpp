@@ -8,90 +8,32 @@
 //    explicit no_rope_layers list) gives the GGUF's logits;
 //  - the same file read as a plain llama (RoPE in every layer) is far from llama.cpp's: the NoPE layers
 //    are what makes them agree; the graph has RoPE in the other layers only.
-#include <gtest/gtest.h>
-
-#include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-
-#include "archs/arch.h"
-#include "backend/backend.h"
-#include "model/model_file.h"
-#include "support/compare.h"
-#include "support/error.h"
+#include "support/arch_fixture.h"
 #include "support/cli.h"
-#include "support/gguf_write.h"
 
 namespace mk {
 namespace {
 
+const test::ArchFixture& fixture() { return test::arch_fixture("smollm3"); }
 const std::string kDir = std::string(MK_SOURCE_DIR) + "/tests/data/smollm3/";
 const std::string kGguf = kDir + "smollm3-tiny.f32.gguf";
 constexpr double kTol = 1e-4;
 
-struct Expected {
-  std::vector<int32_t> prompt;
-  std::vector<std::vector<float>> logits;  // [n_tokens][n_vocab]
-  std::vector<int64_t> nope_layers;
-};
-
-const Expected& expected() {
-  static const Expected e = [] {
-    std::ifstream in(kDir + "expected.json");
-    const auto j = nlohmann::json::parse(in);
-    return Expected{j.at("prompt_ids").get<std::vector<int32_t>>(), j.at("logits").get<std::vector<std::vector<float>>>(),
-                    j.at("nope_layers").get<std::vector<int64_t>>()};
-  }();
-  return e;
-}
-
-std::vector<float> prompt_logits(const ModelFile& m, const std::string& backend) {
-  Graph g = build_graph(m, {64, true});
-  BackendOptions bo;
-  bo.threads = 2;
-  bo.kv_type = "f32";  // as the oracle's cache
-  return make_backend(backend, g, m, bo)->forward(expected().prompt, 0);
-}
-std::vector<float> prompt_logits(const std::string& path, const std::string& backend) {
-  return prompt_logits(load_model(path), backend);
-}
-
 class E2ESmolLM3 : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(E2ESmolLM3, GgufLogitsMatchLlamaCpp) {
-  const Expected& e = expected();
-  const std::vector<float> got = prompt_logits(kGguf, GetParam());
-  const std::vector<float> want = test::flat_rows(e.logits);
-  ASSERT_EQ(got.size(), want.size());
-  EXPECT_LT(test::rel_l2(got, want), kTol) << GetParam();
-  const int64_t n_vocab = static_cast<int64_t>(e.logits[0].size());
-  EXPECT_EQ(test::argmax_rows(got, n_vocab), test::argmax_rows(want, n_vocab));
-}
+TEST_P(E2ESmolLM3, GgufLogitsMatchLlamaCpp) { test::expect_fixture_logits(kGguf, fixture(), GetParam(), kTol); }
 
 TEST_P(E2ESmolLM3, PrefillThenOneTokenStepsMatchLlamaCpp) {
   if (GetParam() == "reference") GTEST_SKIP() << "the prompt at once covers it";
-  const Expected& e = expected();
-  ModelFile m = load_model(kGguf);
-  Graph g = build_graph(m, {64, false});
-  BackendOptions bo;
-  bo.threads = 2;
-  bo.kv_type = "f32";
-  auto b = make_backend(GetParam(), g, m, bo);
-  const size_t n_prefill = 5;
-  std::vector<float> got = b->forward(std::span<const int32_t>(e.prompt.data(), n_prefill), 0);
-  for (size_t p = n_prefill; p < e.prompt.size(); ++p) {
-    std::vector<float> l = b->forward(std::span<const int32_t>(e.prompt.data() + p, 1), static_cast<int64_t>(p));
-    got.insert(got.end(), l.begin(), l.end());
-  }
-  EXPECT_LT(test::rel_l2(got, test::flat_rows(e.logits, n_prefill - 1)), kTol) << GetParam();
+  test::expect_stepped_logits(kGguf, fixture(), GetParam(), kTol);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, E2ESmolLM3, ::testing::Values("reference", "cpu", "cuda-emu"), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Backends, E2ESmolLM3, ::testing::Values("reference", "cpu", "cuda-emu"), test::backend_test_name);
+
+std::vector<float> prompt_logits(const std::string& path, const std::string& backend) {
+  return test::fixture_logits(path, fixture(), backend);
+}
+
 
 TEST(E2ESmolLM3Graph, RopeOnlyOutsideTheNopeLayers) {
   for (const std::string& path : {kGguf, kDir + "hf"}) {
@@ -101,9 +43,9 @@ TEST(E2ESmolLM3Graph, RopeOnlyOutsideTheNopeLayers) {
     for (const Node& n : g.nodes)
       if (n.op == Op::rope && n.name.ends_with(".q_rope")) roped.push_back(std::stoll(n.name.substr(4)));
     std::vector<int64_t> want;
+    const auto nope = fixture().expected.at("nope_layers").get<std::vector<int64_t>>();
     for (int64_t il = 0; il < 8; ++il)
-      if (std::find(expected().nope_layers.begin(), expected().nope_layers.end(), il) == expected().nope_layers.end())
-        want.push_back(il);
+      if (std::find(nope.begin(), nope.end(), il) == nope.end()) want.push_back(il);
     EXPECT_EQ(roped, want) << path;
   }
 }
@@ -118,16 +60,13 @@ TEST(E2ESmolLM3Graph, InfoNamesTheLayersWithoutRope) {
 
 // The same GGUF as arch llama (RoPE everywhere): far from llama.cpp's SmolLM3 logits.
 TEST(E2ESmolLM3Graph, RopeInEveryLayerDiffers) {
-  ModelFile raw = load_gguf(kGguf);
-  ModelFile m;
-  m.path = raw.path;
-  m.format = raw.format;
-  for (const auto& [k, v] : raw.metadata.items()) m.metadata[k.starts_with("smollm3.") ? "llama." + k.substr(8) : k] = v;
-  m.metadata["general.architecture"] = "llama";
-  for (const WeightTensor& t : raw.tensors()) m.add_tensor(t);
-  const std::string path = (std::filesystem::path(testing::TempDir()) / "mk_smollm3_as_llama.gguf").string();
-  test::write_gguf(m, path);
-  EXPECT_GT(test::rel_l2(prompt_logits(path, "cpu"), test::flat_rows(expected().logits)), 100 * kTol);
+  const std::string path = test::gguf_variant(kGguf, "", [](ModelFile& m) {
+    nlohmann::ordered_json renamed = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : m.metadata.items()) renamed[k.starts_with("smollm3.") ? "llama." + k.substr(8) : k] = v;
+    renamed["general.architecture"] = "llama";
+    m.metadata = renamed;
+  });
+  EXPECT_GT(test::rel_l2(prompt_logits(path, "cpu"), test::flat_rows(fixture().logits)), 100 * kTol);
 }
 
 TEST(E2ESmolLM3Hf, HfDirectoryEqualsGguf) {

@@ -11,7 +11,6 @@
                        the same weights as a transformers Olmo2ForCausalLM directory.
   expected.json        llama.cpp's logits at every position (f32 KV cache) of a 24-token prompt.
 """
-import json
 import os
 import sys
 
@@ -20,7 +19,7 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from gen_common import add_placeholder_vocab, finish_gguf, llama_cpp_logits, rounded, write_hf as write_hf_dir  # noqa: E402
+from gen_common import add_placeholder_vocab, finish_gguf, write_expected, write_hf as write_hf_dir  # noqa: E402
 
 N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 128, 64, 4, 4, 2, 16, 128
 N_CTX_TRAIN, EPS, THETA = 64, 1e-6, 10000.0
@@ -97,13 +96,7 @@ def main():
     path = os.path.join(HERE, "olmo2-tiny.f32.gguf")
     write_gguf(path)
     write_hf(os.path.join(HERE, "hf"))
-    logits = llama_cpp_logits(path, PROMPT, N_CTX_TRAIN)
-    with open(os.path.join(HERE, "expected.json"), "w") as f:
-        json.dump({"source": "llama-cpp-python 0.3.16 (llama.cpp), f32 KV cache", "prompt_ids": PROMPT,
-                   "logits": rounded(logits)}, f)
-    print("wrote", path, "logits", logits.shape, "argmax", logits.argmax(-1).tolist(),
-          "max |logit|", float(np.abs(logits).max()))
-
+    write_expected(HERE, path, PROMPT, N_CTX_TRAIN)
 
 if __name__ == "__main__":
     main()

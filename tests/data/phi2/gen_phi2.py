@@ -15,7 +15,6 @@
   expected.json             llama.cpp's logits at every position (f32 KV cache) of a 24-token prompt
                             (the two files' logits are checked equal here).
 """
-import json
 import os
 import sys
 
@@ -24,7 +23,7 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from gen_common import add_placeholder_vocab, finish_gguf, llama_cpp_logits, rounded, write_hf as write_hf_dir  # noqa: E402
+from gen_common import add_placeholder_vocab, finish_gguf, llama_cpp_logits, write_expected, write_hf as write_hf_dir  # noqa: E402
 
 N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_CTX_TRAIN, EPS, THETA, PARTIAL = 128, 64, 3, 4, 64, 1e-5, 10000.0, 0.5
 HEAD_DIM, N_FF = N_EMBD // N_HEAD, 4 * N_EMBD
@@ -110,14 +109,8 @@ def main():
     write_gguf(path, False)
     write_gguf(fused, True)
     write_hf(os.path.join(HERE, "hf"))
-    logits = llama_cpp_logits(path, PROMPT, N_CTX_TRAIN)
+    logits = write_expected(HERE, path, PROMPT, N_CTX_TRAIN)
     assert np.array_equal(logits, llama_cpp_logits(fused, PROMPT, N_CTX_TRAIN))
-    with open(os.path.join(HERE, "expected.json"), "w") as f:
-        json.dump({"source": "llama-cpp-python 0.3.16 (llama.cpp), f32 KV cache", "prompt_ids": PROMPT,
-                   "logits": rounded(logits)}, f)
-    print("wrote", path, fused, "logits", logits.shape, "argmax", logits.argmax(-1).tolist(),
-          "max |logit|", float(np.abs(logits).max()))
-
 
 if __name__ == "__main__":
     main()
