@@ -38,12 +38,11 @@ std::string gpt2_tensor_name(const std::string& canonical) {
   return "";
 }
 
-}  // namespace
-
-Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o) {
-  const auto& c = hf_config(m);
+// GPT-2's spec for hyperparameters `hp` (either format's): LayerNorm, learned positions (the context
+// at most n_ctx_train), no RoPE, an ungated MLP of `act`.
+DecoderSpec gpt2_spec(const ModelFile& m, const Hparams& hp, const BuildOptions& o, std::string act) {
   DecoderSpec s;
-  s.hp = read_hf_hparams(m);
+  s.hp = hp;
   s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.hp.n_ctx_train;
   if (s.n_ctx > s.hp.n_ctx_train)
     fail("{}: context of {} tokens exceeds GPT-2's {} learned positions", m.path, s.n_ctx, s.hp.n_ctx_train);
@@ -55,7 +54,15 @@ Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o) {
   s.learned_positions = true;
   s.n_rot = -1;
   s.ffn_gated = false;
-  s.ffn_act = hf_activation(c);
+  s.ffn_act = std::move(act);
+  return s;
+}
+
+}  // namespace
+
+Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o) {
+  const auto& c = hf_config(m);
+  DecoderSpec s = gpt2_spec(m, read_hf_hparams(m), o, hf_activation(c));
   for (const char* k : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"})
     if (c.contains(k) && c[k].is_boolean() && c[k].get<bool>()) fail("config.json: GPT-2 option {} is not supported", k);
   if (c.contains("scale_attn_weights") && c["scale_attn_weights"].is_boolean() && !c["scale_attn_weights"].get<bool>())
@@ -80,20 +87,7 @@ Hparams read_gguf_gpt2_hparams(const ModelFile& m) {
 }
 
 Graph build_gguf_gpt2(const ModelFile& m, const BuildOptions& o) {
-  DecoderSpec s;
-  s.hp = read_gguf_gpt2_hparams(m);
-  s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.hp.n_ctx_train;
-  if (s.n_ctx > s.hp.n_ctx_train)
-    fail("{}: context of {} tokens exceeds GPT-2's {} learned positions", m.path, s.n_ctx, s.hp.n_ctx_train);
-  s.all_logits = o.all_logits;
-  s.embeddings = o.embeddings;
-  s.kv_pool_tokens = o.kv_pool_tokens;
-  s.kv_block_size = o.kv_block_size;
-  s.norm = DecoderSpec::Norm::layer;
-  s.learned_positions = true;
-  s.n_rot = -1;
-  s.ffn_gated = false;
-  s.ffn_act = "gelu_tanh";  // llama.cpp's ggml_gelu, transformers' gelu_new
+  DecoderSpec s = gpt2_spec(m, read_gguf_gpt2_hparams(m), o, "gelu_tanh");  // llama.cpp's ggml_gelu, transformers' gelu_new
   m.get("position_embd.weight", {s.hp.n_ctx_train, s.hp.n_embd});
   // Every projection and LayerNorm of GPT-2 has a bias (build_decoder takes biases as optional).
   gguf_require_per_layer(m, s, {"attn_norm.bias", "attn_output.bias", "ffn_norm.bias", "ffn_up.bias", "ffn_down.bias"});
