@@ -188,7 +188,7 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
       arch == "llama" || arch == "smollm3" || arch == "granite" || arch == "olmo2" || arch == "qwen3" || arch.starts_with("gemma");
   const bool attn_bias = has_attn_bias_key && config_bool(c, "attention_bias", false);
   const bool mlp_bias = (arch == "llama" || arch == "smollm3" || arch == "granite") && config_bool(c, "mlp_bias", false);
-  const bool qkv_bias = arch == "qwen2" || attn_bias;
+  const bool qkv_bias = arch == "qwen2" || attn_bias || (arch == "stablelm" && config_bool(c, "use_qkv_bias", false));
   s.resolve = [tied, attn_bias, mlp_bias, qkv_bias](const std::string& canonical) -> std::string {
     if (canonical.ends_with(".bias")) {
       const bool qkv = canonical.ends_with(".attn_q.bias") || canonical.ends_with(".attn_k.bias") ||

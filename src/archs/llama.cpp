@@ -46,6 +46,7 @@ const FamilyKeys kFamilyKeys[] = {
     {"gpt2", {"attention.layer_norm_epsilon"}},
     {"phi2", {"attention.layer_norm_epsilon"}},
     {"starcoder2", {"attention.layer_norm_epsilon"}},
+    {"stablelm", {"attention.layer_norm_epsilon", "use_parallel_residual"}},
     {"granite", {"attention.scale", "embedding_scale", "residual_scale", "logit_scale"}},
 };
 

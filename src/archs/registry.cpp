@@ -29,6 +29,7 @@ const ArchEntry kArchs[] = {
     {"gguf", "granite", read_gguf_llama_hparams, build_gguf_granite},
     {"gguf", "olmo2", read_gguf_llama_hparams, build_gguf_olmo2},
     {"gguf", "starcoder2", read_gguf_layer_norm_hparams, build_gguf_starcoder2},
+    {"gguf", "stablelm", read_gguf_layer_norm_hparams, build_gguf_stablelm},
     {"gguf", "phi2", read_gguf_layer_norm_hparams, build_gguf_phi2},
     {"hf", "llama", read_hf_hparams, build_hf_llama},
     {"hf", "mistral", read_hf_hparams, build_hf_llama},
@@ -43,6 +44,7 @@ const ArchEntry kArchs[] = {
     {"hf", "granite", read_hf_hparams, build_hf_granite},
     {"hf", "olmo2", read_hf_hparams, build_hf_olmo2},
     {"hf", "starcoder2", read_hf_hparams, build_hf_starcoder2},
+    {"hf", "stablelm", read_hf_hparams, build_hf_stablelm},
     {"hf", "phi", read_hf_hparams, build_hf_phi2},
 };
 

@@ -203,7 +203,7 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
                            ScheduleKind::dynamic, 64, splits));
   // GPT-2 and Phi-2 (LayerNorm, learned positions, parallel residuals, a classifier bias), SmolLM3
   // (layers without RoPE), Granite (scaled residuals and logits), OLMo 2 (post-norms only, whole-row q/k norms).
-  for (const char* family : {"gpt2", "phi2", "smollm3", "granite", "olmo2", "starcoder2"})
+  for (const char* family : {"gpt2", "phi2", "smollm3", "granite", "olmo2", "starcoder2", "stablelm"})
     add(fmt::format("{}-tiny", family),
         compile_for_h200(load_model(fmt::format("{}/tests/data/{}/{}-tiny.f32.gguf", MK_SOURCE_DIR, family, family)),
                          ScheduleKind::dynamic, 64));
