@@ -19,9 +19,7 @@ ModelFile load_model(const std::string& path) {
   auto file = MappedFile::open(path);
   if (file->size() >= 4 && std::memcmp(file->data(), "GGUF", 4) == 0) {
     ModelFile m = load_gguf(std::move(file));
-    const std::string arch = m.has("general.architecture") ? m.get_str("general.architecture") : "";
-    if (arch == "phi3") add_gguf_phi3_views(m);
-    if (arch == "gpt2" || arch == "phi2") add_gguf_qkv_views(m, arch);
+    add_gguf_views(m);
     return m;
   }
   try {
@@ -32,6 +30,12 @@ ModelFile load_model(const std::string& path) {
     if (why.starts_with(path + ": ")) why.remove_prefix(path.size() + 2);
     fail("{}: not a GGUF file (no GGUF magic), a Hugging Face directory, or a valid llama2.c checkpoint: {}", path, why);
   }
+}
+
+void add_gguf_views(ModelFile& m) {
+  const std::string arch = m.has("general.architecture") ? m.get_str("general.architecture") : "";
+  if (arch == "phi3") add_gguf_phi3_views(m);
+  if (arch == "gpt2" || arch == "phi2") add_gguf_qkv_views(m, arch);
 }
 
 // llama.cpp's phi3 GGUF keeps Phi-3's fused projections: blk.N.attn_qkv.weight ([q; k; v] rows)

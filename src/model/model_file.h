@@ -88,6 +88,9 @@ ModelFile load_gguf(std::shared_ptr<MappedFile> file);
 // GGUF phi3: registers the parts of the fused attn_qkv / ffn_up tensors as row views (load.cpp;
 // load_model calls it). Throws mk::Error when a fused tensor has the wrong shape.
 void add_gguf_phi3_views(ModelFile& m);
+// The views a GGUF family's fused tensors need (phi3, gpt2, phi2), by general.architecture; what
+// load_model does after load_gguf.
+void add_gguf_views(ModelFile& m);
 // GGUF gpt2's and phi2's fused blk.N.attn_qkv.{weight,bias} as attn_q/attn_k/attn_v views (model/load.cpp).
 void add_gguf_qkv_views(ModelFile& m, const std::string& arch);
 // Header and metadata only (no tensor infos): enough for the vocabulary, and works for vocab-only

@@ -189,6 +189,28 @@ TEST(FuzzGguf, MutatedStories260K) {
   EXPECT_GT(tally.refused, 0);
 }
 
+// The llama.cpp-oracle family fixtures (tests/data/<family>: fused q/k/v views, LayerNorm keys,
+// multipliers, layers without RoPE, parallel layers) with their metadata and tensor infos mutated.
+TEST(FuzzGguf, MutatedFamilyFixtures) {
+  ByteMutator mut(seed());
+  Tally tally;
+  for (const char* file : {"gpt2/gpt2-tiny.f32.gguf", "phi2/phi2-fused-qkv.f32.gguf", "smollm3/smollm3-tiny.f32.gguf",
+                           "granite/granite-tiny.f32.gguf", "olmo2/olmo2-tiny.f32.gguf", "starcoder2/starcoder2-tiny.f32.gguf",
+                           "stablelm/stablelm-parallel.f32.gguf"}) {
+    const std::string base = read_file(std::string(MK_SOURCE_DIR) + "/tests/data/" + file);
+    for (int i = 0; i < iterations(40); ++i) {
+      std::string bytes = mut.mutate(base, 8 * 1024);
+      expect_only_mk_errors(file, i, [&] {
+        ModelFile m = load_gguf(MappedFile::from_bytes(std::move(bytes), "fuzz.gguf"));
+        add_gguf_views(m);
+        exercise_model(m);
+      }, &tally);
+    }
+  }
+  EXPECT_GT(tally.ok, 0);
+  EXPECT_GT(tally.refused, 0);
+}
+
 TEST(FuzzLlama2c, MutatedStories260K) {
   const std::string base = read_file(kShared + "/models/stories260K/stories260K.bin");
   const std::string tok = read_file(kShared + "/models/stories260K/tok512.bin");
