@@ -128,13 +128,14 @@ void add_chat_command(CLI::App& app) {
           ReplyInterrupt ctrl_c;
           GenerateOptions g = o->gen;
           g.interrupt = &g_interrupted;
+          conv.on_drop = [&](int64_t n) {  // before the reply
+            std::fprintf(stderr, "note: the conversation left no room for a reply in the context (%lld tokens): its %lld oldest message%s dropped\n",
+                         static_cast<long long>(s.n_ctx), static_cast<long long>(n), n == 1 ? " was" : "s were");
+          };
           r = conv.reply(line, g, [&](const std::string& t) { out.put(t); });
         }
         std::printf("\n");
         std::fflush(stdout);
-        if (const int64_t n = conv.dropped_messages(); n > 0)
-          std::fprintf(stderr, "note: the conversation left no room for a reply in the context (%lld tokens): its %lld oldest message%s dropped\n",
-                       static_cast<long long>(s.n_ctx), static_cast<long long>(n), n == 1 ? " was" : "s were");
         if (r.stop_reason == "interrupted")
           std::fputs("note: reply interrupted (Ctrl-C); it stays in the conversation as far as it went\n", stderr);
         if (r.stop_reason == "context")

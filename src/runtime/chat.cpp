@@ -319,6 +319,18 @@ GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOpt
     // never the system prompt or this turn.
     const int64_t room = std::min<int64_t>(std::max(o.n_new, 1), std::max<int64_t>(session_.n_ctx / 4, 1));
     const size_t first = !messages_.empty() && messages_[0]["role"] == "system" ? 1 : 0;
+    if (static_cast<int64_t>(ids.size()) + room > session_.n_ctx && messages_.size() > first + 1) {
+      // the system prompt and this turn alone first: when they do not fit, no dropping helps (and
+      // each drop renders the conversation again: new-user trial 55, a 1 MB line after 250 turns)
+      nlohmann::ordered_json alone = nlohmann::ordered_json::array();
+      if (first) alone.push_back(messages_[0]);
+      alone.push_back(messages_.back());
+      const std::string r1 = render_chat_template(template_, alone, chat_options_for(session_.model, *session_.tokenizer));
+      const size_t n = session_.tokenizer->encode(r1, /*add_bos=*/false, /*parse_special=*/true).size();
+      if (static_cast<int64_t>(n) > session_.n_ctx)
+        fail("the conversation with this turn is {} tokens, more than the context ({}); use a shorter message or a larger -c",
+             ids.size(), session_.n_ctx);
+    }
     while (static_cast<int64_t>(ids.size()) + room > session_.n_ctx && messages_.size() > first + 1) {
       size_t end = first + 1;
       while (end + 1 < messages_.size() && messages_[end]["role"] != "user") ++end;
@@ -329,6 +341,7 @@ GenerateResult ChatConversation::reply(const std::string& user_text, GenerateOpt
     if (static_cast<int64_t>(ids.size()) > session_.n_ctx)
       fail("the conversation with this turn is {} tokens, more than the context ({}); use a shorter message or a larger -c",
            ids.size(), session_.n_ctx);
+    if (dropped_ > 0 && on_drop) on_drop(dropped_);  // before the reply streams
     const bool extends = cached_.size() < ids.size() && std::equal(cached_.begin(), cached_.end(), ids.begin()) &&
                          static_cast<int64_t>(cached_.size()) == session_.n_past;
     if (!extends) {

@@ -86,6 +86,8 @@ class ChatConversation {
   const nlohmann::ordered_json& messages() const { return messages_; }
   // Messages the latest reply() dropped to fit the context (0: none).
   int64_t dropped_messages() const { return dropped_; }
+  // Called with that count when reply() drops messages, before the reply streams (chat's note).
+  std::function<void(int64_t)> on_drop;
   // Starts a new conversation: every turn but the system prompt is dropped, and the KV cache with them.
   void reset();
 

@@ -247,13 +247,9 @@ std::vector<std::vector<float>> EmbedBatcher::embed(std::span<const std::vector<
       batch.swap(waiting_);
       for (Call* c : batch) c->taken = true;
       busy_ = true;
-      lock.unlock();
-      run(batch);
-      lock.lock();
-      busy_ = false;
       ++stats_.batches;
-      stats_.calls += batch.size();
-      for (Call* c : batch) c->done = true;
+      lock.unlock();
+      run(batch, &call, lock);  // returns with the lock held, busy_ false
       cv_.notify_all();
       continue;
     }
@@ -271,14 +267,54 @@ std::vector<std::vector<float>> EmbedBatcher::embed(std::span<const std::vector<
   return std::move(call.vectors);
 }
 
-void EmbedBatcher::run(std::vector<Call*>& batch) {
+void EmbedBatcher::run(std::vector<Call*>& batch, Call* own, std::unique_lock<std::mutex>& lock) {
+  // Smallest calls first, in parts of about one step's rows: a short request's vectors come back
+  // after the first part, not after a long request in the same batch (new-user trial 55: a short
+  // request waited for a long one past both deadlines). Once this thread's own call is done, the
+  // calls not started go back to the front of the queue for the next thread to run.
+  std::stable_sort(batch.begin(), batch.end(), [](const Call* a, const Call* b) {
+    auto rows = [](const Call* c) {
+      size_t n = 0;
+      for (const auto& in : c->inputs) n += in.size();
+      return n;
+    };
+    return rows(a) < rows(b);
+  });
+  const int64_t part_rows = std::max<int64_t>(backend_.kv_pool_blocks() > 0 ? backend_.max_batch_rows() : 1, 1);
+  size_t next = 0;
+  while (next < batch.size()) {
+    std::vector<Call*> part;
+    int64_t rows = 0;
+    while (next < batch.size()) {
+      int64_t n = 0;
+      for (const auto& in : batch[next]->inputs) n += static_cast<int64_t>(in.size());
+      if (!part.empty() && rows + n > part_rows) break;
+      part.push_back(batch[next++]);
+      rows += n;
+    }
+    run_part(part);
+    lock.lock();
+    stats_.calls += part.size();
+    for (Call* c : part) c->done = true;
+    cv_.notify_all();
+    if (own->done && next < batch.size()) {  // the rest to another thread
+      for (size_t k = next; k < batch.size(); ++k) batch[k]->taken = false;
+      waiting_.insert(waiting_.begin(), batch.begin() + static_cast<std::ptrdiff_t>(next), batch.end());
+      break;
+    }
+    if (next < batch.size()) lock.unlock();
+  }
+  busy_ = false;
+}
+
+void EmbedBatcher::run_part(std::vector<Call*>& batch) {
   // The calls' inputs in order, each vector shaped (dimensions, normalization) for its own call.
   std::vector<std::vector<int32_t>> all;
   for (Call* c : batch) all.insert(all.end(), c->inputs.begin(), c->inputs.end());
   EmbedOptions o;
   o.pooling = pooling_;
   o.normalize = false;
-  o.before_step = [&] {  // each call's check; the batch stops when none is left wanting it
+  o.before_step = [&] {  // each call's check; the part stops when none is left wanting it
     bool wanted = false;
     for (Call* c : batch) {
       if (!c->error && c->check) {

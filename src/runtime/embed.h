@@ -61,10 +61,11 @@ std::vector<std::vector<float>> embed(Backend& backend, int64_t n_embd, int64_t 
 class EmbedBatcher {
  public:
   EmbedBatcher(Backend& backend, int64_t n_embd, int64_t n_ctx, int64_t n_vocab, Pooling pooling);
-  // Blocks until this call's vectors are ready. `check` (may be empty) runs while the call waits and
-  // before each step of its batch; what it throws ends the call with that exception (waiting: at
-  // once; in a batch: when the batch ends, or at once when it ends every call of the batch, which
-  // then stops). A batch that fails with mk::Error (a hidden state that overflowed) is run again
+  // Blocks until this call's vectors are ready. A batch runs its calls smallest first, in parts of
+  // about one step's rows, and a call returns when its part is done (the thread running the batch
+  // hands the rest on once its own call is done). `check` (may be empty) runs while the call waits
+  // and before each step of its part; what it throws ends the call with that exception (waiting: at
+  // once; in a part: when the part ends, or at once when it ends every call of the part). A batch that fails with mk::Error (a hidden state that overflowed) is run again
   // call by call, so each call gets its own vectors or its own error (naming its own input index).
   std::vector<std::vector<float>> embed(std::span<const std::vector<int32_t>> inputs, int64_t dimensions, bool normalize,
                                         const std::function<void()>& check = {});
@@ -75,7 +76,10 @@ class EmbedBatcher {
 
  private:
   struct Call;
-  void run(std::vector<Call*>& batch);
+  // Runs `batch` (taken from the queue by the thread whose call is `own`) in parts, smallest calls
+  // first; called and returning with busy_ set, the lock released on entry and held on return.
+  void run(std::vector<Call*>& batch, Call* own, std::unique_lock<std::mutex>& lock);
+  void run_part(std::vector<Call*>& batch);
   Backend& backend_;
   int64_t n_embd_, n_ctx_, n_vocab_;
   Pooling pooling_;

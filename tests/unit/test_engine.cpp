@@ -1562,5 +1562,63 @@ TEST(EngineEmbedBatcher, ConcurrentCallsAreBatchedAndGiveTheirVectorsAlone) {
   EXPECT_LT(st.batches, static_cast<uint64_t>(n_calls));
 }
 
+// A batch runs its calls smallest first and a call returns when its own part is done: a short
+// request batched with a long one is answered first, and the long one ending (its check throws, as
+// a --timeout does) does not end the short one (new-user trial 55: both got 408).
+TEST(EngineEmbedBatcher, ShortCallsReturnFirstAndOutliveALongOnesError) {
+  ModelFile m = load_model(std::string(MK_SHARED_DIR) + "/models/stories260K/stories260K.gguf");
+  BuildOptions bo{64, false};
+  bo.embeddings = true;
+  bo.kv_pool_tokens = 2 * 64;
+  Graph g = build_graph(m, bo);
+  BackendOptions o;
+  o.threads = 2;
+  auto backend = make_backend("cpu", g, m, o);
+  const Hparams hp = read_hparams(m);
+  std::vector<std::vector<int32_t>> big, small = {{5, 6, 7}}, gate = {{9}};
+  for (int k = 0; k < 6; ++k) big.push_back(std::vector<int32_t>(60, 11 + k));
+  EmbedOptions eo;
+  eo.pooling = Pooling::mean;
+  const auto small_alone = embed(*backend, hp.n_embd, 64, hp.n_vocab, small, eo);
+  EmbedBatcher batcher(*backend, hp.n_embd, 64, hp.n_vocab, Pooling::mean);
+  std::atomic<int> queued{0}, order{0};
+  std::atomic<bool> gate_done{false};
+  int small_done = -1, big_done = -1;
+  std::vector<std::vector<float>> small_got;
+  bool big_failed = false;
+  std::thread gate_thread([&] {  // its batch holds the backend until the other two wait
+    batcher.embed(gate, 0, true, [&] {
+      while (queued < 2) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    });
+    gate_done = true;
+  });
+  while (batcher.stats().batches < 1) std::this_thread::yield();
+  std::thread big_thread([&] {
+    int steps = 0;
+    ++queued;
+    try {
+      batcher.embed(big, 0, true, [&] {  // counts the steps of its batch (it is also called while it waits)
+        if (!gate_done) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));  // a long request's steps
+        if (++steps > 2) throw std::runtime_error("timed out");
+      });
+    } catch (const std::runtime_error&) {
+      big_failed = true;
+    }
+    big_done = order++;
+  });
+  std::thread small_thread([&] {
+    ++queued;
+    small_got = batcher.embed(small, 0, true, {});
+    small_done = order++;
+  });
+  for (auto* t : {&gate_thread, &big_thread, &small_thread}) t->join();
+  EXPECT_EQ(small_got, small_alone);
+  EXPECT_TRUE(big_failed);
+  EXPECT_LT(small_done, big_done);
+  EXPECT_EQ(batcher.stats().calls, 3u);
+}
+
 }  // namespace
 }  // namespace mk
