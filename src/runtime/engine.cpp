@@ -685,11 +685,14 @@ void Engine::run_batch(std::vector<Seq*>& seqs, const std::vector<int64_t>& rows
     if (!s->finished && s->max_tokens == 0 && s->n_computed >= s->n_prompt) finish(*s, FinishReason::length);
 }
 
-// Keys every block of s whose rows all hold KV now, so that later requests can share its prefix.
+// Keys every block of s whose rows all hold KV now, so that later requests can share its prefix: as
+// far as s.tokens goes (the rows of accepted drafts hold tokens emit() adds after this; their blocks
+// are keyed at the next step).
 void Engine::key_full_blocks(Seq& s) {
   const int64_t bs = blocks_.block_size();
+  const int64_t known = std::min<int64_t>(s.n_computed, static_cast<int64_t>(s.tokens.size()));
   std::lock_guard lock(mu_);  // the pool's bookkeeping changes under mu_
-  for (; (s.n_keyed + 1) * bs <= s.n_computed; ++s.n_keyed)
+  for (; (s.n_keyed + 1) * bs <= known; ++s.n_keyed)
     s.prefix_key = blocks_.add_key(s.blocks[static_cast<size_t>(s.n_keyed)], s.prefix_key,
                                    std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.n_keyed * bs),
                                                                               static_cast<size_t>(bs)));
