@@ -213,7 +213,7 @@ void Session::reset() {
   n_past = 0;
 }
 
-std::string draft_unused_reason(const Session& s, const GenerateOptions& o) {  // (generate's `greedy`, on a paged cache)
+std::string draft_unused_reason(const Session& s, const GenerateOptions& o) {
   if (o.draft <= 0) return "";
   if (o.json) return "a JSON reply is drawn token by token from the tokens that continue it";
   if (s.backend->kv_pool_blocks() <= 0) return fmt::format("backend '{}' has no paged KV cache", s.backend->name());

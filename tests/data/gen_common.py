@@ -105,6 +105,16 @@ def quantized_llama_fixture(here, out_name, dims, weight_seed, prompt_seed, ftyp
     print("wrote", out, sorted(set(types.values())), "argmax", logits.argmax(-1).tolist())
 
 
+def gguf_tensor_name(name, top, parts):
+    """An HF tensor name as llama.cpp's converter writes it: `top` maps whole names (embeddings, final
+    norm, classifier), `parts` the middle of a layer's name (<prefix>.<layers>.N.<part>.<weight|bias>)."""
+    if name in top:
+        return top[name]
+    _, _, il, rest = name.split(".", 3)
+    part, kind = rest.rsplit(".", 1)
+    return f"blk.{il}.{parts[part]}.{kind}"
+
+
 def write_safetensors(path, tensors):
     """One safetensors file of f32 tensors, in the dict's order, header padded to 8 bytes."""
     header, offset, blobs = {}, 0, []

@@ -19,7 +19,7 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from gen_common import add_placeholder_vocab, finish_gguf, write_expected, write_hf as write_hf_dir  # noqa: E402
+from gen_common import add_placeholder_vocab, finish_gguf, gguf_tensor_name, write_expected, write_hf as write_hf_dir  # noqa: E402
 
 N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_CTX_TRAIN, EPS = 128, 48, 2, 4, 64, 1e-5
 PROMPT = [int(x) for x in np.random.default_rng(12).integers(3, N_VOCAB, size=24)]
@@ -55,11 +55,7 @@ GGUF_TOP = {"transformer.wte.weight": "token_embd.weight", "transformer.wpe.weig
 
 
 def gguf_name(name):
-    if name in GGUF_TOP:
-        return GGUF_TOP[name]
-    _, _, il, rest = name.split(".", 3)
-    part, kind = rest.rsplit(".", 1)
-    return f"blk.{il}.{GGUF_PARTS[part]}.{kind}"
+    return gguf_tensor_name(name, GGUF_TOP, GGUF_PARTS)
 
 
 def write_gguf(path):

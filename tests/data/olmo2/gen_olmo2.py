@@ -19,7 +19,7 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from gen_common import add_placeholder_vocab, finish_gguf, write_expected, write_hf as write_hf_dir  # noqa: E402
+from gen_common import add_placeholder_vocab, finish_gguf, gguf_tensor_name, write_expected, write_hf as write_hf_dir  # noqa: E402
 
 N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 128, 64, 4, 4, 2, 16, 128
 N_CTX_TRAIN, EPS, THETA = 64, 1e-6, 10000.0
@@ -59,10 +59,7 @@ GGUF_PARTS = {
 
 
 def gguf_name(name):
-    if name in GGUF_TOP:
-        return GGUF_TOP[name]
-    _, _, il, rest = name.split(".", 3)
-    return f"blk.{il}.{GGUF_PARTS[rest.rsplit('.', 1)[0]]}.weight"
+    return gguf_tensor_name(name, GGUF_TOP, GGUF_PARTS)
 
 
 def write_gguf(path):

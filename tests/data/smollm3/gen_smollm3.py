@@ -21,7 +21,7 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from gen_common import add_placeholder_vocab, finish_gguf, write_expected, write_hf as write_hf_dir  # noqa: E402
+from gen_common import add_placeholder_vocab, finish_gguf, gguf_tensor_name, write_expected, write_hf as write_hf_dir  # noqa: E402
 
 N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 128, 64, 8, 4, 2, 16, 128
 N_CTX_TRAIN, EPS, THETA = 64, 1e-6, 10000.0
@@ -55,12 +55,7 @@ GGUF_PARTS = {
 
 
 def gguf_name(name):
-    if name == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if name == "model.norm.weight":
-        return "output_norm.weight"
-    _, _, il, rest = name.split(".", 3)
-    return f"blk.{il}.{GGUF_PARTS[rest.rsplit('.', 1)[0]]}.weight"
+    return gguf_tensor_name(name, {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}, GGUF_PARTS)
 
 
 def permute(w, n_head):
