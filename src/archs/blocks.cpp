@@ -82,6 +82,36 @@ class DecoderBuilder {
     return g_.add(Op::rope, {x, pos}, a, name);
   }
 
+  Op ffn_act() const {
+    return s_.ffn_act == "silu" ? Op::silu : s_.ffn_act == "gelu" ? Op::gelu : s_.ffn_act == "gelu_tanh" ? Op::gelu_tanh
+                                                                                                     : (fail("unknown activation {}", s_.ffn_act), Op::silu);
+  }
+
+  int ffn(int h, const std::string& b) {
+    const int64_t n_embd = hp_.n_embd;
+    int up = linear(h, b + ".ffn_up", hp_.n_ff, n_embd, b + ".ffn_up");
+    int act_in = up;
+    if (s_.ffn_gated) act_in = linear(h, b + ".ffn_gate", hp_.n_ff, n_embd, b + ".ffn_gate");
+    int m = g_.add(ffn_act(), {act_in}, {}, b + ".ffn_act");
+    if (s_.ffn_gated) m = g_.add(Op::mul, {m, up}, {}, b + ".ffn_gated");
+    return linear(m, b + ".ffn_down", n_embd, hp_.n_ff, b + ".ffn_down");
+  }
+
+  // DecoderSpec::n_expert: router, the selected experts' gated FFNs side by side ([rows, k n_ff_exp]),
+  // then their weighted sum (ir/ops.def moe_route, moe_matmul).
+  int moe_ffn(int h, const std::string& b) {
+    const int64_t n_embd = hp_.n_embd, E = s_.n_expert, F = s_.n_ff_exp;
+    if (!s_.ffn_gated) fail("{}: mixture of experts without a gated FFN is not supported", m_.path);
+    int logits = g_.add(Op::matmul, {h, weight(b + ".ffn_gate_inp.weight", {E, n_embd})}, {}, b + ".ffn_router");
+    int route = g_.add(Op::moe_route, {logits}, {{"k", s_.n_expert_used}, {"norm", int64_t{s_.moe_norm ? 1 : 0}}}, b + ".ffn_route");
+    int up = g_.add(Op::moe_matmul, {h, weight(b + ".ffn_up_exps.weight", {E, F, n_embd}), route}, {{"reduce", int64_t{0}}}, b + ".ffn_up_exps");
+    int gate = g_.add(Op::moe_matmul, {h, weight(b + ".ffn_gate_exps.weight", {E, F, n_embd}), route}, {{"reduce", int64_t{0}}},
+                      b + ".ffn_gate_exps");
+    int m = g_.add(Op::mul, {g_.add(ffn_act(), {gate}, {}, b + ".ffn_act"), up}, {}, b + ".ffn_gated");
+    return g_.add(Op::moe_matmul, {m, weight(b + ".ffn_down_exps.weight", {E, n_embd, F}), route}, {{"reduce", int64_t{1}}},
+                  b + ".ffn_down_exps");
+  }
+
   Graph build() {
     // Every hyperparameter within its range (model/hparams.h) before any product is formed; the
     // ranges keep q_dim, kv_dim and the KV cache size far inside int64.
@@ -91,6 +121,13 @@ class DecoderBuilder {
                                   {"head_dim", hp_.head_dim}, {"n_ff", hp_.n_ff}, {"n_rot", std::max<int64_t>(0, s_.n_rot)}})
       checked_hparam(term, v, where + std::string(term));
     checked_hparam("n_ctx", s_.n_ctx, where + "context length");
+    if (s_.n_expert > 0) {
+      checked_hparam("n_expert", s_.n_expert, where + "expert count");
+      checked_hparam("n_expert_used", s_.n_expert_used, where + "experts used per token");
+      checked_hparam("n_ff", s_.n_ff_exp, where + "expert feed-forward length");
+      if (s_.n_expert_used > s_.n_expert)
+        fail("{}: {} experts used per token, but the model has {}", m_.path, s_.n_expert_used, s_.n_expert);
+    }
     if (s_.learned_positions) checked_hparam("n_ctx", hp_.n_ctx_train, where + "n_ctx_train");
     const int64_t n_embd = hp_.n_embd, hd = hp_.head_dim, q_dim = hp_.n_head * hd, kv_dim = hp_.n_head_kv * hd;
     if (hp_.n_head % hp_.n_head_kv) fail("{}: n_head {} is not a multiple of n_head_kv {}", m_.path, hp_.n_head, hp_.n_head_kv);
@@ -176,14 +213,7 @@ class DecoderBuilder {
         x = g_.add(Op::add, {x, o}, {}, b + ".attn_residual");
         h = s_.pre_norms ? norm(x, b + ".ffn_norm", n_embd, b + ".ffn_norm") : x;
       }
-      int up = linear(h, b + ".ffn_up", hp_.n_ff, n_embd, b + ".ffn_up");
-      int act_in = up;
-      if (s_.ffn_gated) act_in = linear(h, b + ".ffn_gate", hp_.n_ff, n_embd, b + ".ffn_gate");
-      Op act = s_.ffn_act == "silu" ? Op::silu : s_.ffn_act == "gelu" ? Op::gelu : s_.ffn_act == "gelu_tanh" ? Op::gelu_tanh
-                                                                                                              : (fail("unknown activation {}", s_.ffn_act), Op::silu);
-      int m = g_.add(act, {act_in}, {}, b + ".ffn_act");
-      if (s_.ffn_gated) m = g_.add(Op::mul, {m, up}, {}, b + ".ffn_gated");
-      int d = linear(m, b + ".ffn_down", n_embd, hp_.n_ff, b + ".ffn_down");
+      int d = s_.n_expert > 0 ? moe_ffn(h, b) : ffn(h, b);
       if (s_.post_norms) d = norm(d, b + ".post_ffw_norm", n_embd, b + ".ffn_post_norm");
       if (s_.residual_scale != 1.0) d = g_.add(Op::scale, {d}, {{"s", s_.residual_scale}}, b + ".ffn_out_scaled");
       if (s_.parallel_residual)  // (attention + FFN) + x, llama.cpp's order

@@ -55,6 +55,14 @@ struct DecoderSpec {
   // SmolLM3: layers whose attention takes no RoPE (nope_layers[il] true; "NoPE"); empty = none.
   std::vector<bool> nope_layers;
 
+  // Mixture of experts (llama.cpp build_moe_ffn with softmax gating; Mixtral, Qwen3-MoE): n_expert > 0
+  // replaces each layer's FFN: the router ffn_gate_inp [n_expert, n_embd] picks the n_expert_used
+  // experts of highest softmax probability per row, each a gated FFN of ffn_gate_exps / ffn_up_exps
+  // [n_expert, n_ff_exp, n_embd] and ffn_down_exps [n_expert, n_embd, n_ff_exp], their outputs added
+  // weighted by the probabilities (moe_norm: divided by the selected ones' sum first).
+  int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+  bool moe_norm = true;
+
   bool qk_norm = false;                // Qwen3: RMSNorm over each head of q and k
   bool qk_norm_full = false;           // OLMo 2: ... over the whole q and k projections instead
   bool pre_norms = true;               // OLMo 2: false: no attn_norm / ffn_norm (post_norms alone)

@@ -16,6 +16,11 @@ namespace mk {
 // `<arch>.rope.scaling.attn_factor` becomes DecoderSpec::rope_attn_factor.
 DecoderSpec gguf_decoder_spec(const ModelFile& m, const BuildOptions& o, const char* rope_mode);
 
+// Mixture of experts from `<arch>.expert_count` (0 or absent: none), `.expert_used_count` and
+// `.expert_feed_forward_length` (default: feed_forward_length) into s (DecoderSpec::n_expert ..),
+// with moe_norm = norm (llama.cpp's norm_w for the family). Errors name the key.
+void gguf_read_moe(const ModelFile& m, DecoderSpec& s, bool norm);
+
 // The factors of an f32[n_rot / 2] tensor (rope_freqs.weight, rope_factors_long/short.weight);
 // throws mk::Error naming the tensor when it is absent, of another type or shape, or not positive.
 std::vector<double> gguf_rope_factors(const ModelFile& m, const std::string& name, int64_t n_rot);

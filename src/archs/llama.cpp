@@ -48,6 +48,9 @@ const FamilyKeys kFamilyKeys[] = {
     {"starcoder2", {"attention.layer_norm_epsilon"}},
     {"stablelm", {"attention.layer_norm_epsilon", "use_parallel_residual"}},
     {"granite", {"attention.scale", "embedding_scale", "residual_scale", "logit_scale"}},
+    // Mixture of experts (gguf_read_moe); other families take expert_count 0 only (kNeutralKeys).
+    {"llama", {"expert_count", "expert_used_count", "expert_feed_forward_length"}},
+    {"qwen3moe", {"expert_count", "expert_used_count", "expert_feed_forward_length"}},
 };
 
 // Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).
@@ -243,8 +246,30 @@ void gguf_require_qkv_bias(const ModelFile& m, const DecoderSpec& s) {
   }
 }
 
+void gguf_read_moe(const ModelFile& m, DecoderSpec& s, bool norm) {
+  const std::string& a = s.hp.arch;
+  const std::string count_key = a + ".expert_count", used_key = a + ".expert_used_count";
+  const int64_t n_expert = m.has(count_key) ? m.get_int(count_key) : 0;
+  if (n_expert == 0) {
+    if (m.has(used_key) && m.get_int(used_key) != 0)
+      fail("{}: {} = {} without experts ({} is 0 or absent)", m.path, used_key, m.get_int(used_key), count_key);
+    return;
+  }
+  s.n_expert = checked_hparam("n_expert", n_expert, m.path + ": " + count_key);
+  s.n_expert_used = checked_hparam("n_expert_used", m.get_int(used_key), m.path + ": " + used_key);
+  if (s.n_expert_used > s.n_expert)
+    fail("{}: {} = {} exceeds {} = {}", m.path, used_key, s.n_expert_used, count_key, s.n_expert);
+  const std::string ff_key = a + ".expert_feed_forward_length";
+  s.n_ff_exp = checked_hparam("n_ff", m.has(ff_key) ? m.get_int(ff_key) : s.hp.n_ff, m.path + ": " + ff_key);
+  s.moe_norm = norm;
+}
+
+// Mixtral is a llama GGUF with experts (llama.cpp LLM_ARCH_LLAMA: build_moe_ffn with the weights
+// normalised).
 Graph build_gguf_llama(const ModelFile& m, const BuildOptions& o) {
-  return build_decoder(m, gguf_decoder_spec(m, o, "adjacent"));
+  DecoderSpec s = gguf_decoder_spec(m, o, "adjacent");
+  gguf_read_moe(m, s, true);
+  return build_decoder(m, s);
 }
 
 }  // namespace mk

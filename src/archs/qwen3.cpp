@@ -22,4 +22,16 @@ Graph build_gguf_qwen3(const ModelFile& m, const BuildOptions& o) {
   return build_decoder(m, s);
 }
 
+// GGUF "qwen3moe" (Qwen3-30B-A3B, ...): qwen3's attention, every layer's FFN a mixture of experts
+// (expert_count, expert_used_count, expert_feed_forward_length; llama.cpp LLM_ARCH_QWEN3MOE:
+// softmax gating, the selected weights normalised).
+Graph build_gguf_qwen3moe(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s = gguf_decoder_spec(m, o, "halves");
+  s.qk_norm = true;
+  gguf_require_per_layer(m, s, {"attn_q_norm.weight", "attn_k_norm.weight"});
+  gguf_read_moe(m, s, true);
+  if (s.n_expert == 0) fail("{}: qwen3moe.expert_count is missing or 0", m.path);
+  return build_decoder(m, s);
+}
+
 }  // namespace mk

@@ -20,6 +20,7 @@ const ArchEntry kArchs[] = {
     {"gguf", "llama", read_gguf_llama_hparams, build_gguf_llama},
     {"gguf", "qwen2", read_gguf_llama_hparams, build_gguf_qwen2},
     {"gguf", "qwen3", read_gguf_llama_hparams, build_gguf_qwen3},
+    {"gguf", "qwen3moe", read_gguf_llama_hparams, build_gguf_qwen3moe},
     {"gguf", "gemma", read_gguf_llama_hparams, build_gguf_gemma},
     {"gguf", "phi3", read_gguf_llama_hparams, build_gguf_phi3},
     {"gguf", "gemma2", read_gguf_llama_hparams, build_gguf_gemma2},

@@ -12,6 +12,7 @@ Hparams read_gguf_layer_norm_hparams(const ModelFile& m);
 Graph build_gguf_llama(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_qwen2(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_qwen3(const ModelFile& m, const BuildOptions& o);
+Graph build_gguf_qwen3moe(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_gemma(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_phi3(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_gemma2(const ModelFile& m, const BuildOptions& o);

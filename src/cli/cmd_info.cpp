@@ -28,6 +28,8 @@ void print_positions_and_attention(const ModelFile& m, const Hparams& hp) {
   int64_t window = 0;
   double scale = 0, attn_cap = 0, logit_cap = 0, embed_scale = 0, residual_scale = 0, logit_scale = 0;
   bool logit_bias = false;
+  int64_t n_moe = 0, moe_used = 0, n_expert = 0, n_ff_exp = 0;
+  bool moe_norm = false;
   std::vector<bool> roped(static_cast<size_t>(hp.n_layer), false);
   for (const auto& n : g.nodes) {
     // Granite's multipliers, Phi-2's parallel residuals and classifier bias (archs/blocks.cpp names)
@@ -47,6 +49,16 @@ void print_positions_and_attention(const ModelFile& m, const Hparams& hp) {
       if (n.attrs.count("window")) ++n_window, window = n.attr_int("window");
     }
     if (n.op == Op::softcap) logit_cap = n.attr_float("cap");
+    if (n.op == Op::moe_route) {
+      ++n_moe;
+      moe_used = n.attr_int("k");
+      moe_norm = n.attr_int("norm", 1) != 0;
+    }
+    if (n.op == Op::moe_matmul && n.attr_int("reduce", 0) != 0) {
+      const Node& w = g[n.inputs[1]];
+      n_expert = w.shape[0].c;
+      n_ff_exp = w.shape[2].c;
+    }
     const bool q_rope = n.name.size() > 7 && n.name.compare(n.name.size() - 7, 7, ".q_rope") == 0;
     if (!q_rope) continue;
     std::string d = fmt::format("{}, n_rot {}, theta {}", n.attr_str("mode"), n.attr_int("n_rot"), value(n.attrs.at("theta")));
@@ -75,6 +87,9 @@ void print_positions_and_attention(const ModelFile& m, const Hparams& hp) {
   if (attn_cap > 0) attn += fmt::format(", scores soft-capped at {:g}", attn_cap);
   std::printf("attention:    %s\n", attn.c_str());
   if (n_parallel > 0) std::printf("layers:       attention and feed-forward in parallel on one norm\n");
+  if (n_moe > 0)
+    std::printf("experts:      %s\n", fmt::format("{} per layer in {} of {} layers, {} used per token (weights {}), n_ff_exp {}", n_expert,
+                                                  n_moe, hp.n_layer, moe_used, moe_norm ? "normalised" : "as routed", n_ff_exp).c_str());
   if (embed_scale > 0) std::printf("embeddings:   scaled by %s\n", fmt::format("{:g}", embed_scale).c_str());
   if (residual_scale > 0) std::printf("residuals:    attention and feed-forward outputs scaled by %s\n", fmt::format("{:g}", residual_scale).c_str());
   std::string logits;

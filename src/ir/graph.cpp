@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ir/fused.h"
+#include "ir/ops.h"
 #include "ir/topk.h"
 #include "support/error.h"
 
@@ -272,6 +273,36 @@ void infer_node(const Graph& g, Node& n) {
         y = c.shape;
       }
       n.shape = y;
+      n.dtype = DType::F32;
+      return;
+    }
+    case Op::moe_route: {
+      const Node& x = in(0);
+      need_rank(x, 2, "logits");
+      need_f32(x, "logits");
+      const int64_t k = n.attr_int("k");
+      n.attr_int("norm", 1);
+      if (!x.shape[1].is_const() || k < 1 || k > x.shape[1].c || k > kMoeMaxUsed)
+        fail("{}: k = {} experts of {} (1 to min(n_expert, {}))", where(), k, x.shape[1].str(), kMoeMaxUsed);
+      n.shape = {x.shape[0], SymExpr::constant(2 * k)};
+      n.dtype = DType::F32;
+      return;
+    }
+    case Op::moe_matmul: {
+      const Node& x = in(0);
+      const Node& w = in(1);
+      const Node& route = in(2);
+      need_rank(x, 2, "x");
+      need_f32(x, "x");
+      need_rank(w, 3, "w");
+      need_rank(route, 2, "route");
+      if (!route.shape[1].is_const() || route.shape[1].c % 2 || route.shape[1].c < 2)
+        fail("{}: route must have 2k columns (moe_route), got {}", where(), route.shape[1].str());
+      need_eq(x.shape[0], route.shape[0], "rows");
+      const int64_t k = route.shape[1].c / 2;
+      const bool reduce = n.attr_int("reduce", 0) != 0;
+      need_eq(x.shape[1], SymExpr::constant(reduce ? k * w.shape[2].c : w.shape[2].c), "inner dimension");
+      n.shape = {x.shape[0], SymExpr::constant(reduce ? w.shape[1].c : k * w.shape[1].c)};
       n.dtype = DType::F32;
       return;
     }

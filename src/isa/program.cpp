@@ -106,6 +106,9 @@ std::string Program::op_str(int i) const {
     s += fmt::format(" n_head={} n_head_kv={} head_dim={}", o.n_head, o.n_head_kv, o.head_dim);
   if (o.opcode == Opcode::attention_partial || o.opcode == Opcode::attention_combine)
     s += fmt::format(" attn_splits={}", o.attn_splits);
+  if (o.opcode == Opcode::moe_route) s += fmt::format(" n_expert={} k={} norm={}", o.n_expert, o.n_expert_used, o.moe_norm ? 1 : 0);
+  if (o.opcode == Opcode::moe_matmul)
+    s += fmt::format(" n_expert={} k={} {}", o.n_expert, o.n_expert_used, o.moe_reduce ? "reduce" : "expand");
   if (!o.inv_freq.empty())
     s += fmt::format(" rope(head_dim={}, n_rot={}, {}, theta={})", o.head_dim, o.n_rot,
                      o.rope_halves ? "halves" : "adjacent", o.theta);
@@ -294,6 +297,12 @@ std::vector<Access> instr_accesses(const Program& p, const Instr& in) {
       read(o.x, zero, p.buffers.at(static_cast<size_t>(o.x)).rows, in.c0, in.c1);
       write(o.out, zero, R, in.c0, in.c1);
       break;
+    case Opcode::moe_matmul:  // all of x's row, the route rows
+      read(o.x, zero, R, 0, o.k);
+      read(o.y, zero, R, 0, 2 * o.n_expert_used);
+      write(o.out, zero, R, in.c0, in.c1);
+      break;
+    case Opcode::moe_route:
     case Opcode::argmax:  // whole rows of x
     case Opcode::topk:
       read(o.x, zero, R, 0, o.k);

@@ -99,6 +99,11 @@ struct OpDesc {
   double theta = 0;              // for listings; the numerics use inv_freq
   std::vector<double> inv_freq;  // RoPE inverse frequencies, n_rot / 2 of them
   int64_t tile_cols = 0;         // the tile width the tiling pass chose
+  // Mixture of experts: moe_route: n_expert_used = k, moe_norm; moe_matmul: w is [n_expert, n, K]
+  // (n = w_rows), y the route [rows, 2k], `k` x's columns; moe_reduce: x is [rows, k K] and out
+  // [rows, n] the weighted sum over slots, else x is [rows, K], out [rows, k n].
+  int64_t n_expert = 0, n_expert_used = 0, w_rows = 0;
+  bool moe_reduce = false, moe_norm = false;
 };
 
 // Flash-decoding scratch (attention_partial -> attention_combine): per row, per KV group g, per

@@ -10,7 +10,7 @@ namespace mk {
 namespace {
 // Bounds: 4x-1000x the largest released models, small enough that the products in hparams.h fit
 // 64 bits: n_ctx * n_head_kv * head_dim * n_layer * 4 <= 2^22 * 2^10 * 2^12 * 2^10 * 2^2 = 2^56.
-constexpr std::array<std::pair<std::string_view, HparamRange>, 11> kRanges = {{
+constexpr std::array<std::pair<std::string_view, HparamRange>, 12> kRanges = {{
     {"n_vocab", {1, int64_t{1} << 22}},
     {"n_embd", {1, int64_t{1} << 16}},
     {"n_ff", {1, int64_t{1} << 18}},
@@ -21,7 +21,8 @@ constexpr std::array<std::pair<std::string_view, HparamRange>, 11> kRanges = {{
     {"n_ctx", {1, int64_t{1} << 22}},
     {"n_rot", {0, int64_t{1} << 12}},
     {"sliding_window", {0, int64_t{1} << 30}},
-    {"n_expert", {0, 0}},
+    {"n_expert", {0, int64_t{1} << 10}},
+    {"n_expert_used", {1, 32}},  // ir/ops.h kMoeMaxUsed
 }};
 }  // namespace
 

@@ -18,7 +18,7 @@ struct HparamRange {
 };
 
 // The range of a glossary term: n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim,
-// n_ctx (n_ctx_train), n_rot, sliding_window (0 = none), n_expert (0 = none). Unknown terms are
+// n_ctx (n_ctx_train), n_rot, sliding_window (0 = none), n_expert (0 = none), n_expert_used. Unknown terms are
 // an internal error.
 HparamRange hparam_range(std::string_view term);
 

@@ -31,6 +31,13 @@ bool row_inputs(const Graph& g, const Node& n, std::vector<bool>& row_aligned) {
       if (!is_2d_act(n.inputs[0])) return false;
       row_aligned[0] = true;
       return true;
+    case Op::moe_route:
+      if (!is_2d_act(n.inputs[0])) return false;
+      row_aligned[0] = true;
+      return true;
+    case Op::moe_matmul:  // x and the route
+      row_aligned[0] = row_aligned[2] = true;
+      return true;
     case Op::add:
     case Op::mul:
       for (size_t i = 0; i < n.inputs.size(); ++i) row_aligned[i] = is_2d_act(n.inputs[i]);

@@ -170,21 +170,24 @@ class Lowering {
   // Tiles of width `tc` (the last may be narrower) over d.cols.
   // The op's tiles: columns [c0, c0 + tc) for every c0, for each of `row_parts` parts of the rows
   // (part-major: every column tile of part 0, then of part 1, ...).
-  void emit(OpDesc d, int64_t tc, int64_t row_parts = 1) {
+  // With `segment` > 0 no tile crosses a multiple of it (a moe_matmul's expert slots).
+  void emit(OpDesc d, int64_t tc, int64_t row_parts = 1, int64_t segment = 0) {
     tc = std::clamp<int64_t>(tc, 1, d.cols);
     d.tile_cols = tc;
     int op = static_cast<int>(p_.ops.size());
     p_.ops.push_back(d);
     int t = 0;
     for (int64_t part = 0; part < row_parts; ++part)
-      for (int64_t c0 = 0; c0 < d.cols; c0 += tc, ++t) {
+      for (int64_t c0 = 0, c1 = 0; c0 < d.cols; c0 = c1, ++t) {
+        c1 = std::min(d.cols, c0 + tc);
+        if (segment > 0) c1 = std::min(c1, (c0 / segment + 1) * segment);
         Instr in;
         in.opcode = d.opcode;
         in.op = op;
         in.layer = d.layer;
         in.tile = t;
         in.c0 = c0;
-        in.c1 = std::min(d.cols, c0 + tc);
+        in.c1 = c1;
         in.row_part = static_cast<int32_t>(part);
         in.row_parts = static_cast<int32_t>(row_parts);
         p_.instrs.push_back(in);
@@ -272,6 +275,36 @@ class Lowering {
     emit(d, tc);
   }
 
+  // Tiles as a matmul's over one expert's n rows (about tile_bytes of weights, enough tiles for the
+  // workers); expand: the k slots' columns side by side, no tile across two slots.
+  void lower_moe_matmul(const Node& n) {
+    OpDesc d = desc(n, Opcode::moe_matmul);
+    const Node& wn = g_[n.inputs[1]];
+    d.x = buf(n.inputs[0]);
+    d.w = wt(n.inputs[1]);
+    d.y = buf(n.inputs[2]);
+    d.k = g_[n.inputs[0]].shape[1].c;
+    d.n_expert = wn.shape[0].c;
+    d.w_rows = wn.shape[1].c;
+    d.n_expert_used = g_[n.inputs[2]].shape[1].c / 2;
+    d.moe_reduce = n.attr_int("reduce", 0) != 0;
+    d.out = act(n);
+    value_buf_[static_cast<size_t>(n.id)] = d.out;
+    const int64_t K = wn.shape[2].c, nw = d.w_rows;
+    const int64_t align = std::min<int64_t>(16, nw);
+    const double per_col = static_cast<double>(K) * weight_bytes_per_element(wn.dtype);
+    const int64_t by_bytes = static_cast<int64_t>(static_cast<double>(o_.tile_bytes) / std::max(per_col, 1.0));
+    const int64_t want_tiles = static_cast<int64_t>(o_.workers) * o_.tiles_per_worker;
+    const int64_t slots = d.moe_reduce ? 1 : d.n_expert_used;
+    int64_t tc = std::max(align, by_bytes / align * align);
+    tc = std::min(tc, std::max(align, round_up((nw * slots + want_tiles - 1) / want_tiles, align)));
+    if (o_.max_matmul_cols) {
+      const int64_t cap = o_.max_matmul_cols(wn.dtype, K) / align * align;
+      if (cap >= align) tc = std::min(tc, cap);
+    }
+    emit(d, std::min(tc, nw), 1, nw);
+  }
+
   // Flash-decoding splits of attention (CompileOptions::attn_splits): 0 = enough that
   // n_head_kv * S tiles cover the workers; never more than the context has positions.
   int64_t attn_splits(const OpDesc& d) const {
@@ -342,6 +375,20 @@ class Lowering {
       case Op::matmul:
       case Op::fused_matmul:
         lower_matmul(n);
+        return;
+      case Op::moe_route: {  // one tile: n_expert values per row
+        OpDesc d = desc(n, Opcode::moe_route);
+        d.x = buf(in(0));
+        d.k = d.n_expert = g_[in(0)].shape[1].c;
+        d.n_expert_used = d.cols / 2;
+        d.moe_norm = n.attr_int("norm", 1) != 0;
+        d.out = act(n);
+        value_buf_[static_cast<size_t>(n.id)] = d.out;
+        emit(d, d.cols);
+        return;
+      }
+      case Op::moe_matmul:
+        lower_moe_matmul(n);
         return;
       case Op::embed: {
         OpDesc d = desc(n, Opcode::embed);

@@ -73,6 +73,9 @@ class Validator {
       const OpDesc& o = p_.ops[static_cast<size_t>(in.op)];
       if (in.opcode != o.opcode) issue("instruction {}: opcode {} but op{} is {}", i, opcode_name(in.opcode), in.op, opcode_name(o.opcode));
       if (in.c0 < 0 || in.c1 > o.cols || in.c0 >= in.c1) issue("instruction {}: columns [{}, {}) outside op{} ({} columns)", i, in.c0, in.c1, in.op, o.cols);
+      if (in.opcode == Opcode::moe_matmul && !o.moe_reduce && in.c0 < in.c1 &&
+          (o.w_rows <= 0 || in.c0 / o.w_rows != (in.c1 - 1) / o.w_rows))
+        issue("instruction {}: columns [{}, {}) of op{} span two expert slots of {} columns", i, in.c0, in.c1, in.op, o.w_rows);
       if (in.row_parts < 1 || in.row_part < 0 || in.row_part >= in.row_parts)
         issue("instruction {}: row part {} of {}", i, in.row_part, in.row_parts);
       else if (in.row_parts > 1 && in.opcode != Opcode::attention)

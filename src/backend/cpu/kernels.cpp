@@ -396,6 +396,54 @@ void matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     std::memcpy(out + (slot ? slot[r] : r) * oc + in.c0, tile + r * T, static_cast<size_t>(T) * 4);
 }
 
+// Slot j's expert of route row `rt` (moe_route writes whole numbers in [0, n_expert)).
+inline int64_t moe_expert(const float* rt, int64_t j, int64_t n_expert) {
+  const float v = rt[j];
+  return v >= 0 && v < static_cast<float>(n_expert) ? static_cast<int64_t>(v) : 0;
+}
+
+// Floats of scratch moe_matmul uses: a converted weight row, an activation row quantized to 8-bit
+// blocks, the tile's accumulators.
+int64_t moe_scratch_floats(int64_t K, int64_t T) { return MatmulScratch::stride(K) + act_q8_floats(1, K) + T + 64; }
+
+// moe_matmul (isa/instr.def): per row and slot, the expert's weight rows against the row's x (the
+// slot's part of it when reducing) with matmul's per-element arithmetic: act_q8 weights dot 8-bit
+// activation rows (llama.cpp's mul_mat_id quantizes them as mul_mat does), other quantized types
+// dequantize inside the dot, float types convert a row at a time. Reduce: p_j * v added in slot
+// order (llama.cpp: ggml_mul by the weights, then the slots' views added one after another).
+void moe_matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
+  const int64_t k = o.n_expert_used, n = o.w_rows, K = o.moe_reduce ? o.k / k : o.k, T = in.c1 - in.c0;
+  const WeightRef& W = c.w(o.w);
+  const float* x = c.buf(o.x);
+  const float* route = c.buf(o.y);
+  const int64_t xs = c.cols(o.x), rs = c.cols(o.y);
+  float* out = c.buf(o.out);
+  const int64_t oc = c.cols(o.out);
+  float* wtmp = c.scratch;
+  uint8_t* xq = reinterpret_cast<uint8_t*>(c.scratch + MatmulScratch::stride(K));
+  float* acc = c.scratch + MatmulScratch::stride(K) + act_q8_floats(1, K);
+  const int64_t j_fixed = o.moe_reduce ? -1 : in.c0 / n, lc0 = o.moe_reduce ? in.c0 : in.c0 - j_fixed * n;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* rt = route + r * rs;
+    if (o.moe_reduce) std::fill(acc, acc + T, 0.0f);
+    for (int64_t j = o.moe_reduce ? 0 : j_fixed; j < (o.moe_reduce ? k : j_fixed + 1); ++j) {
+      const int64_t e = moe_expert(rt, j, o.n_expert);
+      const float* xr = x + r * xs + (o.moe_reduce ? j * K : 0);
+      if (W.act_q8) W.quant->act->quantize_row(xr, xq, K);
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t row = e * n + lc0 + t;
+        float v;
+        if (W.act_q8) v = W.quant->dot_act(W.data + static_cast<size_t>(row) * W.row_bytes, xq, K);
+        else if (W.quant) v = W.quant->dot(W.data + static_cast<size_t>(row) * W.row_bytes, xr, K);
+        else v = dot(xr, weight_span(W, row, 0, K, wtmp), K);
+        if (o.moe_reduce) acc[t] += v * rt[k + j];
+        else out[r * oc + in.c0 + t] = v;
+      }
+    }
+    if (o.moe_reduce) std::memcpy(out + r * oc + in.c0, acc, static_cast<size_t>(T) * 4);
+  }
+}
+
 // Positions row r attends to: [begin, end) of its sequence (causal: [0, positions[r]]; with a
 // sliding window the last o.window of them). The one place attention and attention_partial take a
 // row's range from.
@@ -950,6 +998,12 @@ size_t scratch_floats(const Program& p) {
       case Opcode::attention:
         n = attn_scratch_floats(p, o);
         break;
+      case Opcode::moe_matmul:
+        n = moe_scratch_floats(o.moe_reduce ? o.k / o.n_expert_used : o.k, o.tile_cols);
+        break;
+      case Opcode::moe_route:
+        n = o.n_expert + 64;
+        break;
       case Opcode::attention_partial:
         n = 2 * (p.n_ctx + 16) + 3 * (o.head_dim + 16);  // scores, pool rows (i32), accumulator, f16 query, f16 row
         break;
@@ -1087,6 +1141,16 @@ void execute(const Program& p, const Instr& in, const StepMemory& m, float* scra
     case Opcode::matmul:
       matmul(c, o, in, R);
       return;
+    case Opcode::moe_matmul:
+      moe_matmul(c, o, in, R);
+      return;
+    case Opcode::moe_route: {
+      const float* x = c.buf(o.x);
+      float* out = c.buf(o.out);
+      const int64_t xs = c.cols(o.x), os = c.cols(o.out);
+      for (int64_t r = 0; r < R; ++r) moe_route_row(x + r * xs, o.n_expert, o.n_expert_used, o.moe_norm, scratch, out + r * os);
+      return;
+    }
     case Opcode::attention:
       attention(c, o, in, R);
       return;

@@ -179,6 +179,8 @@ class Generator {
       case Opcode::last_row: return fmt::format("mk_last_row<MkC{}>(in, a, s, smem)", f);
       case Opcode::argmax: return fmt::format("mk_argmax<MkC{}>(in, a, s, smem)", f);
       case Opcode::topk: return fmt::format("mk_topk<MkC{}>(in, a, s, smem)", f);
+      case Opcode::moe_route: return fmt::format("mk_moe_route<MkC{}>(in, a, s, smem)", f);
+      case Opcode::moe_matmul: return fmt::format("mk_moe_matmul<MkC{}>(in, a, s, smem)", f);
       default: return fmt::format("mk_eltwise<MkC{}>(in, a, s, smem)", f);
     }
   }
@@ -264,6 +266,33 @@ class Generator {
         *smem_floats = static_cast<size_t>(rb * (XK + T)) + 4 + red;
         break;
       }
+      case Opcode::moe_matmul: {  // mk_matmul_cols' config for one row at a time, plus the experts
+        const int64_t K = op.moe_reduce ? op.k / std::max<int64_t>(1, op.n_expert_used) : op.k, T = op.tile_cols;
+        if (K <= 0 || T <= 0 || op.n_expert_used < 1 || op.w_rows <= 0)
+          fail("cuda codegen: {}: bad moe_matmul shape (k {}, tile {}, experts used {})", op.name, K, T, op.n_expert_used);
+        const int64_t XK = staged_row(op.w, K);
+        if (XK + 2 * T + 4 + static_cast<int64_t>(red) > o_.max_smem_bytes / 4)
+          fail("cuda codegen: {}: a tile of {} columns with rows of k = {} needs more than the {} bytes of shared memory per block",
+               op.name, T, K, o_.max_smem_bytes);
+        b += fmt::format("  using W = {};\n  using NormW = MkF32;\n", wtype(op.w, op));
+        b += fmt::format("  static constexpr int K = {}, T = {}, RB = 1, XS = {}, OS = {}, RS = 0, XK = {};\n", K, T, stride(op.x),
+                         stride(op.out), XK);
+        b += fmt::format("  static constexpr long long WRS = {};\n", wrs(op.w, K, op));
+        b += fmt::format("  static constexpr bool VEC = {}, XVEC = false, PRO_RMS = false, ADD = false, ROPE = false, STORE = false;\n",
+                         K % 8 == 0 ? "true" : "false");
+        b += "  static constexpr int GLU = 0, NSS = 0, SSS = 0;\n  static constexpr double EPS = 0, WOFF = 0;\n";
+        b += fmt::format("  static constexpr int N = {}, NE = {}, KU = {}, YS = {};\n  static constexpr bool REDUCE = {};\n", op.w_rows,
+                         op.n_expert, op.n_expert_used, stride(op.y), op.moe_reduce ? "true" : "false");
+        *smem_floats = static_cast<size_t>(XK + 2 * T) + 4 + red;
+        break;
+      }
+      case Opcode::moe_route:
+        if (op.n_expert < 1 || op.n_expert_used < 1 || op.n_expert_used > op.n_expert)
+          fail("cuda codegen: {}: bad moe_route shape ({} of {} experts)", op.name, op.n_expert_used, op.n_expert);
+        b += fmt::format("  static constexpr int NE = {}, KU = {}, XS = {}, OS = {};\n  static constexpr bool NORM = {};\n", op.n_expert,
+                         op.n_expert_used, stride(op.x), stride(op.out), op.moe_norm ? "true" : "false");
+        *smem_floats = static_cast<size_t>(warps_ * op.n_expert) + 4;
+        break;
       case Opcode::attention_combine:
         if (op.head_dim <= 0 || op.n_head_kv <= 0 || op.n_head % op.n_head_kv || op.attn_splits < 1)
           fail("cuda codegen: {}: bad attention shape (n_head {}, n_head_kv {}, head_dim {}, attn_splits {})", op.name,

@@ -170,6 +170,41 @@ class ReferenceBackend final : public Backend {
             }
           break;
         }
+        case Op::moe_route: {
+          const float* x = in(0);
+          const int64_t n_expert = in_node(0).shape[1].c, k = cols / 2;
+          std::vector<float> e(static_cast<size_t>(n_expert));
+          out.resize(static_cast<size_t>(rows * cols));
+          for (int64_t r = 0; r < rows; ++r)
+            moe_route_row(x + r * n_expert, n_expert, k, n.attr_int("norm", 1) != 0, e.data(), &out[static_cast<size_t>(r * cols)]);
+          break;
+        }
+        case Op::moe_matmul: {  // in double, as matmul; the slots' weighted results added in slot order
+          const float* x = in(0);
+          const float* w = in(1);
+          const float* route = in(2);
+          const Node& wn = in_node(1);
+          const int64_t n_expert = wn.shape[0].c, n_w = wn.shape[1].c, K = wn.shape[2].c;
+          const int64_t k = in_node(2).shape[1].c / 2, xc = in_node(0).shape[1].c;
+          const bool reduce = n.attr_int("reduce", 0) != 0;
+          out.assign(static_cast<size_t>(rows * cols), 0.0f);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < k; ++j) {
+              const int64_t e = static_cast<int64_t>(route[r * 2 * k + j]);
+              if (e < 0 || e >= n_expert) fail("{}: expert {} out of range [0, {})", n.name, e, n_expert);
+              const float* xr = x + r * xc + (reduce ? j * K : 0);
+              for (int64_t c = 0; c < n_w; ++c) {
+                const float* wr = w + (e * n_w + c) * K;
+                double acc = 0;
+                for (int64_t i = 0; i < K; ++i) acc += static_cast<double>(xr[i]) * wr[i];
+                if (reduce)
+                  out[static_cast<size_t>(r * cols + c)] += static_cast<float>(acc) * route[r * 2 * k + k + j];
+                else
+                  out[static_cast<size_t>(r * cols + j * n_w + c)] = static_cast<float>(acc);
+              }
+            }
+          break;
+        }
         case Op::add:
         case Op::mul: {
           const float* a = in(0);

@@ -558,6 +558,98 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
   }
 }
 
+// moe_matmul (isa/instr.def): mixture of experts. Per row, per slot j of the tile (expand: the one
+// slot its columns lie in; reduce: every slot in order), the row's x (its slot's K columns when
+// reducing) is staged in shared memory and mk_matmul's one-row column loop runs over the slot's
+// expert (the weight base moved e * N rows on); reduce adds p_j * v into a shared accumulator in slot
+// order (llama.cpp: ggml_mul by the weights, then the slots added one after another).
+template <class C>
+__device__ void mk_moe_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  constexpr int K = C::K, T = C::T;
+  constexpr int XU = mk_x_unit<typename C::W>(K), XK = K + (K + XU - 1) / XU * (C::W::kQuant ? 4 : 0);
+  static_assert(XK == C::XK, "codegen and prelude disagree on the staged row stride");
+  float* xs = (float*)smem;  // [XK]
+  float* tile = xs + XK;     // [T]
+  float* acc = tile + T;     // [T] (reduce)
+  const int R = C::rows(s), nc = in.c1 - in.c0;
+  const int jf = C::REDUCE ? 0 : in.c0 / C::N, lc0 = C::REDUCE ? in.c0 : in.c0 - jf * C::N;
+  for (int r = 0; r < R; ++r) {
+    const float* rt = a.y + (mk_i64)r * C::YS;
+    for (int j = jf; j < (C::REDUCE ? C::KU : jf + 1); ++j) {
+      const float ev = mk_ld(rt + j);
+      const int e = ev >= 0.0f && ev < (float)C::NE ? (int)ev : 0;
+      const float* xr = a.x + (mk_i64)r * C::XS + (C::REDUCE ? j * K : 0);
+      for (int k = threadIdx.x; k < K; k += MK_THREADS) xs[mk_xi<XU, XK - K>(k)] = mk_ld(xr + k);
+      __syncthreads();
+      MkOpArgs b = a;
+      b.w = (const char*)a.w + (mk_i64)e * C::N * C::WRS;
+      if constexpr (C::W::kQuant) mk_matmul_cols_q<C, 1>(xs, tile, b, lc0, nc, 1);
+      else mk_matmul_cols<C, 1>(xs, tile, b, lc0, nc, 1);
+      __syncthreads();
+      if constexpr (C::REDUCE) {
+        const float p = mk_ld(rt + C::KU + j);
+        for (int t = threadIdx.x; t < nc; t += MK_THREADS) acc[t] = (j == 0 ? 0.0f : acc[t]) + tile[t] * p;
+      } else {
+        for (int t = threadIdx.x; t < nc; t += MK_THREADS) mk_st(a.out + (mk_i64)r * C::OS + in.c0 + t, tile[t]);
+      }
+      __syncthreads();  // xs and tile are reused by the next slot
+    }
+    if constexpr (C::REDUCE) {
+      for (int t = threadIdx.x; t < nc; t += MK_THREADS) mk_st(a.out + (mk_i64)r * C::OS + in.c0 + t, acc[t]);
+      __syncthreads();
+    }
+  }
+}
+
+// moe_route: per row the KU experts of highest softmax probability and their weights (ir/ops.h
+// moe_route_row: softmax with a double sum, selection descending with ties to the lower index, NaN
+// never wins, the k weights divided by their double sum when NORM). One tile; warp w takes rows w,
+// w + MK_WARPS, ...: its lanes compute the probabilities into shared memory (NE per warp), lane 0
+// selects.
+template <class C>
+__device__ void mk_moe_route(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* e = (float*)smem + warp * C::NE;
+  const int R = C::rows(s);
+  for (int r = warp; r < R; r += MK_WARPS) {
+    const float* x = a.x + (mk_i64)r * C::XS;
+    float mx = MK_NEG_INF;
+    for (int i = lane; i < C::NE; i += 32) mx = fmaxf(mx, mk_ld(x + i));
+    mx = mk_warp_max(mx);
+    double sum = 0;
+    for (int i = lane; i < C::NE; i += 32) {
+      const float v = expf(mk_ld(x + i) - mx);
+      e[i] = v;
+      sum += v;
+    }
+    sum = mk_warp_sum_d(sum);
+    const float inv = (float)(1.0 / sum);
+    __syncwarp();
+    if (lane == 0) {
+      int sel[C::KU];
+      double wsum = 0;
+      float* out = a.out + (mk_i64)r * C::OS;
+      for (int j = 0; j < C::KU; ++j) {
+        int best = -1;
+        for (int i = 0; i < C::NE; ++i) {
+          bool taken = false;
+          for (int t = 0; t < j; ++t) taken = taken || sel[t] == i;
+          const float pi = e[i] * inv, pb = best >= 0 ? e[best] * inv : 0.0f;
+          if (!taken && (best < 0 || pi > pb || (isnan(pb) && !isnan(pi)))) best = i;
+        }
+        sel[j] = best;
+        const float pb = e[best] * inv;
+        mk_st(out + j, (float)best);
+        mk_st(out + C::KU + j, pb);
+        wsum += pb;
+      }
+      if constexpr (C::NORM)
+        for (int j = 0; j < C::KU; ++j) mk_st(out + C::KU + j, e[sel[j]] * inv / (float)wsum);
+    }
+    __syncwarp();
+  }
+}
+
 // Bytes of weights an instruction of a matmul reads: prefetched into L2 before its wait.
 template <class C>
 __device__ __forceinline__ void mk_matmul_prefetch(const MkInstr& in, const MkOpArgs& a) {
