@@ -24,8 +24,8 @@ double config_float(const nlohmann::ordered_json& c, std::initializer_list<const
 // max_window_layers (default 28) on; a layer_types list, where given, names the sliding layers.
 // LlamaConfig has no window (a sliding_window key there is ignored, as transformers ignores it).
 void hf_sliding_layers(const nlohmann::ordered_json& c, const std::string& arch, int64_t n_layer, DecoderSpec& s) {
-  const bool qwen = arch == "qwen2" || arch == "qwen3";
-  if (arch != "mistral" && arch != "phi3" && arch != "starcoder2" && !qwen) return;
+  const bool qwen = arch == "qwen2" || arch == "qwen3" || arch == "qwen3_moe";
+  if (arch != "mistral" && arch != "mixtral" && arch != "phi3" && arch != "starcoder2" && !qwen) return;
   if (qwen && !config_bool(c, "use_sliding_window", false)) return;
   const int64_t w = hf_hparam(c, "sliding_window", {"sliding_window"}, 0);
   if (w <= 0) return;
@@ -104,6 +104,9 @@ std::string hf_llama_tensor_name(const std::string& canonical, bool tied) {
       {"attn_q_norm", "self_attn.q_norm"},  {"attn_k_norm", "self_attn.k_norm"},
       {"ffn_gate", "mlp.gate_proj"},        {"ffn_up", "mlp.up_proj"},
       {"ffn_down", "mlp.down_proj"},
+      // mixture of experts (Qwen3-MoE names; the per-expert tensors stacked by the loader, model/hf.h)
+      {"ffn_gate_inp", "mlp.gate"},         {"ffn_gate_exps", "mlp.experts.gate_proj"},
+      {"ffn_up_exps", "mlp.experts.up_proj"}, {"ffn_down_exps", "mlp.experts.down_proj"},
   };
   for (const auto& [from, to] : kParts)
     if (part == from) return "model.layers." + il + "." + to + suffix;
@@ -185,7 +188,8 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
   // configs that have them (Llama; Qwen3 and Gemma: attention_bias); none for Mistral and Phi-3.
   const std::string& arch = s.hp.arch;
   const bool has_attn_bias_key =
-      arch == "llama" || arch == "smollm3" || arch == "granite" || arch == "olmo2" || arch == "qwen3" || arch.starts_with("gemma");
+      arch == "llama" || arch == "smollm3" || arch == "granite" || arch == "olmo2" || arch == "qwen3" || arch == "qwen3_moe" ||
+      arch.starts_with("gemma");
   const bool attn_bias = has_attn_bias_key && config_bool(c, "attention_bias", false);
   const bool mlp_bias = (arch == "llama" || arch == "smollm3" || arch == "granite") && config_bool(c, "mlp_bias", false);
   const bool qkv_bias = arch == "qwen2" || attn_bias || (arch == "stablelm" && config_bool(c, "use_qkv_bias", false));
@@ -210,6 +214,34 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
           fail("{}: config.json sets {} true, but tensor {} is missing", m.path, key, name);
     }
   return s;
+}
+
+void hf_moe(const ModelFile& m, DecoderSpec& s, bool mixtral) {
+  const auto& c = hf_config(m);
+  s.n_expert = hf_hparam(c, "n_expert", {mixtral ? "num_local_experts" : "num_experts"});
+  s.n_expert_used = hf_hparam(c, "n_expert_used", {"num_experts_per_tok"});
+  if (s.n_expert_used > s.n_expert)
+    fail("config.json: num_experts_per_tok {} exceeds {} {}", s.n_expert_used, mixtral ? "num_local_experts" : "num_experts", s.n_expert);
+  s.n_ff_exp = mixtral ? s.hp.n_ff : hf_hparam(c, "n_ff", {"moe_intermediate_size"});
+  s.moe_norm = mixtral || config_bool(c, "norm_topk_prob", false);
+  if (!mixtral) {
+    if (const int64_t step = hf_config_int(c, {"decoder_sparse_step"}, 1); step != 1)
+      fail("config.json: decoder_sparse_step {}: dense layers between the expert layers are not supported (only 1)", step);
+    if (c.contains("mlp_only_layers") && !c["mlp_only_layers"].is_null() &&
+        !(c["mlp_only_layers"].is_array() && c["mlp_only_layers"].empty()))
+      fail("config.json: mlp_only_layers {}: dense layers among the expert layers are not supported", clip(c["mlp_only_layers"].dump()));
+    return;
+  }
+  s.resolve = [inner = s.resolve](const std::string& canonical) -> std::string {
+    static const std::pair<const char*, const char*> kMoe[] = {{".ffn_gate_inp.", "block_sparse_moe.gate"},
+                                                               {".ffn_gate_exps.", "block_sparse_moe.experts.w1"},
+                                                               {".ffn_up_exps.", "block_sparse_moe.experts.w3"},
+                                                               {".ffn_down_exps.", "block_sparse_moe.experts.w2"}};
+    for (const auto& [part, name] : kMoe)
+      if (const size_t at = canonical.find(part); at != std::string::npos && canonical.rfind("blk.", 0) == 0)
+        return "model.layers." + canonical.substr(4, at - 4) + "." + name + canonical.substr(at + std::string(part).size() - 1);
+    return inner(canonical);
+  };
 }
 
 }  // namespace mk

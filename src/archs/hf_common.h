@@ -42,6 +42,13 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
 // (about 1e-3 relative otherwise); the weights themselves are exact either way.
 bool hf_bf16_buffers(const nlohmann::ordered_json& config);
 
+// Mixture of experts (DecoderSpec::n_expert ..) from a Qwen3-MoE (`num_experts`,
+// `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob` default false; every layer
+// sparse: `decoder_sparse_step` 1 and no `mlp_only_layers`, others refused) or Mixtral config
+// (`num_local_experts`, `num_experts_per_tok`, experts of `intermediate_size`, weights normalised).
+// Mixtral's tensor names replace Qwen's in s.resolve.
+void hf_moe(const ModelFile& m, DecoderSpec& s, bool mixtral);
+
 // Activation of `hidden_activation` (if set) else `hidden_act`: silu | gelu | gelu_tanh.
 std::string hf_activation(const nlohmann::ordered_json& config);
 

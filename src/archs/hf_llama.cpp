@@ -10,4 +10,12 @@ namespace mk {
 // transformers' LlamaConfig and MistralConfig default tie_word_embeddings to false.
 Graph build_hf_llama(const ModelFile& m, const BuildOptions& o) { return build_decoder(m, hf_llama_spec(m, o, false)); }
 
+// Mixtral (MixtralForCausalLM): Mistral with every layer's MLP a mixture of experts
+// (block_sparse_moe: softmax router, top num_experts_per_tok renormalised; transformers modeling_mixtral.py).
+Graph build_hf_mixtral(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s = hf_llama_spec(m, o, false);
+  hf_moe(m, s, true);
+  return build_decoder(m, s);
+}
+
 }  // namespace mk

@@ -34,4 +34,14 @@ Graph build_gguf_qwen3moe(const ModelFile& m, const BuildOptions& o) {
   return build_decoder(m, s);
 }
 
+// Qwen3-MoE (Qwen3MoeForCausalLM, model_type qwen3_moe): Qwen3's attention, every layer's MLP a
+// mixture of experts (transformers modeling_qwen3_moe.py: softmax router, top num_experts_per_tok,
+// renormalised when norm_topk_prob).
+Graph build_hf_qwen3moe(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s = hf_llama_spec(m, o, false);
+  s.qk_norm = true;
+  hf_moe(m, s, false);
+  return build_decoder(m, s);
+}
+
 }  // namespace mk

@@ -36,6 +36,8 @@ const ArchEntry kArchs[] = {
     {"hf", "mistral", read_hf_hparams, build_hf_llama},
     {"hf", "qwen2", read_hf_hparams, build_hf_qwen2},
     {"hf", "qwen3", read_hf_hparams, build_hf_qwen3},
+    {"hf", "qwen3_moe", read_hf_hparams, build_hf_qwen3moe},
+    {"hf", "mixtral", read_hf_hparams, build_hf_mixtral},
     {"hf", "gemma", read_hf_hparams, build_hf_gemma},
     {"hf", "phi3", read_hf_hparams, build_hf_phi3},
     {"hf", "gemma2", read_hf_hparams, build_hf_gemma2},

@@ -30,6 +30,8 @@ Graph build_gguf_phi2(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_llama(const ModelFile& m, const BuildOptions& o);  // llama, mistral
 Graph build_hf_qwen2(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_qwen3(const ModelFile& m, const BuildOptions& o);
+Graph build_hf_qwen3moe(const ModelFile& m, const BuildOptions& o);
+Graph build_hf_mixtral(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_gemma(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_phi3(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_gemma2(const ModelFile& m, const BuildOptions& o);

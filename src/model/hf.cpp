@@ -187,6 +187,43 @@ void flatten_gemma3_multimodal(ModelFile& m, nlohmann::ordered_json& config, std
   }
 }
 
+// Mixture-of-experts checkpoints store one tensor per expert (Qwen3-MoE mlp.experts.<e>.gate_proj /
+// up_proj / down_proj, Mixtral block_sparse_moe.experts.<e>.w1 / w3 / w2); the decoder reads one
+// [n_expert, rows, cols] tensor per matrix (GGUF's ffn_*_exps). Each layer's experts are copied in
+// order into one such tensor held in model.owned (the experts' bytes once more in memory),
+// registered as <prefix>experts.<part>.weight.
+void add_expert_stacks(ModelFile& m, const nlohmann::ordered_json& c, bool mixtral, std::vector<std::string>& derived) {
+  const int64_t n_expert = hf_hparam(c, "n_expert", {mixtral ? "num_local_experts" : "num_experts"});
+  const std::string prefix = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
+  const std::vector<std::string> parts = mixtral ? std::vector<std::string>{"w1", "w3", "w2"}
+                                                 : std::vector<std::string>{"gate_proj", "up_proj", "down_proj"};
+  for (int il = 0;; ++il) {
+    const std::string p = fmt::format("model.layers.{}.{}", il, prefix);
+    if (!m.find(p + "0." + parts[0] + ".weight")) break;
+    for (const std::string& part : parts) {
+      const WeightTensor first = m.get(p + "0." + part + ".weight");
+      if (first.shape.size() != 2) fail("{}: {} must be 2-D, got {}", m.path, first.name, shape_str(first.shape));
+      auto buf = std::make_shared<std::vector<uint8_t>>(first.nbytes * static_cast<size_t>(n_expert));
+      for (int64_t e = 0; e < n_expert; ++e) {
+        const WeightTensor t = m.get(fmt::format("{}{}.{}.weight", p, e, part), first.shape);
+        if (t.dtype != first.dtype)
+          fail("{}: {} is {}, but {} is {}", m.path, t.name, dtype_name(t.dtype), first.name, dtype_name(first.dtype));
+        std::memcpy(buf->data() + static_cast<size_t>(e) * first.nbytes, t.data, first.nbytes);
+      }
+      m.owned.push_back(buf);
+      WeightTensor v;
+      v.name = p + part + ".weight";
+      v.dtype = first.dtype;
+      v.shape = {n_expert, first.shape[0], first.shape[1]};
+      v.data = buf->data();
+      v.nbytes = buf->size();
+      v.derived = true;
+      derived.push_back(v.name);
+      m.add_tensor(std::move(v));
+    }
+  }
+}
+
 void add_gpt2_transposes(ModelFile& m, const nlohmann::ordered_json& c, std::vector<std::string>& derived) {
   const int64_t n = hf_hparam(c, "n_embd", {"n_embd", "hidden_size"});
   const int64_t n_ff = hf_hparam(c, "n_ff", {"n_inner"}, 4 * n);
@@ -263,6 +300,7 @@ ModelFile load_hf_dir(const std::string& dir_str, bool with_weights) {
   naming_hf_config(dir_str, [&] {
     if (type == "phi3") add_phi3_views(model, config, derived);
     if (type == "gpt2") add_gpt2_transposes(model, config, derived);
+    if (type == "qwen3_moe" || type == "mixtral") add_expert_stacks(model, config, type == "mixtral", derived);
   });
   if (!derived.empty()) model.metadata["hf.derived_tensors"] = derived;
   return model;

@@ -11,11 +11,13 @@
                            [n_expert, n_ff_exp, n_embd], ffn_down_exps [n_expert, n_embd, n_ff_exp]; f32.
   mixtral-tiny.f32.gguf    GGUF arch `llama` with experts (Mixtral's layout: adjacent-pair RoPE, no q/k
                            norms), 4 experts, 2 used, the same FFN tensors; f32.
+  hf-qwen3moe-tiny/, hf-mixtral-tiny/
+                           the same weights as transformers Qwen3MoeForCausalLM / MixtralForCausalLM
+                           directories (config.json, model.safetensors; one tensor per expert).
   qwen3moe-tiny.q8_0.gguf  qwen3moe-tiny quantized by llama.cpp (Q8_0: the expert matrices q8_0).
   expected.json            llama.cpp's logits at every position (f32 KV cache) of a 24-token prompt for
                            qwen3moe-tiny, and under "mixtral" / "q8_0" for the other two.
 """
-import json
 import os
 import sys
 
@@ -25,7 +27,7 @@ import gguf
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from gen_common import (add_placeholder_vocab, finish_gguf, llama_cpp_logits, llama_cpp_quantize, rounded,  # noqa: E402
-                        write_expected)
+                        write_expected, write_hf as write_hf_dir)
 
 N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_FF_EXP = 128, 64, 3, 4, 2, 16, 96, 32
 N_CTX_TRAIN, EPS, THETA = 64, 1e-6, 10000.0
@@ -36,13 +38,53 @@ def rand(rng, *shape, std=0.08):
     return (rng.standard_normal(shape) * std).astype(np.float32)
 
 
-def write_moe(path, arch, n_expert, n_used, qk_norm, seed):
+def permute(w, n_head):
+    """convert_hf_to_gguf.py LlamaModel.permute: each head's rotate_half pairs made adjacent."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# HF names of the FFN parts per family: the router, then each expert's gate, up and down.
+FFN = {"qwen3moe": ("mlp.gate", "mlp.experts.{}.gate_proj", "mlp.experts.{}.up_proj", "mlp.experts.{}.down_proj"),
+       "llama": ("block_sparse_moe.gate", "block_sparse_moe.experts.{}.w1", "block_sparse_moe.experts.{}.w3",
+                 "block_sparse_moe.experts.{}.w2")}
+
+
+def hf_weights(arch, n_expert, seed):
+    """The model's weights under transformers' names (Qwen3MoeForCausalLM / MixtralForCausalLM)."""
     rng = np.random.default_rng(seed)
+    router, gate, up, down = FFN[arch]
+    t = {"model.embed_tokens.weight": rand(rng, N_VOCAB, N_EMBD, std=0.5), "model.norm.weight": 1 + rand(rng, N_EMBD, std=0.1),
+         "lm_head.weight": rand(rng, N_VOCAB, N_EMBD, std=0.2)}
+    for il in range(N_LAYER):
+        p = f"model.layers.{il}."
+        t[p + "input_layernorm.weight"] = 1 + rand(rng, N_EMBD, std=0.1)
+        t[p + "self_attn.q_proj.weight"] = rand(rng, N_HEAD * HEAD_DIM, N_EMBD, std=0.3)
+        t[p + "self_attn.k_proj.weight"] = rand(rng, N_HEAD_KV * HEAD_DIM, N_EMBD, std=0.3)
+        t[p + "self_attn.v_proj.weight"] = rand(rng, N_HEAD_KV * HEAD_DIM, N_EMBD, std=0.2)
+        t[p + "self_attn.o_proj.weight"] = rand(rng, N_EMBD, N_HEAD * HEAD_DIM, std=0.15)
+        if arch == "qwen3moe":
+            t[p + "self_attn.q_norm.weight"] = 1 + rand(rng, HEAD_DIM, std=0.2)
+            t[p + "self_attn.k_norm.weight"] = 1 + rand(rng, HEAD_DIM, std=0.2)
+        t[p + "post_attention_layernorm.weight"] = 1 + rand(rng, N_EMBD, std=0.1)
+        # a router with some spread, so that every row's choice is clear of ties
+        t[p + router + ".weight"] = rand(rng, n_expert, N_EMBD, std=0.4)
+        for e in range(n_expert):
+            t[p + gate.format(e) + ".weight"] = rand(rng, N_FF_EXP, N_EMBD, std=0.25)
+            t[p + up.format(e) + ".weight"] = rand(rng, N_FF_EXP, N_EMBD, std=0.25)
+            t[p + down.format(e) + ".weight"] = rand(rng, N_EMBD, N_FF_EXP, std=0.25)
+    return t
+
+
+def write_gguf(path, arch, hf, n_expert, n_used):
+    """As convert_hf_to_gguf.py writes it: the experts of each matrix stacked into one 3-D tensor
+    [n_expert, rows, cols] (ffn_gate_exps, ffn_up_exps, ffn_down_exps), the router ffn_gate_inp;
+    llama: q/k rows permuted for RoPE on adjacent pairs."""
+    qwen = arch == "qwen3moe"
     w = gguf.GGUFWriter(path, arch)
     w.add_uint32(f"{arch}.context_length", N_CTX_TRAIN)
     w.add_uint32(f"{arch}.embedding_length", N_EMBD)
     w.add_uint32(f"{arch}.block_count", N_LAYER)
-    w.add_uint32(f"{arch}.feed_forward_length", N_FF if qk_norm else N_FF_EXP)
+    w.add_uint32(f"{arch}.feed_forward_length", N_FF if qwen else N_FF_EXP)
     w.add_uint32(f"{arch}.attention.head_count", N_HEAD)
     w.add_uint32(f"{arch}.attention.head_count_kv", N_HEAD_KV)
     w.add_uint32(f"{arch}.attention.key_length", HEAD_DIM)
@@ -52,40 +94,62 @@ def write_moe(path, arch, n_expert, n_used, qk_norm, seed):
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", EPS)
     w.add_uint32(f"{arch}.expert_count", n_expert)
     w.add_uint32(f"{arch}.expert_used_count", n_used)
-    if qk_norm:
+    if qwen:
         w.add_uint32(f"{arch}.expert_feed_forward_length", N_FF_EXP)
     add_placeholder_vocab(w, N_VOCAB)
-    t = {"token_embd.weight": rand(rng, N_VOCAB, N_EMBD, std=0.5), "output_norm.weight": 1 + rand(rng, N_EMBD, std=0.1),
-         "output.weight": rand(rng, N_VOCAB, N_EMBD, std=0.2)}
+    router, gate, up, down = FFN[arch]
+    t = {"token_embd.weight": hf["model.embed_tokens.weight"], "output_norm.weight": hf["model.norm.weight"],
+         "output.weight": hf["lm_head.weight"]}
     for il in range(N_LAYER):
-        p = f"blk.{il}."
-        t[p + "attn_norm.weight"] = 1 + rand(rng, N_EMBD, std=0.1)
-        t[p + "attn_q.weight"] = rand(rng, N_HEAD * HEAD_DIM, N_EMBD, std=0.3)
-        t[p + "attn_k.weight"] = rand(rng, N_HEAD_KV * HEAD_DIM, N_EMBD, std=0.3)
-        t[p + "attn_v.weight"] = rand(rng, N_HEAD_KV * HEAD_DIM, N_EMBD, std=0.2)
-        t[p + "attn_output.weight"] = rand(rng, N_EMBD, N_HEAD * HEAD_DIM, std=0.15)
-        if qk_norm:
-            t[p + "attn_q_norm.weight"] = 1 + rand(rng, HEAD_DIM, std=0.2)
-            t[p + "attn_k_norm.weight"] = 1 + rand(rng, HEAD_DIM, std=0.2)
-        t[p + "ffn_norm.weight"] = 1 + rand(rng, N_EMBD, std=0.1)
-        # a router with some spread, so that every row's choice is clear of ties
-        t[p + "ffn_gate_inp.weight"] = rand(rng, n_expert, N_EMBD, std=0.4)
-        t[p + "ffn_gate_exps.weight"] = rand(rng, n_expert, N_FF_EXP, N_EMBD, std=0.25)
-        t[p + "ffn_up_exps.weight"] = rand(rng, n_expert, N_FF_EXP, N_EMBD, std=0.25)
-        t[p + "ffn_down_exps.weight"] = rand(rng, n_expert, N_EMBD, N_FF_EXP, std=0.25)
+        p, b = f"model.layers.{il}.", f"blk.{il}."
+        q, k = hf[p + "self_attn.q_proj.weight"], hf[p + "self_attn.k_proj.weight"]
+        t[b + "attn_norm.weight"] = hf[p + "input_layernorm.weight"]
+        t[b + "attn_q.weight"] = q if qwen else permute(q, N_HEAD)
+        t[b + "attn_k.weight"] = k if qwen else permute(k, N_HEAD_KV)
+        t[b + "attn_v.weight"] = hf[p + "self_attn.v_proj.weight"]
+        t[b + "attn_output.weight"] = hf[p + "self_attn.o_proj.weight"]
+        if qwen:
+            t[b + "attn_q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
+            t[b + "attn_k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
+        t[b + "ffn_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
+        t[b + "ffn_gate_inp.weight"] = hf[p + router + ".weight"]
+        for part, name in (("gate", gate), ("up", up), ("down", down)):
+            t[b + f"ffn_{part}_exps.weight"] = np.stack([hf[p + name.format(e) + ".weight"] for e in range(n_expert)])
     for name, v in t.items():
         w.add_tensor(name, np.ascontiguousarray(v, dtype=np.float32))
     finish_gguf(w)
 
 
+def write_hf(folder, arch, hf, n_expert, n_used):
+    common = {"vocab_size": N_VOCAB, "hidden_size": N_EMBD, "num_hidden_layers": N_LAYER, "num_attention_heads": N_HEAD,
+              "num_key_value_heads": N_HEAD_KV, "head_dim": HEAD_DIM, "hidden_act": "silu",
+              "max_position_embeddings": N_CTX_TRAIN, "rms_norm_eps": EPS, "rope_theta": THETA, "rope_scaling": None,
+              "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+              "num_experts_per_tok": n_used}
+    if arch == "qwen3moe":
+        config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **common, "intermediate_size": N_FF,
+                  "moe_intermediate_size": N_FF_EXP, "num_experts": n_expert, "norm_topk_prob": True,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False}
+    else:
+        config = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **common, "intermediate_size": N_FF_EXP,
+                  "num_local_experts": n_expert, "sliding_window": None}
+    write_hf_dir(folder, config, hf)
+
+
+def write_moe(name, arch, n_expert, n_used, seed):
+    """<name>.f32.gguf and the HF directory hf-<name>/ of one random model."""
+    hf = hf_weights(arch, n_expert, seed)
+    write_gguf(os.path.join(HERE, name + ".f32.gguf"), arch, hf, n_expert, n_used)
+    write_hf(os.path.join(HERE, "hf-" + name), arch, hf, n_expert, n_used)
+    return os.path.join(HERE, name + ".f32.gguf")
+
+
 def main():
     import llama_cpp
 
-    qwen = os.path.join(HERE, "qwen3moe-tiny.f32.gguf")
-    mixtral = os.path.join(HERE, "mixtral-tiny.f32.gguf")
+    qwen = write_moe("qwen3moe-tiny", "qwen3moe", 8, 2, 4343)
+    mixtral = write_moe("mixtral-tiny", "llama", 4, 2, 4444)
     q8 = os.path.join(HERE, "qwen3moe-tiny.q8_0.gguf")
-    write_moe(qwen, "qwen3moe", 8, 2, True, 4343)
-    write_moe(mixtral, "llama", 4, 2, False, 4444)
     types = llama_cpp_quantize(qwen, q8, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0)
     extra = {"mixtral": {"logits": rounded(llama_cpp_logits(mixtral, PROMPT, N_CTX_TRAIN))},
              "q8_0": {"types": types, "logits": rounded(llama_cpp_logits(q8, PROMPT, N_CTX_TRAIN))}}
