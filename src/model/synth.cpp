@@ -27,6 +27,9 @@ const SynthSpec kSpecs[] = {
     // Real shapes for the GPU benchmarks (TARGETS.md), bf16 by default; head_dim = n_embd / n_head.
     {"llama3.2-1b", 128256, 2048, 16, 32, 8, 8192, 4096, DType::BF16, 0x5eed, true, 500000.0},
     {"llama3.1-8b", 128256, 4096, 32, 32, 8, 14336, 4096, DType::BF16, 0x5eed, false, 500000.0},
+    // Mixtures of experts (n_ff: each expert's).
+    {"moe-tiny", 64, 32, 2, 4, 2, 48, 64, DType::F32, 0x5eed, false, 10000.0, 4, 2},
+    {"olmoe-1b-7b", 50304, 2048, 16, 16, 16, 1024, 4096, DType::BF16, 0x5eed, false, 10000.0, 64, 8},
 };
 
 // Elements per independent random stream: chunk 0 of a tensor uses the tensor's own stream (so
@@ -73,6 +76,10 @@ ModelFile make_synthetic_model(const SynthSpec& c, bool with_data) {
   m.metadata["llama.context_length"] = c.n_ctx;
   m.metadata["llama.attention.layer_norm_rms_epsilon"] = 1e-5;
   m.metadata["llama.rope.freq_base"] = c.rope_theta;
+  if (c.n_expert > 0) {
+    m.metadata["llama.expert_count"] = c.n_expert;
+    m.metadata["llama.expert_used_count"] = c.n_expert_used;
+  }
   const unsigned n_threads = std::max(1u, std::thread::hardware_concurrency());
   uint64_t tensor_index = 0;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, int kind) {  // 0 matrix, 1 norm, 2 embedding
@@ -160,6 +167,13 @@ ModelFile make_synthetic_model(const SynthSpec& c, bool with_data) {
     add(b + ".attn_v.weight", {kv, c.n_embd}, 0);
     add(b + ".attn_output.weight", {c.n_embd, c.n_embd}, 0);
     add(b + ".ffn_norm.weight", {c.n_embd}, 1);
+    if (c.n_expert > 0) {
+      add(b + ".ffn_gate_inp.weight", {c.n_expert, c.n_embd}, 0);
+      add(b + ".ffn_gate_exps.weight", {c.n_expert, c.n_ff, c.n_embd}, 0);
+      add(b + ".ffn_up_exps.weight", {c.n_expert, c.n_ff, c.n_embd}, 0);
+      add(b + ".ffn_down_exps.weight", {c.n_expert, c.n_embd, c.n_ff}, 0);
+      continue;
+    }
     add(b + ".ffn_gate.weight", {c.n_ff, c.n_embd}, 0);
     add(b + ".ffn_up.weight", {c.n_ff, c.n_embd}, 0);
     add(b + ".ffn_down.weight", {c.n_embd, c.n_ff}, 0);

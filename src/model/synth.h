@@ -16,13 +16,19 @@ struct SynthSpec {
   uint64_t seed = 0x5eed;
   bool tied = false;            // no output.weight: the classifier is the token embedding
   double rope_theta = 10000.0;
+  // Mixture of experts (a llama GGUF with experts, as Mixtral): each layer's FFN n_expert experts of
+  // n_ff rows, n_expert_used per token (ffn_gate_inp, ffn_{gate,up,down}_exps); 0 = dense.
+  int64_t n_expert = 0, n_expert_used = 0;
 };
 
 // Shapes by name: stories110m (n_embd 768, 12 layers, 12 heads, n_ff 2048, vocab 32000),
 // stories15m, stories260k, tiny, micro, and two real shapes in bf16 for the GPU benchmarks:
 // llama3.2-1b (n_embd 2048, 16 layers, 32 heads, 8 KV heads, head_dim 64, n_ff 8192, vocab 128256,
 // tied; 2.47 GB of bf16 weights) and llama3.1-8b (4096, 32 layers, 32/8 heads, head_dim 128, n_ff
-// 14336, vocab 128256, untied; 16.06 GB). Throws mk::Error listing the names for an unknown one.
+// 14336, vocab 128256, untied; 16.06 GB); mixtures of experts: olmoe-1b-7b (OLMoE-1B-7B's shape read
+// as a llama with experts: n_embd 2048, 16 layers, 16 heads, 64 experts of n_ff 1024, 8 used, vocab
+// 50304; 13.8 GB of bf16, about 2.4 GB of them read per token) and moe-tiny (4 experts of 48, 2 used). Throws
+// mk::Error listing the names for an unknown one.
 SynthSpec synthetic_spec(const std::string& name);
 std::vector<std::string> synthetic_model_names();
 // Weights: matrices uniform with variance 1/n_in, embeddings uniform in [-1, 1], norms 1 +- 0.1.

@@ -152,6 +152,11 @@ TEST_P(E2EBatch, Gemma3SlidingWindowRaggedBatchEqualsEachSequenceAlone) {
   check_batched(std::string(MK_SOURCE_DIR) + "/tests/data/gemma3/gemma3-tiny.f32.gguf", GetParam());
 }
 
+// Mixtures of experts: each row its own experts (moe_route per row, moe_matmul per row and slot).
+TEST_P(E2EBatch, MoeRaggedBatchEqualsEachSequenceAlone) {
+  check_batched(std::string(MK_SOURCE_DIR) + "/tests/data/qwen3moe/qwen3moe-tiny.f32.gguf", GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, E2EBatch,
                          ::testing::Values(BackendCase{"reference", "dynamic", 1}, BackendCase{"cpu", "dynamic", 1},
                                            BackendCase{"cpu", "dynamic", 3}, BackendCase{"cpu", "static-cp", 3},

@@ -95,7 +95,14 @@ TEST(GgufKeys, EveryArchKeyIsHonouredOrRefusedByName) {
                   "llama.rope.scaling.factor is missing"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.rope.scaling.attn_factor"] = -0.5; }),
                   "llama.rope.scaling.attn_factor = -0.5 must be a positive number"));
-  EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.expert_count"] = 8u; }), "mixture of experts"));
+  // llama reads experts (Mixtral): a count needs the experts used per token and the expert tensors.
+  EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.expert_count"] = 8u; }), "missing metadata key llama.expert_used_count"));
+  EXPECT_TRUE(has(error([](ModelFile& m) {
+                    m.metadata["llama.expert_count"] = 8u;
+                    m.metadata["llama.expert_used_count"] = 2u;
+                  }),
+                  "missing tensor blk.0.ffn_gate_inp.weight"));
+  EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.expert_used_count"] = 2u; }), "without experts"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.attention.causal"] = false; }), "non-causal"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.logit_scale"] = 0.5; }), "llama.logit_scale"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.some_future_key"] = 1; }),
