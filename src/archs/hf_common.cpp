@@ -188,7 +188,7 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
   // configs that have them (Llama; Qwen3 and Gemma: attention_bias); none for Mistral and Phi-3.
   const std::string& arch = s.hp.arch;
   const bool has_attn_bias_key =
-      arch == "llama" || arch == "smollm3" || arch == "granite" || arch == "olmo2" || arch == "qwen3" || arch == "qwen3_moe" ||
+      arch == "llama" || arch == "smollm3" || arch == "granite" || arch == "olmo2" || arch == "olmoe" || arch == "qwen3" || arch == "qwen3_moe" ||
       arch.starts_with("gemma");
   const bool attn_bias = has_attn_bias_key && config_bool(c, "attention_bias", false);
   const bool mlp_bias = (arch == "llama" || arch == "smollm3" || arch == "granite") && config_bool(c, "mlp_bias", false);
@@ -216,14 +216,16 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
   return s;
 }
 
-void hf_moe(const ModelFile& m, DecoderSpec& s, bool mixtral) {
+void hf_moe(const ModelFile& m, DecoderSpec& s, HfMoe kind) {
+  const bool mixtral = kind == HfMoe::mixtral;
   const auto& c = hf_config(m);
   s.n_expert = hf_hparam(c, "n_expert", {mixtral ? "num_local_experts" : "num_experts"});
   s.n_expert_used = hf_hparam(c, "n_expert_used", {"num_experts_per_tok"});
   if (s.n_expert_used > s.n_expert)
     fail("config.json: num_experts_per_tok {} exceeds {} {}", s.n_expert_used, mixtral ? "num_local_experts" : "num_experts", s.n_expert);
-  s.n_ff_exp = mixtral ? s.hp.n_ff : hf_hparam(c, "n_ff", {"moe_intermediate_size"});
+  s.n_ff_exp = kind == HfMoe::qwen3 ? hf_hparam(c, "n_ff", {"moe_intermediate_size"}) : s.hp.n_ff;
   s.moe_norm = mixtral || config_bool(c, "norm_topk_prob", false);
+  if (kind == HfMoe::olmoe) return;
   if (!mixtral) {
     if (const int64_t step = hf_config_int(c, {"decoder_sparse_step"}, 1); step != 1)
       fail("config.json: decoder_sparse_step {}: dense layers between the expert layers are not supported (only 1)", step);

@@ -44,10 +44,12 @@ bool hf_bf16_buffers(const nlohmann::ordered_json& config);
 
 // Mixture of experts (DecoderSpec::n_expert ..) from a Qwen3-MoE (`num_experts`,
 // `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob` default false; every layer
-// sparse: `decoder_sparse_step` 1 and no `mlp_only_layers`, others refused) or Mixtral config
-// (`num_local_experts`, `num_experts_per_tok`, experts of `intermediate_size`, weights normalised).
-// Mixtral's tensor names replace Qwen's in s.resolve.
-void hf_moe(const ModelFile& m, DecoderSpec& s, bool mixtral);
+// sparse: `decoder_sparse_step` 1 and no `mlp_only_layers`, others refused), OLMoE (`num_experts`,
+// `num_experts_per_tok`, experts of `intermediate_size`, `norm_topk_prob` default false) or Mixtral
+// config (`num_local_experts`, `num_experts_per_tok`, experts of `intermediate_size`, weights
+// normalised). Mixtral's tensor names replace Qwen's in s.resolve.
+enum class HfMoe { qwen3, olmoe, mixtral };
+void hf_moe(const ModelFile& m, DecoderSpec& s, HfMoe kind);
 
 // Activation of `hidden_activation` (if set) else `hidden_act`: silu | gelu | gelu_tanh.
 std::string hf_activation(const nlohmann::ordered_json& config);

@@ -14,7 +14,7 @@ Graph build_hf_llama(const ModelFile& m, const BuildOptions& o) { return build_d
 // (block_sparse_moe: softmax router, top num_experts_per_tok renormalised; transformers modeling_mixtral.py).
 Graph build_hf_mixtral(const ModelFile& m, const BuildOptions& o) {
   DecoderSpec s = hf_llama_spec(m, o, false);
-  hf_moe(m, s, true);
+  hf_moe(m, s, HfMoe::mixtral);
   return build_decoder(m, s);
 }
 

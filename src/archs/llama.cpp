@@ -51,6 +51,7 @@ const FamilyKeys kFamilyKeys[] = {
     // Mixture of experts (gguf_read_moe); other families take expert_count 0 only (kNeutralKeys).
     {"llama", {"expert_count", "expert_used_count", "expert_feed_forward_length"}},
     {"qwen3moe", {"expert_count", "expert_used_count", "expert_feed_forward_length"}},
+    {"olmoe", {"expert_count", "expert_used_count", "expert_feed_forward_length"}},
 };
 
 // Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).

@@ -48,4 +48,27 @@ Graph build_hf_olmo2(const ModelFile& m, const BuildOptions& o) {
   return build_decoder(m, s);
 }
 
+// OLMoE (OlmoeForCausalLM, GGUF "olmoe"): the Llama layout (pre-norms) with q and k RMS-normalized
+// over their whole projections as OLMo 2, NEOX RoPE, and every layer's MLP a mixture of experts whose
+// weights are not renormalised (llama.cpp llm_build_olmoe: build_moe_ffn with norm_w false;
+// transformers OlmoeConfig norm_topk_prob false by default).
+Graph build_gguf_olmoe(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s = gguf_decoder_spec(m, o, "halves");
+  s.qk_norm = true;
+  s.qk_norm_full = true;
+  gguf_read_moe(m, s, false);
+  if (s.n_expert == 0) fail("{}: olmoe.expert_count is missing or 0", m.path);
+  return build_decoder(m, s);
+}
+
+Graph build_hf_olmoe(const ModelFile& m, const BuildOptions& o) {
+  const auto& c = hf_config(m);
+  if (c.contains("clip_qkv") && !c["clip_qkv"].is_null()) fail("config.json: clip_qkv (clamping q, k and v) is not supported");
+  DecoderSpec s = hf_llama_spec(m, o, /*tied_default=*/false);
+  s.qk_norm = true;
+  s.qk_norm_full = true;
+  hf_moe(m, s, HfMoe::olmoe);
+  return build_decoder(m, s);
+}
+
 }  // namespace mk

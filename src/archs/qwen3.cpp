@@ -40,7 +40,7 @@ Graph build_gguf_qwen3moe(const ModelFile& m, const BuildOptions& o) {
 Graph build_hf_qwen3moe(const ModelFile& m, const BuildOptions& o) {
   DecoderSpec s = hf_llama_spec(m, o, false);
   s.qk_norm = true;
-  hf_moe(m, s, false);
+  hf_moe(m, s, HfMoe::qwen3);
   return build_decoder(m, s);
 }
 

@@ -22,6 +22,7 @@ Graph build_gguf_gpt2(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_smollm3(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_granite(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_olmo2(const ModelFile& m, const BuildOptions& o);
+Graph build_gguf_olmoe(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_starcoder2(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_stablelm(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_phi2(const ModelFile& m, const BuildOptions& o);
@@ -40,6 +41,7 @@ Graph build_hf_gpt2(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_smollm3(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_granite(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_olmo2(const ModelFile& m, const BuildOptions& o);
+Graph build_hf_olmoe(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_starcoder2(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_stablelm(const ModelFile& m, const BuildOptions& o);
 Graph build_hf_phi2(const ModelFile& m, const BuildOptions& o);  // model_type phi

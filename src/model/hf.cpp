@@ -187,7 +187,7 @@ void flatten_gemma3_multimodal(ModelFile& m, nlohmann::ordered_json& config, std
   }
 }
 
-// Mixture-of-experts checkpoints store one tensor per expert (Qwen3-MoE mlp.experts.<e>.gate_proj /
+// Mixture-of-experts checkpoints store one tensor per expert (Qwen3-MoE and OLMoE mlp.experts.<e>.gate_proj /
 // up_proj / down_proj, Mixtral block_sparse_moe.experts.<e>.w1 / w3 / w2); the decoder reads one
 // [n_expert, rows, cols] tensor per matrix (GGUF's ffn_*_exps). Each layer's experts are copied in
 // order into one such tensor held in model.owned (the experts' bytes once more in memory),
@@ -300,7 +300,7 @@ ModelFile load_hf_dir(const std::string& dir_str, bool with_weights) {
   naming_hf_config(dir_str, [&] {
     if (type == "phi3") add_phi3_views(model, config, derived);
     if (type == "gpt2") add_gpt2_transposes(model, config, derived);
-    if (type == "qwen3_moe" || type == "mixtral") add_expert_stacks(model, config, type == "mixtral", derived);
+    if (type == "qwen3_moe" || type == "olmoe" || type == "mixtral") add_expert_stacks(model, config, type == "mixtral", derived);
   });
   if (!derived.empty()) model.metadata["hf.derived_tensors"] = derived;
   return model;

@@ -1,7 +1,7 @@
 // Mixture of experts against llama.cpp: the tiny models of tests/data/qwen3moe (gen_qwen3moe.py:
 // a GGUF qwen3moe, 3 layers of 8 experts with 2 used per token, n_ff_exp 32; a Mixtral-layout llama
-// GGUF, 4 experts, 2 used; the qwen3moe quantized to Q8_0 by llama.cpp; the two as transformers
-// directories; llama.cpp's logits at every position of a 24-token prompt for each GGUF).
+// GGUF, 4 experts, 2 used; an olmoe GGUF, 8 experts, 3 used, weights not renormalised; the qwen3moe
+// quantized to Q8_0 by llama.cpp; the three as transformers directories; llama.cpp's logits at every position of a 24-token prompt for each GGUF).
 //  - logits at every position equal llama.cpp's on reference, cpu and cuda-emu, and through
 //    prefill + one-token steps (decode rows: one row per moe_matmul tile);
 //  - Q8_0 experts kept quantized: cpu (activations quantized as llama.cpp's mul_mat_id) against
@@ -21,6 +21,7 @@ const test::ArchFixture& fixture() { return test::arch_fixture("qwen3moe"); }
 const std::string kDir = std::string(MK_SOURCE_DIR) + "/tests/data/qwen3moe/";
 const std::string kQwen = kDir + "qwen3moe-tiny.f32.gguf";
 const std::string kMixtral = kDir + "mixtral-tiny.f32.gguf";
+const std::string kOlmoe = kDir + "olmoe-tiny.f32.gguf";
 const std::string kQ8 = kDir + "qwen3moe-tiny.q8_0.gguf";
 constexpr double kTol = 2e-5;  // measured 1e-6 .. 2.6e-6
 
@@ -37,10 +38,13 @@ TEST_P(E2EMoe, Qwen3MoeLogitsMatchLlamaCpp) { test::expect_fixture_logits(kQwen,
 
 TEST_P(E2EMoe, MixtralLogitsMatchLlamaCpp) { test::expect_fixture_logits(kMixtral, variant("mixtral"), GetParam(), kTol); }
 
+TEST_P(E2EMoe, OlmoeLogitsMatchLlamaCpp) { test::expect_fixture_logits(kOlmoe, variant("olmoe"), GetParam(), kTol); }
+
 TEST_P(E2EMoe, PrefillThenOneTokenStepsMatchLlamaCpp) {
   if (GetParam() == "reference") GTEST_SKIP() << "the prompt at once covers it";
   test::expect_stepped_logits(kQwen, fixture(), GetParam(), kTol);
   test::expect_stepped_logits(kMixtral, variant("mixtral"), GetParam(), kTol);
+  test::expect_stepped_logits(kOlmoe, variant("olmoe"), GetParam(), kTol);
 }
 
 // cpu quantizes the activations as llama.cpp does (act_quant auto): llama.cpp's logits. The CUDA
@@ -64,7 +68,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, E2EMoe, ::testing::Values("reference", "cpu",
 
 TEST(E2EMoeHf, HfDirectoriesEqualTheGgufs) {
   // The per-expert tensors stacked at load (model/hf.cpp add_expert_stacks); Mixtral's q/k unpermuted.
-  for (const auto& [hf, gguf] : {std::pair{kDir + "hf-qwen3moe-tiny", kQwen}, std::pair{kDir + "hf-mixtral-tiny", kMixtral}})
+  for (const auto& [hf, gguf] : {std::pair{kDir + "hf-qwen3moe-tiny", kQwen}, std::pair{kDir + "hf-mixtral-tiny", kMixtral},
+                                 std::pair{kDir + "hf-olmoe-tiny", kOlmoe}})
     EXPECT_LT(test::rel_l2(test::fixture_logits(hf, fixture(), "cpu"), test::fixture_logits(gguf, fixture(), "cpu")), 1e-5) << hf;
 }
 

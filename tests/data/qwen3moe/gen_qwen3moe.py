@@ -11,12 +11,15 @@
                            [n_expert, n_ff_exp, n_embd], ffn_down_exps [n_expert, n_embd, n_ff_exp]; f32.
   mixtral-tiny.f32.gguf    GGUF arch `llama` with experts (Mixtral's layout: adjacent-pair RoPE, no q/k
                            norms), 4 experts, 2 used, the same FFN tensors; f32.
-  hf-qwen3moe-tiny/, hf-mixtral-tiny/
-                           the same weights as transformers Qwen3MoeForCausalLM / MixtralForCausalLM
+  hf-qwen3moe-tiny/, hf-mixtral-tiny/, hf-olmoe-tiny/
+                           the same weights as transformers Qwen3MoeForCausalLM / MixtralForCausalLM / OlmoeForCausalLM
                            directories (config.json, model.safetensors; one tensor per expert).
+  olmoe-tiny.f32.gguf      GGUF arch `olmoe` (OLMoE's layout: q/k RMSNorm over the whole projections,
+                           NEOX RoPE, 4 KV heads: llama.cpp reads OLMoE's k norm as n_embd wide),
+                           8 experts, 3 used, their weights not renormalised; f32.
   qwen3moe-tiny.q8_0.gguf  qwen3moe-tiny quantized by llama.cpp (Q8_0: the expert matrices q8_0).
   expected.json            llama.cpp's logits at every position (f32 KV cache) of a 24-token prompt for
-                           qwen3moe-tiny, and under "mixtral" / "q8_0" for the other two.
+                           qwen3moe-tiny, and under "mixtral" / "olmoe" / "q8_0" for the others.
 """
 import os
 import sys
@@ -45,13 +48,20 @@ def permute(w, n_head):
 
 # HF names of the FFN parts per family: the router, then each expert's gate, up and down.
 FFN = {"qwen3moe": ("mlp.gate", "mlp.experts.{}.gate_proj", "mlp.experts.{}.up_proj", "mlp.experts.{}.down_proj"),
+       "olmoe": ("mlp.gate", "mlp.experts.{}.gate_proj", "mlp.experts.{}.up_proj", "mlp.experts.{}.down_proj"),
        "llama": ("block_sparse_moe.gate", "block_sparse_moe.experts.{}.w1", "block_sparse_moe.experts.{}.w3",
                  "block_sparse_moe.experts.{}.w2")}
 
 
+def kv_heads(arch):
+    """llama.cpp reads OLMoE's k norm as n_embd wide: KV heads as many as heads (as OLMoE-1B-7B)."""
+    return N_HEAD if arch == "olmoe" else N_HEAD_KV
+
+
 def hf_weights(arch, n_expert, seed):
-    """The model's weights under transformers' names (Qwen3MoeForCausalLM / MixtralForCausalLM)."""
+    """The model's weights under transformers' names (Qwen3MoeForCausalLM / MixtralForCausalLM / OlmoeForCausalLM)."""
     rng = np.random.default_rng(seed)
+    n_kv = kv_heads(arch)
     router, gate, up, down = FFN[arch]
     t = {"model.embed_tokens.weight": rand(rng, N_VOCAB, N_EMBD, std=0.5), "model.norm.weight": 1 + rand(rng, N_EMBD, std=0.1),
          "lm_head.weight": rand(rng, N_VOCAB, N_EMBD, std=0.2)}
@@ -59,12 +69,15 @@ def hf_weights(arch, n_expert, seed):
         p = f"model.layers.{il}."
         t[p + "input_layernorm.weight"] = 1 + rand(rng, N_EMBD, std=0.1)
         t[p + "self_attn.q_proj.weight"] = rand(rng, N_HEAD * HEAD_DIM, N_EMBD, std=0.3)
-        t[p + "self_attn.k_proj.weight"] = rand(rng, N_HEAD_KV * HEAD_DIM, N_EMBD, std=0.3)
-        t[p + "self_attn.v_proj.weight"] = rand(rng, N_HEAD_KV * HEAD_DIM, N_EMBD, std=0.2)
+        t[p + "self_attn.k_proj.weight"] = rand(rng, n_kv * HEAD_DIM, N_EMBD, std=0.3)
+        t[p + "self_attn.v_proj.weight"] = rand(rng, n_kv * HEAD_DIM, N_EMBD, std=0.2)
         t[p + "self_attn.o_proj.weight"] = rand(rng, N_EMBD, N_HEAD * HEAD_DIM, std=0.15)
         if arch == "qwen3moe":
             t[p + "self_attn.q_norm.weight"] = 1 + rand(rng, HEAD_DIM, std=0.2)
             t[p + "self_attn.k_norm.weight"] = 1 + rand(rng, HEAD_DIM, std=0.2)
+        if arch == "olmoe":  # over the whole projections
+            t[p + "self_attn.q_norm.weight"] = 1 + rand(rng, N_HEAD * HEAD_DIM, std=0.2)
+            t[p + "self_attn.k_norm.weight"] = 1 + rand(rng, n_kv * HEAD_DIM, std=0.2)
         t[p + "post_attention_layernorm.weight"] = 1 + rand(rng, N_EMBD, std=0.1)
         # a router with some spread, so that every row's choice is clear of ties
         t[p + router + ".weight"] = rand(rng, n_expert, N_EMBD, std=0.4)
@@ -80,13 +93,14 @@ def write_gguf(path, arch, hf, n_expert, n_used):
     [n_expert, rows, cols] (ffn_gate_exps, ffn_up_exps, ffn_down_exps), the router ffn_gate_inp;
     llama: q/k rows permuted for RoPE on adjacent pairs."""
     qwen = arch == "qwen3moe"
+    neox = arch != "llama"
     w = gguf.GGUFWriter(path, arch)
     w.add_uint32(f"{arch}.context_length", N_CTX_TRAIN)
     w.add_uint32(f"{arch}.embedding_length", N_EMBD)
     w.add_uint32(f"{arch}.block_count", N_LAYER)
     w.add_uint32(f"{arch}.feed_forward_length", N_FF if qwen else N_FF_EXP)
     w.add_uint32(f"{arch}.attention.head_count", N_HEAD)
-    w.add_uint32(f"{arch}.attention.head_count_kv", N_HEAD_KV)
+    w.add_uint32(f"{arch}.attention.head_count_kv", kv_heads(arch))
     w.add_uint32(f"{arch}.attention.key_length", HEAD_DIM)
     w.add_uint32(f"{arch}.attention.value_length", HEAD_DIM)
     w.add_float32(f"{arch}.rope.freq_base", THETA)
@@ -104,11 +118,11 @@ def write_gguf(path, arch, hf, n_expert, n_used):
         p, b = f"model.layers.{il}.", f"blk.{il}."
         q, k = hf[p + "self_attn.q_proj.weight"], hf[p + "self_attn.k_proj.weight"]
         t[b + "attn_norm.weight"] = hf[p + "input_layernorm.weight"]
-        t[b + "attn_q.weight"] = q if qwen else permute(q, N_HEAD)
-        t[b + "attn_k.weight"] = k if qwen else permute(k, N_HEAD_KV)
+        t[b + "attn_q.weight"] = q if neox else permute(q, N_HEAD)
+        t[b + "attn_k.weight"] = k if neox else permute(k, N_HEAD_KV)
         t[b + "attn_v.weight"] = hf[p + "self_attn.v_proj.weight"]
         t[b + "attn_output.weight"] = hf[p + "self_attn.o_proj.weight"]
-        if qwen:
+        if arch != "llama":
             t[b + "attn_q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
             t[b + "attn_k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
         t[b + "ffn_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
@@ -122,7 +136,7 @@ def write_gguf(path, arch, hf, n_expert, n_used):
 
 def write_hf(folder, arch, hf, n_expert, n_used):
     common = {"vocab_size": N_VOCAB, "hidden_size": N_EMBD, "num_hidden_layers": N_LAYER, "num_attention_heads": N_HEAD,
-              "num_key_value_heads": N_HEAD_KV, "head_dim": HEAD_DIM, "hidden_act": "silu",
+              "num_key_value_heads": kv_heads(arch), "head_dim": HEAD_DIM, "hidden_act": "silu",
               "max_position_embeddings": N_CTX_TRAIN, "rms_norm_eps": EPS, "rope_theta": THETA, "rope_scaling": None,
               "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
               "num_experts_per_tok": n_used}
@@ -130,6 +144,9 @@ def write_hf(folder, arch, hf, n_expert, n_used):
         config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **common, "intermediate_size": N_FF,
                   "moe_intermediate_size": N_FF_EXP, "num_experts": n_expert, "norm_topk_prob": True,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False}
+    elif arch == "olmoe":
+        config = {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", **common, "intermediate_size": N_FF_EXP,
+                  "num_experts": n_expert, "norm_topk_prob": False, "clip_qkv": None, "attention_bias": False}
     else:
         config = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **common, "intermediate_size": N_FF_EXP,
                   "num_local_experts": n_expert, "sliding_window": None}
@@ -149,9 +166,11 @@ def main():
 
     qwen = write_moe("qwen3moe-tiny", "qwen3moe", 8, 2, 4343)
     mixtral = write_moe("mixtral-tiny", "llama", 4, 2, 4444)
+    olmoe = write_moe("olmoe-tiny", "olmoe", 8, 3, 4545)
     q8 = os.path.join(HERE, "qwen3moe-tiny.q8_0.gguf")
     types = llama_cpp_quantize(qwen, q8, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0)
     extra = {"mixtral": {"logits": rounded(llama_cpp_logits(mixtral, PROMPT, N_CTX_TRAIN))},
+             "olmoe": {"logits": rounded(llama_cpp_logits(olmoe, PROMPT, N_CTX_TRAIN))},
              "q8_0": {"types": types, "logits": rounded(llama_cpp_logits(q8, PROMPT, N_CTX_TRAIN))}}
     write_expected(HERE, qwen, PROMPT, N_CTX_TRAIN, **extra)
 
