@@ -404,7 +404,7 @@ inline int64_t moe_expert(const float* rt, int64_t j, int64_t n_expert) {
 
 // Floats of scratch moe_matmul uses: a converted weight row, an activation row quantized to 8-bit
 // blocks, the tile's accumulators.
-int64_t moe_scratch_floats(int64_t K, int64_t T) { return MatmulScratch::stride(K) + act_q8_floats(1, K) + T + 64; }
+int64_t moe_scratch_floats(int64_t K, int64_t T) { return MatmulScratch::stride(K) + act_q8_floats(1, K) + 2 * T + 64; }
 
 // moe_matmul (isa/instr.def): per row and slot, the expert's weight rows against the row's x (the
 // slot's part of it when reducing) with matmul's per-element arithmetic: act_q8 weights dot 8-bit
@@ -422,6 +422,7 @@ void moe_matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   float* wtmp = c.scratch;
   uint8_t* xq = reinterpret_cast<uint8_t*>(c.scratch + MatmulScratch::stride(K));
   float* acc = c.scratch + MatmulScratch::stride(K) + act_q8_floats(1, K);
+  float* vals = acc + T;
   const int64_t j_fixed = o.moe_reduce ? -1 : in.c0 / n, lc0 = o.moe_reduce ? in.c0 : in.c0 - j_fixed * n;
   for (int64_t r = 0; r < R; ++r) {
     const float* rt = route + r * rs;
@@ -429,15 +430,18 @@ void moe_matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
     for (int64_t j = o.moe_reduce ? 0 : j_fixed; j < (o.moe_reduce ? k : j_fixed + 1); ++j) {
       const int64_t e = moe_expert(rt, j, o.n_expert);
       const float* xr = x + r * xs + (o.moe_reduce ? j * K : 0);
-      if (W.act_q8) W.quant->act->quantize_row(xr, xq, K);
+      const int64_t row0 = e * n + lc0;
+      if (W.act_q8) {  // the register-blocked tile over the expert's T rows: dot_act's bits per element
+        W.quant->act->quantize_row(xr, xq, K);
+        W.quant->gemm_act(W.data + static_cast<size_t>(row0) * W.row_bytes, W.row_bytes, T, xq, 0, 1, K, vals, T);
+      } else {
+        for (int64_t t = 0; t < T; ++t)
+          vals[t] = W.quant ? W.quant->dot(W.data + static_cast<size_t>(row0 + t) * W.row_bytes, xr, K)
+                            : dot(xr, weight_span(W, row0 + t, 0, K, wtmp), K);
+      }
       for (int64_t t = 0; t < T; ++t) {
-        const int64_t row = e * n + lc0 + t;
-        float v;
-        if (W.act_q8) v = W.quant->dot_act(W.data + static_cast<size_t>(row) * W.row_bytes, xq, K);
-        else if (W.quant) v = W.quant->dot(W.data + static_cast<size_t>(row) * W.row_bytes, xr, K);
-        else v = dot(xr, weight_span(W, row, 0, K, wtmp), K);
-        if (o.moe_reduce) acc[t] += v * rt[k + j];
-        else out[r * oc + in.c0 + t] = v;
+        if (o.moe_reduce) acc[t] += vals[t] * rt[k + j];
+        else out[r * oc + in.c0 + t] = vals[t];
       }
     }
     if (o.moe_reduce) std::memcpy(out + r * oc + in.c0, acc, static_cast<size_t>(T) * 4);
