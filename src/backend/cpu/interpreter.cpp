@@ -106,7 +106,7 @@ Interpreter::Interpreter(Program program, const ModelFile& model, bool trace, bo
     size_t total = 0;
     std::vector<bool> seen(weights_.size(), false);
     for (const OpDesc& o : p_.ops) {
-      if (o.opcode != Opcode::matmul) continue;
+      if (o.opcode != Opcode::matmul && o.opcode != Opcode::moe_matmul) continue;
       for (const int id : {o.w, o.w_up}) {
         if (id < 0 || seen[static_cast<size_t>(id)]) continue;
         seen[static_cast<size_t>(id)] = true;

@@ -433,7 +433,10 @@ void moe_matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       const int64_t row0 = e * n + lc0;
       if (W.act_q8) {  // the register-blocked tile over the expert's T rows: dot_act's bits per element
         W.quant->act->quantize_row(xr, xq, K);
-        W.quant->gemm_act(W.data + static_cast<size_t>(row0) * W.row_bytes, W.row_bytes, T, xq, 0, 1, K, vals, T);
+        if (W.packed && row0 % 16 == 0)  // packed weights (QuantType::pack): the same bits
+          W.quant->gemm_act_packed(W.packed + static_cast<size_t>(row0 / 16) * W.packed_group_bytes, T, xq, 0, 1, K, vals, T);
+        else
+          W.quant->gemm_act(W.data + static_cast<size_t>(row0) * W.row_bytes, W.row_bytes, T, xq, 0, 1, K, vals, T);
       } else {
         for (int64_t t = 0; t < T; ++t)
           vals[t] = W.quant ? W.quant->dot(W.data + static_cast<size_t>(row0 + t) * W.row_bytes, xr, K)
