@@ -42,7 +42,8 @@ double positive(double v, const std::string& what) {
 
 }  // namespace
 
-Graph build_gguf_granite(const ModelFile& m, const BuildOptions& o) {
+namespace {
+DecoderSpec gguf_granite_spec(const ModelFile& m, const BuildOptions& o) {
   DecoderSpec s = gguf_decoder_spec(m, o, "adjacent");
   const std::string a = s.hp.arch + ".";
   // As llama.cpp: each key is required, and 0 means none (1/sqrt(head_dim) for the attention); a
@@ -59,6 +60,20 @@ Graph build_gguf_granite(const ModelFile& m, const BuildOptions& o) {
   k.residual = key("residual_scale", 1);
   k.logits = key("logit_scale", 1);
   apply(s, k);
+  return s;
+}
+}  // namespace
+
+Graph build_gguf_granite(const ModelFile& m, const BuildOptions& o) { return build_decoder(m, gguf_granite_spec(m, o)); }
+
+// GGUF "granitemoe" (Granite 3.0 1B-A400M / 3B-A800M): Granite with every layer's FFN a mixture of
+// experts, the weights normalised, the FFN output then scaled by residual_scale (llama.cpp
+// LLM_ARCH_GRANITE_MOE in llm_build_granite). A shared expert (granitemoeshared's
+// expert_shared_feed_forward_length) is refused by name.
+Graph build_gguf_granitemoe(const ModelFile& m, const BuildOptions& o) {
+  DecoderSpec s = gguf_granite_spec(m, o);
+  gguf_read_moe(m, s, true);
+  if (s.n_expert == 0) fail("{}: granitemoe.expert_count is missing or 0", m.path);
   return build_decoder(m, s);
 }
 

@@ -52,6 +52,8 @@ const FamilyKeys kFamilyKeys[] = {
     {"llama", {"expert_count", "expert_used_count", "expert_feed_forward_length"}},
     {"qwen3moe", {"expert_count", "expert_used_count", "expert_feed_forward_length"}},
     {"olmoe", {"expert_count", "expert_used_count", "expert_feed_forward_length"}},
+    {"granitemoe", {"attention.scale", "embedding_scale", "residual_scale", "logit_scale", "expert_count", "expert_used_count",
+                    "expert_feed_forward_length"}},
 };
 
 // Keys accepted only at the value that changes nothing (llama.cpp's default for LLM_ARCH_LLAMA).

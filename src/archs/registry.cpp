@@ -28,6 +28,7 @@ const ArchEntry kArchs[] = {
     {"gguf", "gpt2", read_gguf_gpt2_hparams, build_gguf_gpt2},
     {"gguf", "smollm3", read_gguf_llama_hparams, build_gguf_smollm3},
     {"gguf", "granite", read_gguf_llama_hparams, build_gguf_granite},
+    {"gguf", "granitemoe", read_gguf_llama_hparams, build_gguf_granitemoe},
     {"gguf", "olmo2", read_gguf_llama_hparams, build_gguf_olmo2},
     {"gguf", "olmoe", read_gguf_llama_hparams, build_gguf_olmoe},
     {"gguf", "starcoder2", read_gguf_layer_norm_hparams, build_gguf_starcoder2},

@@ -21,6 +21,7 @@ Hparams read_gguf_gpt2_hparams(const ModelFile& m);  // layer_norm_epsilon in pl
 Graph build_gguf_gpt2(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_smollm3(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_granite(const ModelFile& m, const BuildOptions& o);
+Graph build_gguf_granitemoe(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_olmo2(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_olmoe(const ModelFile& m, const BuildOptions& o);
 Graph build_gguf_starcoder2(const ModelFile& m, const BuildOptions& o);

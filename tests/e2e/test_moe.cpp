@@ -1,6 +1,7 @@
 // Mixture of experts against llama.cpp: the tiny models of tests/data/qwen3moe (gen_qwen3moe.py:
 // a GGUF qwen3moe, 3 layers of 8 experts with 2 used per token, n_ff_exp 32; a Mixtral-layout llama
-// GGUF, 4 experts, 2 used; an olmoe GGUF, 8 experts, 3 used, weights not renormalised; the qwen3moe
+// GGUF, 4 experts, 2 used; an olmoe GGUF, 8 experts, 3 used, weights not renormalised; a granitemoe
+// GGUF (Granite's multipliers, 4 experts, 2 used); the qwen3moe
 // quantized to Q8_0 by llama.cpp; the three as transformers directories; llama.cpp's logits at every position of a 24-token prompt for each GGUF).
 //  - logits at every position equal llama.cpp's on reference, cpu and cuda-emu, and through
 //    prefill + one-token steps (decode rows: one row per moe_matmul tile);
@@ -22,6 +23,7 @@ const std::string kDir = std::string(MK_SOURCE_DIR) + "/tests/data/qwen3moe/";
 const std::string kQwen = kDir + "qwen3moe-tiny.f32.gguf";
 const std::string kMixtral = kDir + "mixtral-tiny.f32.gguf";
 const std::string kOlmoe = kDir + "olmoe-tiny.f32.gguf";
+const std::string kGranite = kDir + "granitemoe-tiny.f32.gguf";
 const std::string kQ8 = kDir + "qwen3moe-tiny.q8_0.gguf";
 constexpr double kTol = 2e-5;  // measured 1e-6 .. 2.6e-6
 
@@ -40,11 +42,16 @@ TEST_P(E2EMoe, MixtralLogitsMatchLlamaCpp) { test::expect_fixture_logits(kMixtra
 
 TEST_P(E2EMoe, OlmoeLogitsMatchLlamaCpp) { test::expect_fixture_logits(kOlmoe, variant("olmoe"), GetParam(), kTol); }
 
+TEST_P(E2EMoe, GraniteMoeLogitsMatchLlamaCpp) {
+  test::expect_fixture_logits(kGranite, variant("granitemoe"), GetParam(), kTol);
+}
+
 TEST_P(E2EMoe, PrefillThenOneTokenStepsMatchLlamaCpp) {
   if (GetParam() == "reference") GTEST_SKIP() << "the prompt at once covers it";
   test::expect_stepped_logits(kQwen, fixture(), GetParam(), kTol);
   test::expect_stepped_logits(kMixtral, variant("mixtral"), GetParam(), kTol);
   test::expect_stepped_logits(kOlmoe, variant("olmoe"), GetParam(), kTol);
+  test::expect_stepped_logits(kGranite, variant("granitemoe"), GetParam(), kTol);
 }
 
 // cpu quantizes the activations as llama.cpp does (act_quant auto): llama.cpp's logits. The CUDA

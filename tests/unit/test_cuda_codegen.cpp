@@ -208,7 +208,8 @@ TEST(CudaCodegen, AllModelsCompileForSm90) {
         compile_for_h200(load_model(fmt::format("{}/tests/data/{}/{}-tiny.f32.gguf", MK_SOURCE_DIR, family, family)),
                          ScheduleKind::dynamic, 64));
   // Mixture of experts (router, expand and reduce expert matmuls): f32 and q8_0 experts.
-  for (const char* file : {"qwen3moe-tiny.f32.gguf", "mixtral-tiny.f32.gguf", "olmoe-tiny.f32.gguf", "qwen3moe-tiny.q8_0.gguf"})
+  for (const char* file : {"qwen3moe-tiny.f32.gguf", "mixtral-tiny.f32.gguf", "olmoe-tiny.f32.gguf", "granitemoe-tiny.f32.gguf",
+                           "qwen3moe-tiny.q8_0.gguf"})
     add(std::string("moe-") + file,
         compile_for_h200(load_model(fmt::format("{}/tests/data/qwen3moe/{}", MK_SOURCE_DIR, file)), ScheduleKind::dynamic, 64));
   // The benchmark shapes, from tensors without data (no multi-GB allocation), cut to 2 layers: the

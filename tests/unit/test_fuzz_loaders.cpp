@@ -197,7 +197,7 @@ TEST(FuzzGguf, MutatedFamilyFixtures) {
   for (const char* file : {"gpt2/gpt2-tiny.f32.gguf", "phi2/phi2-fused-qkv.f32.gguf", "smollm3/smollm3-tiny.f32.gguf",
                            "granite/granite-tiny.f32.gguf", "olmo2/olmo2-tiny.f32.gguf", "starcoder2/starcoder2-tiny.f32.gguf",
                            "stablelm/stablelm-parallel.f32.gguf", "qwen3moe/qwen3moe-tiny.f32.gguf", "qwen3moe/mixtral-tiny.f32.gguf",
-                           "qwen3moe/olmoe-tiny.f32.gguf"}) {
+                           "qwen3moe/olmoe-tiny.f32.gguf", "qwen3moe/granitemoe-tiny.f32.gguf"}) {
     const std::string base = read_file(std::string(MK_SOURCE_DIR) + "/tests/data/" + file);
     for (int i = 0; i < iterations(40); ++i) {
       std::string bytes = mut.mutate(base, 8 * 1024);

@@ -17,9 +17,12 @@
   olmoe-tiny.f32.gguf      GGUF arch `olmoe` (OLMoE's layout: q/k RMSNorm over the whole projections,
                            NEOX RoPE, 4 KV heads: llama.cpp reads OLMoE's k norm as n_embd wide),
                            8 experts, 3 used, their weights not renormalised; f32.
+  granitemoe-tiny.f32.gguf GGUF arch `granitemoe`: Granite 3's four multipliers (tests/data/granite's
+                           values), q/k permuted, 4 experts, 2 used; f32 (no HF directory: transformers'
+                           GraniteMoe stores each layer's gate and up fused, not read here).
   qwen3moe-tiny.q8_0.gguf  qwen3moe-tiny quantized by llama.cpp (Q8_0: the expert matrices q8_0).
   expected.json            llama.cpp's logits at every position (f32 KV cache) of a 24-token prompt for
-                           qwen3moe-tiny, and under "mixtral" / "olmoe" / "q8_0" for the others.
+                           qwen3moe-tiny, and under "mixtral" / "olmoe" / "granitemoe" / "q8_0" for the others.
 """
 import os
 import sys
@@ -47,7 +50,9 @@ def permute(w, n_head):
 
 
 # HF names of the FFN parts per family: the router, then each expert's gate, up and down.
-FFN = {"qwen3moe": ("mlp.gate", "mlp.experts.{}.gate_proj", "mlp.experts.{}.up_proj", "mlp.experts.{}.down_proj"),
+FFN = {"granitemoe": ("block_sparse_moe.gate", "block_sparse_moe.experts.{}.w1", "block_sparse_moe.experts.{}.w3",
+                      "block_sparse_moe.experts.{}.w2"),
+       "qwen3moe": ("mlp.gate", "mlp.experts.{}.gate_proj", "mlp.experts.{}.up_proj", "mlp.experts.{}.down_proj"),
        "olmoe": ("mlp.gate", "mlp.experts.{}.gate_proj", "mlp.experts.{}.up_proj", "mlp.experts.{}.down_proj"),
        "llama": ("block_sparse_moe.gate", "block_sparse_moe.experts.{}.w1", "block_sparse_moe.experts.{}.w3",
                  "block_sparse_moe.experts.{}.w2")}
@@ -93,7 +98,7 @@ def write_gguf(path, arch, hf, n_expert, n_used):
     [n_expert, rows, cols] (ffn_gate_exps, ffn_up_exps, ffn_down_exps), the router ffn_gate_inp;
     llama: q/k rows permuted for RoPE on adjacent pairs."""
     qwen = arch == "qwen3moe"
-    neox = arch != "llama"
+    neox = arch not in ("llama", "granitemoe")
     w = gguf.GGUFWriter(path, arch)
     w.add_uint32(f"{arch}.context_length", N_CTX_TRAIN)
     w.add_uint32(f"{arch}.embedding_length", N_EMBD)
@@ -110,6 +115,11 @@ def write_gguf(path, arch, hf, n_expert, n_used):
     w.add_uint32(f"{arch}.expert_used_count", n_used)
     if qwen:
         w.add_uint32(f"{arch}.expert_feed_forward_length", N_FF_EXP)
+    if arch == "granitemoe":  # Granite 3's multipliers (as tests/data/granite)
+        w.add_float32(f"{arch}.attention.scale", 1 / 128)
+        w.add_float32(f"{arch}.embedding_scale", 12.0)
+        w.add_float32(f"{arch}.residual_scale", 0.22)
+        w.add_float32(f"{arch}.logit_scale", 8.0)
     add_placeholder_vocab(w, N_VOCAB)
     router, gate, up, down = FFN[arch]
     t = {"token_embd.weight": hf["model.embed_tokens.weight"], "output_norm.weight": hf["model.norm.weight"],
@@ -122,7 +132,7 @@ def write_gguf(path, arch, hf, n_expert, n_used):
         t[b + "attn_k.weight"] = k if neox else permute(k, N_HEAD_KV)
         t[b + "attn_v.weight"] = hf[p + "self_attn.v_proj.weight"]
         t[b + "attn_output.weight"] = hf[p + "self_attn.o_proj.weight"]
-        if arch != "llama":
+        if arch in ("qwen3moe", "olmoe"):
             t[b + "attn_q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
             t[b + "attn_k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
         t[b + "ffn_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
@@ -167,10 +177,13 @@ def main():
     qwen = write_moe("qwen3moe-tiny", "qwen3moe", 8, 2, 4343)
     mixtral = write_moe("mixtral-tiny", "llama", 4, 2, 4444)
     olmoe = write_moe("olmoe-tiny", "olmoe", 8, 3, 4545)
+    granite = os.path.join(HERE, "granitemoe-tiny.f32.gguf")  # no HF directory: GraniteMoe fuses gate and up
+    write_gguf(granite, "granitemoe", hf_weights("granitemoe", 4, 4646), 4, 2)
     q8 = os.path.join(HERE, "qwen3moe-tiny.q8_0.gguf")
     types = llama_cpp_quantize(qwen, q8, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0)
     extra = {"mixtral": {"logits": rounded(llama_cpp_logits(mixtral, PROMPT, N_CTX_TRAIN))},
              "olmoe": {"logits": rounded(llama_cpp_logits(olmoe, PROMPT, N_CTX_TRAIN))},
+             "granitemoe": {"logits": rounded(llama_cpp_logits(granite, PROMPT, N_CTX_TRAIN))},
              "q8_0": {"types": types, "logits": rounded(llama_cpp_logits(q8, PROMPT, N_CTX_TRAIN))}}
     write_expected(HERE, qwen, PROMPT, N_CTX_TRAIN, **extra)
 
