@@ -291,7 +291,7 @@ class Generator {
           fail("cuda codegen: {}: bad moe_route shape ({} of {} experts)", op.name, op.n_expert_used, op.n_expert);
         b += fmt::format("  static constexpr int NE = {}, KU = {}, XS = {}, OS = {};\n  static constexpr bool NORM = {};\n", op.n_expert,
                          op.n_expert_used, stride(op.x), stride(op.out), op.moe_norm ? "true" : "false");
-        *smem_floats = static_cast<size_t>(warps_ * op.n_expert) + 4;
+        *smem_floats = static_cast<size_t>(2 * warps_ * op.n_expert) + 4;
         break;
       case Opcode::attention_combine:
         if (op.head_dim <= 0 || op.n_head_kv <= 0 || op.n_head % op.n_head_kv || op.attn_splits < 1)

@@ -604,12 +604,20 @@ __device__ void mk_moe_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym&
 // moe_route: per row the KU experts of highest softmax probability and their weights (ir/ops.h
 // moe_route_row: softmax with a double sum, selection descending with ties to the lower index, NaN
 // never wins, the k weights divided by their double sum when NORM). One tile; warp w takes rows w,
-// w + MK_WARPS, ...: its lanes compute the probabilities into shared memory (NE per warp), lane 0
-// selects.
+// w + MK_WARPS, ...: its lanes compute the probabilities into shared memory (NE per warp), then each
+// of the KU picks is a warp argmax over the lanes' strided slices (value desc, index asc: a total
+// order, so the shuffle tree gives the serial loop's pick) with the picked ones marked -1 (taken).
+__device__ __forceinline__ bool mk_route_better(float v, int i, float bv, int bi) {
+  if (i < 0) return false;
+  if (bi < 0) return true;
+  if (isnan(bv) != isnan(v)) return isnan(bv);  // a number beats NaN
+  return v > bv || (!(v < bv) && i < bi);          // equal (or both NaN): the lower index
+}
 template <class C>
 __device__ void mk_moe_route(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* e = (float*)smem + warp * C::NE;
+  float* e = (float*)smem + warp * 2 * C::NE;  // [NE] probabilities, [NE] taken flags
+  float* taken = e + C::NE;
   const int R = C::rows(s);
   for (int r = warp; r < R; r += MK_WARPS) {
     const float* x = a.x + (mk_i64)r * C::XS;
@@ -620,32 +628,39 @@ __device__ void mk_moe_route(const MkInstr& in, const MkOpArgs& a, const MkSym& 
     for (int i = lane; i < C::NE; i += 32) {
       const float v = expf(mk_ld(x + i) - mx);
       e[i] = v;
+      taken[i] = 0.0f;
       sum += v;
     }
     sum = mk_warp_sum_d(sum);
     const float inv = (float)(1.0 / sum);
+    for (int i = lane; i < C::NE; i += 32) e[i] *= inv;
     __syncwarp();
-    if (lane == 0) {
-      int sel[C::KU];
-      double wsum = 0;
-      float* out = a.out + (mk_i64)r * C::OS;
-      for (int j = 0; j < C::KU; ++j) {
-        int best = -1;
-        for (int i = 0; i < C::NE; ++i) {
-          bool taken = false;
-          for (int t = 0; t < j; ++t) taken = taken || sel[t] == i;
-          const float pi = e[i] * inv, pb = best >= 0 ? e[best] * inv : 0.0f;
-          if (!taken && (best < 0 || pi > pb || (isnan(pb) && !isnan(pi)))) best = i;
-        }
-        sel[j] = best;
-        const float pb = e[best] * inv;
-        mk_st(out + j, (float)best);
-        mk_st(out + C::KU + j, pb);
-        wsum += pb;
+    float* out = a.out + (mk_i64)r * C::OS;
+    double wsum = 0;
+    float picked[C::KU];
+    for (int j = 0; j < C::KU; ++j) {
+      float bv = 0.0f;
+      int bi = -1;
+      for (int i = lane; i < C::NE; i += 32)
+        if (taken[i] == 0.0f && mk_route_better(e[i], i, bv, bi)) bv = e[i], bi = i;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (mk_route_better(ov, oi, bv, bi)) bv = ov, bi = oi;
       }
-      if constexpr (C::NORM)
-        for (int j = 0; j < C::KU; ++j) mk_st(out + C::KU + j, e[sel[j]] * inv / (float)wsum);
+      picked[j] = bv;
+      wsum += bv;
+      if (lane == 0) {
+        taken[bi] = 1.0f;
+        mk_st(out + j, (float)bi);
+        mk_st(out + C::KU + j, bv);
+      }
+      __syncwarp();
     }
+    if constexpr (C::NORM)
+      if (lane == 0)
+        for (int j = 0; j < C::KU; ++j) mk_st(out + C::KU + j, picked[j] / (float)wsum);
     __syncwarp();
   }
 }
