@@ -289,6 +289,7 @@ void infer_node(const Graph& g, Node& n) {
       return;
     }
     case Op::moe_matmul: {
+      if (n.inputs.size() != 3 && n.inputs.size() != 4) fail("{}: expected 3 or 4 inputs, got {}", where(), n.inputs.size());
       const Node& x = in(0);
       const Node& w = in(1);
       const Node& route = in(2);
@@ -302,6 +303,12 @@ void infer_node(const Graph& g, Node& n) {
       const int64_t k = route.shape[1].c / 2;
       const bool reduce = n.attr_int("reduce", 0) != 0;
       need_eq(x.shape[1], SymExpr::constant(reduce ? k * w.shape[2].c : w.shape[2].c), "inner dimension");
+      if (n.inputs.size() == 4) {
+        const std::string glu = n.attr_str("glu");
+        if (glu != "silu" && glu != "gelu" && glu != "gelu_tanh") fail("{}: glu must be silu, gelu or gelu_tanh", where());
+        if (reduce) fail("{}: a GLU (w_up) only on expand", where());
+        if (in(3).shape != w.shape) fail("{}: w_up shape {} differs from w {}", where(), shape_text(in(3).shape), shape_text(w.shape));
+      }
       n.shape = {x.shape[0], SymExpr::constant(reduce ? w.shape[1].c : k * w.shape[1].c)};
       n.dtype = DType::F32;
       return;

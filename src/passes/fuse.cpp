@@ -2,6 +2,8 @@
 // between are never written to memory and one instruction grid does the work of several.
 //
 //   glu       mul(act(matmul(x, wg)), matmul(x, wu))        -> fused_matmul{glu=act}
+//             mul(act(moe_matmul(x, wg, r)), moe_matmul(x, wu, r)) (expand, one weight dtype)
+//                                                           -> moe_matmul(x, wg, r, wu){glu=act}
 //   epilogue  kv_store(rope(mm, pos), cache)                -> {epi=rope_store}
 //             kv_store(mm, cache) / rope(mm, pos)           -> {epi=store} / {epi=rope}
 //             add(r, mm) or add(mm, r)                      -> {epi=add} (residual)
@@ -54,6 +56,15 @@ void set_parts(Node& n, const Parts& p) {
     if (v >= 0) n.inputs.push_back(v);
 }
 
+// Two expand moe_matmuls of one x and one route over weights of one dtype, without a GLU yet.
+bool moe_glu(const Graph& g, int gate, int up) {
+  const Node &a = g[gate], &b = g[up];
+  if (a.op != Op::moe_matmul || b.op != Op::moe_matmul || a.inputs.size() != 3 || b.inputs.size() != 3) return false;
+  if (a.attr_int("reduce", 0) != 0 || b.attr_int("reduce", 0) != 0) return false;
+  return a.inputs[0] == b.inputs[0] && a.inputs[2] == b.inputs[2] && g[a.inputs[1]].dtype == g[b.inputs[1]].dtype &&
+         g[a.inputs[1]].shape == g[b.inputs[1]].shape;
+}
+
 std::string epi_of(const Node& n) { return n.op == Op::fused_matmul ? n.attr_str("epi", "none") : "none"; }
 
 }  // namespace
@@ -78,6 +89,13 @@ void run_fuse(PassContext& cx) {
       Op act = g[a].op;
       if (act != Op::silu && act != Op::gelu && act != Op::gelu_tanh) continue;
       int gate = g[a].inputs[0];
+      if (moe_glu(g, gate, b) && single_reader(a, id) && single_reader(gate, a) && single_reader(b, id)) {
+        Node& n = ed.node(id);  // the experts' gate and up in one expand: act(x @ wg[e]^T) * (x @ wu[e]^T)
+        n.op = Op::moe_matmul;
+        n.inputs = {g[gate].inputs[0], g[gate].inputs[1], g[gate].inputs[2], g[b].inputs[1]};
+        n.attrs = {{"reduce", int64_t{0}}, {"glu", std::string(op_name(act))}};
+        break;
+      }
       if (!single_reader(a, id) || g[gate].op != Op::matmul || g[b].op != Op::matmul) continue;
       if (!single_reader(gate, a) || !single_reader(b, id) || g[gate].inputs[0] != g[b].inputs[0]) continue;
       // One block-quantized and one float weight (a file quantized tensor by tensor) stay two

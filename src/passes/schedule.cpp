@@ -28,7 +28,7 @@ double instr_cost(const Program& p, const Instr& in) {
   double bytes = 256;  // dispatch and wait overhead, in byte-equivalents
   switch (o.opcode) {
     case Opcode::moe_matmul:  // expand: one expert's rows of K; reduce: k experts' (o.k = k K)
-      bytes += cols * static_cast<double>(o.k) * bpe(o.w) + 4.0 * static_cast<double>(o.k);
+      bytes += cols * static_cast<double>(o.k) * bpe(o.w) * (o.w_up >= 0 ? 2 : 1) + 4.0 * static_cast<double>(o.k);
       break;
     case Opcode::matmul:
       bytes += cols * static_cast<double>(o.k) * bpe(o.w) * (o.w_up >= 0 ? 2 : 1) + 4.0 * static_cast<double>(o.k);

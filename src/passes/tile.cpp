@@ -288,11 +288,16 @@ class Lowering {
     d.w_rows = wn.shape[1].c;
     d.n_expert_used = g_[n.inputs[2]].shape[1].c / 2;
     d.moe_reduce = n.attr_int("reduce", 0) != 0;
+    if (n.inputs.size() > 3) {
+      d.w_up = wt(n.inputs[3]);
+      const std::string glu = n.attr_str("glu");
+      d.glu = glu == "silu" ? Act::silu : glu == "gelu" ? Act::gelu : Act::gelu_tanh;
+    }
     d.out = act(n);
     value_buf_[static_cast<size_t>(n.id)] = d.out;
     const int64_t K = wn.shape[2].c, nw = d.w_rows;
     const int64_t align = std::min<int64_t>(16, nw);
-    const double per_col = static_cast<double>(K) * weight_bytes_per_element(wn.dtype);
+    const double per_col = static_cast<double>(K) * weight_bytes_per_element(wn.dtype) * (d.w_up >= 0 ? 2 : 1);
     const int64_t by_bytes = static_cast<int64_t>(static_cast<double>(o_.tile_bytes) / std::max(per_col, 1.0));
     const int64_t want_tiles = static_cast<int64_t>(o_.workers) * o_.tiles_per_worker;
     const int64_t slots = d.moe_reduce ? 1 : d.n_expert_used;

@@ -404,7 +404,7 @@ inline int64_t moe_expert(const float* rt, int64_t j, int64_t n_expert) {
 
 // Floats of scratch moe_matmul uses: a converted weight row, an activation row quantized to 8-bit
 // blocks, the tile's accumulators.
-int64_t moe_scratch_floats(int64_t K, int64_t T) { return MatmulScratch::stride(K) + act_q8_floats(1, K) + 2 * T + 64; }
+int64_t moe_scratch_floats(int64_t K, int64_t T) { return MatmulScratch::stride(K) + act_q8_floats(1, K) + 3 * T + 64; }
 
 // moe_matmul (isa/instr.def): per row and slot, the expert's weight rows against the row's x (the
 // slot's part of it when reducing) with matmul's per-element arithmetic: act_q8 weights dot 8-bit
@@ -423,6 +423,8 @@ void moe_matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
   uint8_t* xq = reinterpret_cast<uint8_t*>(c.scratch + MatmulScratch::stride(K));
   float* acc = c.scratch + MatmulScratch::stride(K) + act_q8_floats(1, K);
   float* vals = acc + T;
+  float* uvals = vals + T;  // a GLU's up results
+  const WeightRef* U = o.w_up >= 0 ? &c.w(o.w_up) : nullptr;
   const int64_t j_fixed = o.moe_reduce ? -1 : in.c0 / n, lc0 = o.moe_reduce ? in.c0 : in.c0 - j_fixed * n;
   for (int64_t r = 0; r < R; ++r) {
     const float* rt = route + r * rs;
@@ -431,16 +433,25 @@ void moe_matmul(const Ctx& c, const OpDesc& o, const Instr& in, int64_t R) {
       const int64_t e = moe_expert(rt, j, o.n_expert);
       const float* xr = x + r * xs + (o.moe_reduce ? j * K : 0);
       const int64_t row0 = e * n + lc0;
-      if (W.act_q8) {  // the register-blocked tile over the expert's T rows: dot_act's bits per element
-        W.quant->act->quantize_row(xr, xq, K);
-        if (W.packed && row0 % 16 == 0)  // packed weights (QuantType::pack): the same bits
-          W.quant->gemm_act_packed(W.packed + static_cast<size_t>(row0 / 16) * W.packed_group_bytes, T, xq, 0, 1, K, vals, T);
-        else
-          W.quant->gemm_act(W.data + static_cast<size_t>(row0) * W.row_bytes, W.row_bytes, T, xq, 0, 1, K, vals, T);
-      } else {
-        for (int64_t t = 0; t < T; ++t)
-          vals[t] = W.quant ? W.quant->dot(W.data + static_cast<size_t>(row0 + t) * W.row_bytes, xr, K)
-                            : dot(xr, weight_span(W, row0 + t, 0, K, wtmp), K);
+      // The expert's T rows of one weight into `v` (the fuse pass keeps a GLU's two weights of one
+      // dtype, so both take the same path and the activation row is quantized once).
+      auto rows = [&](const WeightRef& M, float* v) {
+        if (M.act_q8) {  // the register-blocked tile over the rows: dot_act's bits per element
+          if (M.packed && row0 % 16 == 0)  // packed weights (QuantType::pack): the same bits
+            M.quant->gemm_act_packed(M.packed + static_cast<size_t>(row0 / 16) * M.packed_group_bytes, T, xq, 0, 1, K, v, T);
+          else
+            M.quant->gemm_act(M.data + static_cast<size_t>(row0) * M.row_bytes, M.row_bytes, T, xq, 0, 1, K, v, T);
+        } else {
+          for (int64_t t = 0; t < T; ++t)
+            v[t] = M.quant ? M.quant->dot(M.data + static_cast<size_t>(row0 + t) * M.row_bytes, xr, K)
+                           : dot(xr, weight_span(M, row0 + t, 0, K, wtmp), K);
+        }
+      };
+      if (W.act_q8) W.quant->act->quantize_row(xr, xq, K);
+      rows(W, vals);
+      if (U) {
+        rows(*U, uvals);
+        glu_mul(o.glu, vals, uvals, T, c.m.gelu_f16);
       }
       for (int64_t t = 0; t < T; ++t) {
         if (o.moe_reduce) acc[t] += vals[t] * rt[k + j];

@@ -280,7 +280,9 @@ class Generator {
         b += fmt::format("  static constexpr long long WRS = {};\n", wrs(op.w, K, op));
         b += fmt::format("  static constexpr bool VEC = {}, XVEC = false, PRO_RMS = false, ADD = false, ROPE = false, STORE = false;\n",
                          K % 8 == 0 ? "true" : "false");
-        b += "  static constexpr int GLU = 0, NSS = 0, SSS = 0;\n  static constexpr double EPS = 0, WOFF = 0;\n";
+        if (op.w_up >= 0 && wdtype(op.w_up) != wdtype(op.w)) fail("cuda codegen: {}: gate and up weights differ in type", op.name);
+        b += fmt::format("  static constexpr int GLU = {}, NSS = 0, SSS = 0;\n  static constexpr double EPS = 0, WOFF = 0;\n",
+                         static_cast<int>(op.glu));
         b += fmt::format("  static constexpr int N = {}, NE = {}, KU = {}, YS = {};\n  static constexpr bool REDUCE = {};\n", op.w_rows,
                          op.n_expert, op.n_expert_used, stride(op.y), op.moe_reduce ? "true" : "false");
         *smem_floats = static_cast<size_t>(XK + 2 * T) + 4 + red;

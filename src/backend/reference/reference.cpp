@@ -187,6 +187,8 @@ class ReferenceBackend final : public Backend {
           const int64_t n_expert = wn.shape[0].c, n_w = wn.shape[1].c, K = wn.shape[2].c;
           const int64_t k = in_node(2).shape[1].c / 2, xc = in_node(0).shape[1].c;
           const bool reduce = n.attr_int("reduce", 0) != 0;
+          const float* w_up = n.inputs.size() > 3 ? in(3) : nullptr;  // a GLU (the fuse pass's; not in the graphs run here)
+          const std::string glu = w_up ? n.attr_str("glu") : "";
           out.assign(static_cast<size_t>(rows * cols), 0.0f);
           for (int64_t r = 0; r < rows; ++r)
             for (int64_t j = 0; j < k; ++j) {
@@ -197,6 +199,13 @@ class ReferenceBackend final : public Backend {
                 const float* wr = w + (e * n_w + c) * K;
                 double acc = 0;
                 for (int64_t i = 0; i < K; ++i) acc += static_cast<double>(xr[i]) * wr[i];
+                if (w_up) {
+                  const float* ur = w_up + (e * n_w + c) * K;
+                  double u = 0;
+                  for (int64_t i = 0; i < K; ++i) u += static_cast<double>(xr[i]) * ur[i];
+                  const float g = static_cast<float>(acc);
+                  acc = (glu == "silu" ? silu(g) : glu == "gelu" ? gelu_erf(g) : gelu_tanh_approx(g)) * static_cast<float>(u);
+                }
                 if (reduce)
                   out[static_cast<size_t>(r * cols + c)] += static_cast<float>(acc) * route[r * 2 * k + k + j];
                 else

@@ -561,7 +561,7 @@ __device__ void mk_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, 
 // moe_matmul (isa/instr.def): mixture of experts. Per row, per slot j of the tile (expand: the one
 // slot its columns lie in; reduce: every slot in order), the row's x (its slot's K columns when
 // reducing) is staged in shared memory and mk_matmul's one-row column loop runs over the slot's
-// expert (the weight base moved e * N rows on); reduce adds p_j * v into a shared accumulator in slot
+// expert (the weight base, and a GLU's up weight base, moved e * N rows on); reduce adds p_j * v into a shared accumulator in slot
 // order (llama.cpp: ggml_mul by the weights, then the slots added one after another).
 template <class C>
 __device__ void mk_moe_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym& s, char* smem) {
@@ -583,6 +583,7 @@ __device__ void mk_moe_matmul(const MkInstr& in, const MkOpArgs& a, const MkSym&
       __syncthreads();
       MkOpArgs b = a;
       b.w = (const char*)a.w + (mk_i64)e * C::N * C::WRS;
+      if constexpr (C::GLU) b.w_up = (const char*)a.w_up + (mk_i64)e * C::N * C::WRS;  // act(gate) * up per column
       if constexpr (C::W::kQuant) mk_matmul_cols_q<C, 1>(xs, tile, b, lc0, nc, 1);
       else mk_matmul_cols<C, 1>(xs, tile, b, lc0, nc, 1);
       __syncthreads();
