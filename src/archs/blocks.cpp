@@ -102,6 +102,21 @@ class DecoderBuilder {
   int moe_ffn(int h, const std::string& b) {
     const int64_t n_embd = hp_.n_embd, E = s_.n_expert, F = s_.n_ff_exp;
     if (!s_.ffn_gated) fail("{}: mixture of experts without a gated FFN is not supported", m_.path);
+    // Layouts this builder would otherwise misread or half-read: refused by name.
+    auto in_file = [&](const std::string& canonical) {
+      const std::string f = s_.resolve ? s_.resolve(canonical) : canonical;
+      return f.empty() ? std::string() : m_.find(f) ? f : std::string();
+    };
+    if (m_.find(b + ".ffn_gate.0.weight") && in_file(b + ".ffn_gate_exps.weight").empty())
+      fail("{}: {}.ffn_gate.0.weight: one tensor per expert (an old Mixtral GGUF layout) is not supported; convert the "
+           "model again with a current llama.cpp (it stacks them as ffn_gate_exps)", m_.path, b);
+    if (in_file(b + ".ffn_gate_inp.weight").empty())
+      if (const std::string f = in_file(b + ".ffn_gate.weight"); !f.empty())
+        fail("{}: {}: a dense feed-forward among the expert layers is not supported", m_.path, f);
+    for (const char* part : {"ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"})
+      if (m_.find(b + "." + part + ".weight")) fail("{}: {}.{}.weight: shared experts are not supported", m_.path, b, part);
+    if (m_.find(b + ".exp_probs_b.bias"))
+      fail("{}: {}.exp_probs_b.bias: a bias on the expert selection is not supported", m_.path, b);
     int logits = g_.add(Op::matmul, {h, weight(b + ".ffn_gate_inp.weight", {E, n_embd})}, {}, b + ".ffn_router");
     int route = g_.add(Op::moe_route, {logits}, {{"k", s_.n_expert_used}, {"norm", int64_t{s_.moe_norm ? 1 : 0}}}, b + ".ffn_route");
     int up = g_.add(Op::moe_matmul, {h, weight(b + ".ffn_up_exps.weight", {E, F, n_embd}), route}, {{"reduce", int64_t{0}}}, b + ".ffn_up_exps");

@@ -219,6 +219,10 @@ DecoderSpec hf_llama_spec(const ModelFile& m, const BuildOptions& o, bool tied_d
 void hf_moe(const ModelFile& m, DecoderSpec& s, HfMoe kind) {
   const bool mixtral = kind == HfMoe::mixtral;
   const auto& c = hf_config(m);
+  // Qwen2-MoE's shared expert (and its sigmoid gate) would be left out: refused, not ignored.
+  for (const WeightTensor& t : m.tensors())
+    if (t.name.find(".shared_expert") != std::string::npos)
+      fail("{}: {}: shared experts are not supported", m.path, clip(t.name));
   s.n_expert = hf_hparam(c, "n_expert", {mixtral ? "num_local_experts" : "num_experts"});
   s.n_expert_used = hf_hparam(c, "n_expert_used", {"num_experts_per_tok"});
   if (s.n_expert_used > s.n_expert)

@@ -194,22 +194,32 @@ void flatten_gemma3_multimodal(ModelFile& m, nlohmann::ordered_json& config, std
 // registered as <prefix>experts.<part>.weight.
 void add_expert_stacks(ModelFile& m, const nlohmann::ordered_json& c, bool mixtral, std::vector<std::string>& derived) {
   const int64_t n_expert = hf_hparam(c, "n_expert", {mixtral ? "num_local_experts" : "num_experts"});
+  const int64_t n_layer = hf_hparam(c, "n_layer", {"num_hidden_layers"});
   const std::string prefix = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
   const std::vector<std::string> parts = mixtral ? std::vector<std::string>{"w1", "w3", "w2"}
                                                  : std::vector<std::string>{"gate_proj", "up_proj", "down_proj"};
-  for (int il = 0;; ++il) {
+  for (int64_t il = 0; il < n_layer; ++il) {
     const std::string p = fmt::format("model.layers.{}.{}", il, prefix);
-    if (!m.find(p + "0." + parts[0] + ".weight")) break;
+    // Every expert's tensors, checked before anything is copied (a wrong expert count is named, not
+    // allocated); one past the count is a checkpoint with more experts than the config says.
+    if (m.find(fmt::format("{}{}.{}.weight", p, n_expert, parts[0])))
+      fail("{}: {}{}.{}.weight: the checkpoint has more experts than {} = {}", m.path, p, n_expert, parts[0],
+           mixtral ? "num_local_experts" : "num_experts", n_expert);
     for (const std::string& part : parts) {
-      const WeightTensor first = m.get(p + "0." + part + ".weight");
+      const WeightTensor& first = m.get(p + "0." + part + ".weight");
       if (first.shape.size() != 2) fail("{}: {} must be 2-D, got {}", m.path, first.name, shape_str(first.shape));
-      auto buf = std::make_shared<std::vector<uint8_t>>(first.nbytes * static_cast<size_t>(n_expert));
-      for (int64_t e = 0; e < n_expert; ++e) {
-        const WeightTensor t = m.get(fmt::format("{}{}.{}.weight", p, e, part), first.shape);
+      for (int64_t e = 1; e < n_expert; ++e) {
+        const WeightTensor& t = m.get(fmt::format("{}{}.{}.weight", p, e, part), first.shape);
         if (t.dtype != first.dtype)
           fail("{}: {} is {}, but {} is {}", m.path, t.name, dtype_name(t.dtype), first.name, dtype_name(first.dtype));
-        std::memcpy(buf->data() + static_cast<size_t>(e) * first.nbytes, t.data, first.nbytes);
       }
+    }
+    for (const std::string& part : parts) {
+      const WeightTensor first = m.get(p + "0." + part + ".weight");
+      auto buf = std::make_shared<std::vector<uint8_t>>(first.nbytes * static_cast<size_t>(n_expert));
+      for (int64_t e = 0; e < n_expert; ++e)
+        std::memcpy(buf->data() + static_cast<size_t>(e) * first.nbytes, m.get(fmt::format("{}{}.{}.weight", p, e, part)).data,
+                    first.nbytes);
       m.owned.push_back(buf);
       WeightTensor v;
       v.name = p + part + ".weight";

@@ -28,7 +28,7 @@ const SynthSpec kSpecs[] = {
     {"llama3.2-1b", 128256, 2048, 16, 32, 8, 8192, 4096, DType::BF16, 0x5eed, true, 500000.0},
     {"llama3.1-8b", 128256, 4096, 32, 32, 8, 14336, 4096, DType::BF16, 0x5eed, false, 500000.0},
     // Mixtures of experts (n_ff: each expert's).
-    {"moe-tiny", 64, 32, 2, 4, 2, 48, 64, DType::F32, 0x5eed, false, 10000.0, 4, 2},
+    {"moe-tiny", 64, 256, 2, 4, 2, 256, 64, DType::F32, 0x5eed, false, 10000.0, 4, 2},  // rows whole blocks of every type
     {"olmoe-1b-7b", 50304, 2048, 16, 16, 16, 1024, 4096, DType::BF16, 0x5eed, false, 10000.0, 64, 8},
 };
 

@@ -27,7 +27,8 @@ struct SynthSpec {
 // tied; 2.47 GB of bf16 weights) and llama3.1-8b (4096, 32 layers, 32/8 heads, head_dim 128, n_ff
 // 14336, vocab 128256, untied; 16.06 GB); mixtures of experts: olmoe-1b-7b (OLMoE-1B-7B's shape read
 // as a llama with experts: n_embd 2048, 16 layers, 16 heads, 64 experts of n_ff 1024, 8 used, vocab
-// 50304; 13.8 GB of bf16, about 2.4 GB of them read per token) and moe-tiny (4 experts of 48, 2 used). Throws
+// 50304; 13.8 GB of bf16, about 2.4 GB of them read per token) and moe-tiny (n_embd 256, 2 layers,
+// 4 experts of 256, 2 used: rows whole blocks of every type). Throws
 // mk::Error listing the names for an unknown one.
 SynthSpec synthetic_spec(const std::string& name);
 std::vector<std::string> synthetic_model_names();

@@ -13,7 +13,11 @@
 //    experts still refuse expert_count;
 //  - the gate and up experts fuse into one expand with a GLU; expand tiles never straddle two
 //    experts' slots (the validator checks it).
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu/interpreter.h"
 #include "passes/pass.h"
@@ -84,6 +88,48 @@ TEST(E2EMoeHf, HfDirectoriesEqualTheGgufs) {
     EXPECT_LT(test::rel_l2(test::fixture_logits(hf, fixture(), "cpu"), test::fixture_logits(gguf, fixture(), "cpu")), 1e-5) << hf;
 }
 
+// An HF directory copied to a temporary folder with its config.json changed and files removed.
+std::string hf_variant(const std::string& dir, const std::function<void(nlohmann::json&)>& change,
+                       const std::vector<std::string>& drop_tensors = {}) {
+  static int n = 0;
+  const std::filesystem::path out = std::filesystem::path(testing::TempDir()) / ("moe_hf_variant" + std::to_string(n++));
+  std::filesystem::remove_all(out);
+  std::filesystem::copy(dir, out);
+  nlohmann::json c = nlohmann::json::parse(std::ifstream(out / "config.json"));
+  change(c);
+  std::ofstream(out / "config.json") << c.dump(2);
+  if (!drop_tensors.empty()) {  // renamed in the safetensors header (same length: ".weight" -> ".xeight")
+    const std::string path = (out / "model.safetensors").string();
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    for (const std::string& name : drop_tensors) {
+      const size_t at = bytes.find('"' + name + '"');
+      EXPECT_NE(at, std::string::npos) << name;
+      if (at != std::string::npos) bytes[at + name.size() - 5] = 'x';
+    }
+    std::ofstream(path, std::ios::binary) << bytes;
+  }
+  return out.string();
+}
+
+TEST(E2EMoeHf, BadCheckpointsAreNamed) {
+  auto error = [](const std::string& path) { return test::build_error(path); };
+  const std::string dir = kDir + "hf-qwen3moe-tiny";
+  // fewer experts in the config than in the checkpoint, more than in it, a shared expert
+  const std::string fewer = error(hf_variant(dir, [](nlohmann::json& c) { c["num_experts"] = 7; }));
+  EXPECT_NE(fewer.find("model.layers.0.mlp.experts.7.gate_proj.weight: the checkpoint has more experts than num_experts = 7"),
+            std::string::npos) << fewer;
+  const std::string more = error(hf_variant(dir, [](nlohmann::json& c) { c["num_experts"] = 1000; }));
+  EXPECT_NE(more.find("missing tensor model.layers.0.mlp.experts.8.gate_proj.weight"), std::string::npos) << more;
+  const std::string zero = error(hf_variant(dir, [](nlohmann::json&) {}, {"model.layers.1.mlp.experts.0.up_proj.weight"}));
+  EXPECT_NE(zero.find("missing tensor model.layers.1.mlp.experts.0.up_proj.weight"), std::string::npos) << zero;
+  const std::string step = error(hf_variant(dir, [](nlohmann::json& c) { c["decoder_sparse_step"] = 2; }));
+  EXPECT_NE(step.find("decoder_sparse_step 2"), std::string::npos) << step;
+  const std::string used = error(hf_variant(dir, [](nlohmann::json& c) { c["num_experts_per_tok"] = 9; }));
+  EXPECT_NE(used.find("num_experts_per_tok 9 exceeds num_experts 8"), std::string::npos) << used;
+}
+
 TEST(E2EMoeGraph, TheRoutersChoiceMatters) {
   // Every expert used (weights renormalised over all 8): other logits, so the selection is real.
   const std::string all = test::gguf_variant(kQwen, "", [](ModelFile& m) { m.metadata["qwen3moe.expert_used_count"] = 8; });
@@ -116,14 +162,28 @@ TEST(E2EMoeGraph, BadExpertsAreNamed) {
   EXPECT_NE(none.find("qwen3moe.expert_used_count"), std::string::npos) << none;
   const std::string shape = error(kQwen, "", [](ModelFile& m) { m.metadata["qwen3moe.expert_feed_forward_length"] = 64; });
   EXPECT_NE(shape.find("ffn_"), std::string::npos) << shape;
+  // Layouts that would be half read: shared experts, an old per-expert Mixtral file, a dense layer.
+  auto copy_as = [](ModelFile& m, const std::string& from, const std::string& name) {
+    WeightTensor t = m.get(from);
+    t.name = name;
+    m.add_tensor(t);
+  };
+  const std::string shexp = error(kQwen, "", [&](ModelFile& m) { copy_as(m, "blk.0.ffn_norm.weight", "blk.0.ffn_gate_inp_shexp.weight"); });
+  EXPECT_NE(shexp.find("blk.0.ffn_gate_inp_shexp.weight: shared experts are not supported"), std::string::npos) << shexp;
+  const std::string old = error(kMixtral, "blk.1.ffn_gate_exps.weight",
+                                [&](ModelFile& m) { copy_as(m, "blk.1.ffn_gate_inp.weight", "blk.1.ffn_gate.0.weight"); });
+  EXPECT_NE(old.find("one tensor per expert (an old Mixtral GGUF layout)"), std::string::npos) << old;
+  const std::string dense = error(kMixtral, "blk.2.ffn_gate_inp.weight",
+                                  [&](ModelFile& m) { copy_as(m, "blk.2.attn_q.weight", "blk.2.ffn_gate.weight"); });
+  EXPECT_NE(dense.find("blk.2.ffn_gate.weight: a dense feed-forward among the expert layers"), std::string::npos) << dense;
   // A family without experts in llama.cpp keeps refusing expert_count.
-  const std::string dense = error(kQwen, "", [](ModelFile& m) {
+  const std::string qwen3 = error(kQwen, "", [](ModelFile& m) {
     m.metadata["general.architecture"] = "qwen3";
     nlohmann::ordered_json md;
     for (const auto& [k, v] : m.metadata.items()) md[k.rfind("qwen3moe.", 0) == 0 ? "qwen3." + k.substr(9) : k] = v;
     m.metadata = md;
   });
-  EXPECT_NE(dense.find("qwen3.expert_count = 8: mixture of experts is not supported"), std::string::npos) << dense;
+  EXPECT_NE(qwen3.find("qwen3.expert_count = 8: mixture of experts is not supported"), std::string::npos) << qwen3;
 }
 
 TEST(E2EMoeProgram, GateAndUpFusedAndExpandTilesStayInOneSlot) {

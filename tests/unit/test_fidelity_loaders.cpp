@@ -95,13 +95,13 @@ TEST(GgufKeys, EveryArchKeyIsHonouredOrRefusedByName) {
                   "llama.rope.scaling.factor is missing"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.rope.scaling.attn_factor"] = -0.5; }),
                   "llama.rope.scaling.attn_factor = -0.5 must be a positive number"));
-  // llama reads experts (Mixtral): a count needs the experts used per token and the expert tensors.
+  // llama reads experts (Mixtral): a count needs the experts used per token and expert tensors, not dense ones.
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.expert_count"] = 8u; }), "missing metadata key llama.expert_used_count"));
   EXPECT_TRUE(has(error([](ModelFile& m) {
                     m.metadata["llama.expert_count"] = 8u;
                     m.metadata["llama.expert_used_count"] = 2u;
                   }),
-                  "missing tensor blk.0.ffn_gate_inp.weight"));
+                  "blk.0.ffn_gate.weight: a dense feed-forward among the expert layers is not supported"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.expert_used_count"] = 2u; }), "without experts"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.attention.causal"] = false; }), "non-causal"));
   EXPECT_TRUE(has(error([](ModelFile& m) { m.metadata["llama.logit_scale"] = 0.5; }), "llama.logit_scale"));
